@@ -1,0 +1,37 @@
+"""Lowering pass: attach FLOPs and bytes from per-stage costs to every op of a schedule.
+
+Compute ops get the stage's FLOPs and HBM traffic (F: forward; B: backward; I and W: half
+of backward each, the split of Qi et al. 2024, "Zero Bubble Pipeline Parallelism", where
+each takes one GEMM per forward GEMM). P2P ops get the stage boundary's activation bytes.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .costs import StageCost
+from .errors import ConfigError
+from .ops import Op, OpKind
+from .p2p import add_p2p, boundary
+from .schedule import Schedule
+
+
+def _costed(op: Op, costs: Sequence[StageCost]) -> Op:
+    c = costs[op.stage]
+    if op.kind is OpKind.F:
+        return op.with_costs(flops=c.forward_flops, nbytes=c.forward_bytes)
+    if op.kind is OpKind.B:
+        return op.with_costs(flops=c.backward_flops, nbytes=c.backward_bytes)
+    if op.kind in (OpKind.I, OpKind.W):
+        return op.with_costs(flops=c.backward_flops / 2, nbytes=c.backward_bytes // 2)
+    if op.kind.is_p2p:
+        return op.with_costs(nbytes=costs[boundary(op)].boundary_bytes)
+    return op
+
+
+def annotate(schedule: Schedule, costs: Sequence[StageCost]) -> Schedule:
+    """Lower `schedule` (adding P2P ops if absent) and cost every op from `costs[stage]`."""
+    if len(costs) != schedule.num_stages:
+        raise ConfigError(
+            f"got costs for {len(costs)} stages, schedule has {schedule.num_stages}")
+    lowered = add_p2p(schedule)
+    return lowered.with_programs([[_costed(op, costs) for op in p] for p in lowered.programs])

@@ -1,0 +1,110 @@
+"""The op IR: one action of one pipeline rank, and its text form.
+
+The text form is torch.distributed.pipelining's `_Action` string `{stage}{KIND}{microbatch}`
+(`2F0`, `1SEND_F3`, `0I1`), so programs export to the CSV that PyTorch's pipeline runtime
+loads. `stage` is the *virtual* stage (model chunk) index, not the rank.
+
+Units: `nbytes` in bytes (payload for communication, memory traffic for compute),
+`flops` in floating-point operations.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from enum import Enum
+
+from .errors import ScheduleFormatError
+
+
+class OpKind(str, Enum):
+    F = "F"  # forward
+    B = "B"  # full backward (input grad and weight grad fused)
+    I = "I"  # backward w.r.t. inputs only (zero-bubble split)  # noqa: E741
+    W = "W"  # backward w.r.t. weights only (zero-bubble split)
+    SEND_F = "SEND_F"
+    RECV_F = "RECV_F"
+    SEND_B = "SEND_B"
+    RECV_B = "RECV_B"
+    ALL_REDUCE = "ALL_REDUCE"
+    ALL_GATHER = "ALL_GATHER"
+    REDUCE_SCATTER = "REDUCE_SCATTER"
+    ALL_TO_ALL = "ALL_TO_ALL"
+    OPT_STEP = "OPT_STEP"
+
+    @property
+    def is_compute(self) -> bool:
+        return self in COMPUTE_KINDS
+
+    @property
+    def is_p2p(self) -> bool:
+        return self in P2P_KINDS
+
+    @property
+    def is_collective(self) -> bool:
+        return self in COLLECTIVE_KINDS
+
+
+COMPUTE_KINDS = frozenset({OpKind.F, OpKind.B, OpKind.I, OpKind.W, OpKind.OPT_STEP})
+BACKWARD_KINDS = frozenset({OpKind.B, OpKind.I, OpKind.W})
+P2P_KINDS = frozenset({OpKind.SEND_F, OpKind.RECV_F, OpKind.SEND_B, OpKind.RECV_B})
+COLLECTIVE_KINDS = frozenset(
+    {OpKind.ALL_REDUCE, OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER, OpKind.ALL_TO_ALL}
+)
+
+# Longest names first so that `SEND_F` is not read as `S` + ...
+_KIND_ALTERNATION = "|".join(sorted((k.value for k in OpKind), key=len, reverse=True))
+_ACTION_RE = re.compile(rf"^(\d+)({_KIND_ALTERNATION})(\d*)$")
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One action of one rank.
+
+    `group` is the parallel axis the op talks over (`pp`, `dp`, `tp`, `cp`, `ep`), never a
+    list of ranks: ranks that differ only along other axes share one program.
+    """
+
+    kind: OpKind
+    stage: int
+    microbatch: int | None = None
+    group: str | None = None
+    nbytes: int = 0
+    flops: float = 0.0
+
+    @property
+    def key(self) -> tuple[OpKind, int, int | None]:
+        """Identity of the op within one pipeline replica (kind, stage, microbatch)."""
+        return (self.kind, self.stage, self.microbatch)
+
+    def with_costs(self, *, nbytes: int | None = None, flops: float | None = None) -> Op:
+        return replace(
+            self,
+            nbytes=self.nbytes if nbytes is None else nbytes,
+            flops=self.flops if flops is None else flops,
+        )
+
+    def __str__(self) -> str:
+        mb = "" if self.microbatch is None else str(self.microbatch)
+        return f"{self.stage}{self.kind.value}{mb}"
+
+
+def parse_op(text: str) -> Op:
+    """Parse one action string such as `2F0`, `1SEND_F3` or `0W1`."""
+    match = _ACTION_RE.match(text.strip())
+    if not match:
+        raise ScheduleFormatError(
+            f"bad action {text!r}: expected STAGE KIND MICROBATCH such as '2F0' or '1SEND_F3' "
+            f"with KIND one of {', '.join(k.value for k in OpKind)}"
+        )
+    stage, kind, mb = match.groups()
+    kind = OpKind(kind)
+    group = "pp" if kind.is_p2p else None
+    return Op(kind, int(stage), int(mb) if mb else None, group=group)
+
+
+def compute_op(kind: OpKind, stage: int, microbatch: int) -> Op:
+    return Op(kind, stage, microbatch)
+
+
+def p2p_op(kind: OpKind, stage: int, microbatch: int, nbytes: int = 0) -> Op:
+    return Op(kind, stage, microbatch, group="pp", nbytes=nbytes)

@@ -1,0 +1,75 @@
+"""Schedule: the ordered ops (the *program*) of each pipeline rank.
+
+Programs are indexed by pipeline rank only. Ranks that differ by their TP/DP/CP/EP
+coordinates run the same program (ops name group axes, not ranks), so the full world is
+this program table plus the rank grid of a ParallelConfig.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from .errors import ConfigError
+from .ops import Op, OpKind
+
+
+@dataclass
+class Schedule:
+    """Per-rank programs of one pipeline replica.
+
+    `stage_ranks[s]` is the pipeline rank that holds virtual stage `s`; the default is
+    Megatron's loop placement `s % num_ranks` (rank r holds stages r, r+P, r+2P, ...).
+    """
+
+    name: str
+    num_microbatches: int
+    programs: list[list[Op]]
+    num_stages: int
+    stage_ranks: tuple[int, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if not self.stage_ranks:
+            self.stage_ranks = tuple(s % self.num_ranks for s in range(self.num_stages))
+        if len(self.stage_ranks) != self.num_stages:
+            raise ConfigError(
+                f"stage_ranks has {len(self.stage_ranks)} entries, num_stages is {self.num_stages}"
+            )
+
+    @property
+    def num_ranks(self) -> int:
+        return len(self.programs)
+
+    @property
+    def stages_per_rank(self) -> int:
+        return self.num_stages // self.num_ranks
+
+    @property
+    def has_p2p(self) -> bool:
+        return any(op.kind.is_p2p for op in self.ops())
+
+    def rank_of_stage(self, stage: int) -> int:
+        return self.stage_ranks[stage]
+
+    def ops(self) -> Iterator[Op]:
+        for program in self.programs:
+            yield from program
+
+    def compute_only(self) -> Schedule:
+        """The same schedule with communication ops removed."""
+        return self.with_programs([[op for op in p if op.kind.is_compute] for p in self.programs])
+
+    def with_programs(self, programs: Sequence[Sequence[Op]]) -> Schedule:
+        return Schedule(
+            self.name, self.num_microbatches, [list(p) for p in programs], self.num_stages,
+            self.stage_ranks,
+        )
+
+    def to_text(self) -> str:
+        """One line per rank: `rank R: 0F0 0F1 ...`."""
+        return "\n".join(
+            f"rank {r}: " + " ".join(str(op) for op in program)
+            for r, program in enumerate(self.programs)
+        )
+
+    def count(self, kind: OpKind) -> int:
+        return sum(1 for op in self.ops() if op.kind is kind)

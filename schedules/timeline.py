@@ -1,0 +1,184 @@
+"""Timeline: what both backends emit, and the metrics computed from it alone.
+
+A Timeline is one flat list of spans `(rank, lane, op, start, end)` plus memory samples
+per rank. Times are seconds from the start of the iteration; memory in bytes. `source`
+is `sim` or `kernels:<device>`.
+
+Metrics (per rank r, T = iteration time = last end - first start):
+- compute busy(r) = total duration of r's spans on the `compute` lane;
+- idle(r) = T - busy(r); bubble fraction(r) = idle(r) / T; `bubble_fraction` is the mean
+  over ranks (for uniform costs this is the classic (P-1)/(M+P-1) of GPipe/1F1B);
+- peak in-flight microbatches(r) = the most (stage, microbatch) pairs whose forward has
+  started and whose last backward op (B, or W after I) has not yet ended.
+"""
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .ops import Op, OpKind, parse_op
+
+COMPUTE_LANE = "compute"
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """One op's execution on one rank's lane, in seconds. `info` holds extras for display
+    (algorithm, achieved bandwidth, peer rank, ...)."""
+
+    rank: int
+    lane: str
+    op: Op
+    start: float
+    end: float
+    info: Mapping[str, Any] | None = None
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {"rank": self.rank, "lane": self.lane, "op": str(self.op), "start": self.start,
+             "end": self.end, "nbytes": self.op.nbytes, "flops": self.op.flops}
+        if self.op.group:
+            d["group"] = self.op.group
+        if self.info:
+            d["info"] = dict(self.info)
+        return d
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> Span:
+        op = parse_op(d["op"])
+        op = Op(op.kind, op.stage, op.microbatch, d.get("group", op.group),
+                int(d.get("nbytes", 0)), float(d.get("flops", 0.0)))
+        return Span(int(d["rank"]), d["lane"], op, float(d["start"]), float(d["end"]),
+                    d.get("info"))
+
+
+@dataclass(frozen=True, slots=True)
+class MemorySample:
+    """Bytes allocated on `rank` from `time` on (a step function)."""
+
+    rank: int
+    time: float
+    nbytes: int
+
+
+@dataclass
+class Timeline:
+    spans: list[Span]
+    memory: list[MemorySample] = field(default_factory=list)
+    source: str = "sim"
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ranks(self) -> list[int]:
+        return sorted({s.rank for s in self.spans} | {m.rank for m in self.memory})
+
+    @property
+    def start_time(self) -> float:
+        return min((s.start for s in self.spans), default=0.0)
+
+    @property
+    def iteration_time(self) -> float:
+        """Seconds from the first span's start to the last span's end."""
+        return max((s.end for s in self.spans), default=0.0) - self.start_time
+
+    def compute_busy(self) -> dict[int, float]:
+        busy = dict.fromkeys(self.ranks, 0.0)
+        for s in self.spans:
+            if s.lane == COMPUTE_LANE:
+                busy[s.rank] += s.duration
+        return busy
+
+    def idle_time(self) -> dict[int, float]:
+        t = self.iteration_time
+        return {r: t - b for r, b in self.compute_busy().items()}
+
+    def bubble_fractions(self) -> dict[int, float]:
+        t = self.iteration_time
+        return {r: (idle / t if t > 0 else 0.0) for r, idle in self.idle_time().items()}
+
+    @property
+    def bubble_fraction(self) -> float:
+        fractions = self.bubble_fractions()
+        return sum(fractions.values()) / len(fractions) if fractions else 0.0
+
+    def peak_memory(self) -> dict[int, int]:
+        peak: dict[int, int] = {}
+        for m in self.memory:
+            peak[m.rank] = max(peak.get(m.rank, 0), m.nbytes)
+        return peak
+
+    def peak_in_flight(self) -> dict[int, int]:
+        return peak_in_flight(self.spans)
+
+    def metrics(self) -> dict[str, Any]:
+        """The metrics JSON: scalars plus per-rank values keyed by rank (as strings)."""
+        def per_rank(values: Mapping[int, float]) -> dict[str, float]:
+            return {str(r): v for r, v in sorted(values.items())}
+
+        return {
+            "source": self.source,
+            "iteration_time": self.iteration_time,
+            "bubble_fraction": self.bubble_fraction,
+            "per_rank": {
+                "compute_time": per_rank(self.compute_busy()),
+                "idle_time": per_rank(self.idle_time()),
+                "bubble_fraction": per_rank(self.bubble_fractions()),
+                "peak_in_flight_microbatches": per_rank(self.peak_in_flight()),
+                "peak_memory_bytes": per_rank(self.peak_memory()),
+            },
+            **({"meta": self.meta} if self.meta else {}),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "meta": self.meta,
+            "spans": [s.to_dict() for s in self.spans],
+            "memory": [[m.rank, m.time, m.nbytes] for m in self.memory],
+        }
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> Timeline:
+        return Timeline(
+            [Span.from_dict(s) for s in d["spans"]],
+            [MemorySample(int(r), float(t), int(b)) for r, t, b in d.get("memory", [])],
+            d.get("source", "sim"),
+            dict(d.get("meta", {})),
+        )
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict()))
+
+    @staticmethod
+    def load(path: str | Path) -> Timeline:
+        return Timeline.from_dict(json.loads(Path(path).read_text()))
+
+
+def peak_in_flight(spans: Iterable[Span]) -> dict[int, int]:
+    """Per rank, the most microbatch-stages held between forward start and backward end."""
+    events: dict[int, list[tuple[float, int]]] = defaultdict(list)
+    split_backward = {(s.op.stage, s.op.microbatch) for s in spans if s.op.kind is OpKind.W}
+    for s in spans:
+        kind, key = s.op.kind, (s.op.stage, s.op.microbatch)
+        if kind is OpKind.F:
+            events[s.rank].append((s.start, 1))
+        elif kind is OpKind.B or kind is OpKind.W or (
+            kind is OpKind.I and key not in split_backward
+        ):
+            events[s.rank].append((s.end, -1))
+    peaks = {}
+    for rank, evs in events.items():
+        evs.sort(key=lambda e: (e[0], e[1]))  # releases before acquisitions at equal times
+        level = peak = 0
+        for _, delta in evs:
+            level += delta
+            peak = max(peak, level)
+        peaks[rank] = peak
+    return peaks

@@ -1,0 +1,128 @@
+"""The `clustersim` command line: simulate, show, compare.
+
+Every error a user can cause ends in one `clustersim: error: ...` line (a deadlock adds
+its rank x step report) and a non-zero exit, never a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from schedules.errors import ClustersimError, DeadlockError
+from topologies import TopologyError
+
+from . import commands
+
+EXIT_USAGE, EXIT_DEADLOCK = 2, 3
+
+
+def _add_model_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model (a preset, optionally overridden by Megatron-named dims)")
+    g.add_argument("--model", default=commands.DEFAULT_MODEL,
+                   help=f"model preset (default {commands.DEFAULT_MODEL}); "
+                        "see `clustersim models`")
+    for flag, kind in commands.MODEL_DIM_FLAGS.items():
+        if kind is bool:
+            g.add_argument(f"--{flag}", action="store_true", default=None)
+        else:
+            g.add_argument(f"--{flag}", type=kind, metavar=kind.__name__.upper())
+
+
+def _add_parallel_flags(p: argparse.ArgumentParser, with_schedule: bool = True) -> None:
+    g = p.add_argument_group("parallelism (Megatron spellings accepted)")
+    if with_schedule:
+        g.add_argument("--schedule", default="1f1b",
+                       help="gpipe, 1f1b or interleaved-1f1b (default 1f1b)")
+    g.add_argument("--pp", "--pipeline-model-parallel-size", type=int,
+                   default=commands.DEFAULT_PP, help=f"pipeline ranks (default {commands.DEFAULT_PP})")
+    g.add_argument("--vpp", "--virtual-pipeline-model-parallel-size", type=int,
+                   help="model chunks per rank (interleaved; default 2 there, else 1)")
+    g.add_argument("--dp", "--data-parallel-size", type=int, default=1)
+    g.add_argument("--tp", "--tensor-model-parallel-size", type=int, default=1)
+    g.add_argument("--microbatches", "--num-microbatches", type=int,
+                   help=f"microbatches per iteration (default {commands.DEFAULT_MICROBATCHES}, "
+                        "or global-batch-size / (micro-batch-size * dp))")
+    g.add_argument("--global-batch-size", type=int)
+
+
+def _add_cluster_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("cluster and costs")
+    g.add_argument("--topology", default=commands.DEFAULT_TOPOLOGY,
+                   help=f"preset name or topology JSON file (default {commands.DEFAULT_TOPOLOGY})")
+    g.add_argument("--uniform-costs", metavar="F,B",
+                   help="fixed seconds per forward/backward of one virtual stage on one "
+                        "microbatch; communication then costs zero")
+    g.add_argument("--compute-efficiency", type=float,
+                   help="fraction of dense peak FLOP/s reached by compute (default 0.6)")
+    g.add_argument("--memory-efficiency", type=float,
+                   help="fraction of HBM bandwidth reached (default 0.8)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="clustersim",
+        description="Discrete-event simulator of distributed LLM training.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    sim = sub.add_parser("simulate", help="simulate one iteration to a Gantt HTML",
+                         description="Simulate one training iteration and write a Gantt chart.")
+    _add_parallel_flags(sim)
+    _add_model_flags(sim)
+    _add_cluster_flags(sim)
+    out = sim.add_argument_group("outputs")
+    out.add_argument("--schedule-csv", metavar="PATH",
+                     help="run a custom schedule from a torch.distributed.pipelining CSV")
+    out.add_argument("-o", "--output", default="gantt.html", help="Gantt HTML (default gantt.html)")
+    out.add_argument("--trace-json", metavar="PATH", help="Chrome/Perfetto trace JSON")
+    out.add_argument("--metrics-json", metavar="PATH", help="metrics JSON")
+    out.add_argument("--timeline-json", metavar="PATH", help="the raw Timeline as JSON")
+
+    show = sub.add_parser("show", help="print a schedule's rank x step grid or torch CSV",
+                          description="Print a schedule without simulating it.")
+    show.add_argument("schedule", help="gpipe, 1f1b or interleaved-1f1b")
+    show.add_argument("--pp", type=int, required=True)
+    show.add_argument("--microbatches", type=int, required=True)
+    show.add_argument("--vpp", type=int)
+    show.add_argument("--format", choices=["grid", "text", "torch-csv"], default="grid",
+                      help="grid: unit-time rank x step table (default); text: program per "
+                           "rank; torch-csv: torch.distributed.pipelining CSV")
+    show.add_argument("--with-p2p", action="store_true",
+                      help="include SEND/RECV ops (text and torch-csv formats)")
+
+    cmp = sub.add_parser("compare", help="simulate several schedules side by side",
+                         description="Simulate several schedules on the same model and cluster.")
+    cmp.add_argument("--schedules", default="gpipe,1f1b,interleaved-1f1b",
+                     help="comma-separated; NAME:V sets vpp, e.g. interleaved-1f1b:4")
+    _add_parallel_flags(cmp, with_schedule=False)
+    _add_model_flags(cmp)
+    _add_cluster_flags(cmp)
+    cmp.add_argument("-o", "--output", help="HTML with the Gantt charts stacked")
+    cmp.add_argument("--json", action="store_true", help="print the table as JSON")
+
+    sub.add_parser("models", help="list model presets")
+    sub.add_parser("topologies", help="list topology presets")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                        format="clustersim: %(levelname)s: %(message)s")
+    try:
+        return commands.COMMANDS[args.command](args)
+    except DeadlockError as err:
+        print(f"clustersim: error: {err.args[0]}", file=sys.stderr)
+        print(err.report, file=sys.stderr)
+        return EXIT_DEADLOCK
+    except (ClustersimError, TopologyError) as err:
+        print(f"clustersim: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as err:
+        print(f"clustersim: error: {err.filename or ''}: {err.strerror or err}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

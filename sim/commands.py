@@ -1,0 +1,172 @@
+"""What each CLI command does, given parsed arguments; the parser lives in sim.cli."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+from schedules.errors import ConfigError
+from schedules.generators import build_schedule, canonical_schedule_name
+from schedules.model import MODEL_PRESETS, ModelSpec, get_model
+from schedules.parallel import ParallelConfig
+from schedules.timeline import Timeline
+from schedules.torch_csv import read_torch_csv, to_torch_csv
+from schedules.validate import validate
+from topologies import list_presets, load_topology
+
+from .cost import parse_uniform_costs
+from .report import format_summary, format_table
+from .simulate import CostOptions, simulate
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL, DEFAULT_TOPOLOGY = "llama3-8b", "dgx-h100"
+DEFAULT_PP, DEFAULT_MICROBATCHES = 8, 16
+
+# Megatron flag name -> type; each overrides the preset's field of the same name.
+MODEL_DIM_FLAGS = {
+    "num-layers": int, "hidden-size": int, "ffn-hidden-size": int,
+    "num-attention-heads": int, "num-query-groups": int, "seq-length": int,
+    "vocab-size": int, "micro-batch-size": int, "dtype": str, "swiglu": bool,
+    "use-flash-attn": bool,
+}
+
+
+def model_from_args(args: argparse.Namespace) -> ModelSpec:
+    overrides = {}
+    for flag in MODEL_DIM_FLAGS:
+        value = getattr(args, flag.replace("-", "_"))
+        if value is not None:
+            overrides[flag.replace("-", "_")] = value
+    return get_model(args.model, **overrides)
+
+
+def parallel_from_args(args: argparse.Namespace, schedule: str, vpp: int | None = None,
+                       micro_batch_size: int = 1) -> ParallelConfig:
+    name = canonical_schedule_name(schedule)
+    vpp = vpp or args.vpp or (2 if name == "interleaved-1f1b" else 1)
+    microbatches = args.microbatches
+    if microbatches is None and args.global_batch_size is None:
+        microbatches = DEFAULT_MICROBATCHES
+    return ParallelConfig(pp=args.pp, vpp=vpp, dp=args.dp, tp=args.tp, schedule=name,
+                          num_microbatches=microbatches,
+                          global_batch_size=args.global_batch_size,
+                          micro_batch_size=micro_batch_size)
+
+
+def cost_options(args: argparse.Namespace) -> CostOptions:
+    options = {}
+    if args.uniform_costs:
+        options["uniform"] = parse_uniform_costs(args.uniform_costs)
+    if args.compute_efficiency is not None:
+        options["compute_efficiency"] = args.compute_efficiency
+    if args.memory_efficiency is not None:
+        options["memory_efficiency"] = args.memory_efficiency
+    return CostOptions(**options)
+
+
+def _write_json(path: str, data: object) -> None:
+    Path(path).write_text(json.dumps(data, indent=2))
+    print(f"wrote {path}")
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from .gantt import write_gantt
+    from .trace import write_trace
+
+    model = model_from_args(args)
+    custom = read_torch_csv(args.schedule_csv) if args.schedule_csv else None
+    if custom is not None:
+        args.pp = custom.num_ranks
+        args.vpp = custom.stages_per_rank
+        args.microbatches = custom.num_microbatches
+    parallel = parallel_from_args(args, args.schedule, micro_batch_size=model.micro_batch_size)
+    timeline = simulate(model, parallel, load_topology(args.topology), custom,
+                        cost_options(args))
+    print(format_summary(timeline))
+    print(f"wrote {write_gantt(timeline, args.output)}")
+    if args.trace_json:
+        write_trace(timeline, args.trace_json)
+        print(f"wrote {args.trace_json}")
+    if args.metrics_json:
+        _write_json(args.metrics_json, timeline.metrics())
+    if args.timeline_json:
+        timeline.save(args.timeline_json)
+        print(f"wrote {args.timeline_json}")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    name = canonical_schedule_name(args.schedule)
+    vpp = args.vpp or (2 if name == "interleaved-1f1b" else 1)
+    schedule = build_schedule(name, args.pp, args.microbatches, vpp)
+    dry = validate(schedule)
+    if args.with_p2p:
+        from schedules.p2p import add_p2p
+        schedule = add_p2p(schedule)
+    if args.format == "grid":
+        print(dry.grid())
+    elif args.format == "text":
+        print(schedule.to_text())
+    else:
+        print(to_torch_csv(schedule, compute_only=not args.with_p2p), end="")
+    return 0
+
+
+def _parse_schedule_list(text: str) -> list[tuple[str, int | None]]:
+    items = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, _, vpp = part.partition(":")
+        if vpp and not vpp.isdigit():
+            raise ConfigError(f"--schedules entry {part!r}: vpp after ':' must be an integer")
+        items.append((canonical_schedule_name(name), int(vpp) if vpp else None))
+    if not items:
+        raise ConfigError("--schedules must name at least one schedule")
+    return items
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    model = model_from_args(args)
+    topology = load_topology(args.topology)
+    costs = cost_options(args)
+    results: list[tuple[str, Timeline]] = []
+    for name, vpp in _parse_schedule_list(args.schedules):
+        parallel = parallel_from_args(args, name, vpp, model.micro_batch_size)
+        label = name if parallel.vpp == 1 else f"{name} (vpp={parallel.vpp})"
+        results.append((label, simulate(model, parallel, topology, None, costs)))
+    rows = [{"schedule": label, **_compare_row(t)} for label, t in results]
+    print(json.dumps(rows, indent=2) if args.json else format_table(rows))
+    if args.output:
+        from .gantt import write_gantt_comparison
+        print(f"wrote {write_gantt_comparison(results, args.output)}")
+    return 0
+
+
+def _compare_row(timeline: Timeline) -> dict:
+    peaks = timeline.peak_in_flight()
+    memory = timeline.peak_memory()
+    return {
+        "iteration_time_s": timeline.iteration_time,
+        "bubble_fraction": timeline.bubble_fraction,
+        "peak_in_flight": [peaks.get(r, 0) for r in timeline.ranks],
+        "peak_memory_GB": max(memory.values(), default=0) / 1e9,
+    }
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    for name, spec in MODEL_PRESETS.items():
+        print(f"{name:12} {spec.param_count() / 1e9:8.2f} B params, {spec.num_layers} layers, "
+              f"hidden {spec.hidden_size}, seq {spec.seq_length}")
+    return 0
+
+
+def cmd_topologies(args: argparse.Namespace) -> int:
+    for name in list_presets():
+        graph = load_topology(name)
+        print(f"{name:12} {graph.graph.get('description', '')}")
+    return 0
+
+
+COMMANDS = {"simulate": cmd_simulate, "show": cmd_show, "compare": cmd_compare,
+            "models": cmd_models, "topologies": cmd_topologies}

@@ -1,0 +1,75 @@
+"""Compute cost models: seconds for one compute op on one device.
+
+- `RooflineCost`: time = max(flops / (peak * compute_efficiency),
+  nbytes / (hbm_bandwidth * memory_efficiency)) — the roofline model (Williams, Waterman &
+  Patterson, CACM 2009) with achievable fractions of the datasheet peaks. The defaults
+  (0.6 of dense peak FLOP/s, 0.8 of HBM bandwidth) are assumptions, not measurements;
+  override them, or replace the model by a profile calibrated with `kernels`.
+- `UniformCost`: fixed seconds per op kind (F and B of one virtual stage on one
+  microbatch; I and W each take half of B), for checking schedules against closed forms.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from schedules.errors import ConfigError
+from schedules.ops import Op, OpKind
+from topologies import DeviceSpec
+
+DEFAULT_COMPUTE_EFFICIENCY = 0.6
+DEFAULT_MEMORY_EFFICIENCY = 0.8
+
+
+def _check_fraction(name: str, value: float) -> None:
+    if not 0 < value <= 1:
+        raise ConfigError(f"{name} must be in (0, 1], got {value}")
+
+
+@dataclass(frozen=True)
+class RooflineCost:
+    device: DeviceSpec
+    dtype: str = "bf16"
+    compute_efficiency: float = DEFAULT_COMPUTE_EFFICIENCY
+    memory_efficiency: float = DEFAULT_MEMORY_EFFICIENCY
+
+    def __post_init__(self) -> None:
+        _check_fraction("compute_efficiency", self.compute_efficiency)
+        _check_fraction("memory_efficiency", self.memory_efficiency)
+        self.device.peak(self.dtype)  # fail early on a dtype the device lacks
+
+    def __call__(self, op: Op) -> float:
+        compute = op.flops / (self.device.peak(self.dtype) * self.compute_efficiency)
+        memory = op.nbytes / (self.device.hbm_bandwidth * self.memory_efficiency)
+        return max(compute, memory)
+
+
+@dataclass(frozen=True)
+class UniformCost:
+    forward: float
+    backward: float
+
+    def __post_init__(self) -> None:
+        for name, value in (("forward", self.forward), ("backward", self.backward)):
+            if not value >= 0:
+                raise ConfigError(f"uniform cost {name} must be >= 0 seconds, got {value}")
+
+    def __call__(self, op: Op) -> float:
+        if op.kind is OpKind.F:
+            return self.forward
+        if op.kind is OpKind.B:
+            return self.backward
+        if op.kind in (OpKind.I, OpKind.W):
+            return self.backward / 2
+        return 0.0
+
+
+def parse_uniform_costs(text: str) -> UniformCost:
+    """`"F,B"` in seconds, e.g. `"1,2"`."""
+    parts = text.split(",")
+    try:
+        forward, backward = (float(p) for p in parts)
+    except ValueError:
+        raise ConfigError(
+            f"--uniform-costs must be two numbers of seconds 'F,B' such as '1,2', got {text!r}"
+        ) from None
+    return UniformCost(forward, backward)

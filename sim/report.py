@@ -1,0 +1,47 @@
+"""Human-readable terminal summaries of Timelines (seconds, GB)."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from schedules.timeline import Timeline
+
+
+def format_seconds(t: float) -> str:
+    if t >= 1:
+        return f"{t:.3f} s"
+    if t >= 1e-3:
+        return f"{t * 1e3:.3f} ms"
+    return f"{t * 1e6:.3f} us"
+
+
+def format_summary(timeline: Timeline) -> str:
+    meta = timeline.meta
+    head = (f"{meta.get('schedule', '?')}: pp={meta.get('pp')} vpp={meta.get('vpp')} "
+            f"microbatches={meta.get('microbatches')} model={meta.get('model')} "
+            f"topology={meta.get('topology')} costs={meta.get('cost_model')}")
+    lines = [head,
+             f"iteration time {format_seconds(timeline.iteration_time)}, "
+             f"bubble fraction {timeline.bubble_fraction:.4f}",
+             f"{'rank':>4} {'compute':>12} {'idle':>12} {'bubble':>7} {'in-flight':>9} "
+             f"{'peak mem':>9}"]
+    busy, idle = timeline.compute_busy(), timeline.idle_time()
+    bubble, flight = timeline.bubble_fractions(), timeline.peak_in_flight()
+    memory = timeline.peak_memory()
+    for r in timeline.ranks:
+        lines.append(f"{r:>4} {format_seconds(busy[r]):>12} {format_seconds(idle[r]):>12} "
+                     f"{bubble[r]:>7.4f} {flight.get(r, 0):>9} "
+                     f"{memory.get(r, 0) / 1e9:>6.1f} GB")
+    if meta.get("oom_ranks"):
+        lines.append(f"warning: ranks {meta['oom_ranks']} exceed device memory "
+                     f"({meta['device_memory_bytes'] / 1e9:.0f} GB)")
+    return "\n".join(lines)
+
+
+def format_table(rows: Sequence[dict]) -> str:
+    """The `compare` table: one row per schedule."""
+    lines = [f"{'schedule':28} {'iteration':>12} {'bubble':>7} {'peak mem':>9}  in-flight per rank"]
+    for row in rows:
+        lines.append(f"{row['schedule']:28} {format_seconds(row['iteration_time_s']):>12} "
+                     f"{row['bubble_fraction']:>7.4f} {row['peak_memory_GB']:>6.1f} GB  "
+                     f"{row['peak_in_flight']}")
+    return "\n".join(lines)

@@ -1,0 +1,98 @@
+"""One call from (schedule, model, parallel config, topology) to a simulated Timeline.
+
+Steps: build or take the schedule -> validate it (structure, unit-time dry run) -> cost
+every op from the ModelSpec -> place pipeline ranks on GPUs in the config's rank order ->
+replay it in SimPy with a cost model and the network seam.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import networkx as nx
+import simpy
+
+from schedules.annotate import annotate
+from schedules.costs import stage_costs
+from schedules.errors import ConfigError
+from schedules.generators import build_schedule
+from schedules.model import ModelSpec
+from schedules.parallel import ParallelConfig
+from schedules.schedule import Schedule
+from schedules.timeline import Timeline
+from schedules.validate import validate
+from topologies import device_of, gpu_nodes
+
+from .cost import DEFAULT_COMPUTE_EFFICIENCY, DEFAULT_MEMORY_EFFICIENCY, RooflineCost, UniformCost
+from .engine import Replay
+from .memory import memory_model
+from .network import InstantNetwork, LinkNetwork
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CostOptions:
+    """How compute is costed: `uniform` fixes F/B seconds (and zero-cost communication);
+    otherwise a roofline with these efficiencies."""
+
+    uniform: UniformCost | None = None
+    compute_efficiency: float = DEFAULT_COMPUTE_EFFICIENCY
+    memory_efficiency: float = DEFAULT_MEMORY_EFFICIENCY
+
+
+def pipeline_devices(parallel: ParallelConfig, topology: nx.DiGraph) -> list[str]:
+    """GPU node of each pipeline rank of the first replica (dp = tp = cp = 0)."""
+    gpus = gpu_nodes(topology)
+    if parallel.world_size > len(gpus):
+        raise ConfigError(
+            f"the parallel config needs {parallel.world_size} GPUs (tp*cp*dp*pp), topology "
+            f"{topology.graph.get('name', '?')!r} has {len(gpus)}")
+    return [gpus[parallel.rank(pp=r)] for r in range(parallel.pp)]
+
+
+def simulate(model: ModelSpec, parallel: ParallelConfig, topology: nx.DiGraph,
+             schedule: Schedule | None = None, costs: CostOptions = CostOptions()) -> Timeline:
+    """Simulate one training iteration; `schedule` overrides the one `parallel` names."""
+    parallel.check_model(model)
+    if schedule is None:
+        schedule = build_schedule(parallel.schedule, parallel.pp, parallel.num_microbatches,
+                                  parallel.vpp)
+    elif schedule.num_ranks != parallel.pp:
+        raise ConfigError(f"schedule {schedule.name!r} has {schedule.num_ranks} ranks, "
+                          f"pp is {parallel.pp}")
+    validate(schedule)
+    per_stage = stage_costs(model, parallel, schedule.num_stages)
+    lowered = annotate(schedule, per_stage)
+    devices = pipeline_devices(parallel, topology)
+
+    env = simpy.Environment()
+    if costs.uniform is not None:
+        compute_time, network = costs.uniform, InstantNetwork(env)
+    else:
+        rooflines = [RooflineCost(device_of(topology, d), model.dtype, costs.compute_efficiency,
+                                  costs.memory_efficiency) for d in devices]
+        ranks = schedule.stage_ranks
+
+        def compute_time(op):
+            return rooflines[ranks[op.stage]](op)
+
+        network = LinkNetwork(env, topology)
+    replay = Replay(env, lowered, devices, compute_time, network,
+                    memory_model(lowered, per_stage))
+    timeline = replay.run()
+
+    capacity = device_of(topology, devices[0]).memory_bytes
+    over = [r for r, peak in timeline.peak_memory().items() if peak > capacity]
+    if over:
+        log.warning("ranks %s exceed the device memory of %.1f GB", over, capacity / 1e9)
+    timeline.meta.update({
+        "schedule": schedule.name, "pp": parallel.pp, "vpp": schedule.stages_per_rank,
+        "dp": parallel.dp, "tp": parallel.tp, "microbatches": schedule.num_microbatches,
+        "model": model.name or "custom", "topology": topology.graph.get("name", "custom"),
+        "devices": devices, "device_memory_bytes": capacity, "oom_ranks": over,
+        "cost_model": "uniform" if costs.uniform else
+        f"roofline(compute_efficiency={costs.compute_efficiency}, "
+        f"memory_efficiency={costs.memory_efficiency})",
+    })
+    return timeline

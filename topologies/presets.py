@@ -1,0 +1,171 @@
+"""Named cluster presets (JSON data files in `topologies/presets/`) and user topology files.
+
+A topology file is one JSON object in either of two forms.
+
+Builder form (all presets use it): the graph comes from a builder in `graph.BUILDERS`
+called with `params` as keyword arguments; `name` names the graph::
+
+    {"name": "dgx-h100", "description": "...", "builder": "single_node",
+     "params": {"device": "h100-sxm", "num_gpus": 8, "latency": 1e-06}}
+
+Explicit form: every node and directed edge listed (one edge per direction of a link).
+Node fields other than `id` become node attributes; edge fields other than `src`/`dst`
+become edge attributes. `num_nodes` and `gpus_per_node` are optional (derived from the
+gpus' `host` fields); device names may be aliases ('h100') and are stored canonical::
+
+    {"name": "my-box", "description": "...",
+     "nodes": [{"id": "gpu0", "type": "gpu", "device": "h100-sxm", "index": 0, "host": 0},
+               {"id": "nvswitch0", "type": "switch"}, ...],
+     "edges": [{"src": "gpu0", "dst": "nvswitch0", "bandwidth": 4.5e11,
+                "latency": 1e-06, "kind": "nvlink"}, ...]}
+
+Units as in the graph schema (`topologies.graph`): bandwidth bytes/s per direction,
+latency seconds. Every loaded graph is checked with `validate_topology`.
+"""
+from __future__ import annotations
+
+import inspect
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import networkx as nx
+
+from .devices import canonical_device_name
+from .errors import TopologyError
+from .graph import BUILDERS, validate_topology
+
+_TOP_LEVEL_KEYS = {"name", "description", "builder", "params", "nodes", "edges",
+                   "num_nodes", "gpus_per_node"}
+
+
+def _preset_dir():
+    return resources.files(__package__).joinpath("presets")
+
+
+def list_presets() -> list[str]:
+    """Names of the bundled presets, sorted (e.g. 'dgx-a100', 'dgx-h100', 'dgx-h200')."""
+    return sorted(p.name[:-5] for p in _preset_dir().iterdir() if p.name.endswith(".json"))
+
+
+def load_topology(name_or_path: str) -> nx.DiGraph:
+    """Load a bundled preset by name (case-insensitive) or a user topology JSON file by path."""
+    key = str(name_or_path).strip().lower()
+    if key in list_presets():
+        source = _preset_dir().joinpath(f"{key}.json")
+        return _load_text(source.read_text(encoding="utf-8"), f"preset {key!r}", default_name=key)
+    path = Path(name_or_path)
+    looks_like_path = path.suffix == ".json" or len(path.parts) > 1
+    if not path.exists() and not looks_like_path:
+        raise TopologyError(
+            f"unknown topology preset {name_or_path!r}; known presets: "
+            f"{', '.join(list_presets())} (or give the path of a topology .json file)"
+        )
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TopologyError(f"cannot read topology file {str(path)!r}: {exc}") from exc
+    return _load_text(text, f"topology file {str(path)!r}", default_name=path.stem)
+
+
+def _load_text(text: str, source: str, default_name: str) -> nx.DiGraph:
+    try:
+        spec = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise TopologyError(
+            f"{source}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
+        ) from exc
+    try:
+        return topology_from_dict(spec, default_name=default_name)
+    except TopologyError as exc:
+        raise TopologyError(f"{source}: {exc}") from exc
+
+
+def topology_from_dict(spec: Any, default_name: str = "topology") -> nx.DiGraph:
+    """Build and validate a graph from a parsed topology file (either form, see module doc)."""
+    if not isinstance(spec, dict):
+        raise TopologyError(f"top level must be a JSON object, got {type(spec).__name__}")
+    unknown = sorted(set(spec) - _TOP_LEVEL_KEYS)
+    if unknown:
+        raise TopologyError(f"unknown field(s) {unknown}; allowed: {', '.join(sorted(_TOP_LEVEL_KEYS))}")
+    has_builder, has_lists = "builder" in spec, "nodes" in spec or "edges" in spec
+    if has_builder == has_lists:
+        raise TopologyError("give either 'builder' (+ 'params') or 'nodes' + 'edges', not both or neither")
+    name = spec.get("name", default_name)
+    graph = _from_builder(spec, name) if has_builder else _from_lists(spec, name)
+    if "description" in spec:
+        graph.graph["description"] = spec["description"]
+    validate_topology(graph)
+    return graph
+
+
+def _from_builder(spec: dict, name: str) -> nx.DiGraph:
+    builder = BUILDERS.get(spec["builder"])
+    if builder is None:
+        raise TopologyError(
+            f"builder must be one of {', '.join(sorted(BUILDERS))}, got {spec['builder']!r}"
+        )
+    params = spec.get("params", {})
+    if not isinstance(params, dict):
+        raise TopologyError(f"params must be a JSON object, got {type(params).__name__}")
+    accepted = inspect.signature(builder).parameters
+    unknown = sorted(set(params) - set(accepted))
+    if unknown:
+        raise TopologyError(
+            f"params {unknown} not accepted by builder {spec['builder']!r}; "
+            f"it takes: {', '.join(accepted)}"
+        )
+    if "name" in accepted and "name" not in params:
+        params = {**params, "name": name}
+    try:
+        return builder(**params)
+    except TypeError as exc:  # e.g. a required parameter left out
+        raise TopologyError(f"builder {spec['builder']!r}: {exc}") from exc
+
+
+def _from_lists(spec: dict, name: str) -> nx.DiGraph:
+    nodes, edges = spec.get("nodes"), spec.get("edges")
+    for field, value in (("nodes", nodes), ("edges", edges)):
+        if not isinstance(value, list):
+            raise TopologyError(f"{field} must be a JSON list, got {type(value).__name__}")
+    graph = nx.DiGraph(name=name)
+    for i, entry in enumerate(nodes):
+        if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
+            raise TopologyError(f"nodes[{i}]: must be an object with a string 'id', got {entry!r}")
+        node, attrs = entry["id"], {k: v for k, v in entry.items() if k != "id"}
+        if node in graph:
+            raise TopologyError(f"nodes[{i}]: duplicate node id {node!r}")
+        if attrs.get("type") == "gpu" and isinstance(attrs.get("device"), str):
+            try:
+                attrs["device"] = canonical_device_name(attrs["device"])
+            except TopologyError as exc:
+                raise TopologyError(f"node {node!r}: device: {exc}") from exc
+        graph.add_node(node, **attrs)
+    for i, entry in enumerate(edges):
+        if not isinstance(entry, dict):
+            raise TopologyError(f"edges[{i}]: must be an object, got {entry!r}")
+        src, dst = entry.get("src"), entry.get("dst")
+        for end, node in (("src", src), ("dst", dst)):
+            if not isinstance(node, str) or node not in graph:
+                raise TopologyError(f"edge {src}->{dst}: {end} {node!r} is not a declared node")
+        if graph.has_edge(src, dst):
+            raise TopologyError(f"edge {src}->{dst}: declared twice")
+        graph.add_edge(src, dst, **{k: v for k, v in entry.items() if k not in ("src", "dst")})
+    hosts: dict[Any, int] = {}
+    for _, attrs in graph.nodes(data=True):
+        if attrs.get("type") == "gpu":
+            hosts[attrs.get("host")] = hosts.get(attrs.get("host"), 0) + 1
+    int_hosts = [h for h in hosts if isinstance(h, int) and not isinstance(h, bool)]
+    graph.graph["num_nodes"] = spec.get("num_nodes", max(int_hosts, default=0) + 1)
+    graph.graph["gpus_per_node"] = spec.get("gpus_per_node", max(hosts.values(), default=1))
+    return graph
+
+
+def topology_to_dict(graph: nx.DiGraph) -> dict:
+    """The explicit-form file dict of `graph` (JSON-serialisable; loads back equal)."""
+    out = {k: graph.graph[k] for k in ("name", "description", "num_nodes", "gpus_per_node")
+           if k in graph.graph}
+    out["nodes"] = [{"id": n, **a} for n, a in graph.nodes(data=True)]
+    out["edges"] = [{"src": u, "dst": v, **a} for u, v, a in graph.edges(data=True)]
+    return out

@@ -28,12 +28,17 @@ class Schedule:
     stage_ranks: tuple[int, ...] = field(default=())
 
     def __post_init__(self) -> None:
+        if not self.programs:
+            raise ConfigError(f"schedule {self.name!r} has no programs (needs >= 1 rank)")
         if not self.stage_ranks:
             self.stage_ranks = tuple(s % self.num_ranks for s in range(self.num_stages))
         if len(self.stage_ranks) != self.num_stages:
             raise ConfigError(
                 f"stage_ranks has {len(self.stage_ranks)} entries, num_stages is {self.num_stages}"
             )
+        bad = [r for r in self.stage_ranks if not 0 <= r < self.num_ranks]
+        if bad:
+            raise ConfigError(f"stage_ranks names rank {bad[0]}; ranks are 0..{self.num_ranks - 1}")
 
     @property
     def num_ranks(self) -> int:

@@ -44,7 +44,7 @@ class Span:
     def to_dict(self) -> dict[str, Any]:
         d = {"rank": self.rank, "lane": self.lane, "op": str(self.op), "start": self.start,
              "end": self.end, "nbytes": self.op.nbytes, "flops": self.op.flops}
-        if self.op.group:
+        if self.op.group is not None:
             d["group"] = self.op.group
         if self.info:
             d["info"] = dict(self.info)
@@ -53,7 +53,7 @@ class Span:
     @staticmethod
     def from_dict(d: Mapping[str, Any]) -> Span:
         op = parse_op(d["op"])
-        op = Op(op.kind, op.stage, op.microbatch, d.get("group", op.group),
+        op = Op(op.kind, op.stage, op.microbatch, d["group"] if "group" in d else None,
                 int(d.get("nbytes", 0)), float(d.get("flops", 0.0)))
         return Span(int(d["rank"]), d["lane"], op, float(d["start"]), float(d["end"]),
                     d.get("info"))
@@ -163,6 +163,7 @@ class Timeline:
 
 def peak_in_flight(spans: Iterable[Span]) -> dict[int, int]:
     """Per rank, the most microbatch-stages held between forward start and backward end."""
+    spans = list(spans)
     events: dict[int, list[tuple[float, int]]] = defaultdict(list)
     split_backward = {(s.op.stage, s.op.microbatch) for s in spans if s.op.kind is OpKind.W}
     for s in spans:

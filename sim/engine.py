@@ -42,7 +42,8 @@ class Replay:
                  memory: MemoryModel | None = None):
         self.env, self.schedule, self.devices = env, schedule, devices
         self.compute_time, self.network, self.memory = compute_time, network, memory
-        self.events: dict[Key, simpy.Event] = {}
+        self.done: set[Key] = set()
+        self.waiting: dict[Key, simpy.Event] = {}  # events exist only for awaited keys
         self.posted: dict[Key, tuple[int, Op, float]] = {}
         self.spans: list[Span] = []
         self.samples: list[MemorySample] = []
@@ -51,16 +52,11 @@ class Replay:
         self.split_backward = {(op.stage, op.microbatch)
                                for op in schedule.ops() if op.kind is OpKind.W}
 
-    def _event(self, key: Key) -> simpy.Event:
-        ev = self.events.get(key)
-        if ev is None:
-            ev = self.events[key] = self.env.event()
-        return ev
-
     def _complete(self, op: Op) -> None:
         for key in produces(op):
-            ev = self._event(key)
-            if not ev.triggered:
+            self.done.add(key)
+            ev = self.waiting.pop(key, None)
+            if ev is not None:
                 ev.succeed()
 
     def _allocate(self, rank: int, nbytes: int) -> None:
@@ -77,8 +73,10 @@ class Replay:
         env, ranks = self.env, self.schedule.stage_ranks
         for op in self.schedule.programs[rank]:
             for key in prerequisites(op, ranks):
-                ev = self._event(key)
-                if not ev.processed:
+                if key not in self.done:
+                    ev = self.waiting.get(key)
+                    if ev is None:
+                        ev = self.waiting[key] = env.event()
                     yield ev
             if op.kind.is_compute:
                 start = env.now
@@ -136,7 +134,7 @@ class Replay:
         lines = []
         for rank, op in stuck.items():
             missing = [k for k in prerequisites(op, self.schedule.stage_ranks)
-                       if not self._event(k).processed]
+                       if k not in self.done]
             waits = ", ".join(f"{s}{k.value}{m}" for k, s, m in missing)
             lines.append(f"rank {rank} stuck at {op} (step {self.pc[rank]}) waiting for {waits}")
         report = "\n".join(

@@ -134,13 +134,19 @@ def _add_spans(fig: go.Figure, timeline: Timeline, row: int, shown: set[OpKind])
         shown.add(kind)
         colour = KIND_COLOURS.get(kind, "#333333")
         if large:
-            # (start, middle, end, gap) per span: the gap breaks the line between spans.
-            xs = np.column_stack([start, (start + end) / 2, end, np.full_like(start, np.nan)])
-            ys = np.column_stack([y, y, y, np.full_like(y, np.nan)])
-            texts = [t for h in hover for t in (h, h, h, "")]
+            # One polyline per kind, (start, end, gap) per span; hover text lives once per
+            # span on an invisible marker at its middle, which keeps the file small.
+            gap = np.full_like(start, np.nan)
             fig.add_trace(go.Scattergl(
-                x=xs.ravel(), y=ys.ravel(), mode="lines", hovertext=texts, connectgaps=False,
-                line=dict(color=colour, width=ROW_PX * 0.7), **common), row=row, col=1)
+                x=np.column_stack([start, end, gap]).ravel(),
+                y=np.column_stack([y, y, gap]).ravel(), mode="lines", connectgaps=False,
+                line=dict(color=colour, width=ROW_PX * 0.7), **{**common, "hoverinfo": "skip"}),
+                row=row, col=1)
+            fig.add_trace(go.Scattergl(
+                x=(start + end) / 2, y=y, mode="markers", hovertext=hover, showlegend=False,
+                marker=dict(color=colour, opacity=0, size=ROW_PX * 0.7), name=kind.value,
+                legendgroup=kind.value, hoverinfo="text", hoverlabel=dict(namelength=0)),
+                row=row, col=1)
         else:
             fig.add_trace(go.Bar(
                 y=y, x=end - start, base=start, orientation="h", width=0.8,

@@ -1,8 +1,9 @@
 """One call from (schedule, model, parallel config, topology) to a simulated Timeline.
 
-Steps: build or take the schedule -> validate it (structure, unit-time dry run) -> cost
+Steps: build or take the schedule -> check its structure -> cost
 every op from the ModelSpec -> place pipeline ranks on GPUs in the config's rank order ->
-replay it in SimPy with a cost model and the network seam.
+replay it in SimPy with a cost model and the network seam. A deadlock found by the replay
+is re-reported through the unit-time dry run, whose rank x step grid marks the stuck ops.
 """
 from __future__ import annotations
 
@@ -14,13 +15,13 @@ import simpy
 
 from schedules.annotate import annotate
 from schedules.costs import stage_costs
-from schedules.errors import ConfigError
+from schedules.errors import ConfigError, DeadlockError
 from schedules.generators import build_schedule
 from schedules.model import ModelSpec
 from schedules.parallel import ParallelConfig
 from schedules.schedule import Schedule
 from schedules.timeline import Timeline
-from schedules.validate import validate
+from schedules.validate import check_structure, dry_run
 from topologies import device_of, gpu_nodes
 
 from .cost import DEFAULT_COMPUTE_EFFICIENCY, DEFAULT_MEMORY_EFFICIENCY, RooflineCost, UniformCost
@@ -61,7 +62,7 @@ def simulate(model: ModelSpec, parallel: ParallelConfig, topology: nx.DiGraph,
     elif schedule.num_ranks != parallel.pp:
         raise ConfigError(f"schedule {schedule.name!r} has {schedule.num_ranks} ranks, "
                           f"pp is {parallel.pp}")
-    validate(schedule)
+    check_structure(schedule)
     per_stage = stage_costs(model, parallel, schedule.num_stages)
     lowered = annotate(schedule, per_stage)
     devices = pipeline_devices(parallel, topology)
@@ -80,7 +81,11 @@ def simulate(model: ModelSpec, parallel: ParallelConfig, topology: nx.DiGraph,
         network = LinkNetwork(env, topology)
     replay = Replay(env, lowered, devices, compute_time, network,
                     memory_model(lowered, per_stage))
-    timeline = replay.run()
+    try:
+        timeline = replay.run()
+    except DeadlockError:
+        dry_run(schedule)  # re-raises with the rank x step grid
+        raise
 
     capacity = device_of(topology, devices[0]).memory_bytes
     over = [r for r, peak in timeline.peak_memory().items() if peak > capacity]

@@ -1,0 +1,39 @@
+"""Machine, versions and date stamped on every benchmark result."""
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+from importlib import metadata
+
+
+def _version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def environment() -> dict[str, str]:
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": f"{_cpu_model()}, {os.cpu_count()} cores, {platform.machine()}",
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        **{pkg: _version(pkg) for pkg in ("clustersim", "simpy", "networkx", "numpy", "plotly")},
+    }
+
+
+def environment_markdown() -> str:
+    return "\n".join(f"- {k}: {v}" for k, v in environment().items())

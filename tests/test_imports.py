@@ -1,0 +1,64 @@
+"""The import rules of DESIGN.md, checked by an ast scan of every module.
+
+schedules: standard library only; topologies: networkx + standard library; kernels:
+schedules + torch (+ numpy) only, never sim or topologies; sim may import anything of
+ours but torch, and kernels only lazily (inside functions).
+"""
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+OURS = {"schedules", "topologies", "sim", "kernels"}
+ALLOWED_THIRD_PARTY = {
+    "schedules": set(),
+    "topologies": {"networkx"},
+    "sim": {"simpy", "networkx", "numpy", "plotly"},
+    "kernels": {"torch", "numpy"},
+}
+ALLOWED_OURS = {
+    "schedules": {"schedules"},
+    "topologies": {"topologies"},
+    "sim": {"schedules", "topologies", "sim"},
+    "kernels": {"schedules", "kernels"},
+}
+
+
+def _imports(path: Path):
+    """(top-level module name, is_module_level) of every absolute import in the file."""
+    tree = ast.parse(path.read_text(), str(path))
+    module_level = {id(node) for node in tree.body}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        else:
+            continue
+        for name in names:
+            yield name.split(".")[0], id(node) in module_level
+
+
+def test_import_rules():
+    stdlib = sys.stdlib_module_names
+    problems = []
+    for package in OURS:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for name, top_level in _imports(path):
+                if name in stdlib or name in ALLOWED_OURS[package]:
+                    continue
+                if name in ALLOWED_THIRD_PARTY[package]:
+                    continue
+                if package == "sim" and name == "kernels" and not top_level:
+                    continue  # hardware commands import kernels lazily
+                problems.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert not problems, "\n".join(problems)
+
+
+def test_simulating_does_not_import_torch():
+    code = ("import sys, sim.cli, sim.simulate, sim.gantt, sim.trace; "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, check=True)
+    assert out.stdout.strip() == "False"

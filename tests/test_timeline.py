@@ -1,0 +1,105 @@
+"""Timeline metrics on a hand-built timeline with known numbers, and its JSON round trip."""
+import pytest
+
+from schedules.ops import Op, OpKind
+from schedules.timeline import MemorySample, Span, Timeline, peak_in_flight
+
+F, B, I, W = OpKind.F, OpKind.B, OpKind.I, OpKind.W
+
+
+def compute(rank, kind, stage, mb, start, end):
+    return Span(rank, "compute", Op(kind, stage, mb), start, end)
+
+
+def hand_timeline() -> Timeline:
+    """Three ranks over [0, 8] s.
+
+    rank 0: fused backward; compute 6 s (F 0-1, F 1-2, B 4-6, B 6-8); holds 2 microbatches.
+    rank 1: split I/W; compute 5 s; holds 2, because 1I0 ends at 3 but 1W0 only at 5.
+    rank 2: I with no W (I ends the microbatch); compute 3 s; holds 1.
+    Communication spans never count as busy.
+    """
+    spans = [
+        compute(0, F, 0, 0, 0.0, 1.0), compute(0, F, 0, 1, 1.0, 2.0),
+        Span(0, "p2p", Op(OpKind.SEND_F, 0, 0, group="pp", nbytes=4096), 1.0, 1.5,
+             {"peer": 1}),
+        compute(0, B, 0, 0, 4.0, 6.0), compute(0, B, 0, 1, 6.0, 8.0),
+        Span(1, "p2p", Op(OpKind.RECV_F, 1, 0, group="pp", nbytes=4096), 0.5, 1.0),
+        compute(1, F, 1, 0, 1.0, 2.0), compute(1, I, 1, 0, 2.0, 3.0),
+        compute(1, F, 1, 1, 3.0, 4.0), compute(1, W, 1, 0, 4.0, 5.0),
+        compute(1, B, 1, 1, 5.0, 6.0),
+        Span(1, "dp", Op(OpKind.ALL_REDUCE, 1, None, group="dp", nbytes=1 << 20, flops=0.0),
+             6.0, 7.5, {"algorithm": "ring"}),
+        compute(2, F, 2, 0, 2.0, 3.0), compute(2, I, 2, 0, 3.0, 4.0),
+        compute(2, F, 2, 1, 4.0, 5.0),
+    ]
+    memory = [MemorySample(0, 0.0, 100), MemorySample(0, 1.0, 300), MemorySample(0, 6.0, 150),
+              MemorySample(1, 0.0, 50), MemorySample(1, 3.0, 500), MemorySample(1, 8.0, 0)]
+    return Timeline(spans, memory, source="kernels:cpu", meta={"schedule": "hand"})
+
+
+def test_iteration_time_idle_and_bubbles():
+    t = hand_timeline()
+    assert t.ranks == [0, 1, 2]
+    assert t.iteration_time == 8.0
+    assert t.compute_busy() == {0: 6.0, 1: 5.0, 2: 3.0}
+    assert t.idle_time() == {0: 2.0, 1: 3.0, 2: 5.0}
+    assert t.bubble_fractions() == {0: 0.25, 1: 0.375, 2: 0.625}
+    assert t.bubble_fraction == pytest.approx((0.25 + 0.375 + 0.625) / 3)
+
+
+def test_iteration_time_is_measured_from_the_first_span():
+    t = Timeline([compute(0, F, 0, 0, 10.0, 11.0), compute(1, F, 1, 0, 11.0, 14.0)])
+    assert t.start_time == 10.0 and t.iteration_time == 4.0
+    assert t.idle_time() == {0: 3.0, 1: 1.0}
+
+
+def test_peak_memory_and_in_flight():
+    t = hand_timeline()
+    assert t.peak_memory() == {0: 300, 1: 500}
+    assert t.peak_in_flight() == {0: 2, 1: 2, 2: 1}
+
+
+def test_in_flight_releases_before_acquiring_at_the_same_instant():
+    spans = [compute(0, F, 0, 0, 0.0, 1.0), compute(0, B, 0, 0, 1.0, 2.0),
+             compute(0, F, 0, 1, 2.0, 3.0), compute(0, B, 0, 1, 3.0, 4.0)]
+    assert peak_in_flight(spans) == {0: 1}
+
+
+def test_metrics_json():
+    m = hand_timeline().metrics()
+    assert m["source"] == "kernels:cpu" and m["iteration_time"] == 8.0
+    assert m["meta"] == {"schedule": "hand"}
+    per_rank = m["per_rank"]
+    assert per_rank["compute_time"] == {"0": 6.0, "1": 5.0, "2": 3.0}
+    assert per_rank["idle_time"] == {"0": 2.0, "1": 3.0, "2": 5.0}
+    assert per_rank["bubble_fraction"] == {"0": 0.25, "1": 0.375, "2": 0.625}
+    assert per_rank["peak_in_flight_microbatches"] == {"0": 2, "1": 2, "2": 1}
+    assert per_rank["peak_memory_bytes"] == {"0": 300, "1": 500}
+
+
+def test_empty_timeline():
+    t = Timeline([])
+    assert t.iteration_time == 0.0 and t.bubble_fraction == 0.0
+    assert t.metrics()["per_rank"]["compute_time"] == {}
+
+
+def test_dict_round_trip():
+    t = hand_timeline()
+    d = t.to_dict()
+    assert d["spans"][2] == {"rank": 0, "lane": "p2p", "op": "0SEND_F0", "start": 1.0,
+                             "end": 1.5, "nbytes": 4096, "flops": 0.0, "group": "pp",
+                             "info": {"peer": 1}}
+    assert d["memory"][1] == [0, 1.0, 300]
+    back = Timeline.from_dict(d)
+    assert back == t
+    assert back.spans[11].op.group == "dp" and back.spans[11].info == {"algorithm": "ring"}
+
+
+def test_save_load_round_trip(tmp_path):
+    t = hand_timeline()
+    path = tmp_path / "timeline.json"
+    t.save(path)
+    back = Timeline.load(path)
+    assert back == t
+    assert back.metrics() == t.metrics()

@@ -34,7 +34,8 @@ def _positive_int(name: str, value: object) -> None:
 class ModelSpec:
     """A GPT/Llama-style decoder. `ffn_hidden_size` defaults to 4*hidden_size and
     `num_query_groups` to num_attention_heads (multi-head attention); both are filled in
-    by __post_init__, so equal shapes compare equal. MoE: `num_experts` experts per layer,
+    by __post_init__, so equal shapes compare equal (`get_model` re-derives them when their
+    source is overridden; `dataclasses.replace` does not). MoE: `num_experts` experts per layer,
     each token routed to `moe_router_topk` of them (default 2, as in Megatron-LM)."""
 
     num_layers: int
@@ -190,31 +191,32 @@ class ModelSpec:
         return replicated / sp_div + sharded / tp
 
     # --- parameters ----------------------------------------------------------------------
-    def _layer_param_split(self) -> tuple[int, int, int]:
-        """(TP-sharded attention, TP-replicated, MLP incl. experts and router) params."""
-        h, f, hkv = self.hidden_size, self.ffn_hidden_size, self.kv_hidden_size
-        bias = self.add_bias_linear
+    def _layer_param_parts(self) -> tuple[int, int, int, int]:
+        """(attention TP-sharded, TP-replicated, per-expert MLP TP-sharded, per-expert MLP
+        TP-replicated) parameters of one layer. Megatron column-parallel weights and biases
+        are sharded; row-parallel biases (out proj, fc2), norm weights and the router are
+        replicated."""
+        h, f, hkv, bias = self.hidden_size, self.ffn_hidden_size, self.kv_hidden_size, \
+            self.add_bias_linear
         attention = h * (h + 2 * hkv) + h * h + (h + 2 * hkv if bias else 0)
-        # row-parallel biases (out proj, fc2) and norm weights are replicated across TP
         norms = 2 * (2 * h if self.normalization == "LayerNorm" else h)
-        replicated = norms + (2 * h if bias else 0)
-        experts = self.num_experts or 1
-        mlp = experts * (self._mlp_matrices * h * f + ((2 * f if self.swiglu else f) if bias else 0))
-        if self.is_moe:
-            mlp += h * self.num_experts  # router
-        return attention, replicated, mlp
+        replicated = norms + (h if bias else 0) + (h * self.num_experts if self.is_moe else 0)
+        fc1_bias = (2 * f if self.swiglu else f) if bias else 0
+        mlp = self._mlp_matrices * h * f + fc1_bias
+        return attention, replicated, mlp, (h if bias else 0)
 
-    def layer_param_count(self, tp: int = 1, ep: int = 1) -> float:
-        """Parameters of one layer held by one rank: QKV h(h+2h_kv) + out proj h^2 +
+    def layer_param_count(self, tp: int = 1, ep: int = 1) -> int | float:
+        """Parameters of one layer on one rank: QKV h(h+2h_kv) + out proj h^2 +
         MLP (3 if swiglu else 2)hf + biases + norms (2*2h LayerNorm, 2h RMSNorm); for GPT
-        SC21's 12h^2 + 13h. MoE: MLP x num_experts + router hE. Sharded weights divide by
-        tp (and expert weights by ep); norms, row-parallel biases and the router do not."""
-        attention, replicated, mlp = self._layer_param_split()
+        SC21's 12h^2 + 13h. MoE: MLP x num_experts + router hE; each of ep ranks holds
+        num_experts/ep experts. Sharded parts divide by tp (see _layer_param_parts).
+        An int when tp = ep = 1."""
+        attention, replicated, mlp, mlp_replicated = self._layer_param_parts()
+        experts = self.num_experts or 1
         if tp == 1 and ep == 1:
-            return attention + replicated + mlp
-        router = self.hidden_size * self.num_experts if self.is_moe else 0
-        return (attention / tp + replicated + router
-                + (mlp - router) / (tp * (ep if self.is_moe else 1)))
+            return attention + replicated + experts * (mlp + mlp_replicated)
+        experts_here = experts / ep if self.is_moe else 1
+        return attention / tp + replicated + experts_here * (mlp / tp + mlp_replicated)
 
     def embedding_param_count(self) -> int:
         """Word embedding Vh, plus position embedding sh when learned_absolute. Vocab
@@ -261,4 +263,11 @@ def get_model(name: str, **overrides: object) -> ModelSpec:
     if unknown:
         raise ConfigError(f"unknown model field(s) {', '.join(unknown)}: known fields are "
                           f"{', '.join(sorted(known))}")
-    return replace(MODEL_PRESETS[key], **overrides)
+    preset = MODEL_PRESETS[key]
+    # derived defaults follow their source: overriding hidden_size re-derives a 4h ffn
+    for field, source, derived in (("ffn_hidden_size", "hidden_size", 4 * preset.hidden_size),
+                                   ("num_query_groups", "num_attention_heads",
+                                    preset.num_attention_heads)):
+        if source in overrides and field not in overrides and getattr(preset, field) == derived:
+            overrides[field] = None
+    return replace(preset, **overrides)

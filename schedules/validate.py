@@ -114,13 +114,24 @@ def dry_run(schedule: Schedule) -> DryRun:
         lines = []
         for r, op in stuck.items():
             missing = [n for n in prerequisites(op, ranks) if n not in done]
-            waits = ", ".join(f"{s}{k.value}{m}" for k, s, m in missing) or "its peer"
+            waits = ", ".join(_describe_wait(n, posted) for n in missing)
             lines.append(f"rank {r} stuck at {op} waiting for {waits}")
         raise DeadlockError(
             f"deadlock: {len(stuck)} rank(s) can never finish; " + "; ".join(lines),
             stuck, result.grid(stuck),
         )
     return result
+
+
+def _describe_wait(key: Key, posted: dict[Key, int]) -> str:
+    kind, stage, microbatch = key
+    text = f"{stage}{kind.value}{microbatch}"
+    if kind.is_p2p:
+        p_kind, p_stage, p_mb = p2p_peer(Op(kind, stage, microbatch))
+        if key in posted:
+            return f"{text} (its peer {p_stage}{p_kind.value}{p_mb} is never posted)"
+        return f"{text} (never posted)"
+    return text
 
 
 def validate(schedule: Schedule) -> DryRun:

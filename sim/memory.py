@@ -22,5 +22,6 @@ def memory_model(schedule: Schedule, costs: Sequence[StageCost]) -> MemoryModel:
     """Static model-state bytes per pipeline rank and activation bytes per stage."""
     static = [0] * schedule.num_ranks
     for stage, cost in enumerate(costs):
-        static[schedule.rank_of_stage(stage)] += MODEL_STATE_BYTES_PER_PARAM * cost.param_count
+        params = cost.param_count + cost.tied_param_count  # a tied embedding is held twice
+        static[schedule.rank_of_stage(stage)] += MODEL_STATE_BYTES_PER_PARAM * params
     return MemoryModel(static, [c.activation_bytes for c in costs])

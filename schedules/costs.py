@@ -1,0 +1,133 @@
+"""Per-stage costs of a pipeline split: FLOPs, bytes and parameters of one rank's stage.
+
+Units: FLOPs, bytes and parameter counts for ONE micro-batch on ONE rank (a TP/CP shard of
+the stage). Layers split evenly over stages (Megatron-LM's default); stage 0 also holds
+the embedding, the last stage the final norm, the output layer and the logits.
+FLOP and activation formulas come from `ModelSpec` (SC21, Korthikanti et al. 2022).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .errors import ConfigError
+from .model import ModelSpec
+from .parallel import ParallelConfig
+
+LOGITS_BYTES = 4  # cross-entropy keeps fp32 logits (Korthikanti et al. 2022, section 4.3)
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """Costs of one virtual pipeline stage on one rank, per micro-batch.
+
+    - forward_flops / backward_flops: FLOPs of F and B (B = 2F; full recompute adds one
+      layer forward, selective the core attention 4bs^2h per layer).
+    - activation_bytes: kept from F until B of the same micro-batch.
+    - param_count: parameters this rank holds for the stage (unique: the stages of a
+      model sum to ModelSpec.param_count() at tp = ep = 1).
+    - tied_param_count: the copy of the word embedding the last stage keeps for the output
+      layer when embeddings are tied and there is more than one stage (Megatron-LM keeps
+      it and all-reduces its gradient with stage 0); count it for memory, not for totals.
+    - boundary_bytes: the activation sent to the next stage, b*s*h*dtype_bytes / cp
+      (/ tp with sequence parallelism); 0 on the last stage.
+    - forward_bytes / backward_bytes: an ESTIMATE of HBM traffic for a roofline: F reads
+      the weights once and writes the activations it produces; B reads weights and saved
+      activations and writes weight and input gradients (2x each); full recompute adds F.
+    """
+
+    layers: int
+    forward_flops: float
+    backward_flops: float
+    activation_bytes: int
+    param_count: int
+    boundary_bytes: int
+    forward_bytes: int
+    backward_bytes: int
+    tied_param_count: int = 0
+
+
+def _check(model: ModelSpec, parallel: ParallelConfig, num_stages: int) -> None:
+    if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1:
+        raise ConfigError(f"num_stages must be an integer >= 1, got {num_stages!r}")
+    if model.num_layers % num_stages:
+        raise ConfigError(f"num_layers={model.num_layers} is not divisible by "
+                          f"num_stages={num_stages}")
+    if model.num_attention_heads % parallel.tp:
+        raise ConfigError(f"num_attention_heads={model.num_attention_heads} is not divisible "
+                          f"by tp={parallel.tp}")
+    if model.micro_batch_size != parallel.micro_batch_size:
+        raise ConfigError(f"micro_batch_size differs: model has {model.micro_batch_size}, "
+                          f"parallel config has {parallel.micro_batch_size}")
+
+
+def embedding_activation_bytes(model: ModelSpec, parallel: ParallelConfig) -> float:
+    """Embedding dropout mask, sbh bytes (/t with SP) — Korthikanti et al. 2022, 4.3."""
+    sp = parallel.tp if parallel.sequence_parallel else 1
+    return model.seq_length * model.micro_batch_size * model.hidden_size / (sp * parallel.cp)
+
+
+def output_activation_bytes(model: ModelSpec, parallel: ParallelConfig) -> float:
+    """Final-norm input and output-projection input, 2sbh each in 16 bit (/t with SP), and
+    fp32 logits 4sbV/t: with SP Korthikanti et al. 2022's 4sbh/t (1 + V/h), section 4.3."""
+    sb, t = model.seq_length * model.micro_batch_size, parallel.tp
+    sp = t if parallel.sequence_parallel else 1
+    inputs = 2 * sb * model.hidden_size * model.dtype_bytes / sp
+    return (inputs + LOGITS_BYTES * sb * model.vocab_size / t) / parallel.cp
+
+
+def stage_costs(model: ModelSpec, parallel: ParallelConfig, num_stages: int) -> list[StageCost]:
+    """Costs of each of `num_stages` stages (usually parallel.pp * parallel.vpp).
+
+    Per-layer FLOPs divide by tp * cp (TP shards every GEMM; CP splits the sequence, and
+    each CP rank's queries attend to the whole sequence, so the s^2 term divides by cp too).
+    Logits FLOPs divide likewise (vocab-parallel output layer). Activations divide by cp.
+    """
+    _check(model, parallel, num_stages)
+    tp, cp, d = parallel.tp, parallel.cp, model.dtype_bytes
+    shard = tp * cp
+    layers = model.num_layers // num_stages
+    layer_fwd = model.layer_forward_flops() / shard
+    recompute_flops = {"none": 0.0, "full": layer_fwd,
+                       "selective": model.attention_core_flops() / shard}[parallel.recompute]
+    stored = model.layer_activation_bytes(tp, parallel.sequence_parallel, parallel.recompute) / cp
+    produced = model.layer_activation_bytes(tp, parallel.sequence_parallel, "none") / cp
+    layer_params = model.layer_param_count(tp, parallel.ep)
+    word = model.vocab_size * model.hidden_size / tp  # vocab-parallel embedding / output
+    position = model.embedding_param_count() - model.vocab_size * model.hidden_size
+    boundary = model.micro_batch_size * model.seq_length * model.hidden_size * d / cp
+    if parallel.sequence_parallel:
+        boundary /= tp
+
+    costs = []
+    for stage in range(num_stages):
+        first, last = stage == 0, stage == num_stages - 1
+        fwd = layers * layer_fwd
+        bwd = 2 * fwd + layers * recompute_flops
+        act = layers * stored
+        params = layers * layer_params
+        tied = 0.0
+        if first:
+            act += embedding_activation_bytes(model, parallel)
+            params += word + position
+        if last:
+            logits = model.logits_forward_flops() / shard
+            fwd, bwd = fwd + logits, bwd + 2 * logits
+            act += output_activation_bytes(model, parallel)
+            params += model.final_norm_param_count()
+            if model.untie_embeddings_and_output_weights:
+                params += word
+            elif not first:
+                tied = word
+        weight_bytes = (params + tied) * d
+        fwd_bytes = weight_bytes + layers * produced
+        bwd_bytes = 2 * weight_bytes + 2 * act
+        if parallel.recompute == "full":
+            bwd_bytes += fwd_bytes
+        costs.append(StageCost(
+            layers=layers, forward_flops=fwd, backward_flops=bwd,
+            activation_bytes=math.ceil(act), param_count=math.ceil(params),
+            boundary_bytes=0 if last else math.ceil(boundary),
+            forward_bytes=math.ceil(fwd_bytes), backward_bytes=math.ceil(bwd_bytes),
+            tied_param_count=math.ceil(tied)))
+    return costs

@@ -1,0 +1,229 @@
+"""ParallelConfig: how one training iteration is split over ranks (Megatron-LM semantics).
+
+Grid: world_size = tp * cp * dp * pp ranks. Expert parallelism does not add ranks: as in
+Megatron-LM (`parallel_state.RankGenerator`), the ep experts groups are carved out of the
+dp * cp ranks of one (tp, pp) slice, which must therefore be divisible by ep. Rank order
+follows Megatron's `--order` string, first name innermost: with the default
+'tp-cp-ep-dp-pp', TP neighbours have consecutive ranks and pipeline stages are farthest
+apart. The dense grid uses every axis but ep; the expert grid uses tp, ep,
+dp * cp / ep (expert data parallel) and pp in the same order.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from .errors import ConfigError
+from .generators import canonical_schedule_name
+
+AXES = ("tp", "cp", "ep", "dp", "pp")
+RECOMPUTE = ("none", "selective", "full")
+
+# Megatron-LM / torchtitan / DeepSpeed spellings (after '--' stripped, '-' -> '_').
+ALIASES: dict[str, str] = {
+    "pipeline_model_parallel_size": "pp", "pipeline_parallel_degree": "pp",
+    "virtual_pipeline_model_parallel_size": "vpp",
+    "tensor_model_parallel_size": "tp", "tensor_parallel_degree": "tp",
+    "data_parallel_size": "dp", "data_parallel_replicate_degree": "dp",
+    "context_parallel_size": "cp", "context_parallel_degree": "cp",
+    "expert_model_parallel_size": "ep", "expert_parallel_degree": "ep",
+    "num_micro_batches": "num_microbatches", "microbatches": "num_microbatches",
+    "pipeline_parallel_microbatches": "num_microbatches",
+    "train_batch_size": "global_batch_size",
+    "train_micro_batch_size_per_gpu": "micro_batch_size",
+    "zero_optimization_stage": "zero_stage",
+    "recompute_granularity": "recompute",
+    "pipeline_parallel_schedule": "schedule",
+    "order": "rank_order",
+}
+
+
+def _positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """Parallel degrees, batch split, recompute and pipeline schedule of one run.
+
+    `num_microbatches` M per pipeline: given, or global_batch_size / (micro_batch_size*dp),
+    or pp by default; __post_init__ fills both M and global_batch_size in.
+    """
+
+    pp: int = 1
+    vpp: int = 1
+    dp: int = 1
+    tp: int = 1
+    cp: int = 1
+    ep: int = 1
+    sequence_parallel: bool = False
+    zero_stage: int = 0
+    num_microbatches: int | None = None
+    global_batch_size: int | None = None
+    micro_batch_size: int = 1
+    recompute: str = "none"
+    rank_order: str = "tp-cp-ep-dp-pp"
+    schedule: str = "1f1b"
+
+    def __post_init__(self) -> None:
+        for name in ("pp", "vpp", "dp", "tp", "cp", "ep", "micro_batch_size"):
+            _positive_int(name, getattr(self, name))
+        if not isinstance(self.sequence_parallel, bool):
+            raise ConfigError(f"sequence_parallel must be a bool, got {self.sequence_parallel!r}")
+        if self.zero_stage not in (0, 1, 2, 3) or isinstance(self.zero_stage, bool):
+            raise ConfigError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
+        if self.recompute not in RECOMPUTE:
+            raise ConfigError(f"recompute={self.recompute!r} must be one of {', '.join(RECOMPUTE)}")
+        order = str(self.rank_order).strip().lower().split("-")
+        if sorted(order) != sorted(AXES):
+            raise ConfigError(f"rank_order={self.rank_order!r} must be a '-'-separated "
+                              f"permutation of {', '.join(AXES)}")
+        object.__setattr__(self, "rank_order", "-".join(order))
+        if (self.dp * self.cp) % self.ep:
+            raise ConfigError(f"ep={self.ep} must divide dp*cp={self.dp}*{self.cp}: expert "
+                              f"parallelism folds into data/context parallelism (Megatron-LM)")
+        self._resolve_microbatches()
+        self._check_schedule()
+
+    def _resolve_microbatches(self) -> None:
+        m, gbs, per_mb = self.num_microbatches, self.global_batch_size, self.micro_batch_size * self.dp
+        if m is not None:
+            _positive_int("num_microbatches", m)
+        if gbs is not None:
+            _positive_int("global_batch_size", gbs)
+            if gbs % per_mb:
+                raise ConfigError(
+                    f"global_batch_size={gbs} must be divisible by micro_batch_size*dp="
+                    f"{self.micro_batch_size}*{self.dp}={per_mb}")
+            if m is not None and m != gbs // per_mb:
+                raise ConfigError(
+                    f"num_microbatches={m} disagrees with global_batch_size={gbs} / "
+                    f"(micro_batch_size*dp={per_mb}) = {gbs // per_mb}")
+            m = gbs // per_mb
+        m = self.pp if m is None else m
+        object.__setattr__(self, "num_microbatches", m)
+        object.__setattr__(self, "global_batch_size", m * per_mb)
+
+    def _check_schedule(self) -> None:
+        name = canonical_schedule_name(self.schedule)
+        object.__setattr__(self, "schedule", name)
+        if name == "interleaved-1f1b":
+            if self.vpp < 2:
+                raise ConfigError(f"schedule 'interleaved-1f1b' needs vpp >= 2, got vpp={self.vpp}")
+            if self.num_microbatches % self.pp:
+                raise ConfigError(
+                    f"schedule 'interleaved-1f1b' needs num_microbatches a multiple of pp: "
+                    f"num_microbatches={self.num_microbatches}, pp={self.pp}")
+        elif name in ("gpipe", "1f1b") and self.vpp != 1:
+            raise ConfigError(f"schedule {name!r} needs vpp == 1, got vpp={self.vpp} "
+                              f"(use 'interleaved-1f1b' for vpp >= 2)")
+
+    # --- construction from other frameworks' spellings -----------------------------------
+    @classmethod
+    def from_kwargs(cls, **kw: Any) -> ParallelConfig:
+        """Build from field names or ALIASES spellings ('--tensor-model-parallel-size' and
+        'tensor_model_parallel_size' alike). None values count as not given."""
+        known = {f.name for f in fields(cls)}
+        values: dict[str, Any] = {}
+        spelled: dict[str, str] = {}
+        for key, value in kw.items():
+            norm = key.lstrip("-").replace("-", "_").lower()
+            name = ALIASES.get(norm, norm)
+            if name not in known:
+                raise ConfigError(f"unknown parallel option {key!r}: use one of "
+                                  f"{', '.join(sorted(known | set(ALIASES)))}")
+            if value is None:
+                continue
+            if name in values:
+                raise ConfigError(f"{name} given twice, as {spelled[name]!r} and {key!r}")
+            values[name], spelled[name] = value, key
+        return cls(**values)
+
+    # --- derived sizes -------------------------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        """tp * cp * pp * dp (ep folds into dp * cp)."""
+        return self.tp * self.cp * self.pp * self.dp
+
+    @property
+    def num_stages(self) -> int:
+        return self.pp * self.vpp
+
+    def _sizes(self, expert: bool) -> dict[str, int]:
+        if expert:
+            return {"tp": self.tp, "cp": 1, "ep": self.ep, "dp": self.dp * self.cp // self.ep,
+                    "pp": self.pp}
+        return {"tp": self.tp, "cp": self.cp, "ep": 1, "dp": self.dp, "pp": self.pp}
+
+    def _encode(self, coords: dict[str, int], sizes: dict[str, int]) -> int:
+        rank, stride = 0, 1
+        for axis in self.rank_order.split("-"):
+            c = coords.get(axis, 0)
+            if isinstance(c, bool) or not isinstance(c, int) or not 0 <= c < sizes[axis]:
+                raise ConfigError(f"coordinate {axis}={c!r} out of range 0..{sizes[axis] - 1}")
+            rank, stride = rank + c * stride, stride * sizes[axis]
+        return rank
+
+    def _decode(self, rank: int, sizes: dict[str, int]) -> dict[str, int]:
+        coords = {}
+        for axis in self.rank_order.split("-"):
+            rank, coords[axis] = divmod(rank, sizes[axis])
+        return coords
+
+    # --- rank grid -----------------------------------------------------------------------
+    def rank(self, **coords: int) -> int:
+        """Global rank of grid coordinates tp, cp, dp, pp (missing ones are 0). An `ep`
+        coordinate, being derived from dp and cp, is only checked for consistency."""
+        unknown = sorted(set(coords) - set(AXES))
+        if unknown:
+            raise ConfigError(f"unknown grid axis {', '.join(unknown)}: axes are {', '.join(AXES)}")
+        ep = coords.pop("ep", None)
+        rank = self._encode(coords, self._sizes(expert=False))
+        if ep is not None and ep != self.coords(rank)["ep"]:
+            raise ConfigError(f"ep={ep} does not match the other coordinates (rank {rank} has "
+                              f"ep={self.coords(rank)['ep']}): ep folds into dp and cp")
+        return rank
+
+    def coords(self, rank: int) -> dict[str, int]:
+        """Grid coordinates of `rank`: tp, cp, dp, pp of the dense grid and its ep index."""
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.world_size:
+            raise ConfigError(f"rank={rank!r} out of range 0..{self.world_size - 1}")
+        dense = self._decode(rank, self._sizes(expert=False))
+        dense["ep"] = self._decode(rank, self._sizes(expert=True))["ep"]
+        return {axis: dense[axis] for axis in self.rank_order.split("-")}
+
+    def group(self, axis: str, rank: int) -> list[int]:
+        """Ranks of `rank`'s process group along `axis`, in axis-coordinate order."""
+        if axis not in AXES:
+            raise ConfigError(f"unknown grid axis {axis!r}: axes are {', '.join(AXES)}")
+        self.coords(rank)  # range check
+        sizes = self._sizes(expert=axis == "ep")
+        base = self._decode(rank, sizes)
+        return [self._encode({**base, axis: i}, sizes) for i in range(sizes[axis])]
+
+    # --- model compatibility -------------------------------------------------------------
+    def check_model(self, model: Any) -> None:
+        """Raise ConfigError when `model` (a ModelSpec) cannot be split this way."""
+        stages = self.pp * self.vpp
+        if model.num_layers % stages:
+            raise ConfigError(f"num_layers={model.num_layers} is not divisible by pp*vpp="
+                              f"{self.pp}*{self.vpp}={stages}")
+        if model.num_attention_heads % self.tp:
+            raise ConfigError(f"num_attention_heads={model.num_attention_heads} is not "
+                              f"divisible by tp={self.tp}")
+        if model.num_query_groups % self.tp:
+            raise ConfigError(f"num_query_groups={model.num_query_groups} is not divisible "
+                              f"by tp={self.tp}")
+        if self.cp > 1 and model.seq_length % (2 * self.cp):
+            raise ConfigError(f"seq_length={model.seq_length} is not divisible by 2*cp="
+                              f"{2 * self.cp} (Megatron splits the sequence into 2*cp chunks)")
+        if self.sequence_parallel and (model.seq_length // self.cp) % self.tp:
+            raise ConfigError(f"sequence_parallel: seq_length/cp={model.seq_length // self.cp} "
+                              f"is not divisible by tp={self.tp}")
+        if self.ep > 1 and (model.num_experts is None or model.num_experts % self.ep):
+            raise ConfigError(f"ep={self.ep} needs num_experts divisible by ep, got "
+                              f"num_experts={model.num_experts}")
+        if model.micro_batch_size != self.micro_batch_size:
+            raise ConfigError(f"micro_batch_size differs: model has {model.micro_batch_size}, "
+                              f"parallel config has {self.micro_batch_size}")

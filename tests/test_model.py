@@ -1,0 +1,140 @@
+"""ModelSpec against closed forms: SC21 (Narayanan et al.) FLOPs/params and Korthikanti
+et al. 2022 Table 2 activations."""
+from dataclasses import replace
+from fractions import Fraction
+
+import pytest
+
+from schedules.errors import ConfigError
+from schedules.model import MODEL_PRESETS, ModelSpec, get_model
+
+GPT = ModelSpec(num_layers=4, hidden_size=256, num_attention_heads=8, seq_length=128,
+                vocab_size=1000, micro_batch_size=2)
+
+
+def test_defaults_are_derived():
+    assert GPT.ffn_hidden_size == 4 * 256 and GPT.num_query_groups == 8
+    assert GPT.kv_hidden_size == 256 and GPT.dtype_bytes == 2
+
+
+def test_layer_forward_flops_is_sc21_24bsh2_plus_4bs2h():
+    b, s, h = 2, 128, 256
+    assert GPT.layer_forward_flops() == 24 * b * s * h * h + 4 * b * s * s * h
+    assert GPT.layer_backward_flops() == 2 * GPT.layer_forward_flops()
+    assert GPT.logits_forward_flops() == 2 * b * s * h * 1000
+
+
+@pytest.mark.parametrize("model", [GPT, MODEL_PRESETS["gpt3-175b"], MODEL_PRESETS["gpt3-1.3b"]])
+@pytest.mark.parametrize("microbatches", [1, 8])
+def test_iteration_flops_is_sc21_eq3(model, microbatches):
+    B = model.micro_batch_size * microbatches
+    s, l, h, V = model.seq_length, model.num_layers, model.hidden_size, model.vocab_size
+    with_rc = 96 * B * s * l * h * h * (1 + Fraction(s, 6 * h) + Fraction(V, 16 * l * h))
+    without = 72 * B * s * l * h * h * (1 + Fraction(s, 6 * h) + Fraction(V, 12 * l * h))
+    assert model.iteration_flops(microbatches, recompute=True) == with_rc
+    assert model.iteration_flops(microbatches) == without
+
+
+def test_gqa_and_swiglu_flops():
+    m = replace(GPT, num_query_groups=2, swiglu=True, ffn_hidden_size=512)
+    b, s, h, hkv, f = 2, 128, 256, 64, 512
+    expected = (2 * b * s * h * (h + 2 * hkv) + 4 * b * s * s * h + 2 * b * s * h * h
+                + 3 * 2 * b * s * h * f)
+    assert m.layer_forward_flops() == expected
+
+
+@pytest.mark.parametrize("t", [1, 2, 8])
+def test_activations_match_korthikanti_table2(t):
+    s, b, h, a = 128, 2, 256, 8
+    sbh = s * b * h
+    act = GPT.layer_activation_bytes
+    approx = lambda x: pytest.approx(x, rel=1e-12)
+    assert act(t) == approx(sbh * (10 + 24 / t + 5 * a * s / (h * t)))
+    assert act(t, sequence_parallel=True) == approx(sbh / t * (34 + 5 * a * s / h))
+    assert act(t, recompute="selective") == approx(sbh * (10 + 24 / t))
+    assert act(t, True, "selective") == approx(sbh * 34 / t)
+    assert act(t, recompute="full") == approx(2 * sbh)
+    assert act(t, True, "full") == approx(2 * sbh / t)  # input is sequence-sharded under SP
+    if t == 1:
+        assert act() == approx(sbh * (34 + 5 * a * s / h))
+
+
+def test_activation_generalisation():
+    s, b, h, f = 128, 2, 256, 512
+    sb = s * b
+    m = replace(GPT, num_query_groups=2, swiglu=True, ffn_hidden_size=f, use_flash_attn=True)
+    hkv = 64
+    # 10sbh not split + Q,out-proj 4sbh + K,V 4sb*h_kv + SwiGLU 6sbf; no softmax term
+    assert m.layer_activation_bytes() == sb * (10 * h + 4 * h + 4 * hkv + 6 * f)
+    fp32 = replace(GPT, dtype="fp32", use_flash_attn=True)
+    # tensors scale with dtype bytes, the two dropout masks stay 1 byte per element
+    assert fp32.layer_activation_bytes() == sb * (2 * h + 4 * (4 * h + 4 * h + 8 * h))
+
+
+def test_gpt_layer_params_are_12h2_plus_13h():
+    h = 256
+    assert GPT.layer_param_count() == 12 * h * h + 13 * h
+    total = 4 * (12 * h * h + 13 * h) + (1000 + 128) * h + 2 * h
+    assert GPT.param_count() == total
+
+
+def test_rmsnorm_untied_nobias_params():
+    m = replace(GPT, normalization="RMSNorm", add_bias_linear=False,
+                untie_embeddings_and_output_weights=True, position_embedding_type="rope")
+    h = 256
+    assert m.layer_param_count() == 12 * h * h + 2 * h
+    assert m.embedding_param_count() == 1000 * h and m.output_param_count() == 1000 * h
+    assert m.param_count() == 4 * (12 * h * h + 2 * h) + 2 * 1000 * h + h
+
+
+def test_layer_params_sharded_by_tp():
+    h = 256
+    # norms 4h and row-parallel biases (out proj, fc2) 2h stay whole on every TP rank
+    assert GPT.layer_param_count(tp=2) == (12 * h * h + 7 * h) / 2 + 6 * h
+
+
+def test_moe_params_and_flops():
+    m = replace(GPT, num_experts=8, moe_router_topk=2)
+    dense = GPT
+    h, f = 256, 1024
+    mlp = 2 * h * f + f + h
+    assert m.layer_param_count() == dense.layer_param_count() + 7 * mlp + h * 8
+    mlp_flops = 2 * 2 * 128 * h * f * 2
+    assert m.layer_forward_flops() == dense.layer_forward_flops() + mlp_flops + 2 * 2 * 128 * h * 8
+    assert m.layer_param_count(ep=8) == pytest.approx(dense.layer_param_count() + h * 8)
+    assert replace(GPT, num_experts=8).moe_router_topk == 2
+
+
+@pytest.mark.parametrize("name,expected,rel", [
+    ("gpt3-175b", 174.6e9, 0.005), ("llama3-8b", 8.03e9, 0.005),
+    ("llama3-70b", 70.55e9, 0.005), ("gpt3-1.3b", 1.3e9, 0.03)])
+def test_preset_param_counts(name, expected, rel):
+    assert get_model(name).param_count() == pytest.approx(expected, rel=rel)
+
+
+def test_get_model_overrides_and_errors():
+    m = get_model("GPT3-1.3B", hidden_size=1024, micro_batch_size=4)
+    assert m.ffn_hidden_size == 4096 and m.micro_batch_size == 4 and m.name == "gpt3-1.3b"
+    assert get_model("llama3-8b", hidden_size=8192).ffn_hidden_size == 14336
+    with pytest.raises(ConfigError, match="gpt3-175b"):
+        get_model("gpt5")
+    with pytest.raises(ConfigError, match="hidden_sise"):
+        get_model("gpt3-1.3b", hidden_sise=1)
+
+
+@pytest.mark.parametrize("kw,field", [
+    (dict(num_layers=0), "num_layers"), (dict(hidden_size=250), "hidden_size"),
+    (dict(num_query_groups=3), "num_query_groups"), (dict(dtype="int4"), "dtype"),
+    (dict(normalization="BatchNorm"), "normalization"),
+    (dict(position_embedding_type="alibi"), "position_embedding_type"),
+    (dict(moe_router_topk=2), "moe_router_topk"),
+    (dict(num_experts=2, moe_router_topk=4), "moe_router_topk"),
+    (dict(swiglu=1), "swiglu"), (dict(micro_batch_size=1.5), "micro_batch_size")])
+def test_validation_names_the_field(kw, field):
+    with pytest.raises(ConfigError, match=field):
+        replace(GPT, **kw)
+
+
+def test_unknown_recompute():
+    with pytest.raises(ConfigError, match="recompute"):
+        GPT.layer_activation_bytes(recompute="some")

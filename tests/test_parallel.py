@@ -1,0 +1,123 @@
+"""ParallelConfig: validation, aliases, micro-batch arithmetic and the Megatron rank grid."""
+import pytest
+
+from schedules.errors import ConfigError
+from schedules.model import ModelSpec
+from schedules.parallel import ALIASES, ParallelConfig
+
+MODEL = ModelSpec(num_layers=8, hidden_size=256, num_attention_heads=8, seq_length=128,
+                  vocab_size=1000)
+
+
+def test_defaults():
+    p = ParallelConfig(pp=4)
+    assert p.num_microbatches == 4 and p.global_batch_size == 4 and p.world_size == 4
+    assert p.schedule == "1f1b" and p.rank_order == "tp-cp-ep-dp-pp"
+
+
+def test_world_size_excludes_ep():
+    assert ParallelConfig(tp=2, cp=2, dp=4, pp=3, ep=4).world_size == 48
+
+
+def test_microbatches_from_global_batch():
+    p = ParallelConfig(dp=4, micro_batch_size=2, global_batch_size=64)
+    assert p.num_microbatches == 8
+    assert ParallelConfig(dp=4, micro_batch_size=2, global_batch_size=64,
+                          num_microbatches=8).num_microbatches == 8
+    with pytest.raises(ConfigError, match=r"global_batch_size=60.*micro_batch_size\*dp"):
+        ParallelConfig(dp=4, micro_batch_size=2, global_batch_size=60)
+    with pytest.raises(ConfigError, match="num_microbatches=4 disagrees"):
+        ParallelConfig(dp=4, micro_batch_size=2, global_batch_size=64, num_microbatches=4)
+    assert ParallelConfig(dp=2, num_microbatches=3).global_batch_size == 6
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(tp=0), "tp must be"), (dict(dp=1.5), "dp must be"), (dict(zero_stage=4), "zero_stage"),
+    (dict(recompute="half"), "recompute"), (dict(rank_order="tp-dp-pp"), "rank_order"),
+    (dict(rank_order="tp-tp-ep-dp-pp"), "rank_order"), (dict(schedule="nope"), "unknown schedule"),
+    (dict(pp=2, vpp=2), "needs vpp == 1"), (dict(pp=2, schedule="gpipe", vpp=2), "vpp == 1"),
+    (dict(pp=2, schedule="interleaved-1f1b"), "vpp >= 2"),
+    (dict(pp=2, vpp=2, schedule="interleaved", num_microbatches=3), "multiple of pp"),
+    (dict(dp=2, ep=4), "ep=4 must divide dp\\*cp"), (dict(sequence_parallel=1), "sequence_parallel"),
+])
+def test_validation(kw, match):
+    with pytest.raises(ConfigError, match=match):
+        ParallelConfig(**kw)
+
+
+def test_schedule_aliases_are_canonicalised():
+    p = ParallelConfig(pp=2, vpp=2, schedule="ScheduleInterleaved1F1B", num_microbatches=4)
+    assert p.schedule == "interleaved-1f1b"
+
+
+def test_from_kwargs_spellings():
+    p = ParallelConfig.from_kwargs(**{
+        "--pipeline-model-parallel-size": 2, "tensor_parallel_degree": 2,
+        "data_parallel_replicate_degree": 2, "context_parallel_size": 1,
+        "expert_model_parallel_size": 2, "train_micro_batch_size_per_gpu": 1,
+        "train_batch_size": 8, "zero_optimization_stage": 1, "sequence_parallel": True,
+        "virtual_pipeline_model_parallel_size": None})
+    assert (p.pp, p.tp, p.dp, p.ep, p.zero_stage, p.num_microbatches) == (2, 2, 2, 2, 1, 4)
+    assert p.sequence_parallel and p.vpp == 1
+    assert ParallelConfig.from_kwargs(microbatches=6, pp=3).num_microbatches == 6
+    assert set(ALIASES.values()) >= {"pp", "vpp", "tp", "dp", "cp", "ep", "num_microbatches"}
+
+
+def test_from_kwargs_errors():
+    with pytest.raises(ConfigError, match="tensor_paralel_size"):
+        ParallelConfig.from_kwargs(tensor_paralel_size=2)
+    with pytest.raises(ConfigError, match="tp given twice"):
+        ParallelConfig.from_kwargs(tp=2, tensor_model_parallel_size=2)
+
+
+def test_rank_grid_megatron_default_order():
+    p = ParallelConfig(tp=2, dp=2, pp=2)
+    assert p.coords(1) == dict(tp=1, cp=0, ep=0, dp=0, pp=0)
+    assert p.coords(2)["dp"] == 1 and p.coords(4)["pp"] == 1
+    assert p.rank(tp=1) == 1 and p.rank(dp=1) == 2 and p.rank(pp=1) == 4
+    for r in range(p.world_size):
+        assert p.rank(**p.coords(r)) == r
+    assert p.group("tp", 5) == [4, 5] and p.group("dp", 5) == [5, 7] and p.group("pp", 5) == [1, 5]
+
+
+def test_rank_grid_custom_order_round_trip():
+    p = ParallelConfig(tp=2, cp=2, dp=3, pp=2, rank_order="pp-dp-cp-ep-tp")
+    assert p.rank(pp=1) == 1 and p.rank(dp=1) == 2 and p.rank(tp=1) == 12
+    assert sorted(p.rank(**p.coords(r)) for r in range(p.world_size)) == list(range(24))
+
+
+def test_expert_grid_folds_into_dp():
+    p = ParallelConfig(tp=2, dp=4, ep=2)
+    # Megatron expert grid tp-ep-edp-pp: ep groups are neighbouring dp ranks
+    assert [p.coords(r)["ep"] for r in range(8)] == [0, 0, 1, 1, 0, 0, 1, 1]
+    assert p.group("ep", 0) == [0, 2] and p.group("ep", 5) == [5, 7]
+    for r in range(p.world_size):
+        assert p.rank(**p.coords(r)) == r
+    with pytest.raises(ConfigError, match="ep=0 does not match"):
+        p.rank(dp=1, ep=0)
+
+
+def test_rank_errors():
+    p = ParallelConfig(tp=2)
+    with pytest.raises(ConfigError, match="tp=2 out of range"):
+        p.rank(tp=2)
+    with pytest.raises(ConfigError, match="unknown grid axis"):
+        p.rank(xp=0)
+    with pytest.raises(ConfigError, match="rank=2"):
+        p.coords(2)
+
+
+def test_check_model():
+    ParallelConfig(pp=4, tp=8).check_model(MODEL)
+    m30 = ModelSpec(num_layers=30, hidden_size=256, num_attention_heads=8, seq_length=128,
+                    vocab_size=1000)
+    with pytest.raises(ConfigError, match=r"num_layers=30 is not divisible by pp\*vpp=4\*2=8"):
+        ParallelConfig(pp=4, vpp=2, schedule="interleaved-1f1b").check_model(m30)
+    with pytest.raises(ConfigError, match="num_attention_heads=8 is not divisible by tp=3"):
+        ParallelConfig(tp=3).check_model(MODEL)
+    with pytest.raises(ConfigError, match="ep=2 needs num_experts"):
+        ParallelConfig(dp=2, ep=2).check_model(MODEL)
+    with pytest.raises(ConfigError, match="micro_batch_size"):
+        ParallelConfig(micro_batch_size=2).check_model(MODEL)
+    with pytest.raises(ConfigError, match="seq_length"):
+        ParallelConfig(cp=3).check_model(MODEL)

@@ -43,6 +43,9 @@ def _positive_int(name: str, value: object) -> None:
         raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
 
 
+CUSTOM_SCHEDULE = "custom"
+
+
 @dataclass(frozen=True)
 class ParallelConfig:
     """Parallel degrees, batch split, recompute and pipeline schedule of one run.
@@ -64,7 +67,7 @@ class ParallelConfig:
     micro_batch_size: int = 1
     recompute: str = "none"
     rank_order: str = "tp-cp-ep-dp-pp"
-    schedule: str = "1f1b"
+    schedule: str = "1f1b"  # or CUSTOM_SCHEDULE for a schedule given as data (torch CSV)
 
     def __post_init__(self) -> None:
         for name in ("pp", "vpp", "dp", "tp", "cp", "ep", "micro_batch_size"):
@@ -106,6 +109,8 @@ class ParallelConfig:
         object.__setattr__(self, "global_batch_size", m * per_mb)
 
     def _check_schedule(self) -> None:
+        if self.schedule == CUSTOM_SCHEDULE:
+            return  # an imported schedule; schedules.validate checks it
         name = canonical_schedule_name(self.schedule)
         object.__setattr__(self, "schedule", name)
         if name == "interleaved-1f1b":

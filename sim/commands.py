@@ -9,7 +9,7 @@ from pathlib import Path
 from schedules.errors import ConfigError
 from schedules.generators import build_schedule, canonical_schedule_name
 from schedules.model import MODEL_PRESETS, ModelSpec, get_model
-from schedules.parallel import ParallelConfig
+from schedules.parallel import CUSTOM_SCHEDULE, ParallelConfig
 from schedules.timeline import Timeline
 from schedules.torch_csv import read_torch_csv, to_torch_csv
 from schedules.validate import validate
@@ -44,7 +44,7 @@ def model_from_args(args: argparse.Namespace) -> ModelSpec:
 
 def parallel_from_args(args: argparse.Namespace, schedule: str, vpp: int | None = None,
                        micro_batch_size: int = 1) -> ParallelConfig:
-    name = canonical_schedule_name(schedule)
+    name = schedule if schedule == CUSTOM_SCHEDULE else canonical_schedule_name(schedule)
     vpp = vpp or args.vpp or (2 if name == "interleaved-1f1b" else 1)
     microbatches = args.microbatches
     if microbatches is None and args.global_batch_size is None:
@@ -81,6 +81,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         args.pp = custom.num_ranks
         args.vpp = custom.stages_per_rank
         args.microbatches = custom.num_microbatches
+        args.schedule = CUSTOM_SCHEDULE
     parallel = parallel_from_args(args, args.schedule, micro_batch_size=model.micro_batch_size)
     timeline = simulate(model, parallel, load_topology(args.topology), custom,
                         cost_options(args))

@@ -53,12 +53,7 @@ def _check(model: ModelSpec, parallel: ParallelConfig, num_stages: int) -> None:
     if model.num_layers % num_stages:
         raise ConfigError(f"num_layers={model.num_layers} is not divisible by "
                           f"num_stages={num_stages}")
-    if model.num_attention_heads % parallel.tp:
-        raise ConfigError(f"num_attention_heads={model.num_attention_heads} is not divisible "
-                          f"by tp={parallel.tp}")
-    if model.micro_batch_size != parallel.micro_batch_size:
-        raise ConfigError(f"micro_batch_size differs: model has {model.micro_batch_size}, "
-                          f"parallel config has {parallel.micro_batch_size}")
+    parallel.check_model(model)
 
 
 def embedding_activation_bytes(model: ModelSpec, parallel: ParallelConfig) -> float:

@@ -8,17 +8,18 @@ Rows are (rank, lane) pairs, rank 0 on top, lanes in the order compute, send, re
 the parallel axes; a lane appears only if some span uses it. One trace per op kind, so
 the legend is the list of kinds.
 
-Large timelines. Measured on the 2-core dev machine, 2026-11-22 (build + write HTML;
-file size includes the 4.8 MB of plotly.js):
-    spans    go.Bar (one bar per span)      Scattergl (segments)
-    1k       0.05 s,  5.0 MB                0.04 s,  5.0 MB
-    10k      0.20 s,  6.8 MB                0.16 s,  7.0 MB
-    50k      0.9 s,  14.0 MB                0.7 s,  15.3 MB
-Building is cheap either way; the browser is the bottleneck: SVG bars cost one DOM node
-per span, so Chromium takes ~1.5 s to draw 5k bars and pans sluggishly, ~15 s for 50k,
-while WebGL segments draw 50k spans in well under a second. Above
-`LARGE_TIMELINE_SPANS` spans each kind is therefore one `go.Scattergl` whose spans are
-thick line segments (start, middle, end, gap); hover works on their vertices.
+Large timelines. Measured 2026-11-22 on the 2-core dev machine, 8 ranks, headless
+Chromium with software WebGL; "paint" = page load to first frame, "zoom" = one relayout:
+    spans  build+write  HTML (bars|segs)  paint (bars|segs)  zoom (bars|segs)
+    1k     0.35 s        5.2 |  5.2 MB    1.4 | 2.1 s        0.11 | 0.03 s
+    5k     0.4 s         6.5 |  6.8 MB    2.4 | 3.0 s        0.24 | 0.07 s
+    10k    0.45 s        8.2 |  8.8 MB    2.7 | 3.8 s        0.48 | 0.06 s
+    50k    1.4 s        21.5 | 24.3 MB    9.7 | 7.9 s        4.5  | 2.1 s
+(4.8 MB of each file is plotly.js.) Building is cheap; the browser is the limit: SVG bars
+cost one DOM node per span, so every pan/zoom re-lays out all of them. Above
+`LARGE_TIMELINE_SPANS` each kind becomes one `go.Scattergl` polyline of thick segments
+(start, end, gap) plus invisible markers at span middles that carry the hover text once
+per span. The memory curve stays one SVG path per rank, which is cheap at any length.
 """
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ from plotly.subplots import make_subplots
 
 from schedules.ops import OpKind
 from schedules.timeline import Span, Timeline
+
+from .trace import LANE_ORDER
 
 LARGE_TIMELINE_SPANS = 5000  # above this, spans are WebGL segments instead of SVG bars
 LABELLED_BARS_LIMIT = 400  # op text inside bars only when bars are few enough to read
@@ -53,7 +56,6 @@ KIND_COLOURS: dict[OpKind, str] = {
     OpKind.REDUCE_SCATTER: "#9467BD",
     OpKind.ALL_TO_ALL: "#C5B0D5",
 }
-LANE_ORDER = ("compute", "send", "recv", "pp", "tp", "cp", "ep", "dp")
 MEMORY_COLOURS = ("#1F77B4", "#D62728", "#2CA02C", "#FF7F0E", "#9467BD", "#8C564B",
                   "#E377C2", "#7F7F7F", "#BCBD22", "#17BECF")
 
@@ -87,18 +89,18 @@ def gantt_rows(timeline: Timeline) -> list[tuple[int, str]]:
 
 def hover_text(span: Span, origin: float = 0.0) -> str:
     op = span.op
-    lines = [f"<b>{op}</b>  rank {span.rank} · {span.lane}",
+    lines = [f"<b>{op}</b> · rank {span.rank} · {span.lane}",
              f"stage {op.stage}" + ("" if op.microbatch is None else f" · microbatch {op.microbatch}"),
              f"{format_seconds(span.start - origin)} → {format_seconds(span.end - origin)}"
-             f"  ({format_seconds(span.duration)})"]
+             f" (duration {format_seconds(span.duration)})"]
     if op.nbytes:
-        lines.append(f"bytes {format_bytes(op.nbytes)}")
+        lines.append(f"bytes: {format_bytes(op.nbytes)}")
     if op.flops:
-        lines.append(f"flops {op.flops:.3g}")
+        lines.append(f"flops: {op.flops:.3g}")
     if op.group:
-        lines.append(f"group {op.group}")
+        lines.append(f"group: {op.group}")
     for key, value in (span.info or {}).items():
-        lines.append(f"{key} {value:.4g}" if isinstance(value, float) else f"{key} {value}")
+        lines.append(f"{key}: {value:.4g}" if isinstance(value, float) else f"{key}: {value}")
     return "<br>".join(lines)
 
 
@@ -154,10 +156,24 @@ def _add_spans(fig: go.Figure, timeline: Timeline, row: int, shown: set[OpKind])
                 hovertext=hover, text=[str(s.op) for s in spans] if labelled else None,
                 textposition="inside" if labelled else "none", insidetextanchor="middle",
                 **common), row=row, col=1)
+    _shade_alternate_ranks(fig, rows, row)
     fig.update_yaxes(tickmode="array", tickvals=list(range(len(rows))),
                      ticktext=[f"rank {r} · {lane}" for r, lane in rows],
                      autorange="reversed", showgrid=False, zeroline=False, row=row, col=1)
     return large
+
+
+def _shade_alternate_ranks(fig: go.Figure, rows: list[tuple[int, str]], row: int) -> None:
+    """Grey band behind every other rank's rows, so a rank's lanes read as one block."""
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for i, (rank, _) in enumerate(rows):
+        first.setdefault(rank, i)
+        last[rank] = i
+    for n, rank in enumerate(first):
+        if n % 2:
+            fig.add_hrect(y0=first[rank] - 0.5, y1=last[rank] + 0.5, fillcolor="#EEF0F4",
+                          line_width=0, layer="below", row=row, col=1)
 
 
 def _add_memory(fig: go.Figure, timeline: Timeline, row: int) -> None:
@@ -171,7 +187,7 @@ def _add_memory(fig: go.Figure, timeline: Timeline, row: int) -> None:
             samples.append((finish, samples[-1][1]))
         t = np.array([s[0] for s in samples]) - origin
         gb = np.array([s[1] for s in samples]) / 1e9
-        fig.add_trace(go.Scatter(
+        fig.add_trace(go.Scatter(  # one SVG path per rank stays cheap at any length
             x=t, y=gb, mode="lines", line=dict(shape="hv", width=1.5,
                                                color=MEMORY_COLOURS[rank % len(MEMORY_COLOURS)]),
             name=f"memory rank {rank}", legendgroup="memory",
@@ -188,7 +204,8 @@ def _style(fig: go.Figure, nrows: int, height: int, title: str, large: bool) -> 
         meta={"representation": "segments" if large else "bars"},
     )
     fig.update_xaxes(showgrid=True, gridcolor="#E5E5E5")
-    fig.update_xaxes(title_text="time (s)", row=nrows, col=1)
+    fig.update_xaxes(tickformat="~s", ticksuffix="s")  # SI prefixes: 0.005 reads as 5ms
+    fig.update_xaxes(title_text="time since iteration start", row=nrows, col=1)
     return fig
 
 

@@ -1,0 +1,118 @@
+"""Chrome/Perfetto trace JSON of a Timeline (open it at https://ui.perfetto.dev).
+
+Units: `ts` and `dur` in microseconds (span seconds * 1e6, same origin as the Timeline);
+memory counters in GB (1e9 bytes).
+
+Mapping: process (`pid`) = rank, named `rank N`; thread (`tid`) = lane, one integer per
+lane name in the Gantt chart's lane order, named by `thread_name` metadata. Each span is a
+complete event (`ph: "X"`) named by its op text (`2F0`) with the op kind as category;
+memory samples are counter events (`ph: "C"`, name `memory`); every P2P transfer is a flow
+arrow (`ph: "s"` on the send, `ph: "f"`, `bp: "e"` on the matching receive). Flow ends
+sit at the middle of their slices so each binds to its own slice unambiguously.
+"""
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from schedules.ops import OpKind
+from schedules.timeline import Span, Timeline
+
+US_PER_S = 1e6
+LANE_ORDER = ("compute", "send", "recv", "pp", "tp", "cp", "ep", "dp")
+
+# A send's receiver holds the next stage for activations, the previous one for gradients.
+_RECEIVER = {OpKind.SEND_F: (OpKind.RECV_F, +1), OpKind.SEND_B: (OpKind.RECV_B, -1)}
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
+def lane_ids(timeline: Timeline) -> dict[str, int]:
+    """Integer thread id per lane: known lanes in display order, then the rest by name."""
+    lanes = {s.lane for s in timeline.spans}
+    known = [lane for lane in LANE_ORDER if lane in lanes]
+    return {lane: i for i, lane in enumerate(known + sorted(lanes - set(known)))}
+
+
+def p2p_pairs(timeline: Timeline) -> list[tuple[Span, Span]]:
+    """(send, receive) span pairs: SEND_F(s,m) with RECV_F(s+1,m), SEND_B(s,m) with
+    RECV_B(s-1,m). Where replicas repeat a key, sends and receives pair in rank order."""
+    recvs: dict[tuple, list[Span]] = defaultdict(list)
+    sends: dict[tuple, list[Span]] = defaultdict(list)
+    for s in timeline.spans:
+        op = s.op
+        if op.kind in _RECEIVER:
+            kind, step = _RECEIVER[op.kind]
+            sends[(kind, op.stage + step, op.microbatch)].append(s)
+        elif op.kind in (OpKind.RECV_F, OpKind.RECV_B):
+            recvs[(op.kind, op.stage, op.microbatch)].append(s)
+    pairs = []
+    for key, send_spans in sends.items():
+        order = sorted(recvs.get(key, []), key=lambda s: (s.rank, s.start))
+        pairs.extend(zip(sorted(send_spans, key=lambda s: (s.rank, s.start)), order))
+    return sorted(pairs, key=lambda p: p[0].start)
+
+
+def _metadata(timeline: Timeline, tids: dict[str, int]) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = []
+    used = defaultdict(set)
+    for s in timeline.spans:
+        used[s.rank].add(s.lane)
+    for rank in timeline.ranks:
+        events.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0,
+                       "args": {"name": f"rank {rank}"}})
+        events.append({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0,
+                       "args": {"sort_index": rank}})
+        for lane in sorted(used[rank], key=tids.__getitem__):
+            events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tids[lane],
+                           "args": {"name": lane}})
+            events.append({"ph": "M", "name": "thread_sort_index", "pid": rank,
+                           "tid": tids[lane], "args": {"sort_index": tids[lane]}})
+    return events
+
+
+def _span_event(span: Span, tid: int) -> dict[str, Any]:
+    op = span.op
+    args: dict[str, Any] = {"stage": op.stage, "microbatch": op.microbatch,
+                            "bytes": op.nbytes, "flops": op.flops}
+    if op.group:
+        args["group"] = op.group
+    if span.info:
+        args.update(_jsonable(dict(span.info)))
+    return {"ph": "X", "name": str(op), "cat": op.kind.value, "pid": span.rank, "tid": tid,
+            "ts": span.start * US_PER_S, "dur": span.duration * US_PER_S, "args": args}
+
+
+def _flow_events(timeline: Timeline, tids: dict[str, int]) -> list[dict[str, Any]]:
+    events = []
+    for flow_id, (send, recv) in enumerate(p2p_pairs(timeline)):
+        common = {"name": f"{send.op}→{recv.op}", "cat": "p2p", "id": flow_id}
+        events.append({"ph": "s", "pid": send.rank, "tid": tids[send.lane],
+                       "ts": (send.start + send.end) / 2 * US_PER_S, **common})
+        events.append({"ph": "f", "bp": "e", "pid": recv.rank, "tid": tids[recv.lane],
+                       "ts": (recv.start + recv.end) / 2 * US_PER_S, **common})
+    return events
+
+
+def chrome_trace(timeline: Timeline) -> dict[str, Any]:
+    """The trace as a JSON-serialisable dict: `{"traceEvents": [...], ...}`."""
+    tids = lane_ids(timeline)
+    events = _metadata(timeline, tids)
+    events.extend(_span_event(s, tids[s.lane]) for s in timeline.spans)
+    events.extend({"ph": "C", "name": "memory", "pid": m.rank, "ts": m.time * US_PER_S,
+                   "args": {"GB": m.nbytes / 1e9}} for m in timeline.memory)
+    events.extend(_flow_events(timeline, tids))
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": _jsonable({"source": timeline.source, **timeline.meta})}
+
+
+def write_trace(timeline: Timeline, path: str | Path) -> Path:
+    """Write the Chrome/Perfetto trace JSON file; returns its path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(chrome_trace(timeline), separators=(",", ":")))
+    return path

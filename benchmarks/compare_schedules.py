@@ -89,7 +89,7 @@ def main() -> int:
         "(P-1)/(V*M+P-1) for equal stages and free communication. Peak in-flight = most "
         "(stage, microbatch) activations any rank holds. Plot: compare_schedules.html.\n\n"
         + environment_markdown() + "\n\n" + table + "\n")
-    figure(rows).write_html(RESULTS / "compare_schedules.html", include_plotlyjs=True)
+    figure(rows).write_html(RESULTS / "compare_schedules.html", include_plotlyjs="cdn")  # small repo
     print(table)
     print(f"wrote {RESULTS / 'compare_schedules.md'} and compare_schedules.html")
     return 0

@@ -24,7 +24,7 @@ def _costed(op: Op, costs: Sequence[StageCost]) -> Op:
     if op.kind in (OpKind.I, OpKind.W):
         return op.with_costs(flops=c.backward_flops / 2, nbytes=c.backward_bytes // 2)
     if op.kind.is_p2p:
-        return op.with_costs(nbytes=costs[boundary(op)].boundary_bytes)
+        return op.with_costs(nbytes=costs[boundary(op.kind, op.stage)].boundary_bytes)
     return op
 
 

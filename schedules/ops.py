@@ -10,7 +10,7 @@ Units: `nbytes` in bytes (payload for communication, memory traffic for compute)
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import Enum
 
 from .errors import ScheduleFormatError
@@ -77,11 +77,10 @@ class Op:
         return (self.kind, self.stage, self.microbatch)
 
     def with_costs(self, *, nbytes: int | None = None, flops: float | None = None) -> Op:
-        return replace(
-            self,
-            nbytes=self.nbytes if nbytes is None else nbytes,
-            flops=self.flops if flops is None else flops,
-        )
+        # Direct construction: dataclasses.replace is ~3x slower on this hot path.
+        return Op(self.kind, self.stage, self.microbatch, self.group,
+                  self.nbytes if nbytes is None else nbytes,
+                  self.flops if flops is None else flops)
 
     def __str__(self) -> str:
         mb = "" if self.microbatch is None else str(self.microbatch)

@@ -17,10 +17,10 @@ BoundaryBytes = Callable[[int], int]
 """Bytes of the activation (or its gradient) crossing the boundary after stage s."""
 
 
-def boundary(op: Op) -> int:
+def boundary(kind: OpKind, stage: int) -> int:
     """The stage boundary a P2P op crosses, named by the stage before it: SEND_F(s,m) and
     RECV_B(s,m) cross boundary s; RECV_F(s,m) and SEND_B(s,m) cross boundary s-1."""
-    return op.stage - 1 if op.kind in (OpKind.RECV_F, OpKind.SEND_B) else op.stage
+    return stage - 1 if kind in (OpKind.RECV_F, OpKind.SEND_B) else stage
 
 
 def add_p2p(schedule: Schedule, boundary_bytes: BoundaryBytes | None = None) -> Schedule:
@@ -35,8 +35,7 @@ def add_p2p(schedule: Schedule, boundary_bytes: BoundaryBytes | None = None) -> 
         return ranks[a] != ranks[b]
 
     def comm(kind: OpKind, stage: int, microbatch: int | None) -> Op:
-        op = p2p_op(kind, stage, microbatch)
-        return op.with_costs(nbytes=nbytes(boundary(op)))
+        return p2p_op(kind, stage, microbatch, nbytes(boundary(kind, stage)))
 
     programs = []
     for program in schedule.programs:

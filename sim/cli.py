@@ -119,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ClustersimError, TopologyError) as err:
         print(f"clustersim: error: {err}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:  # output piped into `head` and closed early: not an error
+        sys.stderr.close()
+        return 0
     except OSError as err:
         print(f"clustersim: error: {err.filename or ''}: {err.strerror or err}", file=sys.stderr)
         return EXIT_USAGE

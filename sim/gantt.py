@@ -35,6 +35,7 @@ from schedules.ops import OpKind
 from schedules.timeline import Span, Timeline
 
 from .trace import LANE_ORDER
+from .units import format_bytes, format_seconds
 
 LARGE_TIMELINE_SPANS = 5000  # above this, spans are WebGL segments instead of SVG bars
 LABELLED_BARS_LIMIT = 400  # op text inside bars only when bars are few enough to read
@@ -58,24 +59,6 @@ KIND_COLOURS: dict[OpKind, str] = {
 }
 MEMORY_COLOURS = ("#1F77B4", "#D62728", "#2CA02C", "#FF7F0E", "#9467BD", "#8C564B",
                   "#E377C2", "#7F7F7F", "#BCBD22", "#17BECF")
-
-
-def format_seconds(t: float) -> str:
-    a = abs(t)
-    if a >= 1 or a == 0:
-        return f"{t:.4g} s"
-    if a >= 1e-3:
-        return f"{t * 1e3:.4g} ms"
-    if a >= 1e-6:
-        return f"{t * 1e6:.4g} µs"
-    return f"{t * 1e9:.4g} ns"
-
-
-def format_bytes(n: float) -> str:
-    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(n) >= size:
-            return f"{n / size:.3g} {unit}"
-    return f"{int(n)} B"
 
 
 def gantt_rows(timeline: Timeline) -> list[tuple[int, str]]:

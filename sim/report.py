@@ -5,13 +5,7 @@ from collections.abc import Sequence
 
 from schedules.timeline import Timeline
 
-
-def format_seconds(t: float) -> str:
-    if t >= 1:
-        return f"{t:.3f} s"
-    if t >= 1e-3:
-        return f"{t * 1e3:.3f} ms"
-    return f"{t * 1e6:.3f} us"
+from .units import format_seconds
 
 
 def format_summary(timeline: Timeline) -> str:

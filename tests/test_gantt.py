@@ -12,8 +12,8 @@ from schedules.ops import Op, OpKind
 from schedules.timeline import MemorySample, Span, Timeline
 from schedules.validate import dry_run
 from sim import gantt
-from sim.gantt import (count_bars, format_bytes, format_seconds, gantt_figure, gantt_rows,
-                       write_gantt, write_gantt_comparison)
+from sim.gantt import count_bars, gantt_figure, gantt_rows, write_gantt, write_gantt_comparison
+from sim.units import format_bytes, format_seconds
 
 STEP = 1e-3  # seconds per dry-run step
 

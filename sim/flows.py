@@ -1,0 +1,201 @@
+"""Flow-level network: every transfer is a flow on a route; flows sharing a link share
+it max-min fairly; rates are recomputed whenever a flow starts or ends.
+
+A transfer of n bytes from src to dst waits the route's latency (sum of per-hop
+latencies, s), then joins as a flow whose rate (bytes/s) is set by max-min fairness
+(sim.maxmin) among the flows it shares links with. No packets or chunks are simulated.
+
+Routes: the fewest-hop paths of the topology graph; where several exist (fat-tree
+spines, rails) each new flow between a pair takes the next one (ECMP), deterministically.
+
+Bookkeeping: only the *component* of flows linked to a change through shared links is
+re-rated (pipeline P2P flows rarely share links, so most changes touch one flow). Each
+flow's finish time sits in one heap; one SimPy timer fires at the earliest and completes
+every flow due then, so a collective's flows that end together cost one event.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import networkx as nx
+import simpy
+
+from topologies import routes
+
+from .maxmin import max_min_rates
+
+_EPS_BYTES = 1e-6  # remaining bytes below this count as delivered (float rounding)
+
+
+@dataclass(eq=False)
+class Flow:
+    """One flow: `remaining` bytes as of time `last`, moving at `rate` bytes/s."""
+
+    links: tuple[int, ...]
+    remaining: float
+    done: simpy.Event
+    rate: float = 0.0
+    last: float = 0.0
+    version: int = 0
+    nbytes: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.nbytes = self.remaining
+
+    def advance(self, now: float) -> None:
+        self.remaining = max(self.remaining - self.rate * (now - self.last), 0.0)
+        self.last = now
+
+
+class FlowNetwork:
+    """The transfer seam with contention: max-min fair flows on the topology's links."""
+
+    def __init__(self, env: simpy.Environment, graph: nx.DiGraph, ecmp: bool = True):
+        self.env, self.graph, self.ecmp = env, graph, ecmp
+        self.link_index = {edge: i for i, edge in enumerate(graph.edges)}
+        self.capacity = [graph.edges[e]["bandwidth"] for e in graph.edges]
+        self.latency = [graph.edges[e]["latency"] for e in graph.edges]
+        self.flows_on: dict[int, set[Flow]] = defaultdict(set)
+        self._routes: dict[tuple[str, str], list[tuple[int, ...]]] = {}
+        self._next_path: dict[tuple[str, str], int] = defaultdict(int)
+        self._heap: list[tuple[float, int, int, Flow]] = []
+        self._order = itertools.count()
+        self._timer_generation = 0
+        self._timer_at = float("inf")
+        self.completed_flows = 0
+
+    # --- routing -------------------------------------------------------------------------
+    def path_links(self, src: str, dst: str) -> tuple[int, ...]:
+        """Link ids of the route the next flow from src to dst takes (ECMP round-robin)."""
+        key = (src, dst)
+        paths = self._routes.get(key)
+        if paths is None:
+            found = routes(self.graph, src, dst) if self.ecmp else routes(self.graph, src, dst)[:1]
+            paths = self._routes[key] = [
+                tuple(self.link_index[(a, b)] for a, b in zip(p, p[1:])) for p in found]
+        choice = self._next_path[key] % len(paths)
+        self._next_path[key] += 1
+        return paths[choice]
+
+    def route_latency(self, links: Iterable[int]) -> float:
+        return sum(self.latency[l] for l in links)
+
+    # --- the seam --------------------------------------------------------------------------
+    def transfer(self, src: str, dst: str, nbytes: float) -> simpy.Event:
+        """Event that fires when `nbytes` sent now from src have arrived at dst."""
+        links = self.path_links(src, dst) if src != dst else ()
+        return self.start_flows([(links, nbytes)], delay=self.route_latency(links))
+
+    def start_flows(self, flows: Sequence[tuple[tuple[int, ...], float]],
+                    delay: float = 0.0) -> simpy.Event:
+        """Start several flows together after `delay` seconds; the returned event fires
+        when all of them have delivered their bytes (a collective phase uses this)."""
+        done = self.env.event()
+        pending = [Flow(links, float(nbytes), self.env.event()) for links, nbytes in flows]
+        remaining = [len(pending)]
+
+        def one_finished(_event: simpy.Event) -> None:
+            remaining[0] -= 1
+            if remaining[0] == 0:
+                done.succeed()
+
+        for flow in pending:
+            flow.done.callbacks.append(one_finished)
+        if not pending:
+            done.succeed()
+        elif delay > 0:
+            self.env.timeout(delay).callbacks.append(lambda _e: self._add(pending))
+        else:
+            self._add(pending)
+        return done
+
+    # --- rates -----------------------------------------------------------------------------
+    def _add(self, flows: list[Flow]) -> None:
+        now, live = self.env.now, []
+        for flow in flows:
+            flow.last = now
+            if not flow.links or flow.remaining <= _EPS_BYTES:
+                flow.done.succeed()
+                continue
+            for link in flow.links:
+                self.flows_on[link].add(flow)
+            live.append(flow)
+        if live:
+            self._rerate({link for flow in live for link in flow.links})
+
+    def _component(self, seed_links: set[int]) -> list[Flow]:
+        """Flows connected to `seed_links` through shared links."""
+        seen_links, seen_flows, stack = set(seed_links), set(), list(seed_links)
+        while stack:
+            for flow in self.flows_on.get(stack.pop(), ()):
+                if flow not in seen_flows:
+                    seen_flows.add(flow)
+                    for link in flow.links:
+                        if link not in seen_links:
+                            seen_links.add(link)
+                            stack.append(link)
+        return list(seen_flows)
+
+    def _rerate(self, seed_links: set[int]) -> None:
+        flows = self._component(seed_links)
+        if not flows:
+            return
+        now = self.env.now
+        if len(flows) == 1:
+            rates = [min(self.capacity[l] for l in flows[0].links)]
+        else:
+            rates = max_min_rates([f.links for f in flows], self.capacity)
+        for flow, rate in zip(flows, rates):
+            flow.advance(now)
+            flow.rate = float(rate)
+            flow.version += 1
+            finish = now + flow.remaining / flow.rate
+            heapq.heappush(self._heap, (finish, next(self._order), flow.version, flow))
+        self._arm_timer()
+
+    def _arm_timer(self) -> None:
+        while self._heap and self._heap[0][2] != self._heap[0][3].version:
+            heapq.heappop(self._heap)  # stale entry: the flow was re-rated since
+        if not self._heap:
+            return
+        at = self._heap[0][0]
+        if at >= self._timer_at:
+            return
+        self._timer_generation += 1
+        generation, self._timer_at = self._timer_generation, at
+        timer = self.env.timeout(max(at - self.env.now, 0.0))
+        timer.callbacks.append(lambda _e: self._on_timer(generation))
+
+    def _on_timer(self, generation: int) -> None:
+        if generation != self._timer_generation:
+            return
+        self._timer_at = float("inf")
+        now, finished = self.env.now, []
+        while self._heap and (self._heap[0][0] <= now * (1 + 1e-12) + 1e-15
+                              or self._heap[0][2] != self._heap[0][3].version):
+            _, _, version, flow = heapq.heappop(self._heap)
+            if version == flow.version:
+                finished.append(flow)
+        freed: set[int] = set()
+        for flow in finished:
+            flow.advance(now)
+            flow.version += 1
+            for link in flow.links:
+                self.flows_on[link].discard(flow)
+            freed.update(flow.links)
+            self.completed_flows += 1
+            flow.done.succeed()
+        if freed:
+            self._rerate(freed)
+        else:
+            self._arm_timer()
+
+    # --- observation (tests, reports) --------------------------------------------------------
+    def link_load(self) -> dict[int, float]:
+        """Current total rate (bytes/s) on every link that carries a flow."""
+        return {link: sum(f.rate for f in flows)
+                for link, flows in self.flows_on.items() if flows}

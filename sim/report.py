@@ -25,9 +25,7 @@ def format_summary(timeline: Timeline) -> str:
         lines.append(f"{r:>4} {format_seconds(busy[r]):>12} {format_seconds(idle[r]):>12} "
                      f"{bubble[r]:>7.4f} {flight.get(r, 0):>9} "
                      f"{memory.get(r, 0) / 1e9:>6.1f} GB")
-    if meta.get("oom_ranks"):
-        lines.append(f"warning: ranks {meta['oom_ranks']} exceed device memory "
-                     f"({meta['device_memory_bytes'] / 1e9:.0f} GB)")
+    lines += [f"warning: {w}" for w in meta.get("warnings", ())]
     return "\n".join(lines)
 
 

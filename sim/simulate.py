@@ -27,7 +27,8 @@ from topologies import device_of, gpu_nodes
 from .cost import DEFAULT_COMPUTE_EFFICIENCY, DEFAULT_MEMORY_EFFICIENCY, RooflineCost, UniformCost
 from .engine import Replay
 from .memory import memory_model
-from .network import InstantNetwork, LinkNetwork
+from .flows import FlowNetwork
+from .network import InstantNetwork
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,21 @@ def pipeline_devices(parallel: ParallelConfig, topology: nx.DiGraph) -> list[str
             f"the parallel config needs {parallel.world_size} GPUs (tp*cp*dp*pp), topology "
             f"{topology.graph.get('name', '?')!r} has {len(gpus)}")
     return [gpus[parallel.rank(pp=r)] for r in range(parallel.pp)]
+
+
+def tp_groups_spanning_hosts(parallel: ParallelConfig, topology: nx.DiGraph) -> list[list[int]]:
+    """TP groups (global ranks) whose GPUs sit on more than one host: their all-reduces
+    would cross the inter-node network, which Megatron's layouts avoid."""
+    gpus = gpu_nodes(topology)
+    spanning, seen = [], set()
+    for rank in range(parallel.world_size):
+        group = tuple(parallel.group("tp", rank))
+        if group in seen:
+            continue
+        seen.add(group)
+        if len({topology.nodes[gpus[g]]["host"] for g in group}) > 1:
+            spanning.append(list(group))
+    return spanning
 
 
 def simulate(model: ModelSpec, parallel: ParallelConfig, topology: nx.DiGraph,
@@ -78,7 +94,7 @@ def simulate(model: ModelSpec, parallel: ParallelConfig, topology: nx.DiGraph,
         def compute_time(op):
             return rooflines[ranks[op.stage]](op)
 
-        network = LinkNetwork(env, topology)
+        network = FlowNetwork(env, topology)
     replay = Replay(env, lowered, devices, compute_time, network,
                     memory_model(lowered, per_stage))
     try:
@@ -87,15 +103,23 @@ def simulate(model: ModelSpec, parallel: ParallelConfig, topology: nx.DiGraph,
         dry_run(schedule)  # re-raises with the rank x step grid
         raise
 
+    warnings = []
     capacity = device_of(topology, devices[0]).memory_bytes
     over = [r for r, peak in timeline.peak_memory().items() if peak > capacity]
     if over:
-        log.info("ranks %s exceed the device memory of %.1f GB", over, capacity / 1e9)
+        warnings.append(f"ranks {over} exceed the device memory of {capacity / 1e9:.0f} GB")
+    spanning = tp_groups_spanning_hosts(parallel, topology)
+    if spanning:
+        warnings.append(f"{len(spanning)} TP group(s) span several nodes, e.g. ranks "
+                        f"{spanning[0]}: TP traffic would cross the inter-node network")
+    for warning in warnings:
+        log.info(warning)
     timeline.meta.update({
         "schedule": schedule.name, "pp": parallel.pp, "vpp": schedule.stages_per_rank,
         "dp": parallel.dp, "tp": parallel.tp, "microbatches": schedule.num_microbatches,
         "model": model.name or "custom", "topology": topology.graph.get("name", "custom"),
         "devices": devices, "device_memory_bytes": capacity, "oom_ranks": over,
+        "warnings": warnings,
         "cost_model": "uniform" if costs.uniform else
         f"roofline(compute_efficiency={costs.compute_efficiency}, "
         f"memory_efficiency={costs.memory_efficiency})",

@@ -13,7 +13,8 @@ from schedules.p2p import add_p2p
 from schedules.timeline import COMPUTE_LANE
 from sim.cost import UniformCost
 from sim.engine import Replay
-from sim.network import InstantNetwork, LinkNetwork
+from sim.flows import FlowNetwork
+from sim.network import InstantNetwork
 from topologies import single_node
 
 
@@ -84,7 +85,7 @@ def test_transfers_cost_latency_plus_bytes_over_bandwidth():
     lowered = add_p2p(schedule, lambda s: nbytes)
     env = simpy.Environment()
     t = Replay(env, lowered, [f"gpu{r}" for r in range(p)], UniformCost(1.0, 2.0),
-               LinkNetwork(env, graph)).run()
+               FlowNetwork(env, graph)).run()
     hop = 2 * lat + nbytes / bw
     assert t.iteration_time == pytest.approx(p * 3.0 + 2 * (p - 1) * hop)
     sends = [s for s in t.spans if s.lane == "send"]

@@ -62,8 +62,13 @@ def test_missing_dtype_names_device_and_dtypes():
         get_device("a100").peak("fp8")
 
 
+ALL_PRESETS = ["dgx-a100", "dgx-h100", "dgx-h100-x128-ndr-ft", "dgx-h100-x128-ndr-ft-2to1",
+               "dgx-h100-x16-ndr", "dgx-h200", "hgx-h100", "hgx-h100-x8-roce", "pcie-a100",
+               "selene-a100"]
+
+
 def test_presets_are_listed():
-    assert list_presets() == ["dgx-a100", "dgx-h100", "dgx-h200"]
+    assert list_presets() == ALL_PRESETS
 
 
 @pytest.mark.parametrize("preset", ["dgx-a100", "dgx-h100", "dgx-h200"])
@@ -223,7 +228,7 @@ def test_error_gpu_cannot_reach_gpu(tmp_path):
 
 
 def test_error_unknown_preset_lists_known():
-    with pytest.raises(TopologyError, match="unknown topology preset 'dgx-b200'; known presets: dgx-a100, dgx-h100, dgx-h200"):
+    with pytest.raises(TopologyError, match="unknown topology preset 'dgx-b200'; known presets: " + ", ".join(ALL_PRESETS)):
         load_topology("dgx-b200")
 
 
@@ -240,6 +245,6 @@ def test_error_unreadable_file(tmp_path):
 def test_error_builder_params(tmp_path):
     msg = _error(tmp_path, {"name": "x", "builder": "single_node", "params": {"device": "h100", "gpus": 8}})
     assert "params ['gpus'] not accepted by builder 'single_node'" in msg and "num_gpus" in msg
-    msg = _error(tmp_path, {"name": "x", "builder": "fat_tree", "params": {}})
-    assert "builder must be one of single_node, got 'fat_tree'" in msg
+    msg = _error(tmp_path, {"name": "x", "builder": "three_level", "params": {}})
+    assert "builder must be one of fat_tree, node, rail_optimized, single_node, got 'three_level'" in msg
     assert "unknown field(s) ['edgs']" in _error(tmp_path, {"name": "x", "nodes": [], "edgs": []})

@@ -1,26 +1,22 @@
 """WHERE it runs: GPU device specs, the topology graph schema and builders (networkx
-DiGraph; bandwidth in bytes/s per direction, latency in s), and named cluster presets.
+DiGraph; bandwidth in bytes/s per direction, latency in s): single hosts, fat-tree and
+rail-optimized clusters, equal-cost routes, and named cluster presets.
 
 Imports networkx and the standard library only; knows nothing of schedules or sim.
 """
 from .devices import DEVICES, DeviceSpec, canonical_device_name, get_device
 from .errors import TopologyError
-from .graph import (
-    BUILDERS,
-    NODE_TYPES,
-    device_of,
-    gpu_nodes,
-    path_bandwidth,
-    path_latency,
-    route,
-    single_node,
-    validate_topology,
-)
+from .graph import BUILDERS, FABRICS, NODE_TYPES, device_of, gpu_nodes, single_node, validate_topology
+from .routing import host_of, path_bandwidth, path_latency, route, routes, same_host
+from .nodes import NODE_KINDS, NodeKind, add_host, get_node_kind, node
+from .clusters import NETWORKS, NetworkSpec, fat_tree, get_network, rail_optimized
 from .presets import list_presets, load_topology, topology_from_dict, topology_to_dict
 
 __all__ = [
-    "BUILDERS", "DEVICES", "NODE_TYPES", "DeviceSpec", "TopologyError",
-    "canonical_device_name", "device_of", "get_device", "gpu_nodes", "list_presets",
-    "load_topology", "path_bandwidth", "path_latency", "route", "single_node",
-    "topology_from_dict", "topology_to_dict", "validate_topology",
+    "BUILDERS", "DEVICES", "FABRICS", "NETWORKS", "NODE_KINDS", "NODE_TYPES", "DeviceSpec",
+    "NetworkSpec", "NodeKind", "TopologyError", "add_host", "canonical_device_name",
+    "device_of", "fat_tree", "get_device", "get_network", "get_node_kind", "gpu_nodes",
+    "host_of", "list_presets", "load_topology", "node", "path_bandwidth", "path_latency",
+    "rail_optimized", "route", "routes", "same_host", "single_node", "topology_from_dict",
+    "topology_to_dict", "validate_topology",
 ]

@@ -15,6 +15,9 @@ Sources:
   NVLink 900 GB/s.
 - NVIDIA H200 Tensor Core GPU datasheet (H200 SXM): compute as H100 SXM, HBM3e 4.8 TB/s,
   141 GB, NVLink 900 GB/s.
+- NVIDIA A100 datasheet (A100 80GB PCIe): BF16/FP16 312 / TF32 156 TFLOPS, HBM2e
+  1,935 GB/s, 80 GB. Its optional 2-GPU NVLink bridge is not modelled: nvlink_bandwidth
+  is 0, which only PCIe devices (name containing 'pcie') may have.
 """
 from __future__ import annotations
 
@@ -46,6 +49,11 @@ class DeviceSpec:
     def __post_init__(self) -> None:
         # Read-only copy so the registry's shared instances cannot be mutated.
         object.__setattr__(self, "peak_flops", MappingProxyType(dict(self.peak_flops)))
+        nvlink = self.nvlink_bandwidth
+        if not isinstance(nvlink, (int, float)) or nvlink < 0 or (nvlink == 0 and "pcie" not in self.name):
+            raise TopologyError(
+                f"device {self.name!r}: nvlink_bandwidth must be > 0 bytes/s (0 only for "
+                f"PCIe devices, whose name contains 'pcie'), got {nvlink!r}")
 
     def peak(self, dtype: str) -> float:
         """Dense peak FLOP/s for `dtype` ('bf16', 'bfloat16', 'fp32', 'tf32', ...)."""
@@ -69,6 +77,13 @@ DEVICES: dict[str, DeviceSpec] = {
             nvlink_bandwidth=300e9,
         ),
         DeviceSpec(
+            name="a100-80gb-pcie",
+            peak_flops={"bf16": 312e12, "fp16": 312e12, "fp32": 156e12},
+            hbm_bandwidth=1935e9,
+            memory_bytes=80e9,
+            nvlink_bandwidth=0.0,
+        ),
+        DeviceSpec(
             name="h100-sxm",
             peak_flops={"bf16": 989.4e12, "fp16": 989.4e12, "fp32": 494.7e12, "fp8": 1978.9e12},
             hbm_bandwidth=3.35e12,
@@ -89,6 +104,7 @@ DEVICES: dict[str, DeviceSpec] = {
 _DEVICE_ALIASES = {
     "a100": "a100-80gb-sxm", "a100-80gb": "a100-80gb-sxm", "a100-sxm": "a100-80gb-sxm",
     "a100-sxm4-80gb": "a100-80gb-sxm",
+    "a100-pcie": "a100-80gb-pcie",
     "h100": "h100-sxm", "h100-sxm5": "h100-sxm", "h100-80gb": "h100-sxm",
     "h100-sxm-80gb": "h100-sxm", "h100-sxm5-80gb": "h100-sxm",
     "h200": "h200-sxm", "h200-141gb": "h200-sxm", "h200-sxm-141gb": "h200-sxm",

@@ -1,33 +1,43 @@
-"""The topology graph schema, its builders, route helpers and validation.
+"""The topology graph schema, the single-host NVLink builder and validation.
 
 A topology is a `networkx.DiGraph`. Units: bandwidth in bytes/s, latency in seconds.
 
 Schema (the one place it is defined):
 - graph attrs: `name` (str), `num_nodes` (int >= 1, number of hosts), `gpus_per_node`
-  (int >= 1, most GPUs on any host); optional `description` (str).
+  (int >= 1, most GPUs on any host); optional `description` (str) and `fabric`
+  ('fat-tree' | 'rail' | None: the inter-node network; absent or None = single host).
 - node attr `type` in {'gpu', 'switch', 'nic', 'host'}.
 - gpu nodes also have `device` (canonical DeviceSpec name, e.g. 'h100-sxm'), `index`
   (global GPU index, 0..N-1, unique) and `host` (host index, 0..num_nodes-1). GPU node ids
   are the strings `gpu{index}`.
-- the NVSwitch fabric of host h is one node `nvswitch{h}` of type 'switch'.
+- node ids of the builders (other nodes carry `host` where they belong to one):
+  `nvswitch{h}` (switch): the NVSwitch fabric of host h;
+  `host{h}` (host): the CPU / root complex of host h;
+  `pcie{h}.{k}` (switch): PCIe switch k of host h (PCIe-only boxes);
+  `nic{i}` (nic): the network adapter of GPU i (one per GPU, on its PCIe link);
+  `leaf{k}`, `spine{k}` (switch, attr `tier` 'leaf'/'spine'): fat-tree switches;
+  `rail{i}` (switch, tier 'leaf', attr `rail`): the switch of rail i, i.e. of every
+  host's local GPU i; `rail{i}.{g}` when the hosts are split into groups g.
 - directed edges, one per direction of a link, each with `bandwidth` (> 0, bytes/s per
-  direction), `latency` (>= 0, s) and `kind` (non-empty str: 'nvlink', 'pcie', 'ib', ...).
+  direction), `latency` (>= 0, s) and `kind` (non-empty str: 'nvlink', 'pcie', 'ib',
+  'roce', ...).
 - every GPU can reach every other GPU along directed edges.
 
-Builders are pure functions returning a new graph; `BUILDERS` maps the names that preset
-files use to them (multi-node builders plug in there).
+Builders are pure functions returning a new, validated graph; `BUILDERS` maps the names
+preset files use to them: 'single_node' (here), 'node' (`topologies.nodes`), 'fat_tree'
+and 'rail_optimized' (`topologies.clusters`). Routing lives in `topologies.routing`.
 """
 from __future__ import annotations
 
 import math
 import re
-from collections import deque
 from typing import Callable
 
 import networkx as nx
 
 from .devices import DEVICES, DeviceSpec, canonical_device_name, get_device
 from .errors import TopologyError
+from .routing import path_bandwidth, path_latency, route, routes  # noqa: F401 (re-exported)
 
 NODE_TYPES = ("gpu", "switch", "nic", "host")
 _GPU_ID = re.compile(r"gpu(\d+)")
@@ -50,6 +60,10 @@ def single_node(
     if isinstance(num_gpus, bool) or not isinstance(num_gpus, int) or num_gpus < 1:
         raise TopologyError(f"single_node: num_gpus must be a positive integer, got {num_gpus!r}")
     bw = spec.nvlink_bandwidth if bandwidth is None else bandwidth
+    if not bw:
+        raise TopologyError(
+            f"single_node: device {spec.name!r} has no NVLink; give bandwidth= or use "
+            f"the 'node' builder (e.g. node('pcie-a100'))")
     graph = nx.DiGraph(
         name=name or f"{spec.name}-x{num_gpus}", num_nodes=1, gpus_per_node=num_gpus
     )
@@ -64,7 +78,9 @@ def single_node(
     return graph
 
 
+# Filled in further by topologies.nodes and topologies.clusters (imported by the package).
 BUILDERS: dict[str, Callable[..., nx.DiGraph]] = {"single_node": single_node}
+FABRICS = ("fat-tree", "rail")
 
 
 def gpu_nodes(graph: nx.DiGraph) -> list[str]:
@@ -78,37 +94,6 @@ def device_of(graph: nx.DiGraph, gpu: str) -> DeviceSpec:
     if gpu not in graph or graph.nodes[gpu].get("type") != "gpu":
         raise TopologyError(f"{gpu!r} is not a gpu node of topology {graph.graph.get('name')!r}")
     return get_device(graph.nodes[gpu]["device"])
-
-
-def route(graph: nx.DiGraph, src: str, dst: str) -> list[str]:
-    """Fewest-hop directed path src..dst (inclusive); ties broken by sorted node id."""
-    for node in (src, dst):
-        if node not in graph:
-            raise TopologyError(f"route: unknown node {node!r}")
-    parent: dict[str, str | None] = {src: None}
-    queue = deque([src])
-    while queue and dst not in parent:
-        node = queue.popleft()
-        for nxt in sorted(graph.successors(node), key=str):
-            if nxt not in parent:
-                parent[nxt] = node
-                queue.append(nxt)
-    if dst not in parent:
-        raise TopologyError(f"route: no path from {src!r} to {dst!r}")
-    path = [dst]
-    while parent[path[-1]] is not None:
-        path.append(parent[path[-1]])
-    return path[::-1]
-
-
-def path_bandwidth(graph: nx.DiGraph, path: list[str]) -> float:
-    """Bottleneck bandwidth of `path` in bytes/s (min over its edges; inf for one node)."""
-    return min((graph.edges[u, v]["bandwidth"] for u, v in zip(path, path[1:])), default=math.inf)
-
-
-def path_latency(graph: nx.DiGraph, path: list[str]) -> float:
-    """Total latency of `path` in seconds (sum over its edges; 0 for one node)."""
-    return float(sum(graph.edges[u, v]["latency"] for u, v in zip(path, path[1:])))
 
 
 def _is_number(x: object) -> bool:
@@ -129,6 +114,9 @@ def validate_topology(graph: nx.DiGraph) -> None:
         value = graph.graph.get(attr)
         if not _is_count(value) or value < 1:
             raise TopologyError(f"{where}: graph attr {attr} must be a positive integer, got {value!r}")
+    fabric = graph.graph.get("fabric")
+    if fabric is not None and fabric not in FABRICS:
+        raise TopologyError(f"{where}: graph attr fabric must be one of {', '.join(FABRICS)} or None, got {fabric!r}")
     _validate_nodes(graph, where)
     _validate_edges(graph)
     _validate_reachability(graph, where)

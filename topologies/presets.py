@@ -3,15 +3,26 @@
 A topology file is one JSON object in either of two forms.
 
 Builder form (all presets use it): the graph comes from a builder in `graph.BUILDERS`
-called with `params` as keyword arguments; `name` names the graph::
+called with `params` as keyword arguments; `name` names the graph. Builders and params:
+- "single_node": device, num_gpus=8, bandwidth=None, latency=1e-6, kind="nvlink"
+  (GPUs on one NVSwitch only; `graph.single_node`);
+- "node": kind="dgx-h100", nics=false, nvlink_latency, pcie_latency (one host with its
+  host CPU and PCIe links; kinds in `nodes.NODE_KINDS`, e.g. "hgx-h100", "pcie-a100");
+- "fat_tree": node_kind, num_nodes, network="ndr", nodes_per_leaf=4, num_spines=null,
+  oversubscription=1, nvlink_latency, pcie_latency, network_latency;
+- "rail_optimized": as fat_tree but nodes_per_group=null instead of nodes_per_leaf
+  (networks in `clusters.NETWORKS`: "hdr", "ndr", "roce-400g", ...)::
 
     {"name": "dgx-h100", "description": "...", "builder": "single_node",
      "params": {"device": "h100-sxm", "num_gpus": 8, "latency": 1e-06}}
+    {"name": "dgx-h100-x16-ndr", "description": "...", "builder": "rail_optimized",
+     "params": {"node_kind": "dgx-h100", "num_nodes": 16, "network": "ndr"}}
 
 Explicit form: every node and directed edge listed (one edge per direction of a link).
 Node fields other than `id` become node attributes; edge fields other than `src`/`dst`
 become edge attributes. `num_nodes` and `gpus_per_node` are optional (derived from the
-gpus' `host` fields); device names may be aliases ('h100') and are stored canonical::
+gpus' `host` fields), so is `fabric`; device names may be aliases ('h100') and are stored
+canonical::
 
     {"name": "my-box", "description": "...",
      "nodes": [{"id": "gpu0", "type": "gpu", "device": "h100-sxm", "index": 0, "host": 0},
@@ -37,7 +48,7 @@ from .errors import TopologyError
 from .graph import BUILDERS, validate_topology
 
 _TOP_LEVEL_KEYS = {"name", "description", "builder", "params", "nodes", "edges",
-                   "num_nodes", "gpus_per_node"}
+                   "num_nodes", "gpus_per_node", "fabric"}
 
 
 def _preset_dir():
@@ -45,7 +56,7 @@ def _preset_dir():
 
 
 def list_presets() -> list[str]:
-    """Names of the bundled presets, sorted (e.g. 'dgx-a100', 'dgx-h100', 'dgx-h200')."""
+    """Names of the bundled presets, sorted (e.g. 'dgx-a100', 'dgx-h100-x16-ndr', 'selene-a100')."""
     return sorted(p.name[:-5] for p in _preset_dir().iterdir() if p.name.endswith(".json"))
 
 
@@ -159,12 +170,14 @@ def _from_lists(spec: dict, name: str) -> nx.DiGraph:
     int_hosts = [h for h in hosts if isinstance(h, int) and not isinstance(h, bool)]
     graph.graph["num_nodes"] = spec.get("num_nodes", max(int_hosts, default=0) + 1)
     graph.graph["gpus_per_node"] = spec.get("gpus_per_node", max(hosts.values(), default=1))
+    if "fabric" in spec:
+        graph.graph["fabric"] = spec["fabric"]
     return graph
 
 
 def topology_to_dict(graph: nx.DiGraph) -> dict:
     """The explicit-form file dict of `graph` (JSON-serialisable; loads back equal)."""
-    out = {k: graph.graph[k] for k in ("name", "description", "num_nodes", "gpus_per_node")
+    out = {k: graph.graph[k] for k in ("name", "description", "num_nodes", "gpus_per_node", "fabric")
            if k in graph.graph}
     out["nodes"] = [{"id": n, **a} for n, a in graph.nodes(data=True)]
     out["edges"] = [{"src": u, "dst": v, **a} for u, v, a in graph.edges(data=True)]

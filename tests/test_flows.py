@@ -1,0 +1,63 @@
+"""FlowNetwork: transfers as max-min fair flows, checked against hand-derived times."""
+import pytest
+import simpy
+
+from sim.flows import FlowNetwork
+from topologies import single_node
+
+BW, LAT = 100e9, 1e-6  # bytes/s per direction, seconds per hop
+S = 1e9
+
+
+def finish_times(transfers, delays=None):
+    """Run transfers (src, dst, nbytes), started at `delays`, and return their end times."""
+    env = simpy.Environment()
+    net = FlowNetwork(env, single_node("h100-sxm", num_gpus=4, bandwidth=BW, latency=LAT))
+    ends = [None] * len(transfers)
+
+    def start(i, src, dst, nbytes, delay):
+        yield env.timeout(delay)
+        yield net.transfer(src, dst, nbytes)
+        ends[i] = env.now
+
+    for i, (src, dst, nbytes) in enumerate(transfers):
+        env.process(start(i, src, dst, nbytes, (delays or [0] * len(transfers))[i]))
+    env.run()
+    return ends, net
+
+
+def test_lone_transfer_is_latency_plus_bytes_over_bandwidth():
+    (end,), _ = finish_times([("gpu0", "gpu1", S)])
+    assert end == pytest.approx(2 * LAT + S / BW)
+
+
+def test_two_flows_into_one_gpu_each_get_half_the_link():
+    ends, _ = finish_times([("gpu0", "gpu2", S), ("gpu1", "gpu2", S)])
+    assert ends == pytest.approx([2 * LAT + 2 * S / BW] * 2)
+
+
+def test_disjoint_flows_do_not_interfere():
+    ends, _ = finish_times([("gpu0", "gpu1", S), ("gpu2", "gpu3", S)])
+    assert ends == pytest.approx([2 * LAT + S / BW] * 2)
+
+
+def test_capacity_freed_by_a_finished_flow_goes_to_the_others():
+    # Sharing at B/2 until the short flow has sent S (t = 2S/B); the long one then has
+    # S left at the full B: it ends at 3S/B.
+    ends, net = finish_times([("gpu0", "gpu2", S), ("gpu1", "gpu2", 2 * S)])
+    assert ends == pytest.approx([2 * LAT + 2 * S / BW, 2 * LAT + 3 * S / BW])
+    assert net.completed_flows == 2 and not net.link_load()
+
+
+def test_late_flow_slows_a_running_one():
+    # The first runs alone for 0.5 S/B (sends S/2), then shares: S/2 left at B/2 takes S/B.
+    delay = 0.5 * S / BW
+    ends, _ = finish_times([("gpu0", "gpu2", S), ("gpu1", "gpu2", S)], [0, delay])
+    assert ends[0] == pytest.approx(2 * LAT + 1.5 * S / BW)
+    # The second: S/2 during the shared second, then S/2 alone at B.
+    assert ends[1] == pytest.approx(2 * LAT + 2.0 * S / BW)
+
+
+def test_zero_bytes_cost_only_latency():
+    (end,), _ = finish_times([("gpu0", "gpu3", 0)])
+    assert end == pytest.approx(2 * LAT)

@@ -1,0 +1,47 @@
+"""simulate(): placement on the topology and what the network costs the pipeline."""
+import pytest
+
+from schedules.model import get_model
+from schedules.ops import OpKind
+from schedules.parallel import ParallelConfig
+from sim.simulate import pipeline_devices, simulate, tp_groups_spanning_hosts
+from topologies import fat_tree, host_of, path_bandwidth, path_latency, route
+
+MODEL = get_model("gpt3-1.3b")
+BOUNDARY = MODEL.micro_batch_size * MODEL.seq_length * MODEL.hidden_size * 2  # bf16 bytes
+
+
+def test_megatron_order_puts_pipeline_stages_dp_ranks_apart():
+    graph = fat_tree("dgx-h100", num_nodes=2)
+    devices = pipeline_devices(ParallelConfig(pp=2, dp=8, num_microbatches=4), graph)
+    assert devices == ["gpu0", "gpu8"]
+    assert host_of(graph, "gpu0") != host_of(graph, "gpu8")
+
+
+def test_cross_node_pipeline_pays_the_inter_node_link():
+    graph = fat_tree("dgx-h100", num_nodes=2)
+    parallel = ParallelConfig(pp=2, dp=8, num_microbatches=4)
+    timeline = simulate(MODEL, parallel, graph)
+    path = route(graph, "gpu0", "gpu8")
+    assert any(graph.nodes[n]["type"] == "nic" for n in path)
+    expected = path_latency(graph, path) + BOUNDARY / path_bandwidth(graph, path)
+    assert path_bandwidth(graph, path) == 50e9  # NDR is the narrowest link
+    sends = [s for s in timeline.spans if s.op.kind in (OpKind.SEND_F, OpKind.SEND_B)]
+    assert len(sends) == 2 * 4
+    for span in sends:  # one transfer at a time crosses the boundary: no contention
+        assert span.duration == pytest.approx(expected, rel=1e-9)
+
+    same_node = simulate(MODEL, ParallelConfig(pp=2, num_microbatches=4), graph)
+    fast = [s for s in same_node.spans if s.op.kind is OpKind.SEND_F][0]
+    assert fast.duration < sends[0].duration / 5  # NVLink 450 GB/s vs NDR 50 GB/s
+
+
+def test_tp_group_spanning_nodes_is_reported():
+    graph = fat_tree("dgx-h100", num_nodes=2)
+    model = get_model("gpt3-1.3b")
+    assert tp_groups_spanning_hosts(ParallelConfig(tp=8, pp=2, num_microbatches=2), graph) == []
+    spanning = tp_groups_spanning_hosts(
+        ParallelConfig(tp=16, num_microbatches=1), graph)
+    assert spanning == [list(range(16))]
+    timeline = simulate(model, ParallelConfig(tp=16, num_microbatches=1), graph)
+    assert any("TP group" in w for w in timeline.meta["warnings"])

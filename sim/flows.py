@@ -114,17 +114,20 @@ class FlowNetwork:
                     delay: float = 0.0) -> simpy.Event:
         """Start several flows together after `delay` seconds; the returned event fires
         when all of them have delivered their bytes (a collective phase uses this)."""
-        done = self.env.event()
         pending = [Flow(links, float(nbytes), self.env.event()) for links, nbytes in flows]
-        remaining = [len(pending)]
+        if len(pending) == 1:
+            done = pending[0].done
+        else:
+            done = self.env.event()
+            remaining = [len(pending)]
 
-        def one_finished(_event: simpy.Event) -> None:
-            remaining[0] -= 1
-            if remaining[0] == 0:
-                done.succeed()
+            def one_finished(_event: simpy.Event) -> None:
+                remaining[0] -= 1
+                if remaining[0] == 0:
+                    done.succeed()
 
-        for flow in pending:
-            flow.done.callbacks.append(one_finished)
+            for flow in pending:
+                flow.done.callbacks.append(one_finished)
         if not pending:
             done.succeed()
         elif delay > 0:

@@ -29,6 +29,7 @@ class OpKind(str, Enum):
     ALL_GATHER = "ALL_GATHER"
     REDUCE_SCATTER = "REDUCE_SCATTER"
     ALL_TO_ALL = "ALL_TO_ALL"
+    BROADCAST = "BROADCAST"
     OPT_STEP = "OPT_STEP"
 
     @property
@@ -48,7 +49,8 @@ COMPUTE_KINDS = frozenset({OpKind.F, OpKind.B, OpKind.I, OpKind.W, OpKind.OPT_ST
 BACKWARD_KINDS = frozenset({OpKind.B, OpKind.I, OpKind.W})
 P2P_KINDS = frozenset({OpKind.SEND_F, OpKind.RECV_F, OpKind.SEND_B, OpKind.RECV_B})
 COLLECTIVE_KINDS = frozenset(
-    {OpKind.ALL_REDUCE, OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER, OpKind.ALL_TO_ALL}
+    {OpKind.ALL_REDUCE, OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER, OpKind.ALL_TO_ALL,
+     OpKind.BROADCAST}
 )
 
 # Longest names first so that `SEND_F` is not read as `S` + ...

@@ -12,9 +12,16 @@ import sys
 from schedules.errors import ClustersimError, DeadlockError
 from topologies import TopologyError
 
-from . import commands
+from . import collective_cli, commands
 
 EXIT_USAGE, EXIT_DEADLOCK = 2, 3
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (no usage dump), like every other error."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def _add_model_flags(p: argparse.ArgumentParser) -> None:
@@ -44,6 +51,9 @@ def _add_parallel_flags(p: argparse.ArgumentParser, with_schedule: bool = True) 
                    help=f"microbatches per iteration (default {commands.DEFAULT_MICROBATCHES}, "
                         "or global-batch-size / (micro-batch-size * dp))")
     g.add_argument("--global-batch-size", type=int)
+    g.add_argument("--rank-order", "--order", default="tp-cp-ep-dp-pp",
+                   help="how the parallel grid maps to GPU indices, innermost first "
+                        "(default Megatron's tp-cp-ep-dp-pp)")
 
 
 def _add_cluster_flags(p: argparse.ArgumentParser) -> None:
@@ -60,7 +70,7 @@ def _add_cluster_flags(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="clustersim",
         description="Discrete-event simulator of distributed LLM training.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
@@ -103,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("models", help="list model presets")
     sub.add_parser("topologies", help="list topology presets")
+    collective_cli.add_parser(sub)
     return parser
 
 

@@ -15,6 +15,7 @@ from schedules.torch_csv import read_torch_csv, to_torch_csv
 from schedules.validate import validate
 from topologies import list_presets, load_topology
 
+from .collective_cli import cmd_collective
 from .cost import parse_uniform_costs
 from .report import format_summary, format_table
 from .simulate import CostOptions, simulate
@@ -52,7 +53,7 @@ def parallel_from_args(args: argparse.Namespace, schedule: str, vpp: int | None 
     return ParallelConfig(pp=args.pp, vpp=vpp, dp=args.dp, tp=args.tp, schedule=name,
                           num_microbatches=microbatches,
                           global_batch_size=args.global_batch_size,
-                          micro_batch_size=micro_batch_size)
+                          micro_batch_size=micro_batch_size, rank_order=args.rank_order)
 
 
 def cost_options(args: argparse.Namespace) -> CostOptions:
@@ -170,4 +171,4 @@ def cmd_topologies(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"simulate": cmd_simulate, "show": cmd_show, "compare": cmd_compare,
-            "models": cmd_models, "topologies": cmd_topologies}
+            "models": cmd_models, "topologies": cmd_topologies, "collective": cmd_collective}

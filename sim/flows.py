@@ -6,10 +6,10 @@ latencies, s), then joins as a flow whose rate (bytes/s) is set by max-min fairn
 (sim.maxmin) among the flows it shares links with. No packets or chunks are simulated.
 
 Routes: the fewest-hop paths of the topology graph; where several exist (fat-tree
-spines, rails) each new flow takes the one whose links (where the routes differ) carry the
-fewest flows, live or routed and about to start, ties in per-pair round-robin order: an
-adaptive-routing model, deterministic. (Per-pair round-robin alone sent the first flow of
-every pair over the first spine, so a non-blocking fat-tree behaved oversubscribed.)
+spines, rails) each new flow takes the one whose links carry the fewest unfinished flows
+(routed or running), ties in per-pair round-robin order: an adaptive-routing model,
+deterministic. (Per-pair round-robin alone sent the first flow of every pair over the
+first spine, so a non-blocking fat-tree behaved oversubscribed.)
 
 Bookkeeping: only the *component* of flows linked to a change through shared links is
 re-rated (pipeline P2P flows rarely share links, so most changes touch one flow). Each
@@ -65,8 +65,7 @@ class FlowNetwork:
         self.flows_on: dict[int, set[Flow]] = defaultdict(set)
         self._routes: dict[tuple[str, str], list[tuple[int, ...]]] = {}
         self._next_path: dict[tuple[str, str], int] = defaultdict(int)
-        self._differing: dict[tuple[str, str], list[tuple[int, ...]]] = {}
-        self._reserved = [0] * len(self.capacity)  # flows routed, not yet started, per link
+        self._routed = [0] * len(self.capacity)  # unfinished flows routed over each link
         self._heap: list[tuple[float, int, int, Flow]] = []
         self._order = itertools.count()
         self._timer_generation = 0
@@ -76,7 +75,7 @@ class FlowNetwork:
     # --- routing -------------------------------------------------------------------------
     def path_links(self, src: str, dst: str) -> tuple[int, ...]:
         """Link ids of the route the next flow from src to dst takes (module docstring);
-        the flow is counted on them until it starts (start_flows)."""
+        the flow is counted on them until it finishes."""
         key = (src, dst)
         paths = self._routes.get(key)
         if paths is None:
@@ -85,20 +84,17 @@ class FlowNetwork:
                 found = found[:1]
             paths = self._routes[key] = [
                 tuple(self.link_index[(a, b)] for a, b in zip(p, p[1:])) for p in found]
-            common = set(paths[0]).intersection(*paths[1:])
-            self._differing[key] = [tuple(l for l in p if l not in common) for p in paths]
         choice = paths[0]
         if len(paths) > 1:
             start, n, best = self._next_path[key], len(paths), float("inf")
             self._next_path[key] += 1
-            flows_on, reserved = self.flows_on, self._reserved
+            routed = self._routed
             for i in range(start, start + n):
-                links = self._differing[key][i % n]
-                load = sum(len(flows_on[l]) + reserved[l] for l in links)
+                load = sum([routed[l] for l in paths[i % n]])
                 if load < best:
                     choice, best = paths[i % n], load
         for link in choice:
-            self._reserved[link] += 1
+            self._routed[link] += 1
         return choice
 
     def route_latency(self, links: Iterable[int]) -> float:
@@ -141,9 +137,8 @@ class FlowNetwork:
         now, live = self.env.now, []
         for flow in flows:
             flow.last = now
-            for link in flow.links:
-                self._reserved[link] = max(self._reserved[link] - 1, 0)
             if not flow.links or flow.remaining <= _EPS_BYTES:
+                self._unroute(flow)
                 flow.done.succeed()
                 continue
             for link in flow.links:
@@ -151,6 +146,10 @@ class FlowNetwork:
             live.append(flow)
         if live:
             self._rerate({link for flow in live for link in flow.links})
+
+    def _unroute(self, flow: Flow) -> None:
+        for link in flow.links:  # floor at 0: links given to start_flows, not path_links
+            self._routed[link] = max(self._routed[link] - 1, 0)
 
     def _component(self, seed_links: set[int]) -> list[Flow]:
         """Flows connected to `seed_links` through shared links."""
@@ -212,6 +211,7 @@ class FlowNetwork:
             flow.version += 1
             for link in flow.links:
                 self.flows_on[link].discard(flow)
+            self._unroute(flow)
             freed.update(flow.links)
             self.completed_flows += 1
             flow.done.succeed()

@@ -56,6 +56,7 @@ KIND_COLOURS: dict[OpKind, str] = {
     OpKind.ALL_GATHER: "#A87BC9",
     OpKind.REDUCE_SCATTER: "#9467BD",
     OpKind.ALL_TO_ALL: "#C5B0D5",
+    OpKind.BROADCAST: "#5E3C99",
 }
 MEMORY_COLOURS = ("#1F77B4", "#D62728", "#2CA02C", "#FF7F0E", "#9467BD", "#8C564B",
                   "#E377C2", "#7F7F7F", "#BCBD22", "#17BECF")

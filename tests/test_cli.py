@@ -79,13 +79,16 @@ def test_compare_table_and_html(tmp_path):
     (["simulate", "--uniform-costs", "1"], ["--uniform-costs"]),
     (["simulate", "--pp", "16"], ["16 GPUs"]),
     (["show", "1f1b", "--pp", "0", "--microbatches", "4"], ["pp"]),
+    (["simulate", "--pp", "abc"], ["--pp", "invalid int"]),
+    (["show", "1f1b"], ["--microbatches", "required"]),
 ])
 def test_user_errors_are_one_clear_line(args, words):
     result = clustersim(*args, check=False)
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("clustersim: error:")
+    assert len(lines) == 1
+    assert lines[0].startswith("clustersim") and ": error: " in lines[0]
     for word in words:
         assert word in lines[0]
 

@@ -1,0 +1,234 @@
+"""Collective algorithms as phases of flows: what each GPU sends to whom, and how many
+latency steps each phase pays; and their uncontended alpha-beta estimate (`estimate_time`,
+the rule in sim.collectives). No simulation here (sim.collectives runs the phases).
+
+A `Phase` is (steps, flows[(src_gpu, dst_gpu, nbytes)]). Chunks are pipelined as in NCCL,
+so a phase is one flow per (src, dst) pair carrying that pair's total bytes, not one flow
+per chunk; it costs `steps` route latencies plus the time the flows need on the network.
+Units: bytes.
+
+Sizes follow nccl-tests (doc/PERFORMANCE.md): S is the per-rank buffer for all-reduce and
+broadcast, the total output for all-gather (each rank contributes S/n), the per-rank input
+for reduce-scatter (output S/n), the per-rank send buffer for all-to-all (S/n per peer).
+
+Algorithms (n ranks, in the order given):
+- ring: all-reduce 2(n-1) steps, flow i->i+1 of 2(n-1)/n*S; all-gather and reduce-scatter
+  n-1 steps, flows of (n-1)/n*S; broadcast a pipelined chain from rank 0, n-1 steps, S.
+- tree: NCCL's double binary tree (Sanders, Speck & Traeff 2009; NCCL src/graph/trees.cc):
+  two complementary binary trees, each carrying S/2. All-reduce = reduce up + broadcast
+  down, pipelined, so one phase with both directions, 2*depth steps (depth =
+  ceil(log2 n)). Broadcast: the root sends S/2 to the root of each of two trees spanning
+  the other n-1 ranks, which forward it down: one phase, 1 + depth steps.
+- hierarchical (GPUs grouped by their `host`, g per host, h hosts): all-reduce =
+  intra-host reduce-scatter rings, then g concurrent inter-host all-reduce rings (one per
+  local index) on S/g, then intra-host all-gather rings. All-gather = inter-host rings
+  (each rank's S/n to its peers of the same local index), then intra-host rings;
+  reduce-scatter mirrors it (intra-host first, then inter-host on S/g).
+- multi-ring (multi-host groups): NCCL's channels: g rings at once, each on S/g, ring j
+  visiting each host's GPUs starting from local index j, so each ring leaves every host
+  through a different GPU (and NIC). Steps and per-ring bytes as ring. A pipelined ring
+  runs at its slowest link: here each flow is independent, so the NVLink flows finish
+  early and the NIC flows set the makespan, as in the real pipeline.
+- direct: all-to-all, one step, a flow i->j of S/n for every i != j; P2P, one flow.
+"""
+from __future__ import annotations
+
+import weakref
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import networkx as nx
+
+from schedules.errors import ConfigError
+from topologies import routes
+
+FlowSpec = tuple[str, str, float]  # (src gpu, dst gpu, bytes)
+
+
+@dataclass(frozen=True)
+class Phase:
+    """Flows that run together after `steps` route latencies."""
+
+    steps: int
+    flows: list[FlowSpec]
+
+
+# --- rings -----------------------------------------------------------------------------------
+def ring_flows(gpus: Sequence[str], nbytes: float) -> list[FlowSpec]:
+    """Every rank sends `nbytes` to the next one in `gpus`, the last back to the first."""
+    n = len(gpus)
+    return [(gpus[i], gpus[(i + 1) % n], nbytes) for i in range(n)] if n > 1 else []
+
+
+def ring(op: str, gpus: Sequence[str], size: float) -> list[Phase]:
+    n = len(gpus)
+    if op == "all-reduce":
+        return [Phase(2 * (n - 1), ring_flows(gpus, 2 * (n - 1) / n * size))]
+    if op in ("all-gather", "reduce-scatter"):
+        return [Phase(n - 1, ring_flows(gpus, (n - 1) / n * size))]
+    if op == "broadcast":
+        return [Phase(n - 1, [(gpus[i], gpus[i + 1], size) for i in range(n - 1)])]
+    raise AssertionError(op)
+
+
+# --- double binary tree ------------------------------------------------------------------------
+def btree_parent(rank: int, n: int) -> int:
+    """Parent of `rank` in NCCL's binary tree over 0..n-1 rooted at 0 (-1 for the root):
+    clear the lowest set bit and set the next one up, or just clear it if that is >= n."""
+    if rank == 0:
+        return -1
+    bit = rank & -rank
+    up = (rank ^ bit) | (bit << 1)
+    return up if up < n else rank ^ bit
+
+
+def double_binary_tree(n: int) -> tuple[list[int], list[int]]:
+    """Parents (-1 = root) of the two trees: the binary tree, and its mirror (n even) or
+    its shift by one rank (n odd), so that a rank inner in one tree is a leaf in the other."""
+    first = [btree_parent(r, n) for r in range(n)]
+    second = []
+    for r in range(n):
+        if n % 2:
+            p = btree_parent((r - 1) % n, n)
+            second.append(-1 if p < 0 else (p + 1) % n)
+        else:
+            p = btree_parent(n - 1 - r, n)
+            second.append(-1 if p < 0 else n - 1 - p)
+    return first, second
+
+
+def tree_depth(parents: Sequence[int]) -> int:
+    """Edges on the longest root-to-leaf path."""
+    depth = 0
+    for r in range(len(parents)):
+        d, p = 0, parents[r]
+        while p >= 0:
+            d, p = d + 1, parents[p]
+        depth = max(depth, d)
+    return depth
+
+
+def tree(op: str, gpus: Sequence[str], size: float) -> list[Phase]:
+    n = len(gpus)
+    if n < 2:
+        return []
+    if op == "all-reduce":
+        trees = double_binary_tree(n)
+        flows = [flow for parents in trees for r, p in enumerate(parents) if p >= 0
+                 for flow in ((gpus[r], gpus[p], size / 2), (gpus[p], gpus[r], size / 2))]
+        return [Phase(2 * max(map(tree_depth, trees)), flows)]
+    if op == "broadcast":
+        root, others = gpus[0], gpus[1:]
+        trees = double_binary_tree(len(others))
+        flows = [(root, others[parents.index(-1)], size / 2) for parents in trees]
+        flows += [(others[p], others[r], size / 2)
+                  for parents in trees for r, p in enumerate(parents) if p >= 0]
+        return [Phase(1 + max(map(tree_depth, trees)), flows)]
+    raise AssertionError(op)
+
+
+# --- hierarchical ------------------------------------------------------------------------------
+def host_groups(gpus: Sequence[str], host_of: Mapping[str, int],
+                algorithm: str = "hierarchical") -> list[list[str]]:
+    """`gpus` grouped by host (hosts in order of first appearance); raises ConfigError
+    unless there are >= 2 hosts with the same number (>= 2) of the GPUs on each."""
+    groups: dict[int, list[str]] = {}
+    for gpu in gpus:
+        groups.setdefault(host_of[gpu], []).append(gpu)
+    sizes = {host: len(g) for host, g in groups.items()}
+    if len(groups) < 2:
+        raise ConfigError(
+            f"algorithm={algorithm!r} needs the ranks on at least 2 hosts; all "
+            f"{len(gpus)} are on host {next(iter(groups))} (use ring or tree)")
+    if len(set(sizes.values())) > 1 or min(sizes.values()) < 2:
+        shown = ", ".join(f"host {h}: {c}" for h, c in list(sizes.items())[:6])
+        raise ConfigError(
+            f"algorithm={algorithm!r} needs the same number (>= 2) of ranks on every host; "
+            f"got {shown}{' ...' if len(sizes) > 6 else ''}")
+    return list(groups.values())
+
+
+def hierarchical(op: str, gpus: Sequence[str], size: float,
+                 host_of: Mapping[str, int]) -> list[Phase]:
+    hosts = host_groups(gpus, host_of)
+    h, g = len(hosts), len(hosts[0])
+    n = h * g
+    rails = [[hosts[k][j] for k in range(h)] for j in range(g)]
+
+    def intra(nbytes: float) -> Phase:
+        return Phase(g - 1, [f for group in hosts for f in ring_flows(group, nbytes)])
+
+    def inter(steps: int, nbytes: float) -> Phase:
+        return Phase(steps, [f for rail in rails for f in ring_flows(rail, nbytes)])
+
+    if op == "all-reduce":
+        return [intra((g - 1) / g * size), inter(2 * (h - 1), 2 * (h - 1) / h * size / g),
+                intra((g - 1) / g * size)]
+    if op == "all-gather":
+        return [inter(h - 1, (h - 1) * size / n), intra((g - 1) / g * size)]
+    if op == "reduce-scatter":
+        return [intra((g - 1) / g * size), inter(h - 1, (h - 1) / h * size / g)]
+    raise AssertionError(op)
+
+
+def multi_ring(op: str, gpus: Sequence[str], size: float,
+               host_of: Mapping[str, int]) -> list[Phase]:
+    hosts = host_groups(gpus, host_of, "multi-ring")
+    g = len(hosts[0])
+    orders = [[group[(j + i) % g] for group in hosts for i in range(g)] for j in range(g)]
+    phases = [ring(op, order, size / g)[0] for order in orders]
+    return [Phase(phases[0].steps, [f for phase in phases for f in phase.flows])]
+
+
+# --- direct ------------------------------------------------------------------------------------
+def direct(op: str, gpus: Sequence[str], size: float) -> list[Phase]:
+    n = len(gpus)
+    if op == "all-to-all":
+        share = size / n
+        return [Phase(1, [(a, b, share) for a in gpus for b in gpus if a != b])] if n > 1 else []
+    if op == "p2p":
+        if n != 2:
+            raise ConfigError(f"p2p: needs exactly 2 ranks (sender, receiver), got {n}")
+        return [Phase(1, [(gpus[0], gpus[1], size)])]
+    raise AssertionError(op)
+
+
+# --- the alpha-beta estimate ----------------------------------------------------------------
+# Routes per graph object, found once (routes() is the cost of estimating at 1024 GPUs);
+# a graph changed after an estimate keeps its old routes here.
+_ROUTE_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _route_shares(graph: nx.DiGraph, src: str, dst: str) -> tuple[float, list[tuple]]:
+    """(largest latency over the equal-cost routes, [(edge, share of the bytes)])."""
+    cache = _ROUTE_CACHE.setdefault(graph, {})
+    hit = cache.get((src, dst))
+    if hit is None:
+        paths = routes(graph, src, dst)
+        shares: dict[tuple, float] = defaultdict(float)
+        latency = 0.0
+        for path in paths:
+            edges = list(zip(path, path[1:]))
+            latency = max(latency, sum(graph.edges[e]["latency"] for e in edges))
+            for e in edges:
+                shares[e] += 1 / len(paths)
+        hit = cache[(src, dst)] = (latency, list(shares.items()))
+    return hit
+
+
+def estimate_time(phases: Sequence[Phase], graph: nx.DiGraph) -> float:
+    """Uncontended alpha-beta time of `phases` on `graph` (s): per phase, steps * the
+    largest route latency + the most bytes on any link / its bandwidth, each flow's bytes
+    split evenly over its equal-cost routes (the rule in sim.collectives)."""
+    total = 0.0
+    for phase in phases:
+        alpha, load = 0.0, defaultdict(float)
+        for src, dst, nbytes in phase.flows:
+            latency, shares = _route_shares(graph, src, dst)
+            alpha = max(alpha, latency)
+            for edge, share in shares:
+                load[edge] += nbytes * share
+        beta = max((b / graph.edges[e]["bandwidth"] for e, b in load.items()), default=0.0)
+        total += phase.steps * alpha + beta
+    return total

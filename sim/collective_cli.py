@@ -1,0 +1,120 @@
+"""`clustersim collective`: simulate one collective, or a size sweep printed like
+nccl-tests' table. Times in µs, bandwidths in GB/s (1e9 bytes/s, as nccl-tests).
+
+Sizes: a number of bytes with an optional unit. K, M, G, T (any case, optionally with
+'i' + 'B': KiB, MiB, ...) are binary (2^10, 2^20, ...), as nccl-tests' `-b 8 -e 128M`;
+kB/KB, MB, GB, TB are decimal (1e3, 1e6, ...). So `1G` = 1073741824, `1GB` = 1e9.
+The sweep's `count` column is elements of `--dtype` (float by default, as nccl-tests).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+
+from schedules.errors import ConfigError
+
+_UNITS = {"": 1, "b": 1}
+for _i, _p in enumerate("kmgt", start=1):
+    _UNITS.update({_p: 1024 ** _i, f"{_p}i": 1024 ** _i, f"{_p}ib": 1024 ** _i,
+                   f"{_p}b": 1000 ** _i})
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?(?:e\d+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
+DTYPE_BYTES = {"int8": 1, "uint8": 1, "half": 2, "fp16": 2, "bfloat16": 2, "bf16": 2,
+               "float": 4, "fp32": 4, "int32": 4, "double": 8, "fp64": 8, "int64": 8}
+
+
+def parse_size(text: str, flag: str = "--size") -> int:
+    """Bytes in `text` ('8', '256M', '1G', '1GB', '1.5KiB', '1e9'); see module docstring."""
+    match = _SIZE.match(str(text))
+    unit = match and _UNITS.get(match.group(2).lower())
+    if not match or unit is None:
+        raise ConfigError(f"{flag}: {text!r} is not a size; give bytes with an optional unit, "
+                          "e.g. 8, 8K, 256M, 1G (binary, as nccl-tests) or 1GB (decimal)")
+    value = float(match.group(1)) * unit
+    if value < 1 or value != int(value):
+        raise ConfigError(f"{flag}: {text!r} is {value:g} bytes; it must be a whole number >= 1")
+    return int(value)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "collective", help="simulate a collective (nccl-tests style bandwidths)",
+        description="Simulate one collective on a topology and print time, algbw and busbw "
+                    "(nccl-tests conventions), or a size sweep as nccl-tests' table.")
+    p.add_argument("op", help="all-reduce, all-gather, reduce-scatter, broadcast or all-to-all "
+                              "(allreduce, all_reduce, ... also accepted)")
+    p.add_argument("--size", help="bytes: per-rank buffer (all-reduce, broadcast, all-to-all, "
+                                  "reduce-scatter input), total output (all-gather); 1G = 2^30")
+    p.add_argument("--ranks", type=int, help="use the first N GPUs (default: all)")
+    p.add_argument("--topology", default="dgx-h100", help="preset name or topology JSON file (default dgx-h100)")
+    p.add_argument("--algorithm", help="ring, tree, multi-ring, hierarchical or direct "
+                                       "(default: the fastest alpha-beta estimate)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--sweep", action="store_true", help="sweep sizes from --min-size to --max-size")
+    p.add_argument("--min-size", default="8", help="sweep start (default 8)")
+    p.add_argument("--max-size", default="1G", help="sweep end (default 1G)")
+    p.add_argument("--factor", type=float, default=2.0, help="sweep size factor (default 2)")
+    p.add_argument("--dtype", default="float", help=f"element type for the count column "
+                                                    f"(default float; {', '.join(DTYPE_BYTES)})")
+
+
+def sweep_sizes(min_size: int, max_size: int, factor: float) -> list[int]:
+    if not factor > 1:
+        raise ConfigError(f"--factor must be > 1, got {factor}")
+    if min_size > max_size:
+        raise ConfigError(f"--min-size ({min_size}) must be <= --max-size ({max_size})")
+    sizes, size = [], float(min_size)
+    while size <= max_size * (1 + 1e-12):
+        sizes.append(int(round(size)))
+        size *= factor
+    return sizes
+
+
+def format_sweep(rows: list[dict], dtype: str) -> str:
+    width = DTYPE_BYTES[dtype]
+    lines = [f"#{'size':>12} {'count':>12} {'type':>8} {'algorithm':>13} {'time':>11} "
+             f"{'algbw':>8} {'busbw':>8}",
+             f"#{'(B)':>12} {'(elements)':>12} {'':>8} {'':>13} {'(us)':>11} "
+             f"{'(GB/s)':>8} {'(GB/s)':>8}"]
+    for r in rows:
+        lines.append(f" {int(r['size_bytes']):>12} {int(r['size_bytes']) // width:>12} "
+                     f"{dtype:>8} {r['algorithm']:>13} {r['time_us']:>11.2f} "
+                     f"{r['algbw_GBps']:>8.2f} {r['busbw_GBps']:>8.2f}")
+    mean = sum(r["busbw_GBps"] for r in rows) / len(rows)
+    lines.append(f"# Avg bus bandwidth    : {mean:.3f} GB/s")
+    return "\n".join(lines)
+
+
+def cmd_collective(args: argparse.Namespace) -> int:
+    from topologies import gpu_nodes, load_topology
+
+    from .collectives import parse_collective, sweep_collective
+
+    op = parse_collective(args.op)
+    dtype = args.dtype.strip().lower()
+    if dtype not in DTYPE_BYTES:
+        raise ConfigError(f"--dtype must be one of {', '.join(DTYPE_BYTES)}, got {args.dtype!r}")
+    if args.sweep:
+        sizes = sweep_sizes(parse_size(args.min_size, "--min-size"),
+                            parse_size(args.max_size, "--max-size"), args.factor)
+    elif args.size is None:
+        raise ConfigError("--size is required (or --sweep with --min-size/--max-size)")
+    else:
+        sizes = [parse_size(args.size)]
+    graph = load_topology(args.topology)
+    ranks = len(gpu_nodes(graph)) if args.ranks is None else args.ranks
+    results = sweep_collective(op, sizes, ranks, graph, args.algorithm)
+    rows = [{**r.to_dict(), "topology": graph.graph.get("name")} for r in results]
+    if args.json:
+        print(json.dumps(rows if args.sweep else rows[0], indent=2))
+    elif args.sweep:
+        print(f"# {op.value} on {ranks} ranks of {graph.graph.get('name')}"
+              f" (simulated; algorithm {args.algorithm or 'auto'})")
+        print(format_sweep(rows, dtype))
+    else:
+        r = rows[0]
+        print(f"{op.value} of {r['size_bytes']} B on {ranks} ranks of {r['topology']}: "
+              f"{r['time_us']:.2f} us, algbw {r['algbw_GBps']:.2f} GB/s, busbw "
+              f"{r['busbw_GBps']:.2f} GB/s ({r['algorithm']}, {r['steps']} steps, "
+              f"{r['flows']} flows)")
+    return 0

@@ -1,0 +1,288 @@
+"""Collectives as algorithms over the flow network (sim.flows): choose an algorithm, run
+its phases as flows, and report the nccl-tests bandwidths.
+
+Units: bytes, seconds, bytes/s (`algbw`, `busbw`; printed as GB/s = 1e9 bytes/s, as
+nccl-tests does). Sizes and bus-bandwidth factors follow nccl-tests doc/PERFORMANCE.md;
+see sim.collective_algorithms for what S means per op and for the algorithms.
+
+Running: each phase starts its flows together through `FlowNetwork.start_flows` after
+`steps * alpha`, alpha being the largest route latency among the phase's flows, so an
+uncontended phase takes steps*alpha + bytes/bandwidth, and contention comes from the
+flows sharing links (with each other and with any other traffic on the network).
+
+Default algorithm (`algorithm=None`): the applicable algorithm with the smallest
+alpha-beta estimate, sum over phases of
+    steps * alpha + max over links (bytes the phase puts on the link / link bandwidth),
+with each flow's bytes spread evenly over its equal-cost routes (ideal ECMP) and no other
+traffic. That is exact for an uncontended ring, and counts the links an algorithm's own
+flows share (e.g. a tree node sending to its parent and two children). Ties go to the
+first in APPLICABLE order. So, like NCCL's tuner, small all-reduces and broadcasts get
+the tree (log-depth latency) and large ones the ring; across hosts, the largest get the
+multi-ring (NCCL's channels: every GPU's NIC busy, NVLink and network overlapped) and
+smaller all-gathers / reduce-scatters the hierarchical one (fewest latency steps).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+
+import networkx as nx
+import simpy
+
+from schedules.errors import ConfigError
+from schedules.ops import Op, OpKind
+from schedules.timeline import Span, Timeline
+from topologies import gpu_nodes, load_topology
+
+from . import collective_algorithms as algos
+from .collective_algorithms import Phase, estimate_time
+from .flows import FlowNetwork
+
+DEFAULT_LANE = "coll"
+
+
+class Collective(str, Enum):
+    ALL_REDUCE = "all-reduce"
+    ALL_GATHER = "all-gather"
+    REDUCE_SCATTER = "reduce-scatter"
+    BROADCAST = "broadcast"
+    ALL_TO_ALL = "all-to-all"
+    P2P = "p2p"
+
+    def busbw_factor(self, n: int) -> float:
+        """nccl-tests' busbw / algbw for n ranks."""
+        if self is Collective.ALL_REDUCE:
+            return 2 * (n - 1) / n
+        if self in (Collective.BROADCAST, Collective.P2P):
+            return 1.0
+        return (n - 1) / n
+
+
+_OP_KINDS = {
+    Collective.ALL_REDUCE: OpKind.ALL_REDUCE, Collective.ALL_GATHER: OpKind.ALL_GATHER,
+    Collective.REDUCE_SCATTER: OpKind.REDUCE_SCATTER, Collective.ALL_TO_ALL: OpKind.ALL_TO_ALL,
+    Collective.BROADCAST: OpKind.BROADCAST, Collective.P2P: OpKind.SEND_F,
+}
+_FROM_OP_KIND = {kind: coll for coll, kind in _OP_KINDS.items() if coll is not Collective.P2P}
+_FROM_OP_KIND.update({OpKind.SEND_F: Collective.P2P, OpKind.SEND_B: Collective.P2P,
+                      OpKind.RECV_F: Collective.P2P, OpKind.RECV_B: Collective.P2P})
+
+ALGORITHMS: dict[str, Callable[..., list[Phase]]] = {
+    "ring": algos.ring, "tree": algos.tree, "multi-ring": algos.multi_ring,
+    "hierarchical": algos.hierarchical, "direct": algos.direct,
+}
+_BY_HOST = ("multi-ring", "hierarchical")  # these take the GPUs' hosts
+APPLICABLE = {
+    Collective.ALL_REDUCE: ("ring", "tree", "multi-ring", "hierarchical"),
+    Collective.ALL_GATHER: ("ring", "multi-ring", "hierarchical"),
+    Collective.REDUCE_SCATTER: ("ring", "multi-ring", "hierarchical"),
+    Collective.BROADCAST: ("ring", "tree"),
+    Collective.ALL_TO_ALL: ("direct",),
+    Collective.P2P: ("direct",),
+}
+
+
+def parse_collective(op: str | Collective | OpKind | Op) -> Collective:
+    """The collective `op` names: 'all-reduce', 'allreduce', 'all_reduce', 'ALL_REDUCE',
+    an OpKind or an Op; raises ConfigError listing the known ones."""
+    if isinstance(op, Collective):
+        return op
+    if isinstance(op, Op):
+        op = op.kind
+    if isinstance(op, OpKind) and op in _FROM_OP_KIND:
+        return _FROM_OP_KIND[op]
+    key = str(op.value if isinstance(op, Enum) else op).strip().lower()
+    key = key.replace("_", "").replace("-", "").replace(" ", "")
+    for coll in Collective:
+        if coll.value.replace("-", "") == key or (coll is Collective.P2P and key == "sendrecv"):
+            return coll
+    raise ConfigError(f"collective op must be one of {', '.join(c.value for c in Collective)}"
+                      f" (also spelled allreduce, all_reduce, ...), got {str(op)!r}")
+
+
+def _check_algorithm(coll: Collective, algorithm: str) -> str:
+    name = str(algorithm).strip().lower()
+    if name not in ALGORITHMS:
+        raise ConfigError(f"algorithm must be one of {', '.join(ALGORITHMS)}, got {algorithm!r}")
+    if name not in APPLICABLE[coll]:
+        raise ConfigError(f"algorithm={name!r} does not apply to {coll.value}: it runs "
+                          f"{' or '.join(APPLICABLE[coll])}")
+    return name
+
+
+def _phases(coll: Collective, name: str, gpus: Sequence[str], nbytes: float,
+            graph: nx.DiGraph) -> list[Phase]:
+    if name in _BY_HOST:
+        host_of = {gpu: graph.nodes[gpu]["host"] for gpu in gpus}
+        return ALGORITHMS[name](coll.value, gpus, nbytes, host_of)
+    return ALGORITHMS[name](coll.value, gpus, nbytes)
+
+
+def collective_phases(op: str | Collective | OpKind | Op, gpus: Sequence[str], nbytes: float,
+                      graph: nx.DiGraph, algorithm: str | None = None
+                      ) -> tuple[str, list[Phase]]:
+    """(algorithm name, phases) of collective `op` of size `nbytes` over GPU nodes `gpus`
+    (in ring order). `algorithm=None` picks the fastest estimate (module docstring)."""
+    coll = parse_collective(op)
+    if nbytes < 0:
+        raise ConfigError(f"nbytes must be >= 0, got {nbytes}")
+    if algorithm is not None:
+        name = _check_algorithm(coll, algorithm)
+        return name, _phases(coll, name, gpus, nbytes, graph)
+    candidates = []
+    for name in APPLICABLE[coll]:
+        try:
+            candidates.append((name, _phases(coll, name, gpus, nbytes, graph)))
+        except ConfigError:
+            continue  # not applicable to this group (e.g. hierarchical on one host)
+    if len(candidates) == 1:
+        return candidates[0]
+    return min(candidates, key=lambda c: estimate_time(c[1], graph))
+
+
+# --- running on the network --------------------------------------------------------------------
+@dataclass
+class CollectiveRun:
+    """What one run of a collective did (the value of run_collective's event)."""
+
+    collective: Collective
+    algorithm: str
+    nbytes: float
+    steps: int
+    flows: int
+    start: float
+    end: float = 0.0
+    spans: list[Span] = field(default_factory=list)
+
+    @property
+    def time_s(self) -> float:
+        return self.end - self.start
+
+
+def run_collective(env: simpy.Environment, network: FlowNetwork,
+                   op: str | Collective | OpKind | Op, gpus: Sequence[str],
+                   nbytes: float | None = None, algorithm: str | None = None, *,
+                   lane: str | None = None, ranks: Sequence[int] | None = None,
+                   spans: list[Span] | None = None) -> simpy.Event:
+    """Start collective `op` over `gpus` now; the returned event fires with a
+    CollectiveRun when the last flow has arrived.
+
+    `op` may be a schedule's Op (its `nbytes` and `group` then default the size and the
+    lane, and the spans carry it), else the lane is 'coll'. One Span per member, on rank
+    `ranks[i]` (default: the GPU's global index), is appended to `spans` if given; its
+    `info` holds algorithm, steps, bytes, algbw_GBps and busbw_GBps."""
+    coll = parse_collective(op)
+    schedule_op = op if isinstance(op, Op) else None
+    size = float(schedule_op.nbytes if nbytes is None and schedule_op else nbytes or 0)
+    name, phases = collective_phases(coll, gpus, size, network.graph, algorithm)
+    record = CollectiveRun(coll, name, size, sum(p.steps for p in phases),
+                           sum(len(p.flows) for p in phases), env.now)
+    done = env.event()
+    lane = lane or (schedule_op.group if schedule_op and schedule_op.group else DEFAULT_LANE)
+    ranks = list(ranks) if ranks is not None else [network.graph.nodes[g]["index"] for g in gpus]
+    if len(ranks) != len(gpus):
+        raise ConfigError(f"ranks: need one rank per GPU ({len(gpus)}), got {len(ranks)}")
+
+    def finish() -> None:
+        record.end = env.now
+        record.spans = _member_spans(record, schedule_op, lane, ranks)
+        if spans is not None:
+            spans.extend(record.spans)
+        done.succeed(record)
+
+    def start_phase(index: int) -> None:
+        if index == len(phases):
+            finish()
+            return
+        phase = phases[index]
+        flows = [(network.path_links(src, dst), nbytes) for src, dst, nbytes in phase.flows]
+        alpha = max((network.route_latency(links) for links, _ in flows), default=0.0)
+        network.start_flows(flows, delay=phase.steps * alpha).callbacks.append(
+            lambda _event: start_phase(index + 1))
+
+    start_phase(0)
+    return done
+
+
+def _member_spans(record: CollectiveRun, schedule_op: Op | None, lane: str,
+                  ranks: Sequence[int]) -> list[Span]:
+    n, t = len(ranks), record.time_s
+    algbw = record.nbytes / t if t > 0 else 0.0
+    info = {"collective": record.collective.value, "algorithm": record.algorithm,
+            "steps": record.steps, "bytes": record.nbytes, "algbw_GBps": algbw / 1e9,
+            "busbw_GBps": algbw * record.collective.busbw_factor(n) / 1e9}
+    op = schedule_op or Op(_OP_KINDS[record.collective], 0, group=lane,
+                           nbytes=int(record.nbytes))
+    ops = [op] * n
+    if record.collective is Collective.P2P and schedule_op is None:
+        ops = [op, Op(OpKind.RECV_F, 0, group=lane, nbytes=int(record.nbytes))]
+    return [Span(rank, lane, o, record.start, record.end, info) for rank, o in zip(ranks, ops)]
+
+
+# --- one collective on a topology, as nccl-tests measures it -----------------------------------
+@dataclass
+class CollectiveResult:
+    """One simulated collective: time (s), algbw and busbw (bytes/s), the algorithm and
+    its latency steps, the per-member Timeline and the number of flows simulated."""
+
+    collective: Collective
+    nbytes: float
+    ranks: int
+    time_s: float
+    algbw: float
+    busbw: float
+    algorithm: str
+    steps: int
+    timeline: Timeline
+    flows: int
+
+    def to_dict(self) -> dict:
+        return {"op": self.collective.value, "size_bytes": self.nbytes, "ranks": self.ranks,
+                "algorithm": self.algorithm, "steps": self.steps, "time_s": self.time_s,
+                "time_us": self.time_s * 1e6, "algbw_GBps": self.algbw / 1e9,
+                "busbw_GBps": self.busbw / 1e9, "flows": self.flows}
+
+
+def simulate_collective(op: str | Collective | OpKind, nbytes: float, ranks: int,
+                        topology: str | nx.DiGraph, algorithm: str | None = None
+                        ) -> CollectiveResult:
+    """Simulate `op` of `nbytes` (nccl-tests convention) over the first `ranks` GPUs of
+    `topology` (a preset name, a topology file or a graph), ring order = GPU index."""
+    return sweep_collective(op, [nbytes], ranks, topology, algorithm)[0]
+
+
+def sweep_collective(op: str | Collective | OpKind, sizes: Sequence[float], ranks: int,
+                     topology: str | nx.DiGraph, algorithm: str | None = None
+                     ) -> list[CollectiveResult]:
+    """simulate_collective for each size, one after another on one network (so routes
+    are found once; each collective runs alone, its spans start where the last ended)."""
+    coll = parse_collective(op)
+    graph = load_topology(topology) if isinstance(topology, str) else topology
+    gpus = gpu_nodes(graph)
+    if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 2:
+        raise ConfigError(f"ranks must be an integer >= 2 (a collective over one rank moves "
+                          f"no data), got {ranks!r}")
+    if ranks > len(gpus):
+        raise ConfigError(f"ranks={ranks} exceeds the {len(gpus)} GPUs of topology "
+                          f"{graph.graph.get('name', '?')!r}")
+    if coll is Collective.P2P and ranks != 2:
+        raise ConfigError(f"ranks must be 2 for p2p (sender, receiver), got {ranks}")
+    for nbytes in sizes:
+        if not nbytes > 0:
+            raise ConfigError(f"size must be a positive number of bytes, got {nbytes!r}")
+    env = simpy.Environment()
+    network = FlowNetwork(env, graph)
+    results = []
+    for nbytes in sizes:
+        done = run_collective(env, network, coll, gpus[:ranks], nbytes, algorithm)
+        env.run()
+        run: CollectiveRun = done.value
+        t = run.time_s
+        algbw = nbytes / t if t > 0 else float("inf")
+        meta = {"collective": coll.value, "algorithm": run.algorithm,
+                "topology": graph.graph.get("name"), "ranks": ranks, "nbytes": nbytes}
+        results.append(CollectiveResult(
+            coll, nbytes, ranks, t, algbw, algbw * coll.busbw_factor(ranks), run.algorithm,
+            run.steps, Timeline(run.spans, source="sim", meta=meta), run.flows))
+    return results

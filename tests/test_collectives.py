@@ -1,0 +1,430 @@
+"""Collectives over the flow network, against independent truths: the alpha-beta closed
+forms and nccl-tests bus-bandwidth factors (doc/PERFORMANCE.md), link capacities, and the
+CLI as a user runs it.
+
+Single-node oracle: every GPU hangs off one NVSwitch, so GPU->GPU = 2 edges:
+alpha = 2 * edge latency, B = per-GPU NVLink bandwidth (per direction).
+"""
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import simpy
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from schedules.errors import ConfigError
+from schedules.ops import Op, OpKind
+from sim.collective_algorithms import double_binary_tree, tree_depth
+from sim.collective_cli import parse_size, sweep_sizes
+from sim.collectives import (APPLICABLE, Collective, collective_phases, parse_collective,
+                             run_collective, simulate_collective)
+from sim.flows import FlowNetwork
+from sim.gantt import hover_text
+from topologies import fat_tree, gpu_nodes, load_topology, path_latency, route, single_node
+
+ROOT = Path(__file__).resolve().parent.parent
+B, LAT = 100e9, 1e-6
+ALPHA = 2 * LAT
+NIC = 50e9  # NDR port, bytes/s per direction
+SIZES = [8, 1 << 20, 1 << 30]
+
+
+def node(n):
+    return single_node("h100-sxm", num_gpus=n, bandwidth=B, latency=LAT)
+
+
+# --- uncontended closed forms on one NVSwitch node ---------------------------------------------
+@pytest.mark.parametrize("n", [2, 3, 4, 8, 16])
+@pytest.mark.parametrize("size", SIZES)
+def test_ring_all_reduce_closed_form(n, size):
+    r = simulate_collective("all-reduce", size, n, node(n), "ring")
+    assert r.time_s == pytest.approx(2 * (n - 1) * ALPHA + 2 * (n - 1) / n * size / B, rel=1e-9)
+    assert r.steps == 2 * (n - 1) and r.flows == n
+    assert r.algbw == pytest.approx(size / r.time_s)
+    assert r.busbw == pytest.approx(r.algbw * 2 * (n - 1) / n)
+
+
+@pytest.mark.parametrize("op", ["all-gather", "reduce-scatter"])
+@pytest.mark.parametrize("n", [2, 5, 8])
+@pytest.mark.parametrize("size", SIZES)
+def test_ring_all_gather_reduce_scatter_closed_form(op, n, size):
+    r = simulate_collective(op, size, n, node(n), "ring")
+    assert r.time_s == pytest.approx((n - 1) * ALPHA + (n - 1) / n * size / B, rel=1e-9)
+    assert r.busbw == pytest.approx(r.algbw * (n - 1) / n)
+
+
+@pytest.mark.parametrize("op", ["all-reduce", "all-gather", "reduce-scatter", "all-to-all"])
+def test_busbw_approaches_link_bandwidth_for_large_sizes(op):
+    r = simulate_collective(op, 64 << 30, 8, node(8))
+    assert r.busbw == pytest.approx(B, rel=1e-3) and r.busbw < B
+
+
+@pytest.mark.parametrize("n", [2, 4, 8, 16, 32])
+def test_tree_all_reduce_closed_form(n):
+    """Double binary tree, n a power of two: a rank inner in one tree (two children) is a
+    leaf in the other, so its uplink carries S/2 up + 2 * S/2 down + S/2 up = 2S (n = 2:
+    S), and the pipelined reduce+broadcast pays 2*log2(n) latencies."""
+    size = 1 << 30
+    r = simulate_collective("all-reduce", size, n, node(n), "tree")
+    heaviest = size if n == 2 else 2 * size
+    assert r.steps == 2 * int(math.log2(n))
+    assert r.time_s == pytest.approx(r.steps * ALPHA + heaviest / B, rel=1e-9)
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 6, 8, 12, 16, 33, 64])
+def test_tree_latency_term_scales_with_log2_n_and_ring_with_n(n):
+    tiny = 1  # byte: the bandwidth term is ~1e-11 s
+    tree = simulate_collective("all-reduce", tiny, n, node(n), "tree")
+    ring = simulate_collective("all-reduce", tiny, n, node(n), "ring")
+    assert tree.time_s == pytest.approx(2 * math.ceil(math.log2(n)) * ALPHA, rel=1e-4)
+    assert ring.time_s == pytest.approx(2 * (n - 1) * ALPHA, rel=1e-4)
+
+
+@pytest.mark.parametrize("n", list(range(2, 40)) + [100, 1000])
+def test_double_binary_tree_shape(n):
+    """Both trees span all ranks, depth ceil(log2 n); for even n no rank is inner in both."""
+    trees = double_binary_tree(n)
+    for parents in trees:
+        assert parents.count(-1) == 1
+        assert tree_depth(parents) == math.ceil(math.log2(n))
+    inner = [{p for p in parents if p >= 0} for parents in trees]
+    if n % 2 == 0:
+        assert not inner[0] & inner[1]
+
+
+@pytest.mark.parametrize("n", [2, 3, 8, 9])
+def test_broadcast_closed_forms(n):
+    size = 1 << 30
+    ring = simulate_collective("broadcast", size, n, node(n), "ring")
+    tree = simulate_collective("broadcast", size, n, node(n), "tree")
+    assert ring.time_s == pytest.approx((n - 1) * ALPHA + size / B, rel=1e-9)
+    depth = math.ceil(math.log2(n - 1)) if n > 2 else 0
+    assert tree.time_s == pytest.approx((1 + depth) * ALPHA + size / B, rel=1e-9)
+    assert ring.busbw == pytest.approx(ring.algbw)
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_all_to_all_and_p2p_closed_forms(n):
+    size = 1 << 30
+    a2a = simulate_collective("all-to-all", size, n, node(n))
+    assert (a2a.algorithm, a2a.flows) == ("direct", n * (n - 1))
+    assert a2a.time_s == pytest.approx(ALPHA + (n - 1) / n * size / B, rel=1e-9)
+    p2p = simulate_collective("p2p", size, 2, node(n))
+    assert p2p.time_s == pytest.approx(ALPHA + size / B, rel=1e-9)
+
+
+# --- algorithm choice and errors -----------------------------------------------------------------
+@pytest.mark.parametrize("size", [8, 1 << 20, 16 << 20, 64 << 20, 1 << 30])
+def test_default_all_reduce_is_the_faster_closed_form(size):
+    n = 8
+    ring = 2 * (n - 1) * ALPHA + 2 * (n - 1) / n * size / B
+    tree = 2 * 3 * ALPHA + 2 * size / B
+    r = simulate_collective("all-reduce", size, n, node(n))
+    assert r.algorithm == ("ring" if ring < tree else "tree")
+    assert r.time_s == pytest.approx(min(ring, tree), rel=1e-9)
+
+
+@pytest.mark.parametrize("op", ["all-reduce", "all-gather", "reduce-scatter", "broadcast"])
+@pytest.mark.parametrize("size", [8, 1 << 16, 1 << 22, 1 << 30])
+def test_default_is_the_fastest_applicable_algorithm_across_hosts(op, size):
+    graph = fat_tree("dgx-h100", num_nodes=4)
+    times = {name: simulate_collective(op, size, 32, graph, name).time_s
+             for name in APPLICABLE[parse_collective(op)]}
+    chosen = simulate_collective(op, size, 32, graph)
+    assert chosen.time_s == pytest.approx(min(times.values()), rel=1e-9)
+
+
+def test_large_all_reduce_across_hosts_takes_the_multi_ring():
+    r = simulate_collective("all-reduce", 1 << 30, 32, fat_tree("dgx-h100", num_nodes=4))
+    assert r.algorithm == "multi-ring"
+
+
+@pytest.mark.parametrize("op, algorithm, words", [
+    ("all-to-all", "tree", ["algorithm='tree'", "all-to-all", "direct"]),
+    ("all-gather", "tree", ["algorithm='tree'", "all-gather", "ring"]),
+    ("all-reduce", "bogus", ["algorithm must be one of", "ring"]),
+    ("all-reduce", "hierarchical", ["algorithm='hierarchical'", "2 hosts"]),
+    ("all-gather", "multi-ring", ["algorithm='multi-ring'", "2 hosts"]),
+])
+def test_inapplicable_algorithm_is_a_config_error(op, algorithm, words):
+    with pytest.raises(ConfigError) as err:
+        simulate_collective(op, 1 << 20, 8, node(8), algorithm)
+    assert all(w in str(err.value) for w in words)
+
+
+def test_hierarchical_needs_equal_ranks_per_host():
+    with pytest.raises(ConfigError, match="same number"):
+        simulate_collective("all-reduce", 1 << 20, 12, fat_tree("dgx-h100", num_nodes=2),
+                            "hierarchical")
+
+
+@pytest.mark.parametrize("ranks, words", [(9, "exceeds the 8 GPUs"), (1, ">= 2")])
+def test_bad_rank_counts(ranks, words):
+    with pytest.raises(ConfigError, match=words):
+        simulate_collective("all-reduce", 1 << 20, ranks, "dgx-h100")
+
+
+def test_schedule_op_kinds_map_to_their_collectives():
+    assert {k: parse_collective(k).value for k in (
+        OpKind.ALL_REDUCE, OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER, OpKind.ALL_TO_ALL,
+        OpKind.SEND_F)} == {OpKind.ALL_REDUCE: "all-reduce", OpKind.ALL_GATHER: "all-gather",
+                            OpKind.REDUCE_SCATTER: "reduce-scatter",
+                            OpKind.ALL_TO_ALL: "all-to-all", OpKind.SEND_F: "p2p"}
+
+
+@pytest.mark.parametrize("name", ["all-reduce", "allreduce", "all_reduce", "ALL_REDUCE",
+                                  OpKind.ALL_REDUCE])
+def test_op_spellings(name):
+    assert collective_phases(name, ["gpu0", "gpu1"], 8, node(2), "ring")[0] == "ring"
+    with pytest.raises(ConfigError, match="collective op must be one of"):
+        collective_phases("allsum", ["gpu0", "gpu1"], 8, node(2))
+
+
+# --- contention ----------------------------------------------------------------------------------
+def test_two_flows_through_one_link_each_get_half():
+    env = simpy.Environment()
+    net = FlowNetwork(env, node(4))
+    into_gpu2 = net.link_index[("nvswitch0", "gpu2")]
+    net.start_flows([(net.path_links("gpu0", "gpu2"), 1e9), (net.path_links("gpu1", "gpu2"), 1e9)])
+    env.run(until=1e-6)
+    assert net.link_load()[into_gpu2] == pytest.approx(B)
+    assert [f.rate for f in net.flows_on[into_gpu2]] == pytest.approx([B / 2, B / 2])
+    env.run()
+    assert env.now == pytest.approx(2e9 / B)
+
+
+def test_a_flow_outlives_an_unrelated_shorter_one():
+    """Regression (sim/flows.py): when the first flow finished, its links carried nothing
+    else, and the timer for the other flow's finish was never re-armed."""
+    env = simpy.Environment()
+    net = FlowNetwork(env, node(4))
+    short = net.start_flows([(net.path_links("gpu0", "gpu1"), 1e9)])
+    long = net.start_flows([(net.path_links("gpu2", "gpu3"), 2e9)])
+    env.run()
+    assert short.triggered and long.triggered and env.now == pytest.approx(2e9 / B)
+
+
+def test_flows_of_different_pairs_spread_over_the_spines():
+    """Regression (sim/flows.py): per-pair round-robin sent every pair's first flow over
+    spine0. Eight flows from leaf0 to leaf1 of a non-blocking fat-tree (8 spines) must
+    each get a whole NIC's bandwidth."""
+    graph = fat_tree("dgx-h100", num_nodes=2, nodes_per_leaf=1)
+    env = simpy.Environment()
+    net = FlowNetwork(env, graph)
+    net.start_flows([(net.path_links(f"gpu{i}", f"gpu{8 + i}"), 1e9) for i in range(8)])
+    env.run()
+    assert env.now == pytest.approx(1e9 / NIC)
+
+
+def test_concurrent_collectives_share_the_links():
+    """Two all-reduces on the same 8 GPUs at once: each ring link carries two flows, so
+    each takes twice the bandwidth term (contention from the network, not a formula)."""
+    size, n = 1 << 30, 8
+    env = simpy.Environment()
+    net = FlowNetwork(env, node(n))
+    spans = []
+    gpus = gpu_nodes(net.graph)
+    ops = [Op(OpKind.ALL_REDUCE, s, group="dp", nbytes=size) for s in (0, 1)]
+    events = [run_collective(env, net, op, gpus, algorithm="ring", spans=spans) for op in ops]
+    env.run()
+    bandwidth_term = 2 * (n - 1) / n * size / B
+    for ev in events:
+        assert ev.value.time_s == pytest.approx(2 * (n - 1) * ALPHA + 2 * bandwidth_term)
+    assert {s.lane for s in spans} == {"dp"} and len(spans) == 2 * n
+    assert {s.op for s in spans} == set(ops)
+
+
+def _hierarchical_all_reduce(graph, size, g, h):
+    """Closed form: intra-host reduce-scatter + inter-host rings on S/g + all-gather."""
+    nv, nic = graph.edges["gpu0", "nvswitch0"]["bandwidth"], NIC
+    alpha_nv = path_latency(graph, route(graph, "gpu0", "gpu1"))
+    alpha_net = max(path_latency(graph, route(graph, "gpu0", f"gpu{g * k}")) for k in range(h))
+    intra = (g - 1) * alpha_nv + (g - 1) / g * size / nv
+    return 2 * intra + 2 * (h - 1) * alpha_net + 2 * (h - 1) / h * size / g / nic, alpha_net
+
+
+def test_oversubscribed_fat_tree_halves_the_cross_leaf_bandwidth_term():
+    """One node per leaf, so every inter-host flow crosses leaves. The hierarchical
+    all-reduce's inter-host phase runs 8 rail rings at once: each leaf sends 8 flows up.
+    Non-blocking: 8 spine uplinks of 50 GB/s, one flow each, NIC-bound. 2:1: 4 uplinks of
+    50 GB/s, two flows each, 25 GB/s: that phase's bandwidth term doubles, the intra-host
+    phases and the latencies are unchanged."""
+    size, h, g = 1 << 30, 4, 8
+    full = fat_tree("dgx-h100", num_nodes=h, nodes_per_leaf=1)
+    half = fat_tree("dgx-h100", num_nodes=h, nodes_per_leaf=1, oversubscription=2)
+    t_full = simulate_collective("all-reduce", size, h * g, full, "hierarchical").time_s
+    t_half = simulate_collective("all-reduce", size, h * g, half, "hierarchical").time_s
+    expected, _ = _hierarchical_all_reduce(full, size, g, h)
+    inter_bandwidth_term = 2 * (h - 1) / h * size / g / NIC
+    assert t_full == pytest.approx(expected, rel=1e-9)
+    assert t_half - t_full == pytest.approx(inter_bandwidth_term, rel=1e-6)
+
+
+def test_multi_ring_all_reduce_is_nic_bound_with_every_nic_busy():
+    """g rings on S/g each; ring j leaves every host through a different GPU, so each
+    GPU's NIC carries one ring's flow: 2(n-1)/n * S/g at 50 GB/s, slower than the g-1
+    NVLink flows sharing 450 GB/s; the latency is the ring's, 2(n-1) route latencies."""
+    size, h, g = 1 << 30, 4, 8
+    n = h * g
+    graph = fat_tree("dgx-h100", num_nodes=h, nodes_per_leaf=1)
+    _, alpha_net = _hierarchical_all_reduce(graph, size, g, h)
+    r = simulate_collective("all-reduce", size, n, graph, "multi-ring")
+    assert r.time_s == pytest.approx(2 * (n - 1) * alpha_net + 2 * (n - 1) / n * size / g / NIC,
+                                     rel=1e-9)
+    _, (phase,) = collective_phases("all-reduce", gpu_nodes(graph), size, graph, "multi-ring")
+    host = {gpu: graph.nodes[gpu]["host"] for gpu in gpu_nodes(graph)}
+    leaving = [src for src, dst, _ in phase.flows if host[src] != host[dst]]
+    assert sorted(leaving) == sorted(gpu_nodes(graph))  # every GPU's NIC, once
+
+
+def test_hierarchical_all_gather_and_reduce_scatter_closed_form():
+    size, h, g = 1 << 30, 4, 8
+    n = h * g
+    graph = fat_tree("dgx-h100", num_nodes=h, nodes_per_leaf=1)
+    _, alpha_net = _hierarchical_all_reduce(graph, size, g, h)
+    intra = (g - 1) * ALPHA + (g - 1) / g * size / 450e9
+    ag = simulate_collective("all-gather", size, n, graph, "hierarchical")
+    rs = simulate_collective("reduce-scatter", size, n, graph, "hierarchical")
+    assert ag.time_s == pytest.approx(intra + (h - 1) * alpha_net + (h - 1) * size / n / NIC)
+    assert rs.time_s == pytest.approx(intra + (h - 1) * alpha_net + (h - 1) / h * size / g / NIC)
+
+
+def test_all_to_all_across_hosts_is_bounded_by_the_nics():
+    """Each GPU sends S/n to each of the n-g GPUs on other hosts, all through its own NIC
+    (GPUs do not relay), so t >= (n-g)/n * S / B_nic and busbw = S/t * (n-1)/n <=
+    B_nic * (n-1)/(n-g). On a non-blocking fabric the NIC is the bottleneck, so the time
+    is that bound plus one latency (the intra-host flows finish earlier over NVLink)."""
+    size, h, g = 1 << 30, 4, 8
+    n = h * g
+    graph = fat_tree("dgx-h100", num_nodes=h, nodes_per_leaf=1)
+    r = simulate_collective("all-to-all", size, n, graph)
+    alpha = path_latency(graph, route(graph, "gpu0", "gpu8"))
+    assert r.time_s == pytest.approx(alpha + (n - g) / n * size / NIC, rel=1e-9)
+    assert r.busbw <= NIC * (n - 1) / (n - g)
+    assert r.busbw == pytest.approx(NIC * (n - 1) / (n - g), rel=1e-3)
+
+
+def test_1024_gpu_ring_all_reduce_is_fast_and_exact():
+    graph = load_topology("dgx-h100-x128-ndr-ft")
+    size, n = 1 << 30, 1024
+    start = time.perf_counter()
+    r = simulate_collective("all-reduce", size, n, graph, "ring")
+    wall = time.perf_counter() - start
+    alpha = path_latency(graph, route(graph, "gpu7", "gpu1023"))  # across spines
+    assert r.time_s == pytest.approx(2 * (n - 1) * alpha + 2 * (n - 1) / n * size / NIC, rel=1e-9)
+    assert wall < 2.0  # target 0.5 s (benchmarks/collectives.py); slack for loaded CI
+
+
+# --- properties --------------------------------------------------------------------------------
+SMALL_FAT_TREE = fat_tree("dgx-h100", num_nodes=4, nodes_per_leaf=2, oversubscription=2)
+GPUS = gpu_nodes(SMALL_FAT_TREE)
+
+flow_sets = st.lists(st.tuples(
+    st.sampled_from(GPUS), st.sampled_from(GPUS), st.floats(1e3, 1e9), st.floats(0, 1e-2)),
+    min_size=1, max_size=25).map(lambda fs: [f for f in fs if f[0] != f[1]])
+
+
+@settings(max_examples=60, deadline=None)
+@given(flow_sets)
+def test_random_flows_respect_capacity_deliver_their_bytes_and_finish(flows):
+    """Rates only change at events, so stepping SimPy event by event and reading the link
+    loads after each instant gives the exact load curve: no link ever exceeds its capacity,
+    and the integral of all link loads equals each flow's bytes times its hop count."""
+    env = simpy.Environment()
+    net = FlowNetwork(env, SMALL_FAT_TREE)
+    done, expected = [], 0.0
+    for src, dst, nbytes, start in flows:
+        links = net.path_links(src, dst)
+        done.append(net.start_flows([(links, nbytes)], delay=start))
+        expected += nbytes * len(links)
+    delivered, last, load = 0.0, 0.0, net.link_load()  # flows with no delay started now
+    while env.peek() < math.inf:
+        env.step()
+        if env.peek() > env.now:  # every event of this instant processed
+            delivered += sum(load.values()) * (env.now - last)
+            last, load = env.now, net.link_load()
+            for link, rate in load.items():
+                assert rate <= net.capacity[link] * (1 + 1e-9)
+    assert all(ev.triggered for ev in done)
+    assert net.completed_flows == len(flows) and not net.link_load()
+    assert delivered == pytest.approx(expected, rel=1e-9)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from([c for c in Collective if c is not Collective.P2P]),
+       st.integers(2, len(GPUS)), st.integers(1, 1 << 32))
+def test_a_collective_has_one_span_per_member(op, n, size):
+    r = simulate_collective(op, size, n, SMALL_FAT_TREE)
+    spans = r.timeline.spans
+    assert sorted(s.rank for s in spans) == list(range(n))
+    assert all(s.start == 0 and s.end == pytest.approx(r.time_s) for s in spans)
+    assert all(s.lane == "coll" and s.info["algorithm"] == r.algorithm for s in spans)
+
+
+def test_spans_show_algorithm_bytes_and_busbw_in_the_gantt_hover():
+    r = simulate_collective("all-reduce", 1 << 30, 8, node(8))
+    text = hover_text(r.timeline.spans[0])
+    assert "algorithm: ring" in text and "busbw_GBps" in text and "bytes: 1.07 GB" in text
+
+
+# --- sizes and the CLI ---------------------------------------------------------------------------
+@pytest.mark.parametrize("text, value", [
+    ("8", 8), ("8K", 8192), ("256M", 256 << 20), ("1G", 1 << 30), ("1g", 1 << 30),
+    ("1GiB", 1 << 30), ("1GB", 10**9), ("1kB", 1000), ("1.5K", 1536), ("1e9", 10**9)])
+def test_parse_size(text, value):
+    assert parse_size(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "abc", "1X", "0", "1.5", "-8"])
+def test_parse_size_rejects(text):
+    with pytest.raises(ConfigError, match="--size"):
+        parse_size(text)
+
+
+def test_sweep_sizes_are_nccl_tests_doublings():
+    assert sweep_sizes(8, 64, 2) == [8, 16, 32, 64]
+
+
+def clustersim(*args):
+    return subprocess.run([sys.executable, "-m", "sim", *args], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+
+
+def test_cli_json_busbw_is_nvlink_minus_the_latency_effect():
+    out = clustersim("collective", "all-reduce", "--size", "1G", "--ranks", "8",
+                     "--topology", "dgx-h100", "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    size, n, nvlink, alpha = 1 << 30, 8, 450e9, 2e-6
+    t = 2 * (n - 1) * alpha + 2 * (n - 1) / n * size / nvlink
+    assert data["algorithm"] == "ring" and data["size_bytes"] == size
+    assert data["busbw_GBps"] == pytest.approx(size / t * 2 * (n - 1) / n / 1e9, rel=1e-9)
+    assert 440 < data["busbw_GBps"] < 450
+
+
+def test_cli_sweep_prints_the_nccl_tests_table():
+    out = clustersim("collective", "allreduce", "--sweep", "--min-size", "8", "--max-size",
+                     "1M", "--topology", "dgx-h100")
+    assert out.returncode == 0, out.stderr
+    rows = [line.split() for line in out.stdout.splitlines() if not line.startswith("#")]
+    assert [int(r[0]) for r in rows] == [8 << k for k in range(18)]
+    assert rows[0][1:3] == ["2", "float"]
+    assert "busbw" in out.stdout and "Avg bus bandwidth" in out.stdout
+
+
+@pytest.mark.parametrize("args, words", [
+    (["all-sum", "--size", "1G"], "collective op must be one of"),
+    (["all-reduce", "--size", "1Q"], "--size"),
+    (["all-reduce", "--size", "1G", "--ranks", "64"], "exceeds"),
+    (["all-to-all", "--size", "1G", "--algorithm", "ring"], "does not apply"),
+])
+def test_cli_errors_are_one_line_exit_2(args, words):
+    out = clustersim("collective", *args)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("clustersim: error:") and words in lines[0]

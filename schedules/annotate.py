@@ -2,7 +2,8 @@
 
 Compute ops get the stage's FLOPs and HBM traffic (F: forward; B: backward; I and W: half
 of backward each, the split of Qi et al. 2024, "Zero Bubble Pipeline Parallelism", where
-each takes one GEMM per forward GEMM). P2P ops get the stage boundary's activation bytes.
+each takes one GEMM per forward GEMM). P2P ops get the stage boundary's activation bytes,
+DP gradient collectives the stage's gradient bytes.
 """
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ def _costed(op: Op, costs: Sequence[StageCost]) -> Op:
         return op.with_costs(flops=c.backward_flops / 2, nbytes=c.backward_bytes // 2)
     if op.kind.is_p2p:
         return op.with_costs(nbytes=costs[boundary(op.kind, op.stage)].boundary_bytes)
+    if op.kind.is_collective and op.group == "dp":
+        return op.with_costs(nbytes=c.grad_bytes)
     return op
 
 

@@ -6,9 +6,12 @@ Rules (DESIGN.md, "The execution contract"):
 - `B(s,m)` and `I(s,m)` wait for `F(s,m)` and, unless `s` is the last stage, `RECV_B(s,m)`;
 - `W(s,m)` waits for `I(s,m)`;
 - `SEND_F(s,m)` waits for `F(s,m)`; `SEND_B(s,m)` for the input gradient of `(s,m)`;
+- a DP gradient collective of stage s waits for the weight gradients of every microbatch;
 - communication ops are *posted* when the program reaches them and do not block the
   stream; a P2P transfer starts when both its SEND and its RECV are posted, and the RECV
-  completes when the transfer does.
+  completes when the transfer does; a collective starts when every member has posted it
+  and the member's previous collective on the same group has finished (NCCL runs a
+  communicator's operations in issue order).
 
 `B` is `I` and `W` fused, so a completed `B` also satisfies waits on `I` and `W`: the
 contract speaks of data products, and `B` produces both.
@@ -22,11 +25,14 @@ from .ops import Op, OpKind
 Key = tuple[OpKind, int, int | None]
 
 
-def prerequisites(op: Op, stage_ranks: Sequence[int]) -> tuple[Key, ...]:
+def prerequisites(op: Op, stage_ranks: Sequence[int],
+                  num_microbatches: int | None = None) -> tuple[Key, ...]:
     """Keys of the ops that must have *completed* before `op` may start (or be posted).
 
     `stage_ranks[s]` is the rank holding stage `s`. Where two neighbouring stages sit on
     the same rank there is no transfer, and the consumer waits for the producer directly.
+    A data-parallel gradient collective of stage s (`ALL_REDUCE`/`REDUCE_SCATTER` with
+    group 'dp') waits for the weight gradients of all `num_microbatches` microbatches.
     """
     s, m = op.stage, op.microbatch
     kind = op.kind
@@ -48,6 +54,8 @@ def prerequisites(op: Op, stage_ranks: Sequence[int]) -> tuple[Key, ...]:
         return ((OpKind.F, s, m),)
     if kind is OpKind.SEND_B:
         return ((OpKind.I, s, m),)
+    if kind in (OpKind.ALL_REDUCE, OpKind.REDUCE_SCATTER) and op.group == "dp" and num_microbatches:
+        return tuple((OpKind.W, s, mb) for mb in range(num_microbatches))
     return ()
 
 

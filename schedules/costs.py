@@ -29,6 +29,9 @@ class StageCost:
     - tied_param_count: the copy of the word embedding the last stage keeps for the output
       layer when embeddings are tied and there is more than one stage (Megatron-LM keeps
       it and all-reduces its gradient with stage 0); count it for memory, not for totals.
+    - grad_bytes: the stage's gradients in the model dtype, (param_count + tied) *
+      dtype_bytes: what a DP gradient all-reduce of the stage moves (PyTorch DDP reduces
+      in the parameter dtype).
     - boundary_bytes: the activation sent to the next stage, b*s*h*dtype_bytes / cp
       (/ tp with sequence parallelism); 0 on the last stage.
     - forward_bytes / backward_bytes: an ESTIMATE of HBM traffic for a roofline: F reads
@@ -45,6 +48,7 @@ class StageCost:
     forward_bytes: int
     backward_bytes: int
     tied_param_count: int = 0
+    grad_bytes: int = 0
 
 
 def _check(model: ModelSpec, parallel: ParallelConfig, num_stages: int) -> None:
@@ -124,5 +128,5 @@ def stage_costs(model: ModelSpec, parallel: ParallelConfig, num_stages: int) -> 
             activation_bytes=math.ceil(act), param_count=math.ceil(params),
             boundary_bytes=0 if last else math.ceil(boundary),
             forward_bytes=math.ceil(fwd_bytes), backward_bytes=math.ceil(bwd_bytes),
-            tied_param_count=math.ceil(tied)))
+            tied_param_count=math.ceil(tied), grad_bytes=math.ceil(weight_bytes)))
     return costs

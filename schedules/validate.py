@@ -1,7 +1,8 @@
 """Structural checks and a unit-time dry run that finds deadlocks.
 
 The dry run executes the execution contract (schedules.contract) with every compute op
-taking one step and communication taking none. It yields the rank x step grid that
+taking one step and communication taking none (a collective's other members are the
+same program rank in other replicas, so they post it at the same step). It yields the rank x step grid that
 `clustersim show` prints, and, when some ops can never run, a DeadlockError whose report
 is that grid with each rank's stuck op marked `>op<`.
 """
@@ -91,7 +92,7 @@ def dry_run(schedule: Schedule) -> DryRun:
         for r, program in enumerate(programs):
             while pc[r] < len(program):
                 op = program[pc[r]]
-                needs = prerequisites(op, ranks)
+                needs = prerequisites(op, ranks, lowered.num_microbatches)
                 if any(n not in done for n in needs):
                     break
                 start = max([clock[r]] + [done[n] for n in needs])
@@ -105,6 +106,8 @@ def dry_run(schedule: Schedule) -> DryRun:
                     peer = p2p_peer(op)
                     if peer in posted:
                         done[op.key] = done[peer] = max(start, posted[peer])
+                elif op.kind.is_collective:
+                    done[op.key] = start  # members are symmetric replicas: all post now
                 pc[r] += 1
                 progress = True
 
@@ -113,7 +116,8 @@ def dry_run(schedule: Schedule) -> DryRun:
     if stuck:
         lines = []
         for r, op in stuck.items():
-            missing = [n for n in prerequisites(op, ranks) if n not in done]
+            missing = [n for n in prerequisites(op, ranks, lowered.num_microbatches)
+                       if n not in done]
             waits = ", ".join(_describe_wait(n, posted) for n in missing)
             lines.append(f"rank {r} stuck at {op} waiting for {waits}")
         raise DeadlockError(

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import simpy
 
 from schedules.contract import Key, p2p_peer, prerequisites, produces
-from schedules.errors import DeadlockError
+from schedules.errors import ConfigError, DeadlockError
 from schedules.ops import Op, OpKind
 from schedules.schedule import Schedule
 from schedules.timeline import COMPUTE_LANE, MemorySample, Span, Timeline
@@ -39,9 +39,12 @@ class Replay:
 
     def __init__(self, env: simpy.Environment, schedule: Schedule, devices: Sequence[str],
                  compute_time: Callable[[Op], float], network: Network,
-                 memory: MemoryModel | None = None):
+                 memory: MemoryModel | None = None,
+                 collective: Callable[[Op, int], simpy.Event] | None = None):
         self.env, self.schedule, self.devices = env, schedule, devices
         self.compute_time, self.network, self.memory = compute_time, network, memory
+        self.collective = collective
+        self.last_collective: dict[tuple[int, str | None], simpy.Event] = {}
         self.done: set[Key] = set()
         self.waiting: dict[Key, simpy.Event] = {}  # events exist only for awaited keys
         self.posted: dict[Key, tuple[int, Op, float]] = {}
@@ -72,7 +75,7 @@ class Replay:
     def _run_rank(self, rank: int):
         env, ranks = self.env, self.schedule.stage_ranks
         for op in self.schedule.programs[rank]:
-            for key in prerequisites(op, ranks):
+            for key in prerequisites(op, ranks, self.schedule.num_microbatches):
                 if key not in self.done:
                     ev = self.waiting.get(key)
                     if ev is None:
@@ -89,6 +92,8 @@ class Replay:
                 self._complete(op)
             elif op.kind.is_p2p:
                 self._post(rank, op)
+            elif op.kind.is_collective:
+                self._start_collective(rank, op)
             self.pc[rank] += 1
 
     def _post(self, rank: int, op: Op) -> None:
@@ -115,6 +120,36 @@ class Replay:
 
         done.callbacks.append(finish)
 
+    def _start_collective(self, rank: int, op: Op) -> None:
+        """Run `op` after this rank's previous collective on the same group (NCCL issue
+        order). The other members are this program rank in the other replicas, which by
+        symmetry post it at the same moment. `collective(op, rank)` returns an event whose
+        value is the span's hover info (algorithm, bus bandwidth, ...)."""
+        if self.collective is None:
+            raise ConfigError(f"rank {rank}: op {op} is a collective, but this replay has no "
+                              "collective model")
+        lane = (rank, op.group)
+        previous = self.last_collective.get(lane)
+        done = self.env.event()
+        self.last_collective[lane] = done
+
+        def start(_event: simpy.Event | None = None) -> None:
+            begin = self.env.now
+            running = self.collective(op, rank)
+
+            def finish(event: simpy.Event) -> None:
+                info = event.value if isinstance(event.value, dict) else None
+                self.spans.append(Span(rank, op.group or "coll", op, begin, self.env.now, info))
+                self._complete(op)
+                done.succeed()
+
+            running.callbacks.append(finish)
+
+        if previous is None or previous.processed:
+            start()
+        else:
+            previous.callbacks.append(start)
+
     def run(self) -> Timeline:
         if self.memory:
             for rank, nbytes in enumerate(self.memory.static):
@@ -133,7 +168,8 @@ class Replay:
             return
         lines = []
         for rank, op in stuck.items():
-            missing = [k for k in prerequisites(op, self.schedule.stage_ranks)
+            missing = [k for k in prerequisites(op, self.schedule.stage_ranks,
+                                                self.schedule.num_microbatches)
                        if k not in self.done]
             waits = ", ".join(f"{s}{k.value}{m}" for k, s, m in missing)
             lines.append(f"rank {rank} stuck at {op} (step {self.pc[rank]}) waiting for {waits}")

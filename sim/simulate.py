@@ -8,25 +8,31 @@ is re-reported through the unit-time dry run, whose rank x step grid marks the s
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import networkx as nx
 import simpy
 
 from schedules.annotate import annotate
+from schedules.data_parallel import add_dp_allreduce
 from schedules.costs import stage_costs
 from schedules.errors import ConfigError, DeadlockError
 from schedules.generators import build_schedule
 from schedules.model import ModelSpec
+from schedules.ops import Op
 from schedules.parallel import ParallelConfig
+from schedules.profile import Profile
 from schedules.schedule import Schedule
 from schedules.timeline import Timeline
 from schedules.validate import check_structure, dry_run
 from topologies import device_of, gpu_nodes
 
 from .cost import DEFAULT_COMPUTE_EFFICIENCY, DEFAULT_MEMORY_EFFICIENCY, RooflineCost, UniformCost
+from .collectives import run_collective
 from .engine import Replay
 from .memory import memory_model
+from .profile_cost import AlphaBetaNetwork, ProfileCost
 from .flows import FlowNetwork
 from .network import InstantNetwork
 
@@ -36,11 +42,13 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class CostOptions:
     """How compute is costed: `uniform` fixes F/B seconds (and zero-cost communication);
-    otherwise a roofline with these efficiencies."""
+    `profile` uses measured times and alpha-beta P2P (sim.profile_cost); otherwise a
+    roofline with these efficiencies."""
 
     uniform: UniformCost | None = None
     compute_efficiency: float = DEFAULT_COMPUTE_EFFICIENCY
     memory_efficiency: float = DEFAULT_MEMORY_EFFICIENCY
+    profile: Profile | None = None  # measured times (sim.profile_cost); overrides the roofline
 
 
 def pipeline_devices(parallel: ParallelConfig, topology: nx.DiGraph) -> list[str]:
@@ -68,6 +76,25 @@ def tp_groups_spanning_hosts(parallel: ParallelConfig, topology: nx.DiGraph) -> 
     return spanning
 
 
+def collective_model(env: simpy.Environment, network, parallel: ParallelConfig,
+                     topology: nx.DiGraph) -> Callable[[Op, int], simpy.Event]:
+    """How the replay runs a collective of pipeline rank r: over the GPUs of r's group
+    (`op.group` axis of the rank grid) on the flow network; instant on InstantNetwork."""
+    gpus = gpu_nodes(topology)
+
+    def run(op: Op, pp_rank: int) -> simpy.Event:
+        if not isinstance(network, FlowNetwork):
+            return env.timeout(0, value=None)
+        group = parallel.group(op.group, parallel.rank(pp=pp_rank))
+        me = group.index(parallel.rank(pp=pp_rank))
+        result = env.event()
+        running = run_collective(env, network, op, [gpus[g] for g in group], ranks=group)
+        running.callbacks.append(lambda ev: result.succeed(dict(ev.value.spans[me].info)))
+        return result
+
+    return run
+
+
 def simulate(model: ModelSpec, parallel: ParallelConfig, topology: nx.DiGraph,
              schedule: Schedule | None = None, costs: CostOptions = CostOptions()) -> Timeline:
     """Simulate one training iteration; `schedule` overrides the one `parallel` names."""
@@ -79,6 +106,8 @@ def simulate(model: ModelSpec, parallel: ParallelConfig, topology: nx.DiGraph,
         raise ConfigError(f"schedule {schedule.name!r} has {schedule.num_ranks} ranks, "
                           f"pp is {parallel.pp}")
     check_structure(schedule)
+    if parallel.dp > 1:
+        schedule = add_dp_allreduce(schedule)
     per_stage = stage_costs(model, parallel, schedule.num_stages)
     lowered = annotate(schedule, per_stage)
     devices = pipeline_devices(parallel, topology)
@@ -86,6 +115,9 @@ def simulate(model: ModelSpec, parallel: ParallelConfig, topology: nx.DiGraph,
     env = simpy.Environment()
     if costs.uniform is not None:
         compute_time, network = costs.uniform, InstantNetwork(env)
+    elif costs.profile is not None:
+        compute_time = ProfileCost.for_model(costs.profile, model, parallel, schedule.num_stages)
+        network = AlphaBetaNetwork(env, costs.profile.p2p.alpha, costs.profile.p2p.beta)
     else:
         rooflines = [RooflineCost(device_of(topology, d), model.dtype, costs.compute_efficiency,
                                   costs.memory_efficiency) for d in devices]
@@ -96,7 +128,8 @@ def simulate(model: ModelSpec, parallel: ParallelConfig, topology: nx.DiGraph,
 
         network = FlowNetwork(env, topology)
     replay = Replay(env, lowered, devices, compute_time, network,
-                    memory_model(lowered, per_stage))
+                    memory_model(lowered, per_stage),
+                    collective_model(env, network, parallel, topology))
     try:
         timeline = replay.run()
     except DeadlockError:
@@ -121,6 +154,7 @@ def simulate(model: ModelSpec, parallel: ParallelConfig, topology: nx.DiGraph,
         "devices": devices, "device_memory_bytes": capacity, "oom_ranks": over,
         "warnings": warnings,
         "cost_model": "uniform" if costs.uniform else
+        f"profile({costs.profile.device})" if costs.profile else
         f"roofline(compute_efficiency={costs.compute_efficiency}, "
         f"memory_efficiency={costs.memory_efficiency})",
     })

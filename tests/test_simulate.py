@@ -45,3 +45,31 @@ def test_tp_group_spanning_nodes_is_reported():
     assert spanning == [list(range(16))]
     timeline = simulate(model, ParallelConfig(tp=16, num_microbatches=1), graph)
     assert any("TP group" in w for w in timeline.meta["warnings"])
+
+
+def test_dp_gradient_allreduce_follows_the_ring_closed_form():
+    """pp=1, dp=2 on one NVSwitch node: after the last backward, one all-reduce of the
+    gradients taking 2(n-1)alpha + 2(n-1)/n * S/B with n = 2, alpha = 2 hops of 1 us."""
+    graph = fat_tree("dgx-h100", num_nodes=1)
+    parallel = ParallelConfig(dp=2, num_microbatches=2)
+    timeline = simulate(MODEL, parallel, graph)
+    reduce = [s for s in timeline.spans if s.op.kind is OpKind.ALL_REDUCE]
+    assert len(reduce) == 1 and reduce[0].lane == "dp"
+    grad_bytes = MODEL.param_count() * 2  # bf16 gradients
+    assert reduce[0].op.nbytes == grad_bytes
+    alpha = path_latency(graph, route(graph, "gpu0", "gpu1"))
+    assert reduce[0].duration == pytest.approx(2 * alpha + grad_bytes / 450e9, rel=1e-9)
+    last_backward = max(s.end for s in timeline.spans if s.op.kind is OpKind.B)
+    assert reduce[0].start == pytest.approx(last_backward)
+    assert reduce[0].info["algorithm"] == "ring"
+
+
+def test_collectives_of_one_rank_run_in_issue_order():
+    parallel = ParallelConfig(pp=2, vpp=2, dp=2, num_microbatches=4, schedule="interleaved-1f1b")
+    timeline = simulate(get_model("gpt3-1.3b"), parallel, fat_tree("dgx-h100", num_nodes=1))
+    for rank in (0, 1):
+        mine = sorted((s for s in timeline.spans
+                       if s.rank == rank and s.op.kind is OpKind.ALL_REDUCE),
+                      key=lambda s: s.start)
+        assert [s.op.stage for s in mine] == [rank + 2, rank]  # chunk 1's backward ends first
+        assert mine[0].end <= mine[1].start

@@ -1,4 +1,19 @@
-"""The same schedules on real devices with torch.distributed (NCCL on GPUs, gloo on CPU),
-returning measured Timelines for calibration. Imports schedules and torch only — never sim
-or topologies (DESIGN.md). The backend itself lands with issue 4; install it with
-`pip install -e '.[kernels]'`."""
+"""The same schedules on real devices with torch.distributed (gloo on CPU, NCCL on GPUs),
+returning measured Timelines. Imports schedules and torch only — never sim or topologies
+(DESIGN.md). Install torch with `pip install -e '.[kernels]'`.
+
+- `run_schedule(schedule, model, parallel, device='cpu', ...)`: one process per rank runs
+  the lowered schedule's ops (real transformer-layer forward/backward, P2P isend/irecv, DP
+  gradient all-reduce) and returns the measured Timeline (`source` 'kernels:cpu' or
+  'kernels:cuda:<device name>'), optionally with the gradients.
+- `run_reference(model, parallel, seed)`: the single-process gradients every pipelined run
+  must reproduce.
+- `KernelsError`: a failed run, naming the rank and the op.
+
+Supported so far: pipeline (any schedule of F/B/I/W with P2P ops) and data parallelism
+(ALL_REDUCE over 'dp'); tp, cp, ep, MoE and fp8 are not (a clear error says so).
+"""
+from .errors import KernelsError
+from .launch import run_reference, run_schedule
+
+__all__ = ["KernelsError", "run_reference", "run_schedule"]

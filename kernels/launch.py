@@ -1,0 +1,268 @@
+"""Run a schedule on real devices, one process per rank, and return the measured Timeline.
+
+`run_schedule` lowers the schedule (P2P ops, costs: schedules.annotate), starts
+parallel.world_size processes (ranks in ParallelConfig's rank order; a rank runs the
+program of its pipeline coordinate), gloo on CPU or NCCL on CUDA, and watches them: a
+rank that raises or dies, or a run that passes `timeout` seconds (a transfer or
+collective that never completes), ends with a KernelsError naming the rank and the op it
+was on, and every rank process is killed — never a hang.
+
+Processes come from a forkserver that has imported torch once, so a run after the first
+starts in well under a second instead of paying torch's import per rank.
+
+`run_reference` computes the gradients of the same model and batch in one process
+(mean loss over the global batch): what every pipelined run must reproduce.
+Units: seconds (Timeline), gradients in the model dtype.
+"""
+from __future__ import annotations
+
+import io
+import multiprocessing as mp
+import queue
+import socket
+import time
+from typing import Any
+
+import torch
+
+from schedules.annotate import annotate
+from schedules.costs import stage_costs
+from schedules.errors import ConfigError
+from schedules.model import ModelSpec
+from schedules.ops import OpKind
+from schedules.parallel import ParallelConfig
+from schedules.schedule import Schedule
+from schedules.timeline import Timeline
+from schedules.validate import validate
+
+from .errors import KernelsError
+from .split_backward import EXACT_SPLIT
+from .stage import build_stages, named_parameters, token_batch
+from .worker import STARTUP, Job, describe_progress, run_rank
+
+SUPPORTED_KINDS = frozenset({OpKind.F, OpKind.B, OpKind.I, OpKind.W, OpKind.SEND_F,
+                             OpKind.RECV_F, OpKind.SEND_B, OpKind.RECV_B, OpKind.ALL_REDUCE})
+_POLL_S = 0.05
+_DEATH_GRACE_S = 0.5  # after a rank's error, how long to look for a peer that died first
+_ERROR_GRACE_S = 2.0  # after a rank dies, how long to wait for its error message
+_MAIN_GUARD_HINT = (" (rank processes start by importing the caller's main module: a script "
+                    "that calls run_schedule needs an `if __name__ == '__main__':` guard)")
+
+
+def _check(schedule: Schedule, model: ModelSpec, parallel: ParallelConfig, device: str,
+           check: bool, iterations: int, warmup_iterations: int, timeout: float) -> None:
+    if device not in ("cpu", "cuda"):
+        raise ConfigError(f"device={device!r} must be 'cpu' or 'cuda'")
+    if iterations < 1 or warmup_iterations < 0:
+        raise ConfigError(f"iterations must be >= 1 and warmup_iterations >= 0, got "
+                          f"{iterations} and {warmup_iterations}")
+    if not timeout > 0:
+        raise ConfigError(f"timeout must be > 0 seconds, got {timeout!r}")
+    if schedule.num_ranks != parallel.pp:
+        raise ConfigError(f"schedule {schedule.name!r} has {schedule.num_ranks} pipeline "
+                          f"ranks, pp is {parallel.pp}")
+    if schedule.num_microbatches != parallel.num_microbatches:
+        raise ConfigError(f"schedule {schedule.name!r} has {schedule.num_microbatches} "
+                          f"microbatches, the parallel config {parallel.num_microbatches}")
+    for axis in ("tp", "cp", "ep"):
+        if getattr(parallel, axis) != 1:
+            raise KernelsError(f"{axis}={getattr(parallel, axis)}: the kernels backend runs "
+                               f"pipeline and data parallelism only so far ({axis} must be 1)")
+    for op in schedule.ops():
+        if op.kind not in SUPPORTED_KINDS or (op.kind is OpKind.ALL_REDUCE and op.group != "dp"):
+            raise KernelsError(f"op {op} ({op.kind.value}, group {op.group}) is not supported "
+                               f"by the kernels backend", op=str(op))
+    if check:
+        validate(schedule)  # ConfigError / DeadlockError with the rank x step grid
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise KernelsError("device='cuda' but torch sees no CUDA device "
+                               f"(torch {torch.__version__})")
+        count = torch.cuda.device_count()
+        if parallel.world_size > count:
+            raise KernelsError(
+                f"{parallel.world_size} ranks need {parallel.world_size} GPUs, this host has "
+                f"{count}: one GPU cannot run NCCL between ranks (NCCL fails with "
+                f"'Duplicate GPU'); run world size 1, or use device='cpu' (gloo)")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _context() -> Any:
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["kernels.worker"])
+    return ctx
+
+
+def run_schedule(schedule: Schedule, model: ModelSpec, parallel: ParallelConfig,
+                 device: str = "cpu", seed: int = 0, timeout: float = 120.0,
+                 warmup_iterations: int = 1, iterations: int = 1, return_grads: bool = False,
+                 check: bool = True) -> Timeline | tuple[Timeline, dict[str, torch.Tensor]]:
+    """Execute `schedule` for real and return its measured Timeline (and, with
+    `return_grads`, the gradients by parameter name, gathered from DP replica 0).
+
+    Runs `warmup_iterations` untimed then `iterations` timed iterations (no optimizer
+    step, so every iteration computes the same gradients); the Timeline is the iteration
+    with the median time, and meta['iteration_times'] lists all of them. `check` validates
+    the schedule first (structure + deadlock dry run). `timeout` bounds the whole run in
+    seconds (start-up included). Raises KernelsError on failure, ConfigError on bad input.
+
+    Like torch.multiprocessing.spawn, rank processes import the caller's main module, so
+    a script calling this needs an `if __name__ == '__main__':` guard.
+    """
+    if getattr(mp.current_process(), "_inheriting", False):
+        raise KernelsError("run_schedule was called while a rank process imported the main "
+                           "module: guard the script's entry with `if __name__ == '__main__':`")
+    _check(schedule, model, parallel, device, check, iterations, warmup_iterations, timeout)
+    lowered = annotate(schedule, stage_costs(model, parallel, schedule.num_stages))
+    job = Job(lowered, model, parallel, device, seed, float(timeout), warmup_iterations,
+              iterations, return_grads, _free_port())
+    payloads = _launch(job)
+    timeline = merge_timeline(payloads, job)
+    if return_grads:
+        return timeline, gather_grads(payloads, parallel)
+    return timeline
+
+
+def _launch(job: Job) -> dict[int, dict]:
+    """Start the rank processes and collect their payloads, or raise KernelsError."""
+    ctx = _context()
+    world = job.parallel.world_size
+    results = ctx.Queue()
+    progress = ctx.Array("i", [STARTUP] * (2 * world), lock=False)
+    procs = [ctx.Process(target=run_rank, args=(r, job, results, progress), daemon=True,
+                         name=f"clustersim-rank-{r}") for r in range(world)]
+    deadline = time.monotonic() + job.timeout
+    try:
+        for p in procs:
+            p.start()
+        return _collect(job, procs, results, progress, deadline)
+    finally:
+        started = [p for p in procs if p.pid is not None]
+        for p in started:
+            if p.is_alive():
+                p.kill()
+        for p in started:
+            p.join(timeout=5)
+        results.close()
+
+
+def _collect(job: Job, procs: list, results: Any, progress: Any, deadline: float) -> dict:
+    payloads: dict[int, dict] = {}
+    dead_since: float | None = None
+    while len(payloads) < len(procs):
+        now = time.monotonic()
+        if now >= deadline:
+            raise KernelsError(f"run timed out after {job.timeout:g} s: a transfer or "
+                               f"collective never completed (a deadlocked schedule, or a "
+                               f"stalled rank): " + _where_stuck(job, progress, payloads))
+        try:
+            message = results.get(timeout=min(_POLL_S, deadline - now))
+        except queue.Empty:
+            dead = [r for r, p in enumerate(procs)
+                    if r not in payloads and p.exitcode not in (None, 0)]
+            if dead:
+                dead_since = dead_since or now
+                if now - dead_since > _ERROR_GRACE_S:
+                    r = dead[0]
+                    hint = _MAIN_GUARD_HINT if progress[2 * r] == STARTUP else ""
+                    raise KernelsError(
+                        f"rank {r} died (exit code {procs[r].exitcode}) while "
+                        f"{_where(job, r, progress)}; "
+                        + _where_stuck(job, progress, {**payloads, r: {}}) + hint, rank=r)
+            continue
+        if message[0] == "error":
+            _, rank, op, text, tb = message
+            _wait_for_deaths(procs, rank, _DEATH_GRACE_S)  # a peer's death often is the cause
+            dead = "".join(f"; rank {r} had died (exit code {p.exitcode})"
+                           for r, p in enumerate(procs) if p.exitcode not in (None, 0, 1))
+            raise KernelsError(f"rank {rank} (pipeline rank {job.parallel.coords(rank)['pp']}) "
+                               f"failed on {op}: {text}{dead}", rank=rank, op=op, details=tb)
+        payloads[message[1]] = message[2]
+    return payloads
+
+
+def _wait_for_deaths(procs: list, failed: int, grace: float) -> None:
+    """Poll up to `grace` seconds for a rank other than `failed` to have been killed."""
+    end = time.monotonic() + grace
+    while time.monotonic() < end:
+        if any(p.exitcode not in (None, 0, 1) for r, p in enumerate(procs) if r != failed):
+            return
+        time.sleep(0.02)
+
+
+def _where(job: Job, rank: int, progress: Any) -> str:
+    program = job.schedule.programs[job.parallel.coords(rank)["pp"]]
+    return describe_progress(program, job.warmup_iterations + job.iterations,
+                             progress[2 * rank], progress[2 * rank + 1])
+
+
+def _where_stuck(job: Job, progress: Any, finished: dict) -> str:
+    return "; ".join(f"rank {r} {_where(job, r, progress)}"
+                     for r in range(job.parallel.world_size) if r not in finished)
+
+
+def merge_timeline(payloads: dict[int, dict], job: Job) -> Timeline:
+    """One Timeline from every rank's spans: the measured iteration with the median time,
+    times in seconds from the earliest post-barrier t0 of that iteration."""
+    count = len(next(iter(payloads.values()))["iterations"])
+    times, origins = [], []
+    for i in range(count):
+        its = [p["iterations"][i] for p in payloads.values()]
+        origin = min(it["t0"] for it in its)
+        spans = [s for it in its for s in it["spans"]]
+        times.append(max(s["end"] for s in spans) - min(s["start"] for s in spans))
+        origins.append(origin)
+    chosen = sorted(range(count), key=times.__getitem__)[(count - 1) // 2]
+    spans, memory = [], []
+    for rank, payload in sorted(payloads.items()):
+        it = payload["iterations"][chosen]
+        origin = origins[chosen]
+        spans += [{**s, "start": s["start"] - origin, "end": s["end"] - origin}
+                  for s in it["spans"]]
+        memory += [[rank, t - origin, n] for t, n in it["memory"]]
+    spans.sort(key=lambda s: (s["start"], s["rank"]))
+    name = next(iter(payloads.values()))["device_name"]
+    source = "kernels:cpu" if job.device == "cpu" else f"kernels:cuda:{name}"
+    s, p = job.schedule, job.parallel
+    meta = {
+        "schedule": s.name, "pp": p.pp, "vpp": s.stages_per_rank, "dp": p.dp, "tp": p.tp,
+        "microbatches": s.num_microbatches, "model": job.model.name or "custom",
+        "dtype": job.model.dtype, "device": name,
+        "backend": "nccl" if job.device == "cuda" else "gloo",
+        "torch": torch.__version__, "seed": job.seed,
+        "warmup_iterations": job.warmup_iterations, "iteration_times": times,
+        "selected_iteration": chosen,
+        "limits": ([] if EXACT_SPLIT else ["W re-traverses the activation-gradient chain "
+                                           "(old torch): W times are overstated"])
+        + (["gloo: CPU timings calibrate only this CPU and gloo"] if job.device == "cpu" else []),
+    }
+    return Timeline.from_dict({"source": source, "meta": meta, "spans": spans,
+                               "memory": memory})
+
+
+def gather_grads(payloads: dict[int, dict], parallel: ParallelConfig) -> dict[str, torch.Tensor]:
+    """Gradients by parameter name from the ranks of DP replica 0; copies of a tied
+    embedding on the first and last stage are summed (Megatron's embedding all-reduce)."""
+    grads: dict[str, torch.Tensor] = {}
+    for rank, payload in sorted(payloads.items()):
+        if parallel.coords(rank)["dp"] != 0 or payload["grads"] is None:
+            continue
+        for name, g in torch.load(io.BytesIO(payload["grads"])).items():
+            grads[name] = grads[name] + g if name in grads else g
+    return grads
+
+
+def run_reference(model: ModelSpec, parallel: ParallelConfig, seed: int = 0,
+                  device: str = "cpu") -> dict[str, torch.Tensor]:
+    """Gradients of the mean loss over the global batch (micro_batch_size *
+    num_microbatches * dp sequences) for the whole model in this process, by name."""
+    module = build_stages(model, [0], 1, seed, device)[0]
+    tokens, labels = token_batch(model, parallel.global_batch_size, seed, device)
+    module(tokens, labels).backward()
+    return {name: p.grad.detach().cpu() for name, p in named_parameters({0: module}).items()}
+

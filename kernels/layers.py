@@ -1,0 +1,225 @@
+"""Megatron-style transformer-layer shards in torch, at a ModelSpec's shapes.
+
+Activations are batch-first `(b, s, h)`: b micro-batch, s sequence, h hidden (elements of
+the model dtype). A layer is pre-norm attention (QKV projection with grouped-query
+attention, causal `scaled_dot_product_attention`, output projection) then a pre-norm MLP
+(GeLU, or SwiGLU), each with a residual connection, as in Megatron-LM's
+`TransformerLayer`. There is no dropout, so runs are deterministic.
+
+Tensor parallelism (Shoeybi et al. 2019, "Megatron-LM"): `ColumnParallelLinear` splits
+the output features over `tp_size` ranks, `RowParallelLinear` the input features; the
+pair needs one all-reduce in the forward (after the row-parallel GEMM) and one in the
+backward (before the column-parallel one). The shapes and shards are implemented here;
+the communication is the seam `_tp_copy` / `_tp_reduce`, identity at tp=1, and raises at
+tp>1 until TP communication lands.
+
+Every parameter carries its *full* (unsharded) shape, the dimension it is sharded along
+and its init rule, so `init_parameters` can draw the full tensor from a generator seeded by
+(seed, parameter name) and keep this rank's shard: every rank, every pipeline split and
+the single-process reference build bit-identical weights.
+"""
+from __future__ import annotations
+
+import zlib
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from schedules.model import ModelSpec
+
+INIT_STD = 0.02  # Megatron-LM's --init-method-std default
+NORM_EPS = 1e-5
+ROPE_BASE = 10000.0
+
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def torch_dtype(spec: ModelSpec) -> torch.dtype:
+    """The torch dtype of the model's parameters and activations (fp8 is not supported)."""
+    if spec.dtype not in TORCH_DTYPES:
+        raise ValueError(f"dtype={spec.dtype!r} is not supported by the kernels backend: "
+                         f"use one of {', '.join(TORCH_DTYPES)}")
+    return TORCH_DTYPES[spec.dtype]
+
+
+def sharded_parameter(full_shape: tuple[int, ...], init: str, tp_size: int = 1,
+                      shard_dim: int | None = None) -> nn.Parameter:
+    """A parameter holding one TP shard of a `full_shape` tensor; init is normal|zeros|ones."""
+    shape = list(full_shape)
+    if shard_dim is not None:
+        if shape[shard_dim] % tp_size:
+            raise ValueError(f"dimension {shape[shard_dim]} is not divisible by tp={tp_size}")
+        shape[shard_dim] //= tp_size
+    p = nn.Parameter(torch.empty(shape))
+    p.full_shape, p.shard_dim, p.init = tuple(full_shape), shard_dim, init
+    return p
+
+
+def _tp_copy(x: torch.Tensor, tp_size: int) -> torch.Tensor:
+    """Input of a column-parallel linear: identity forward, all-reduce of the gradient."""
+    if tp_size > 1:
+        raise NotImplementedError("tensor-parallel communication is not implemented yet (tp > 1)")
+    return x
+
+
+def _tp_reduce(x: torch.Tensor, tp_size: int) -> torch.Tensor:
+    """Output of a row-parallel linear: all-reduce forward, identity backward."""
+    if tp_size > 1:
+        raise NotImplementedError("tensor-parallel communication is not implemented yet (tp > 1)")
+    return x
+
+
+class ColumnParallelLinear(nn.Module):
+    """y = x A^T + b with A's output features split over `tp_size` ranks (this is shard
+    `tp_rank`); the output stays split (no gather), as Megatron feeds it to a row linear."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, tp_size: int = 1,
+                 tp_rank: int = 0):
+        super().__init__()
+        self.tp_size, self.tp_rank = tp_size, tp_rank
+        self.weight = sharded_parameter((out_features, in_features), "normal", tp_size, 0)
+        self.bias = sharded_parameter((out_features,), "zeros", tp_size, 0) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(_tp_copy(x, self.tp_size), self.weight, self.bias)
+
+
+class RowParallelLinear(nn.Module):
+    """y = x A^T + b with A's input features split over `tp_size` ranks; the partial sums
+    are all-reduced over the TP group and the (unsplit) bias added once after."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, tp_size: int = 1,
+                 tp_rank: int = 0):
+        super().__init__()
+        self.tp_size, self.tp_rank = tp_size, tp_rank
+        self.weight = sharded_parameter((out_features, in_features), "normal", tp_size, 1)
+        self.bias = sharded_parameter((out_features,), "zeros") if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = _tp_reduce(F.linear(x, self.weight), self.tp_size)
+        return y if self.bias is None else y + self.bias
+
+
+class Norm(nn.Module):
+    """LayerNorm (weight and bias) or RMSNorm (weight only), eps 1e-5, over the last dim."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        h = spec.hidden_size
+        self.rms = spec.normalization == "RMSNorm"
+        self.weight = sharded_parameter((h,), "ones")
+        self.bias = None if self.rms else sharded_parameter((h,), "zeros")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.rms:
+            return F.rms_norm(x, x.shape[-1:], self.weight, NORM_EPS)
+        return F.layer_norm(x, x.shape[-1:], self.weight, self.bias, NORM_EPS)
+
+
+def rotary(x: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding (Su et al. 2021; Megatron's rotate-half form) of
+    `x` shaped (b, heads, s, d), base 10000."""
+    d, s = x.shape[-1], x.shape[-2]
+    inv_freq = 1.0 / ROPE_BASE ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)
+    angles = torch.outer(torch.arange(s, device=x.device, dtype=torch.float32), inv_freq)
+    angles = torch.cat((angles, angles), dim=-1)
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+class Attention(nn.Module):
+    """Causal self-attention with num_query_groups K/V heads (GQA), heads split over TP."""
+
+    def __init__(self, spec: ModelSpec, tp_size: int = 1, tp_rank: int = 0):
+        super().__init__()
+        h, a, g = spec.hidden_size, spec.num_attention_heads, spec.num_query_groups
+        if a % tp_size or g % tp_size:
+            raise ValueError(f"heads={a} and query groups={g} must be divisible by tp={tp_size}")
+        self.head_dim = h // a
+        self.heads, self.groups = a // tp_size, g // tp_size
+        self.rope = spec.position_embedding_type == "rope"
+        bias = spec.add_bias_linear
+        # Q, K and V of one rank's heads; separate linears keep each TP shard's Q/K/V whole
+        self.query = ColumnParallelLinear(h, h, bias, tp_size, tp_rank)
+        self.key = ColumnParallelLinear(h, spec.kv_hidden_size, bias, tp_size, tp_rank)
+        self.value = ColumnParallelLinear(h, spec.kv_hidden_size, bias, tp_size, tp_rank)
+        self.proj = RowParallelLinear(h, h, bias, tp_size, tp_rank)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q = self.query(x).view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        k = self.key(x).view(b, s, self.groups, self.head_dim).transpose(1, 2)
+        v = self.value(x).view(b, s, self.groups, self.head_dim).transpose(1, 2)
+        if self.rope:
+            q, k = rotary(q), rotary(k)
+        if self.groups != self.heads:
+            k = k.repeat_interleave(self.heads // self.groups, dim=1)
+            v = v.repeat_interleave(self.heads // self.groups, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(out.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    """h -> f -> h with GeLU, or SwiGLU (silu(gate) * up) when spec.swiglu."""
+
+    def __init__(self, spec: ModelSpec, tp_size: int = 1, tp_rank: int = 0):
+        super().__init__()
+        h, f, bias = spec.hidden_size, spec.ffn_hidden_size, spec.add_bias_linear
+        self.swiglu = spec.swiglu
+        self.fc1 = ColumnParallelLinear(h, f, bias, tp_size, tp_rank)
+        self.gate = ColumnParallelLinear(h, f, bias, tp_size, tp_rank) if spec.swiglu else None
+        self.fc2 = RowParallelLinear(f, h, bias, tp_size, tp_rank)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.swiglu:
+            return self.fc2(F.silu(self.gate(x)) * self.fc1(x))
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class TransformerLayer(nn.Module):
+    """x + attn(norm(x)), then + mlp(norm(.)): one decoder layer (dense; MoE unsupported)."""
+
+    def __init__(self, spec: ModelSpec, tp_size: int = 1, tp_rank: int = 0):
+        super().__init__()
+        if spec.is_moe:
+            raise ValueError("mixture-of-experts layers are not implemented in the kernels "
+                             "backend (num_experts is set)")
+        self.input_norm = Norm(spec)
+        self.attention = Attention(spec, tp_size, tp_rank)
+        self.mlp_norm = Norm(spec)
+        self.mlp = MLP(spec, tp_size, tp_rank)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.input_norm(x))
+        return x + self.mlp(self.mlp_norm(x))
+
+
+def seed_for(seed: int, name: str) -> int:
+    return (seed * 1_000_003 + zlib.crc32(name.encode())) % (2 ** 63)
+
+
+@torch.no_grad()
+def init_parameters(module: nn.Module, seed: int, tp_rank: int = 0) -> None:
+    """Fill every parameter from a generator seeded by (seed, its name): draw the full
+    tensor (normal(0, 0.02), zeros or ones) and keep shard `tp_rank` along its shard dim."""
+    for name, p in module.named_parameters():
+        rule = getattr(p, "init", "normal")
+        full_shape = getattr(p, "full_shape", tuple(p.shape))
+        if rule == "normal":
+            gen = torch.Generator().manual_seed(seed_for(seed, name))
+            full = torch.randn(full_shape, generator=gen) * INIT_STD
+        else:
+            full = (torch.ones if rule == "ones" else torch.zeros)(full_shape)
+        dim = getattr(p, "shard_dim", None)
+        if dim is not None and p.shape[dim] != full_shape[dim]:
+            size = p.shape[dim]
+            full = full.narrow(dim, tp_rank * size, size)
+        p.copy_(full.to(p.dtype))
+
+
+def count_parameters(module: nn.Module) -> int:
+    """Elements of the module's (unique) parameters."""
+    return sum(p.numel() for p in module.parameters())
+

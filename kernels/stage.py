@@ -1,0 +1,131 @@
+"""One pipeline stage (model chunk) of a ModelSpec as a torch module, and the token batch.
+
+Split (the same as schedules.costs, Megatron-LM's default): num_layers / num_stages
+contiguous layers per stage; stage 0 also holds the word embedding (+ learned absolute
+positions), the last stage the final norm, the output layer and the cross-entropy loss.
+With tied embeddings (Megatron's default) the last stage keeps its own copy of the word
+embedding under the same name, `word_embeddings.weight`; the true gradient of the shared
+weight is the sum of the copies' gradients (Megatron all-reduces them over its embedding
+group; `launch.gather_grads` sums them by name).
+
+Parameter names are global (`layers.5.mlp.fc1.weight`), so a stage's parameters are
+named exactly as in the single-stage reference model. Tokens are int64 ids; the loss is
+the mean cross-entropy over the micro-batch's b*s tokens (fp32 logits).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from schedules.model import ModelSpec
+
+from .layers import (Norm, TransformerLayer, init_parameters, seed_for, sharded_parameter,
+                     torch_dtype)
+
+
+def layer_range(spec: ModelSpec, stage: int, num_stages: int) -> range:
+    """Global indices of the layers of `stage` (contiguous, num_layers / num_stages each)."""
+    if spec.num_layers % num_stages:
+        raise ValueError(f"num_layers={spec.num_layers} is not divisible by "
+                         f"num_stages={num_stages}")
+    per = spec.num_layers // num_stages
+    return range(stage * per, (stage + 1) * per)
+
+
+class Embedding(nn.Module):
+    """A (rows, h) lookup table, normal(0, 0.02) init (vocab-parallel split: not yet)."""
+
+    def __init__(self, rows: int, hidden: int):
+        super().__init__()
+        self.weight = sharded_parameter((rows, hidden), "normal")
+
+
+class StageModule(nn.Module):
+    """Stage `stage` of `num_stages`: forward(x, labels) maps token ids (stage 0) or the
+    previous stage's activation (b, s, h) to this stage's activation, or, on the last
+    stage, to the scalar mean loss over the micro-batch."""
+
+    def __init__(self, spec: ModelSpec, stage: int, num_stages: int, tp_size: int = 1,
+                 tp_rank: int = 0):
+        super().__init__()
+        if not 0 <= stage < num_stages:
+            raise ValueError(f"stage={stage} out of range 0..{num_stages - 1}")
+        self.spec, self.stage, self.num_stages = spec, stage, num_stages
+        self.first, self.last = stage == 0, stage == num_stages - 1
+        h, v = spec.hidden_size, spec.vocab_size
+        tied = not spec.untie_embeddings_and_output_weights
+        if self.first or (self.last and tied):
+            self.word_embeddings = Embedding(v, h)
+        if self.first and spec.position_embedding_type == "learned_absolute":
+            self.position_embeddings = Embedding(spec.seq_length, h)
+        self.layers = nn.ModuleDict({
+            str(i): TransformerLayer(spec, tp_size, tp_rank)
+            for i in layer_range(spec, stage, num_stages)})
+        if self.last:
+            self.final_norm = Norm(spec)
+            if not tied:
+                self.output_layer = Embedding(v, h)  # (V, h) projection, no bias
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        if self.first:
+            tokens = x
+            x = F.embedding(tokens, self.word_embeddings.weight)
+            if hasattr(self, "position_embeddings"):
+                x = x + self.position_embeddings.weight[: tokens.shape[1]]
+        for layer in self.layers.values():
+            x = layer(x)
+        if not self.last:
+            return x
+        x = self.final_norm(x)
+        head = self.output_layer if hasattr(self, "output_layer") else self.word_embeddings
+        logits = F.linear(x, head.weight).float()
+        if labels is None:
+            raise ValueError(f"stage {self.stage} is the last stage: it needs labels")
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+
+
+def build_stages(spec: ModelSpec, stages: list[int], num_stages: int, seed: int,
+                 device: torch.device | str = "cpu", tp_size: int = 1,
+                 tp_rank: int = 0) -> dict[int, StageModule]:
+    """The modules of the stages one rank holds, initialised from `seed` and placed on
+    `device` in the model dtype. When the rank holds both the first and the last stage of
+    a tied model, the two share one word-embedding module (as one model would)."""
+    modules = {}
+    for s in stages:
+        module = StageModule(spec, s, num_stages, tp_size, tp_rank)
+        init_parameters(module, seed, tp_rank)
+        modules[s] = module.to(device=device, dtype=torch_dtype(spec))
+    first, last = 0, num_stages - 1
+    if (first in modules and last in modules and first != last
+            and not spec.untie_embeddings_and_output_weights):
+        modules[last].word_embeddings = modules[first].word_embeddings
+    return modules
+
+
+def named_parameters(modules: dict[int, StageModule]) -> dict[str, nn.Parameter]:
+    """Global name -> parameter over a rank's stage modules (a shared one listed once)."""
+    out: dict[str, nn.Parameter] = {}
+    for module in modules.values():
+        for name, p in module.named_parameters():
+            out.setdefault(name, p)
+    return out
+
+
+def token_batch(spec: ModelSpec, global_batch: int, seed: int,
+                device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs, labels), each (global_batch, seq_length) int64: random ids drawn from a
+    generator seeded by `seed`, labels the inputs shifted by one token."""
+    gen = torch.Generator().manual_seed(seed_for(seed, "data"))
+    tokens = torch.randint(0, spec.vocab_size, (global_batch, spec.seq_length + 1), generator=gen)
+    return tokens[:, :-1].contiguous().to(device), tokens[:, 1:].contiguous().to(device)
+
+
+def microbatch_rows(dp_rank: int, microbatch: int, micro_batch_size: int,
+                    num_microbatches: int) -> slice:
+    """Rows of the global batch that DP replica `dp_rank` uses for `microbatch`: replica d
+    owns rows [d*M*b, (d+1)*M*b), microbatch m the m-th b of them."""
+    if not 0 <= microbatch < num_microbatches:
+        raise IndexError(f"microbatch {microbatch} out of range 0..{num_microbatches - 1}")
+    start = (dp_rank * num_microbatches + microbatch) * micro_batch_size
+    return slice(start, start + micro_batch_size)

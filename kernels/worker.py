@@ -1,0 +1,163 @@
+"""The body of one rank process: join the process group, build this rank's stages, run
+the program for warm-up + measured iterations, and report spans and gradients.
+
+Messages to the parent (one per rank, on a multiprocessing queue):
+- ('ok', rank, payload): payload = {'iterations': [{'t0', 'spans', 'memory'}, ...],
+  'grads': bytes of torch.save({name: grad}) or None, 'device_name': str};
+- ('error', rank, op text or phase, message, traceback).
+`progress[2*rank : 2*rank+2]` = (iteration, op index) says where a rank is, so the parent
+can name a stuck op: iteration -1 = starting up, N = at the final barrier; index -1 =
+at the barrier before the program, len(program) = completing comm after it.
+Times are perf_counter seconds (CLOCK_MONOTONIC, shared by all processes of a host).
+"""
+from __future__ import annotations
+
+import datetime
+import io
+import os
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from schedules.model import ModelSpec
+from schedules.parallel import ParallelConfig
+from schedules.schedule import Schedule
+
+from .executor import RankExecutor, RankSetup
+from .stage import build_stages, named_parameters, token_batch
+from .timing import make_clock
+
+BEFORE_PROGRAM = -1
+STARTUP = -1
+
+
+def describe_progress(program: list, iterations: int, iteration: int, index: int) -> str:
+    """Where a rank is, in words, from its (iteration, op index) progress pair."""
+    if iteration == STARTUP:
+        return "starting up (joining the process group, building its stages)"
+    if iteration >= iterations:
+        return "at the final barrier (done with its program)"
+    of = f"iteration {iteration + 1} of {iterations}"
+    if index == BEFORE_PROGRAM:
+        return f"at the barrier before {of}"
+    if index >= len(program):
+        return f"completing its comm ops after its program ({of})"
+    return f"on op {program[index]} (step {index} of {len(program)}, {of})"
+
+
+@dataclass(frozen=True)
+class Job:
+    """Everything a rank needs, picklable: the lowered schedule and the run's settings."""
+
+    schedule: Schedule
+    model: ModelSpec
+    parallel: ParallelConfig
+    device: str  # 'cpu' or 'cuda'
+    seed: int
+    timeout: float
+    warmup_iterations: int
+    iterations: int
+    return_grads: bool
+    master_port: int
+
+
+def _groups(parallel: ParallelConfig, rank: int, timeout: datetime.timedelta) -> dict[str, Any]:
+    """Process groups: one per DP group (every rank creates every group, in the same
+    order, as torch.distributed requires), and one world group per P2P direction."""
+    groups: dict[str, Any] = {}
+    seen: list[tuple[int, ...]] = []
+    for r in range(parallel.world_size):
+        members = tuple(parallel.group("dp", r))
+        if members not in seen:
+            seen.append(members)
+            group = dist.new_group(list(members), timeout=timeout)
+            if rank in members:
+                groups["dp"] = group
+    world = list(range(parallel.world_size))
+    groups["p2p_f"] = dist.new_group(world, timeout=timeout) if parallel.pp > 1 else None
+    groups["p2p_b"] = dist.new_group(world, timeout=timeout) if parallel.pp > 1 else None
+    return groups
+
+
+def _setup_device(job: Job, rank: int) -> torch.device:
+    if job.device == "cuda":
+        device = torch.device("cuda", rank)
+        torch.cuda.set_device(device)
+        return device
+    return torch.device("cpu")
+
+
+def run_rank(rank: int, job: Job, results: Any, progress: Any) -> None:
+    """Process entry point (top level, so the multiprocessing context can pickle it)."""
+    where = "startup"
+    try:
+        torch.set_num_threads(1)
+        progress[2 * rank], progress[2 * rank + 1] = STARTUP, BEFORE_PROGRAM
+        os.environ["MASTER_ADDR"] = "127.0.0.1"
+        os.environ["MASTER_PORT"] = str(job.master_port)
+        device = _setup_device(job, rank)
+        timeout = datetime.timedelta(seconds=job.timeout)
+        where = "joining the process group"
+        dist.init_process_group("nccl" if job.device == "cuda" else "gloo", rank=rank,
+                                world_size=job.parallel.world_size, timeout=timeout)
+        groups = _groups(job.parallel, rank, timeout)
+        where = "building its stages"
+        payload = _run(rank, job, device, groups, progress)
+        where = "the final barrier"
+        dist.barrier()
+        dist.destroy_process_group()
+        results.put(("ok", rank, payload))
+    except BaseException as exc:  # noqa: BLE001 (reported to the parent, then exit)
+        op = getattr(exc, "_kernels_op", None) or where
+        results.put(("error", rank, op, f"{type(exc).__name__}: {exc}",
+                     traceback.format_exc()))
+        results.close()
+        results.join_thread()
+        os._exit(1)  # skip process-group teardown, which could block on dead peers
+
+
+def _run(rank: int, job: Job, device: torch.device, groups: dict, progress: Any) -> dict:
+    coords = job.parallel.coords(rank)
+    schedule = job.schedule
+    pipeline_rank = coords["pp"]
+    stages = [s for s in range(schedule.num_stages) if schedule.rank_of_stage(s) == pipeline_rank]
+    modules = build_stages(job.model, stages, schedule.num_stages, job.seed, device)
+    tokens, labels = token_batch(job.model, job.parallel.global_batch_size, job.seed, device)
+    setup = RankSetup(rank=rank, pipeline_rank=pipeline_rank, dp_rank=coords["dp"],
+                      pp_ranks=job.parallel.group("pp", rank), groups=groups,
+                      dp_size=job.parallel.dp, timeout=job.timeout)
+    clock = make_clock(device)
+
+    def on_op(index: int) -> None:
+        progress[2 * rank + 1] = index
+
+    executor = RankExecutor(schedule, modules, setup, tokens, labels, clock, on_op)
+    params = named_parameters(modules)
+    iterations = []
+    total = job.warmup_iterations + job.iterations
+    for i in range(total):
+        for p in params.values():
+            p.grad = None
+        progress[2 * rank], progress[2 * rank + 1] = i, BEFORE_PROGRAM
+        dist.barrier()
+        t0 = clock.reset()
+        try:
+            executor.run_iteration()
+        except BaseException as exc:
+            exc._kernels_op = str(executor.current) if executor.current else "draining comm"
+            raise
+        if i >= job.warmup_iterations:
+            spans, memory = executor.resolve()
+            iterations.append({"t0": t0, "spans": spans, "memory": memory})
+    progress[2 * rank] = total
+    grads = None
+    if job.return_grads:
+        buffer = io.BytesIO()
+        torch.save({name: p.grad.detach().cpu() for name, p in params.items()
+                    if p.grad is not None}, buffer)
+        grads = buffer.getvalue()
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    return {"iterations": iterations, "grads": grads, "device_name": name}

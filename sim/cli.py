@@ -1,4 +1,4 @@
-"""The `clustersim` command line: simulate, show, compare.
+"""The `clustersim` command line: simulate, show, compare; calibrate and run on hardware.
 
 Every error a user can cause ends in one `clustersim: error: ...` line (a deadlock adds
 its rank x step report) and a non-zero exit, never a traceback.
@@ -12,7 +12,7 @@ import sys
 from schedules.errors import ClustersimError, DeadlockError
 from topologies import TopologyError
 
-from . import collective_cli, commands
+from . import collective_cli, commands, hardware_cli
 
 EXIT_USAGE, EXIT_DEADLOCK = 2, 3
 
@@ -67,6 +67,9 @@ def _add_cluster_flags(p: argparse.ArgumentParser) -> None:
                    help="fraction of dense peak FLOP/s reached by compute (default 0.6)")
     g.add_argument("--memory-efficiency", type=float,
                    help="fraction of HBM bandwidth reached (default 0.8)")
+    g.add_argument("--profile", metavar="PATH",
+                   help="measured compute and P2P times from `clustersim calibrate` instead "
+                        "of the roofline (the topology then only places ranks)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -101,8 +104,15 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--with-p2p", action="store_true",
                       help="include SEND/RECV ops (text and torch-csv formats)")
 
-    cmp = sub.add_parser("compare", help="simulate several schedules side by side",
-                         description="Simulate several schedules on the same model and cluster.")
+    cmp = sub.add_parser(
+        "compare", help="simulate several schedules side by side, or compare two Timelines",
+        description="Without files: simulate several schedules on the same model and cluster. "
+                    "With two Timeline JSON files (`compare sim.json measured.json`): print "
+                    "the iteration-time error and per-op-kind mean duration errors of A "
+                    "against B, and with -o write both Gantt charts stacked.")
+    cmp.add_argument("timelines", nargs="*", metavar="TIMELINE.json",
+                     help="two Timeline JSON files A B (from --timeline-json of simulate or "
+                          "run); B is the reference")
     cmp.add_argument("--schedules", default="gpipe,1f1b,interleaved-1f1b",
                      help="comma-separated; NAME:V sets vpp, e.g. interleaved-1f1b:4")
     _add_parallel_flags(cmp, with_schedule=False)
@@ -111,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("-o", "--output", help="HTML with the Gantt charts stacked")
     cmp.add_argument("--json", action="store_true", help="print the table as JSON")
 
+    hardware_cli.add_parsers(sub, _add_model_flags, _add_parallel_flags)
     sub.add_parser("models", help="list model presets")
     sub.add_parser("topologies", help="list topology presets")
     collective_cli.add_parser(sub)
@@ -122,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="clustersim: %(levelname)s: %(message)s")
     try:
-        return commands.COMMANDS[args.command](args)
+        handler = hardware_cli.COMMANDS.get(args.command) or commands.COMMANDS[args.command]
+        return handler(args)
     except DeadlockError as err:
         print(f"clustersim: error: {err.args[0]}", file=sys.stderr)
         print(err.report, file=sys.stderr)

@@ -10,6 +10,7 @@ from schedules.errors import ConfigError
 from schedules.generators import build_schedule, canonical_schedule_name
 from schedules.model import MODEL_PRESETS, ModelSpec, get_model
 from schedules.parallel import CUSTOM_SCHEDULE, ParallelConfig
+from schedules.profile import Profile
 from schedules.timeline import Timeline
 from schedules.torch_csv import read_torch_csv, to_torch_csv
 from schedules.validate import validate
@@ -64,6 +65,10 @@ def cost_options(args: argparse.Namespace) -> CostOptions:
         options["compute_efficiency"] = args.compute_efficiency
     if args.memory_efficiency is not None:
         options["memory_efficiency"] = args.memory_efficiency
+    if getattr(args, "profile", None):
+        if args.uniform_costs:
+            raise ConfigError("--profile and --uniform-costs both set compute times: give one")
+        options["profile"] = Profile.load(args.profile)
     return CostOptions(**options)
 
 

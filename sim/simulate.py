@@ -32,7 +32,7 @@ from .cost import DEFAULT_COMPUTE_EFFICIENCY, DEFAULT_MEMORY_EFFICIENCY, Rooflin
 from .collectives import run_collective
 from .engine import Replay
 from .memory import memory_model
-from .profile_cost import AlphaBetaNetwork, ProfileCost
+from .profile_cost import AlphaBetaNetwork, ProfileCost, profile_collective_model
 from .flows import FlowNetwork
 from .network import InstantNetwork
 
@@ -127,9 +127,10 @@ def simulate(model: ModelSpec, parallel: ParallelConfig, topology: nx.DiGraph,
             return rooflines[ranks[op.stage]](op)
 
         network = FlowNetwork(env, topology)
+    collective = (profile_collective_model(env, costs.profile, parallel) if costs.profile
+                  else collective_model(env, network, parallel, topology))
     replay = Replay(env, lowered, devices, compute_time, network,
-                    memory_model(lowered, per_stage),
-                    collective_model(env, network, parallel, topology))
+                    memory_model(lowered, per_stage), collective)
     try:
         timeline = replay.run()
     except DeadlockError:

@@ -1,0 +1,222 @@
+"""Calibration: measure a model's layer ops, P2P and collectives on this device and fit
+the simulator's profile (schedules.profile) from them. The benchmarks themselves live in
+kernels.microbench; this module starts the rank processes and fits the results.
+
+What is measured (medians over `repeats` after `warmup` untimed runs):
+- compute, the work kernels.executor does, at the model's shapes (kernels.stage): one
+  transformer layer (a middle stage of one layer), the embedding (stage 0 with its layers
+  removed) and the head (the last stage without layers: final norm, output layer, loss).
+  F = forward; B = `torch.autograd.backward`; I and W = kernels.split_backward's input-
+  and weight-gradient halves (F, B and the I/W pair each on their own forward), as the
+  executor runs them; the embedding's input (token ids) needs no gradient, so its I is
+  empty and its W is its whole backward. On CPU the compute runs in every rank process at
+  once (`concurrent`), so each core is as busy as in a run with that many ranks.
+- P2P: ping-pong between ranks 0 and 1 with `dist.isend`/`dist.irecv` (as the executor);
+  one-way time = half the round trip timed on rank 0 (no cross-process clock needed).
+- collectives: each op over the first n ranks for every n in `group_sizes`, started
+  together after a barrier of the group and timed on rank 0; sizes are nccl-tests'
+  (per-rank buffer, total output for all-gather). gloo has no reduce-scatter: it is timed
+  as an all-reduce of the input, and the profile says so.
+P2P and collective points are fitted with schedules.profile.fit_alpha_beta.
+
+Processes: `nproc` = max(group_sizes, 2 where P2P is wanted) rank processes, gloo on CPU,
+NCCL on CUDA (one GPU per rank: a single GPU measures compute only, no P2P). Units:
+seconds, bytes. Every rank process runs one torch thread.
+"""
+from __future__ import annotations
+
+import datetime
+import multiprocessing as mp
+import os
+import platform
+import queue
+import socket
+import statistics
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from schedules.errors import ConfigError
+from schedules.model import ModelSpec
+from schedules.profile import COLLECTIVE_OPS, AlphaBeta, Profile
+
+from .errors import KernelsError
+from .layers import torch_dtype
+from .microbench import (KINDS, PARTS, BenchPlan, default_collective_sizes, default_p2p_sizes,
+                         measure_collectives, measure_compute, measure_p2p)
+
+Progress = Callable[[int, int, str], None]
+"""progress(done, total, label): called in the parent as steps complete."""
+
+GLOO_REDUCE_SCATTER = "gloo reduce-scatter is an all-reduce underneath (timed as one)"
+CPU_ONLY = "CPU timings calibrate only this CPU (and gloo over loopback), not a GPU cluster"
+ONE_GPU = ("one GPU cannot run NCCL between ranks ('Duplicate GPU'): P2P and collectives "
+           "were not measured")
+
+
+# --- the rank process -----------------------------------------------------------------
+def _rank_main(rank: int, plan: BenchPlan, results: Any) -> None:
+    """Process entry point: join the group, run the benchmarks, report to the parent."""
+    try:
+        torch.set_num_threads(1)
+        os.environ["MASTER_ADDR"] = "127.0.0.1"
+        os.environ["MASTER_PORT"] = str(plan.port)
+        cuda = plan.device == "cuda"
+        device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+        if cuda:
+            torch.cuda.set_device(device)
+        dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=plan.nproc,
+                                timeout=datetime.timedelta(seconds=plan.timeout))
+
+        def step(label: str) -> None:
+            if rank == 0:
+                results.put(("step", rank, label))
+
+        payload: dict[str, Any] = {}
+        if rank == 0 or plan.concurrent:
+            payload["compute"] = measure_compute(plan, device, step)
+        dist.barrier()
+        if plan.nproc >= 2:
+            payload["p2p"] = measure_p2p(plan, rank, device, step)
+        payload["collectives"] = measure_collectives(plan, rank, device, step)
+        payload["device_name"] = torch.cuda.get_device_name(device) if cuda else "cpu"
+        dist.barrier()
+        dist.destroy_process_group()
+        results.put(("ok", rank, payload))
+    except BaseException as exc:  # noqa: BLE001 (reported to the parent)
+        results.put(("error", rank, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+        results.close()
+        results.join_thread()
+        os._exit(1)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(plan: BenchPlan, progress: Progress | None) -> dict[int, dict]:
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_rank_main, args=(r, plan, results), daemon=True,
+                         name=f"clustersim-calibrate-{r}") for r in range(plan.nproc)]
+    deadline = time.monotonic() + plan.timeout
+    payloads: dict[int, dict] = {}
+    done = 0
+    try:
+        for p in procs:
+            p.start()
+        while len(payloads) < plan.nproc:
+            if time.monotonic() > deadline:
+                raise KernelsError(f"calibration timed out after {plan.timeout:g} s "
+                                   f"({done} of {plan.total_steps} steps done)")
+            try:
+                message = results.get(timeout=0.1)
+            except queue.Empty:
+                dead = [r for r, p in enumerate(procs)
+                        if r not in payloads and p.exitcode not in (None, 0)]
+                if dead:
+                    time.sleep(1.0)  # let its error message arrive
+                    if results.empty():
+                        raise KernelsError(f"calibration rank {dead[0]} died (exit code "
+                                           f"{procs[dead[0]].exitcode})", rank=dead[0])
+                continue
+            if message[0] == "step":
+                done += 1
+                if progress:
+                    progress(done, plan.total_steps, message[2])
+            elif message[0] == "error":
+                _, rank, text, tb = message
+                raise KernelsError(f"calibration rank {rank} failed: {text}", rank=rank,
+                                   details=tb)
+            else:
+                payloads[message[1]] = message[2]
+        return payloads
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        for p in procs:
+            p.join(timeout=5)
+
+
+def _median_compute(payloads: dict[int, dict]) -> dict[str, dict[str, float]]:
+    """Median over the repeats of every rank that measured compute."""
+    out = {}
+    for part in PARTS:
+        out[part] = {}
+        for kind in KINDS:
+            samples = [t for p in payloads.values() if "compute" in p
+                       for t in p["compute"][part][kind]]
+            out[part][kind] = statistics.median(samples)
+    return out
+
+
+def calibrate(model: ModelSpec, device: str = "cpu", repeats: int = 7, warmup: int = 2,
+              p2p_sizes: Sequence[int] | None = None,
+              collective_sizes: Sequence[int] | None = None,
+              group_sizes: Sequence[int] = (2,), collectives: Sequence[str] = ("all_reduce",),
+              concurrent: bool | None = None, seed: int = 0, timeout: float = 600.0,
+              progress: Progress | None = None) -> dict[str, Any]:
+    """Run the micro-benchmarks and return the profile as JSON-ready data
+    (schedules.profile format). `concurrent` (default: on CPU) runs the compute
+    benchmarks in every rank process at once. Raises KernelsError if a rank fails."""
+    if device not in ("cpu", "cuda"):
+        raise ConfigError(f"device={device!r} must be 'cpu' or 'cuda'")
+    for name, value, least in (("repeats", repeats, 1), ("warmup", warmup, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ConfigError(f"{name} must be an integer >= {least}, got {value!r}")
+    unknown = [c for c in collectives if c not in COLLECTIVE_OPS]
+    if unknown:
+        raise ConfigError(f"unknown collective {unknown[0]!r}: use {', '.join(COLLECTIVE_OPS)}")
+    torch_dtype(model)  # fp8 and friends fail here, before any process starts
+    notes = []
+    nproc = max([2, *group_sizes])
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise KernelsError(f"device='cuda' but torch {torch.__version__} sees no CUDA device")
+        available = torch.cuda.device_count()
+        if available < nproc:
+            notes.append(ONE_GPU if available == 1 else
+                         f"{available} GPUs: collectives over more ranks were not measured")
+            nproc = available
+        concurrent = bool(concurrent)
+    else:
+        notes.append(CPU_ONLY)
+        if "reduce_scatter" in collectives:
+            notes.append(GLOO_REDUCE_SCATTER)
+        concurrent = True if concurrent is None else concurrent
+    if concurrent and nproc > 1:
+        notes.append(f"compute measured in {nproc} rank processes at once (each core as "
+                     "busy as in a run with that many ranks)")
+    plan = BenchPlan(model, device, repeats, warmup,
+                 tuple(p2p_sizes or default_p2p_sizes(model)),
+                 tuple(collective_sizes or default_collective_sizes(model)),
+                 tuple(group_sizes), tuple(collectives), concurrent, seed, float(timeout),
+                 nproc, _free_port())
+    started = time.perf_counter()
+    payloads = _launch(plan, progress)
+    rank0 = payloads[0]
+    p2p = AlphaBeta.fit(rank0.get("p2p", [])) if rank0.get("p2p") else AlphaBeta(0.0, 0.0)
+    fits = {op: {n: AlphaBeta.fit(points) for n, points in sizes.items() if points}
+            for op, sizes in rank0["collectives"].items()}
+    name = rank0["device_name"]
+    profile = Profile(
+        device="cpu" if device == "cpu" else f"cuda:{name}",
+        source=f"kernels.calibrate: medians of {repeats} after {warmup} warm-up; P2P one-way "
+               f"= half the isend/irecv round trip on rank 0; {nproc} rank processes, "
+               f"{'gloo' if device == 'cpu' else 'nccl'}; "
+               f"{time.perf_counter() - started:.1f} s",
+        versions={"torch": torch.__version__, "python": platform.python_version(),
+                  **({"cuda": str(torch.version.cuda)} if device == "cuda" else {})},
+        date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        threads=1, model=asdict(model), tp=1,
+        compute=_median_compute(payloads), p2p=p2p,
+        collectives={op: f for op, f in fits.items() if f}, notes=tuple(notes))
+    return profile.to_dict()

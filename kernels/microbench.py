@@ -1,0 +1,225 @@
+"""Calibration micro-benchmarks, run inside each rank process of kernels.calibrate:
+a model's layer ops at its shapes, P2P ping-pong and collective size sweeps.
+
+See kernels.calibrate for what is measured and how the profile is fitted. Units: seconds,
+bytes. Functions return raw samples; `step(label)` is called after each unit of work.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from schedules.model import ModelSpec
+
+from .layers import torch_dtype
+from .split_backward import backward_input, backward_weight
+from .stage import build_stages
+
+PARTS = ("layer", "embedding", "head")
+KINDS = ("F", "B", "I", "W")
+
+
+def default_p2p_sizes(model: ModelSpec) -> tuple[int, ...]:
+    """1 KiB to 4 MiB, plus one activation b*s*h of the model (what a stage sends)."""
+    boundary = model.micro_batch_size * model.seq_length * model.hidden_size * model.dtype_bytes
+    return tuple(sorted({2**10, 2**14, 2**18, 2**20, 2**22, boundary}))
+
+
+def default_collective_sizes(model: ModelSpec) -> tuple[int, ...]:
+    """1 KiB to 16 MiB, plus the model's gradient bytes (a DP all-reduce), capped at 1 GiB."""
+    grads = min(model.param_count() * model.dtype_bytes, 2**30)
+    return tuple(sorted({2**10, 2**16, 2**20, 2**22, 2**24, int(grads)}))
+
+
+@dataclass(frozen=True)
+class BenchPlan:
+    """What every rank process measures (picklable: it travels to the spawned ranks)."""
+
+    model: ModelSpec
+    device: str
+    repeats: int
+    warmup: int
+    p2p_sizes: tuple[int, ...]
+    collective_sizes: tuple[int, ...]
+    group_sizes: tuple[int, ...]
+    collectives: tuple[str, ...]
+    concurrent: bool
+    seed: int
+    timeout: float
+    nproc: int
+    port: int
+
+    @property
+    def compute_steps(self) -> int:
+        return len(PARTS) * (self.warmup + self.repeats)
+
+    @property
+    def total_steps(self) -> int:
+        p2p = len(self.p2p_sizes) if self.nproc >= 2 else 0
+        groups = [n for n in self.group_sizes if 2 <= n <= self.nproc]
+        return self.compute_steps + p2p + len(groups) * len(self.collectives) * len(
+            self.collective_sizes)
+
+
+# --- compute --------------------------------------------------------------------------
+class Timer:
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+
+def stage_parts(model: ModelSpec, seed: int, device: torch.device) -> dict[str, nn.Module]:
+    """One-layer middle stage, embedding-only first stage, head-only last stage."""
+    spec = replace(model, num_layers=3)
+    modules = {}
+    for part, stage in (("embedding", 0), ("layer", 1), ("head", 2)):
+        module = build_stages(spec, [stage], 3, seed, device)[stage]
+        if part != "layer":
+            module.layers = nn.ModuleDict()
+        modules[part] = module
+    return modules
+
+
+def time_part(part: str, module: nn.Module, inputs: dict, timer: Timer) -> dict[str, float]:
+    """One F, B, I, W measurement of a module, each timed on its own forward."""
+    first, last = part == "embedding", part == "head"
+    grad = None if last else inputs["grad"]
+    labels = inputs["labels"] if last else None
+    params = [p for p in module.parameters() if p.requires_grad]
+
+    def forward() -> tuple[torch.Tensor, torch.Tensor]:
+        x = inputs["tokens"] if first else inputs["x"].detach().clone().requires_grad_()
+        return x, module(x, labels)
+
+    times = {}
+    t0 = timer.now()
+    x, out = forward()
+    times["F"] = timer.now() - t0
+    t0 = timer.now()
+    torch.autograd.backward(out, grad)
+    times["B"] = timer.now() - t0
+    x, out = forward()
+    t0 = timer.now()
+    _, saved = backward_input(out, grad, x, params)  # stage 0: empty, W does it all
+    times["I"] = timer.now() - t0
+    t0 = timer.now()
+    backward_weight(params, saved)
+    times["W"] = timer.now() - t0
+    return times
+
+
+def measure_compute(plan: BenchPlan, device: torch.device, step: Callable[[str], None]
+                    ) -> dict[str, dict[str, list[float]]]:
+    model = plan.model
+    modules = stage_parts(model, plan.seed, device)
+    gen = torch.Generator().manual_seed(plan.seed)
+    b, s, h = model.micro_batch_size, model.seq_length, model.hidden_size
+    dtype = torch_dtype(model)
+    tokens = torch.randint(0, model.vocab_size, (b, s + 1), generator=gen)
+    inputs = {"tokens": tokens[:, :-1].contiguous().to(device),
+              "labels": tokens[:, 1:].contiguous().to(device),
+              "x": torch.randn(b, s, h, generator=gen).to(device, dtype),
+              "grad": (torch.randn(b, s, h, generator=gen) * 1e-3).to(device, dtype)}
+    timer = Timer(device)
+    samples = {part: {k: [] for k in KINDS} for part in PARTS}
+    for part in PARTS:
+        for i in range(plan.warmup + plan.repeats):
+            times = time_part(part, modules[part], inputs, timer)
+            if i >= plan.warmup:
+                for k, t in times.items():
+                    samples[part][k].append(t)
+            step(f"{part} F/B/I/W")
+    return samples
+
+
+# --- communication --------------------------------------------------------------------
+def comm_buffer(nbytes: int, device: torch.device) -> torch.Tensor:
+    """fp32 elements holding `nbytes` (rounded down to whole elements)."""
+    return torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=device)
+
+
+def measure_p2p(plan: BenchPlan, rank: int, device: torch.device,
+                step: Callable[[str], None]) -> list[tuple[int, float]]:
+    """Half round trips between ranks 0 and 1 (rank 0's clock)."""
+    points = []
+    for size in plan.p2p_sizes:
+        buf = comm_buffer(size, device)
+        rtts = []
+        dist.barrier()
+        for i in range(plan.warmup + plan.repeats):
+            if rank == 0:
+                t0 = time.perf_counter()
+                dist.isend(buf, 1).wait()
+                dist.irecv(buf, 1).wait()
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                if i >= plan.warmup:
+                    rtts.append(time.perf_counter() - t0)
+            elif rank == 1:
+                dist.irecv(buf, 0).wait()
+                dist.isend(buf, 0).wait()
+        if rank == 0:
+            points.append((buf.numel() * 4, statistics.median(rtts) / 2))
+        step(f"p2p {size} B")
+    return points
+
+
+def run_collective(op: str, buf: torch.Tensor, n: int, group: Any, gloo: bool) -> None:
+    if op == "all_reduce" or (op == "reduce_scatter" and gloo):
+        dist.all_reduce(buf, group=group)
+    elif op == "broadcast":
+        dist.broadcast(buf, src=0, group=group)
+    elif op == "all_gather":  # buf is one rank's share of the nccl-tests size
+        outs = [torch.empty_like(buf) for _ in range(n)]
+        dist.all_gather(outs, buf, group=group)
+    elif op == "reduce_scatter":
+        out = torch.empty(buf.numel() // n, dtype=buf.dtype, device=buf.device)
+        dist.reduce_scatter_tensor(out, buf[: out.numel() * n], group=group)
+    else:  # all_to_all
+        dist.all_to_all_single(torch.empty_like(buf), buf, group=group)
+
+
+def measure_collectives(plan: BenchPlan, rank: int, device: torch.device,
+                         step: Callable[[str], None]
+                         ) -> dict[str, dict[int, list[tuple[int, float]]]]:
+    """(bytes, median seconds) per collective and group size: the first n ranks start
+    together after a barrier of their group; rank 0's clock."""
+    gloo = device.type != "cuda"
+    result: dict[str, dict[int, list[tuple[int, float]]]] = {op: {} for op in plan.collectives}
+    for n in plan.group_sizes:
+        if not 2 <= n <= plan.nproc:
+            continue
+        group = dist.new_group(list(range(n)))  # every rank must create every group
+        for op in plan.collectives:
+            points = []
+            for size in plan.collective_sizes:
+                if rank < n:
+                    share = size // n if op == "all_gather" else size
+                    share -= share % (4 * n)  # whole fp32 elements (n of them for r-s)
+                    buf = comm_buffer(max(share, 4 * n), device)
+                    times = []
+                    for i in range(plan.warmup + plan.repeats):
+                        dist.barrier(group=group)
+                        t0 = time.perf_counter()
+                        run_collective(op, buf, n, group, gloo)
+                        if device.type == "cuda":
+                            torch.cuda.synchronize()
+                        if i >= plan.warmup:
+                            times.append(time.perf_counter() - t0)
+                    nbytes = buf.numel() * 4 * (n if op == "all_gather" else 1)
+                    points.append((nbytes, statistics.median(times)))
+                step(f"{op.replace('_', '-')} n={n} {size} B")
+            result[op][n] = points
+        dist.barrier()
+    return result

@@ -1,0 +1,280 @@
+"""The calibration profile: measured compute and communication times that the simulator
+uses instead of a roofline. `kernels.calibrate` writes it, `sim.profile_cost` reads it.
+Standard library only.
+
+Units: seconds and bytes (alpha in s, beta in s/byte).
+
+JSON format (all keys required unless marked optional):
+
+    {
+      "format": "clustersim-profile/1",
+      "device": "cpu" | "cuda:NVIDIA H100 80GB HBM3",
+      "source": "kernels.calibrate (...)",   # what produced it, how P2P was timed
+      "versions": {"torch": "2.13.0", "python": "3.11.9", ...},
+      "date": "2025-01-01 12:00 UTC",
+      "threads": 1,                          # torch intra-op threads per rank process
+      "model": {"hidden_size": 256, ...},    # the ModelSpec fields it was measured at
+      "tp": 1,                               # optional; TP degree of the measured shard
+      "compute": {                           # median seconds, one micro-batch
+        "layer":     {"F": .., "B": .., "I": .., "W": ..},   # ONE transformer layer
+        "embedding": {"F": .., "B": .., "I": .., "W": ..},   # first-stage extra
+        "head":      {"F": .., "B": .., "I": .., "W": ..}    # last-stage extra: final
+      },                                                     # norm, output layer, loss
+      "p2p": {"alpha": s, "beta": s/byte, "points": [[bytes, s], ...]},
+      "collectives": {                       # per op, per group size (a string key)
+        "all_reduce": {"2": {"alpha": s, "beta": s/byte, "points": [[bytes, s], ...]}}
+      },
+      "notes": ["gloo reduce-scatter is an all-reduce underneath", ...]   # optional
+    }
+
+Compute times of a pipeline stage of L layers are L * layer[kind], plus embedding[kind]
+on the first stage and head[kind] on the last (sim.profile_cost). P2P and collective
+times are alpha + beta * bytes, fitted by least squares to the measured points
+(`fit_alpha_beta`); for collectives `bytes` is the per-rank buffer (nccl-tests' size).
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+FORMAT = "clustersim-profile/1"
+COMPUTE_PARTS = ("layer", "embedding", "head")
+COMPUTE_KINDS = ("F", "B", "I", "W")
+COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
+# ModelSpec fields a per-layer time depends on (num_layers does not: times are per layer).
+SHAPE_FIELDS = ("hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
+                "seq_length", "micro_batch_size", "dtype", "vocab_size", "swiglu",
+                "add_bias_linear", "normalization", "use_flash_attn", "num_experts",
+                "moe_router_topk")
+
+
+def fit_alpha_beta(points: Iterable[Sequence[float]], relative: bool = True
+                   ) -> tuple[float, float]:
+    """Least-squares line seconds = alpha + beta * bytes through (bytes, seconds) points.
+
+    `relative` (default) minimises the squared *relative* error (weights 1/seconds^2), so
+    a sweep from kilobytes to gigabytes fits its small sizes (alpha) as well as its large
+    ones (beta); otherwise plain least squares. One distinct size gives alpha = 0 and
+    beta = mean(seconds) / bytes (alpha = mean seconds at 0 bytes). Negative fits are
+    clamped, so a time is never negative: beta < 0 gives beta = 0 and alpha = the
+    (weighted) mean; alpha < 0 gives alpha = 0 and beta refitted through the origin.
+    """
+    pts = [(float(b), float(t)) for b, t in points]
+    if not pts:
+        raise ConfigError("fit_alpha_beta needs at least one (bytes, seconds) point")
+    weighted = relative and all(t > 0 for _, t in pts)
+    w = [1.0 / (t * t) if weighted else 1.0 for _, t in pts]
+    sw = sum(w)
+    sx = sum(wi * b for wi, (b, _) in zip(w, pts))
+    st = sum(wi * t for wi, (_, t) in zip(w, pts))
+    sxx = sum(wi * b * b for wi, (b, _) in zip(w, pts))
+    sxt = sum(wi * b * t for wi, (b, t) in zip(w, pts))
+    det = sw * sxx - sx * sx
+    if det <= 1e-12 * sw * sxx:  # one distinct size
+        mean_b, mean_t = sx / sw, st / sw
+        return (mean_t, 0.0) if mean_b == 0 else (0.0, mean_t / mean_b)
+    beta = (sw * sxt - sx * st) / det
+    alpha = (st - beta * sx) / sw
+    if beta < 0:
+        return max(st / sw, 0.0), 0.0
+    if alpha < 0:
+        return 0.0, max(sxt / sxx, 0.0)
+    return alpha, beta
+
+
+def _seconds(where: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            not math.isfinite(value) or value < 0:
+        raise ConfigError(f"profile field {where} must be a number of seconds >= 0, "
+                          f"got {value!r}")
+    return float(value)
+
+
+def _mapping(where: str, value: Any) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"profile field {where} must be an object, got {type(value).__name__}")
+    return value
+
+
+@dataclass(frozen=True)
+class AlphaBeta:
+    """time = alpha + beta * nbytes, with the (bytes, seconds) points it was fitted to."""
+
+    alpha: float
+    beta: float
+    points: tuple[tuple[int, float], ...] = ()
+
+    @staticmethod
+    def fit(points: Iterable[Sequence[float]]) -> AlphaBeta:
+        pts = tuple((int(b), float(t)) for b, t in points)
+        return AlphaBeta(*fit_alpha_beta(pts), pts)
+
+    def time(self, nbytes: float) -> float:
+        return self.alpha + self.beta * nbytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"alpha": self.alpha, "beta": self.beta, "points": [list(p) for p in self.points]}
+
+    @staticmethod
+    def from_dict(where: str, d: Any) -> AlphaBeta:
+        d = _mapping(where, d)
+        for key in ("alpha", "beta"):
+            if key not in d:
+                raise ConfigError(f"profile field {where}.{key} is missing")
+        points = d.get("points", [])
+        if not isinstance(points, list) or any(
+                not isinstance(p, (list, tuple)) or len(p) != 2 for p in points):
+            raise ConfigError(f"profile field {where}.points must be a list of "
+                              "[bytes, seconds] pairs")
+        pts = tuple((int(_seconds(f"{where}.points bytes", b)),
+                     _seconds(f"{where}.points seconds", t)) for b, t in points)
+        return AlphaBeta(_seconds(f"{where}.alpha", d["alpha"]),
+                         _seconds(f"{where}.beta", d["beta"]), pts)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A calibration profile (see the module docstring for the JSON it reads and writes)."""
+
+    device: str
+    compute: Mapping[str, Mapping[str, float]]
+    p2p: AlphaBeta
+    collectives: Mapping[str, Mapping[int, AlphaBeta]] = field(default_factory=dict)
+    model: Mapping[str, Any] = field(default_factory=dict)
+    source: str = ""
+    versions: Mapping[str, str] = field(default_factory=dict)
+    date: str = ""
+    threads: int = 1
+    tp: int = 1
+    notes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.device, str) or not self.device:
+            raise ConfigError(f"profile field device must be a non-empty string, "
+                              f"got {self.device!r}")
+        for part in COMPUTE_PARTS:
+            if part not in self.compute:
+                raise ConfigError(f"profile field compute.{part} is missing")
+            table = _mapping(f"compute.{part}", self.compute[part])
+            for kind in COMPUTE_KINDS:
+                if kind not in table:
+                    raise ConfigError(f"profile field compute.{part}.{kind} is missing")
+                _seconds(f"compute.{part}.{kind}", table[kind])
+        for op, sizes in self.collectives.items():
+            if op not in COLLECTIVE_OPS:
+                raise ConfigError(f"profile field collectives.{op}: unknown collective; "
+                                  f"use {', '.join(COLLECTIVE_OPS)}")
+        for name in ("threads", "tp"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"profile field {name} must be an integer >= 1, got {value!r}")
+
+    def compute_time(self, part: str, kind: str) -> float:
+        return float(self.compute[part][kind])
+
+    def collective(self, op: str, group_size: int) -> AlphaBeta:
+        """The fit for `op` ('all_reduce', ...) over `group_size` ranks."""
+        if op not in self.collectives:
+            raise ConfigError(f"the profile has no {op} measurements (it has "
+                              f"{', '.join(self.collectives) or 'no collectives'}); "
+                              "recalibrate with that collective")
+        sizes = self.collectives[op]
+        if group_size not in sizes:
+            raise ConfigError(f"the profile has {op} for group sizes "
+                              f"{', '.join(map(str, sorted(sizes)))}, not {group_size}; "
+                              "recalibrate with that many ranks")
+        return sizes[group_size]
+
+    # --- JSON ------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT, "device": self.device, "source": self.source,
+            "versions": dict(self.versions), "date": self.date, "threads": self.threads,
+            "model": dict(self.model), "tp": self.tp,
+            "compute": {p: {k: float(self.compute[p][k]) for k in COMPUTE_KINDS}
+                        for p in COMPUTE_PARTS},
+            "p2p": self.p2p.to_dict(),
+            "collectives": {op: {str(n): ab.to_dict() for n, ab in sorted(sizes.items())}
+                            for op, sizes in self.collectives.items()},
+            "notes": list(self.notes),
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    @staticmethod
+    def from_dict(d: Any) -> Profile:
+        d = _mapping("(top level)", d)
+        fmt = d.get("format", FORMAT)
+        if fmt != FORMAT:
+            raise ConfigError(f"profile field format is {fmt!r}; this clustersim reads {FORMAT!r}")
+        for key in ("device", "compute", "p2p"):
+            if key not in d:
+                raise ConfigError(f"profile field {key} is missing")
+        compute = _mapping("compute", d["compute"])
+        collectives: dict[str, dict[int, AlphaBeta]] = {}
+        for op, sizes in _mapping("collectives", d.get("collectives", {})).items():
+            collectives[op] = {}
+            for n, fit in _mapping(f"collectives.{op}", sizes).items():
+                if not str(n).isdigit() or int(n) < 1:
+                    raise ConfigError(f"profile field collectives.{op}: group size {n!r} "
+                                      "must be a positive integer")
+                collectives[op][int(n)] = AlphaBeta.from_dict(f"collectives.{op}.{n}", fit)
+        notes = d.get("notes", [])
+        if not isinstance(notes, list):
+            raise ConfigError("profile field notes must be a list of strings")
+        return Profile(
+            device=d["device"], source=str(d.get("source", "")),
+            versions=dict(_mapping("versions", d.get("versions", {}))),
+            date=str(d.get("date", "")), threads=d.get("threads", 1),
+            model=dict(_mapping("model", d.get("model", {}))), tp=d.get("tp", 1),
+            compute={p: dict(_mapping(f"compute.{p}", v)) for p, v in compute.items()},
+            p2p=AlphaBeta.from_dict("p2p", d["p2p"]), collectives=collectives,
+            notes=tuple(str(n) for n in notes))
+
+    @staticmethod
+    def from_json(text: str) -> Profile:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"profile is not valid JSON: {err}") from None
+        return Profile.from_dict(data)
+
+    @staticmethod
+    def load(path: str | Path) -> Profile:
+        try:
+            text = Path(path).read_text()
+        except OSError as err:
+            raise ConfigError(f"cannot read profile {path}: {err.strerror or err}") from None
+        try:
+            return Profile.from_json(text)
+        except ConfigError as err:
+            raise ConfigError(f"{path}: {err}") from None
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json() + "\n")
+
+
+def model_shape(model: Any) -> dict[str, Any]:
+    """The ModelSpec fields a profile records (all of them, for the record)."""
+    return asdict(model)
+
+
+def shape_mismatch(profile: Profile, model: Any) -> str | None:
+    """The first SHAPE_FIELDS field where `model` differs from the profile's, described,
+    or None when the profile applies to `model`. A field the profile does not record (a
+    hand-written profile) is not checked."""
+    measured = profile.model
+    for name in SHAPE_FIELDS:
+        if name not in measured:
+            continue  # an older/hand-written profile without it: trust the user
+        if measured[name] != getattr(model, name):
+            return (f"{name}: the profile was measured at {measured[name]!r}, the model has "
+                    f"{getattr(model, name)!r}")
+    return None

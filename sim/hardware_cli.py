@@ -1,0 +1,304 @@
+"""The hardware commands: `clustersim calibrate`, `clustersim run`, and `clustersim compare
+A.json B.json` (two Timelines, e.g. simulated vs measured).
+
+`kernels` (and so torch) is imported lazily inside `calibrate` and `run` only; without
+torch they end in one error line naming the install command. Times in seconds.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from schedules.errors import ClustersimError, ConfigError
+from schedules.timeline import Timeline
+
+from .units import format_seconds
+
+INSTALL_HINT = "the kernels backend needs PyTorch: pip install -e '.[kernels]'"
+GLOO_REDUCE_SCATTER = "note: gloo reduce-scatter is an all-reduce underneath"
+CPU_ONLY = "note: CPU timings calibrate only this CPU (and gloo), not a GPU cluster"
+ONE_GPU = ("note: every rank needs its own GPU: one GPU cannot run NCCL between ranks "
+           "('Duplicate GPU'); on one GPU run world size 1, or use --device cpu")
+
+
+def _kernels(module: str) -> Any:
+    """Import kernels.<module> lazily; a missing torch is one actionable error."""
+    try:
+        missing = importlib.util.find_spec("torch") is None
+    except (ImportError, ValueError):  # a broken or blocked torch entry in sys.modules
+        missing = True
+    if missing:
+        raise ClustersimError(INSTALL_HINT)
+    return importlib.import_module(f"kernels.{module}")
+
+
+def _note(text: str) -> None:
+    print(text, file=sys.stderr)
+
+
+class ProgressBar:
+    """`[#####-----]  12/40  label` redrawn in place on stderr (a plain line per update
+    when stderr is not a terminal would flood logs, so then only every 10%)."""
+
+    def __init__(self, title: str, width: int = 30, stream: Any = None):
+        self.title, self.width = title, width
+        self.stream = stream or sys.stderr
+        self.tty = getattr(self.stream, "isatty", lambda: False)()
+        self.started = time.monotonic()
+        self._last_decile = -1
+
+    def __call__(self, done: int, total: int, label: str) -> None:
+        fraction = done / total if total else 1.0
+        filled = int(round(self.width * fraction))
+        line = (f"{self.title} [{'#' * filled}{'-' * (self.width - filled)}] "
+                f"{done:>3}/{total} {time.monotonic() - self.started:5.1f}s {label}")
+        if self.tty:
+            self.stream.write("\r" + line[:120].ljust(120))
+            if done >= total:
+                self.stream.write("\n")
+        elif int(fraction * 10) != self._last_decile or done >= total:
+            self._last_decile = int(fraction * 10)
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+
+# --- parsers ----------------------------------------------------------------------------
+def add_parsers(sub: argparse._SubParsersAction, add_model_flags: Callable,
+                add_parallel_flags: Callable) -> None:
+    """`calibrate` and `run` (the `compare` parser gains its positional files in sim.cli)."""
+    cal = sub.add_parser(
+        "calibrate", help="measure this device's layer ops, P2P and collectives into a profile",
+        description="Run micro-benchmarks of the model's layer ops (F, B, I, W at its shapes), "
+                    "P2P and all-reduce size sweeps on real devices, and write the profile "
+                    "JSON that `clustersim simulate --profile` uses.")
+    cal.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    cal.add_argument("-o", "--output", default="profile.json",
+                     help="profile JSON (default profile.json)")
+    cal.add_argument("--repeats", type=int, default=7, help="timed repeats (median; default 7)")
+    cal.add_argument("--warmup", type=int, default=2, help="untimed warm-up runs (default 2)")
+    cal.add_argument("--ranks", type=int, default=2,
+                     help="rank processes for the P2P and collective sweeps (default 2)")
+    cal.add_argument("--collectives", default="all_reduce",
+                     help="comma-separated: all_reduce, all_gather, reduce_scatter, broadcast, "
+                          "all_to_all (default all_reduce)")
+    add_model_flags(cal)
+
+    run = sub.add_parser(
+        "run", help="execute a schedule for real (torch) and write the measured Timeline",
+        description="Execute the schedule `simulate` would simulate, one process per rank "
+                    "(gloo on CPU, NCCL on CUDA), and write the measured Timeline JSON, a "
+                    "Gantt chart and metrics.")
+    run.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    run.add_argument("--nproc", type=int, help="rank processes; must equal the world size "
+                                               "tp*cp*dp*pp if given")
+    run.add_argument("--iterations", type=int, default=3,
+                     help="timed iterations; the Timeline is the median one (default 3)")
+    run.add_argument("--warmup-iterations", type=int, default=1,
+                     help="untimed iterations first (default 1)")
+    run.add_argument("--timeout", type=float, default=300.0,
+                     help="seconds before a stuck run is ended with an error (default 300)")
+    run.add_argument("--seed", type=int, default=0)
+    add_parallel_flags(run)
+    add_model_flags(run)
+    out = run.add_argument_group("outputs")
+    out.add_argument("--schedule-csv", metavar="PATH",
+                     help="run a custom schedule from a torch.distributed.pipelining CSV")
+    out.add_argument("--timeline-json", default="measured.json", metavar="PATH",
+                     help="the measured Timeline (default measured.json)")
+    out.add_argument("-o", "--output", default="gantt.html", help="Gantt HTML (default gantt.html)")
+    out.add_argument("--trace-json", metavar="PATH", help="Chrome/Perfetto trace JSON")
+    out.add_argument("--metrics-json", metavar="PATH", help="metrics JSON")
+
+
+# --- calibrate --------------------------------------------------------------------------
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from .commands import model_from_args
+    model = model_from_args(args)
+    calibrate = _kernels("calibrate")
+    collectives = tuple(c.strip().replace("-", "_") for c in args.collectives.split(",")
+                        if c.strip())
+    if args.ranks < 2:
+        raise ConfigError(f"--ranks must be >= 2 (P2P needs two ranks), got {args.ranks}")
+    if args.device == "cpu":
+        _note(CPU_ONLY)
+        if "reduce_scatter" in collectives:
+            _note(GLOO_REDUCE_SCATTER)
+    profile = calibrate.calibrate(model, device=args.device, repeats=args.repeats,
+                                  warmup=args.warmup, group_sizes=(args.ranks,),
+                                  collectives=collectives,
+                                  progress=ProgressBar(f"calibrate {args.device}"))
+    for note in profile.get("notes", ()):
+        if "one GPU" in note:
+            _note(f"note: {note}")
+    Path(args.output).write_text(json.dumps(profile, indent=2) + "\n")
+    layer = profile["compute"]["layer"]
+    print(f"{profile['device']}: one layer F {format_seconds(layer['F'])}, "
+          f"B {format_seconds(layer['B'])}, I {format_seconds(layer['I'])}, "
+          f"W {format_seconds(layer['W'])}; P2P alpha {format_seconds(profile['p2p']['alpha'])}"
+          f", {_bandwidth(profile['p2p']['beta'])}")
+    print(f"wrote {args.output}")
+    return 0
+
+
+def _bandwidth(beta: float) -> str:
+    return f"{1 / beta / 1e9:.3g} GB/s" if beta > 0 else "bandwidth not measured"
+
+
+# --- run --------------------------------------------------------------------------------
+def cmd_run(args: argparse.Namespace) -> int:
+    from schedules.data_parallel import add_dp_allreduce
+    from schedules.generators import build_schedule
+    from schedules.parallel import CUSTOM_SCHEDULE
+    from schedules.torch_csv import read_torch_csv
+
+    from .commands import model_from_args, parallel_from_args
+    from .report import format_summary
+
+    model = model_from_args(args)
+    custom = read_torch_csv(args.schedule_csv) if args.schedule_csv else None
+    if custom is not None:
+        args.pp, args.vpp = custom.num_ranks, custom.stages_per_rank
+        args.microbatches, args.schedule = custom.num_microbatches, CUSTOM_SCHEDULE
+    parallel = parallel_from_args(args, args.schedule, micro_batch_size=model.micro_batch_size)
+    parallel.check_model(model)
+    if args.nproc is not None and args.nproc != parallel.world_size:
+        raise ConfigError(f"--nproc={args.nproc} must equal the world size tp*cp*dp*pp="
+                          f"{parallel.world_size}")
+    if args.iterations < 1 or args.warmup_iterations < 0:
+        raise ConfigError("--iterations must be >= 1 and --warmup-iterations >= 0")
+    schedule = custom or build_schedule(parallel.schedule, parallel.pp,
+                                        parallel.num_microbatches, parallel.vpp)
+    if parallel.dp > 1:
+        schedule = add_dp_allreduce(schedule)
+    launch = _kernels("launch")
+    if args.device == "cpu":
+        _note(CPU_ONLY)
+    elif parallel.world_size > 1:
+        _note(ONE_GPU)  # launch refuses more ranks than GPUs with the same reason
+    timeline = launch.run_schedule(schedule, model, parallel, device=args.device, seed=args.seed,
+                                   timeout=args.timeout,
+                                   warmup_iterations=args.warmup_iterations,
+                                   iterations=args.iterations)
+    timeline.meta.setdefault("topology", f"this host ({args.device})")
+    timeline.meta.setdefault("cost_model", "measured")
+    print(format_summary(timeline))
+    times = timeline.meta.get("iteration_times", [])
+    if len(times) > 1:
+        print("iteration times: " + ", ".join(format_seconds(t) for t in times)
+              + " (the Timeline is the median one)")
+    _write_outputs(timeline, args)
+    return 0
+
+
+def _write_outputs(timeline: Timeline, args: argparse.Namespace) -> None:
+    from .gantt import write_gantt
+    from .trace import write_trace
+
+    timeline.save(args.timeline_json)
+    print(f"wrote {args.timeline_json}")
+    print(f"wrote {write_gantt(timeline, args.output)}")
+    if args.trace_json:
+        write_trace(timeline, args.trace_json)
+        print(f"wrote {args.trace_json}")
+    if args.metrics_json:
+        Path(args.metrics_json).write_text(json.dumps(timeline.metrics(), indent=2))
+        print(f"wrote {args.metrics_json}")
+
+
+# --- compare two timelines ----------------------------------------------------------------
+def _error(a: float, b: float) -> float | None:
+    return (a - b) / b * 100 if b else None
+
+
+def compare_timelines(a: Timeline, b: Timeline) -> dict[str, Any]:
+    """Iteration time and per-op-kind mean durations of A against B (the reference):
+    error = (A - B) / B in percent."""
+    def by_kind(t: Timeline) -> dict[str, list[float]]:
+        kinds: dict[str, list[float]] = defaultdict(list)
+        for s in t.spans:
+            kinds[s.op.kind.value].append(s.duration)
+        return kinds
+
+    ka, kb = by_kind(a), by_kind(b)
+    order = [k for k in ("F", "B", "I", "W", "SEND_F", "RECV_F", "SEND_B", "RECV_B",
+                         "ALL_REDUCE", "ALL_GATHER", "REDUCE_SCATTER", "ALL_TO_ALL",
+                         "BROADCAST", "OPT_STEP") if k in ka or k in kb]
+    kinds = []
+    for k in order:
+        mean_a = sum(ka[k]) / len(ka[k]) if ka.get(k) else None
+        mean_b = sum(kb[k]) / len(kb[k]) if kb.get(k) else None
+        kinds.append({"kind": k, "count_a": len(ka.get(k, ())), "count_b": len(kb.get(k, ())),
+                      "mean_a_s": mean_a, "mean_b_s": mean_b,
+                      "error_pct": _error(mean_a, mean_b) if None not in (mean_a, mean_b)
+                      else None})
+    return {"a": {"source": a.source, "iteration_time_s": a.iteration_time,
+                  "bubble_fraction": a.bubble_fraction},
+            "b": {"source": b.source, "iteration_time_s": b.iteration_time,
+                  "bubble_fraction": b.bubble_fraction},
+            "iteration_time_error_pct": _error(a.iteration_time, b.iteration_time),
+            "op_kinds": kinds}
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:+.2f}%"
+
+
+def format_comparison(result: dict[str, Any], label_a: str, label_b: str) -> str:
+    a, b = result["a"], result["b"]
+    lines = [f"A: {label_a} ({a['source']})", f"B: {label_b} ({b['source']}) — the reference",
+             f"iteration time  A {format_seconds(a['iteration_time_s'])}  "
+             f"B {format_seconds(b['iteration_time_s'])}  "
+             f"error (A-B)/B {_pct(result['iteration_time_error_pct'])}",
+             f"bubble fraction A {a['bubble_fraction']:.4f}  B {b['bubble_fraction']:.4f}",
+             f"{'op kind':10} {'count A':>7} {'count B':>7} {'mean A':>12} {'mean B':>12} "
+             f"{'error':>9}"]
+    for row in result["op_kinds"]:
+        mean = [format_seconds(v) if v is not None else "-" for v in (row["mean_a_s"],
+                                                                     row["mean_b_s"])]
+        lines.append(f"{row['kind']:10} {row['count_a']:>7} {row['count_b']:>7} "
+                     f"{mean[0]:>12} {mean[1]:>12} {_pct(row['error_pct']):>9}")
+    return "\n".join(lines)
+
+
+def cmd_compare_timelines(args: argparse.Namespace) -> int:
+    if len(args.timelines) != 2:
+        raise ConfigError(f"compare takes two Timeline JSON files (A B), got "
+                          f"{len(args.timelines)}: {' '.join(args.timelines)}")
+    path_a, path_b = args.timelines
+    timelines = []
+    for path in (path_a, path_b):
+        try:
+            timelines.append(Timeline.load(path))
+        except (KeyError, TypeError, ValueError) as err:
+            if isinstance(err, ClustersimError):
+                raise
+            raise ConfigError(f"{path} is not a Timeline JSON ({type(err).__name__}: {err}); "
+                              "write one with --timeline-json") from None
+    result = compare_timelines(*timelines)
+    print(json.dumps(result, indent=2) if args.json
+          else format_comparison(result, path_a, path_b))
+    if args.output:
+        from .gantt import write_gantt_comparison
+        items = [(f"A: {path_a} ({timelines[0].source})", timelines[0]),
+                 (f"B: {path_b} ({timelines[1].source})", timelines[1])]
+        print(f"wrote {write_gantt_comparison(items, args.output)}")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """`compare A.json B.json` compares two Timelines; without files, schedules."""
+    if getattr(args, "timelines", None):
+        return cmd_compare_timelines(args)
+    from .commands import cmd_compare as compare_schedules
+    return compare_schedules(args)
+
+
+COMMANDS = {"calibrate": cmd_calibrate, "run": cmd_run, "compare": cmd_compare}

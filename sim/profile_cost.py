@@ -1,0 +1,139 @@
+"""Costs from a calibration profile (schedules.profile) instead of a roofline.
+
+- `ProfileCost`: compute seconds of an op of stage s =
+  layers[s] * layer[kind] + (embedding[kind] if s is the first stage)
+  + (head[kind] if s is the last stage), the per-layer and extra times the profile
+  measured at the model's shapes. One exception, as kernels.executor and
+  torch.distributed.pipelining run it: the first stage's input (token ids) needs no
+  gradient, so its I is empty (embedding[I] only) and its W is the whole backward
+  (layers * layer[B] + embedding[W], plus the head's B if it is also the last stage).
+  A profile measured at other shapes is refused.
+- `AlphaBetaNetwork`: the transfer seam (sim.network) with every transfer taking
+  alpha + beta * bytes, as measured between two ranks. No contention model: concurrent
+  transfers do not slow each other, which holds for the two-rank pipelines it was fitted
+  on, and not for many flows sharing a link (use the flow network for that).
+- `profile_collective_time`: alpha + beta * bytes of a collective over a group size the
+  profile measured; `profile_collective_model` is the replay's collective hook built on
+  it (the group's size is the parallel degree of the op's axis; no contention either).
+
+Units: seconds, bytes.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import simpy
+
+from schedules.errors import ConfigError
+from schedules.model import ModelSpec
+from schedules.ops import Op, OpKind
+from schedules.parallel import ParallelConfig
+from schedules.profile import Profile, shape_mismatch
+
+# OpKind -> the profile's collectives key
+COLLECTIVE_NAMES = {OpKind.ALL_REDUCE: "all_reduce", OpKind.ALL_GATHER: "all_gather",
+                    OpKind.REDUCE_SCATTER: "reduce_scatter", OpKind.BROADCAST: "broadcast",
+                    OpKind.ALL_TO_ALL: "all_to_all"}
+
+
+def check_profile(profile: Profile, model: ModelSpec, parallel: ParallelConfig | None = None
+                  ) -> None:
+    """Raise ConfigError when `profile` was not measured at `model`'s shapes (naming the
+    field), or for a parallel layout its per-layer times do not describe."""
+    mismatch = shape_mismatch(profile, model)
+    if mismatch:
+        raise ConfigError(f"profile does not match the model: {mismatch}; recalibrate with "
+                          "`clustersim calibrate` at these model flags")
+    if parallel is None:
+        return
+    if parallel.tp != profile.tp:
+        raise ConfigError(f"profile was measured at tp={profile.tp}, the run has "
+                          f"tp={parallel.tp}: a TP shard's layer time differs")
+    if parallel.cp != 1:
+        raise ConfigError(f"profile times are for a whole sequence; cp={parallel.cp} splits it")
+    if parallel.recompute != "none":
+        raise ConfigError(f"profile backward times exclude recomputation; the run has "
+                          f"recompute={parallel.recompute!r}")
+
+
+class ProfileCost:
+    """compute_time(op) from a profile for a pipeline of `layers_per_stage[s]` layers on
+    virtual stage s (stage 0 holds the embedding, the last stage the head)."""
+
+    def __init__(self, profile: Profile, layers_per_stage: Sequence[int]):
+        if not layers_per_stage:
+            raise ConfigError("ProfileCost needs at least one stage")
+        self.profile = profile
+        self.layers = list(layers_per_stage)
+        last = len(self.layers) - 1
+        kinds = ("F", "B", "I", "W")
+        self.table = {
+            (s, OpKind(k)): layers * profile.compute_time("layer", k)
+            + (profile.compute_time("embedding", k) if s == 0 else 0.0)
+            + (profile.compute_time("head", k) if s == last else 0.0)
+            for s, layers in enumerate(self.layers) for k in kinds}
+        # stage 0: no input gradient, so I is empty and W is the whole backward
+        self.table[(0, OpKind.I)] = profile.compute_time("embedding", "I")
+        self.table[(0, OpKind.W)] = (
+            self.layers[0] * profile.compute_time("layer", "B")
+            + profile.compute_time("embedding", "W")
+            + (profile.compute_time("head", "B") if last == 0 else 0.0))
+
+    @staticmethod
+    def for_model(profile: Profile, model: ModelSpec, parallel: ParallelConfig,
+                  num_stages: int) -> ProfileCost:
+        check_profile(profile, model, parallel)
+        if model.num_layers % num_stages:
+            raise ConfigError(f"num_layers={model.num_layers} is not divisible by "
+                              f"num_stages={num_stages}")
+        return ProfileCost(profile, [model.num_layers // num_stages] * num_stages)
+
+    def __call__(self, op: Op) -> float:
+        time = self.table.get((op.stage, op.kind))
+        if time is None:
+            if op.kind.is_compute:
+                raise ConfigError(f"the profile has no time for {op.kind.value} ops "
+                                  f"(op {op}); it measures F, B, I and W")
+            return 0.0
+        return time
+
+
+class AlphaBetaNetwork:
+    """Every transfer takes alpha + beta * nbytes seconds (measured; no contention)."""
+
+    def __init__(self, env: simpy.Environment, alpha: float, beta: float):
+        if alpha < 0 or beta < 0:
+            raise ConfigError(f"alpha and beta must be >= 0, got alpha={alpha}, beta={beta}")
+        self.env, self.alpha, self.beta = env, alpha, beta
+
+    def transfer(self, src: str, dst: str, nbytes: int) -> simpy.Event:
+        return self.env.timeout(self.alpha + self.beta * nbytes)
+
+
+def profile_collective_time(profile: Profile, op_kind: OpKind | str, group_size: int,
+                            nbytes: int) -> float:
+    """Seconds of one collective of `nbytes` per rank over `group_size` ranks, from the
+    profile's alpha-beta fit (0 for a group of one rank)."""
+    if group_size < 1:
+        raise ConfigError(f"group_size must be >= 1, got {group_size}")
+    if group_size == 1:
+        return 0.0
+    if isinstance(op_kind, OpKind):
+        if op_kind not in COLLECTIVE_NAMES:
+            raise ConfigError(f"{op_kind.value} is not a collective")
+        name = COLLECTIVE_NAMES[op_kind]
+    else:
+        name = str(op_kind).lower().replace("-", "_")
+    return profile.collective(name, group_size).time(nbytes)
+
+
+def profile_collective_model(env: simpy.Environment, profile: Profile,
+                             parallel: ParallelConfig) -> Callable[[Op, int], simpy.Event]:
+    """The replay's collective hook (sim.engine.Replay): a collective of pipeline rank r
+    over axis `op.group` takes profile_collective_time over that axis' degree."""
+    def run(op: Op, pp_rank: int) -> simpy.Event:
+        size = getattr(parallel, op.group) if op.group in ("tp", "cp", "dp", "ep", "pp") else 1
+        seconds = profile_collective_time(profile, op.kind, size, op.nbytes)
+        return env.timeout(seconds, value={"model": "measured alpha-beta", "group_size": size})
+
+    return run

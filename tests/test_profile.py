@@ -1,0 +1,259 @@
+"""The profile format (schedules.profile) and the costs read from it (sim.profile_cost)."""
+import json
+import re
+
+import pytest
+import simpy
+
+from schedules.errors import ConfigError
+from schedules.model import ModelSpec
+from schedules.ops import Op, OpKind
+from schedules.parallel import ParallelConfig
+from schedules.profile import AlphaBeta, Profile, fit_alpha_beta, model_shape
+from schedules.timeline import Span, Timeline
+from sim.profile_cost import (AlphaBetaNetwork, ProfileCost, check_profile,
+                              profile_collective_time)
+from sim.simulate import CostOptions, simulate
+from topologies import load_topology
+
+MODEL = ModelSpec(num_layers=4, hidden_size=64, num_attention_heads=4, seq_length=32,
+                  vocab_size=128, micro_batch_size=2, dtype="fp32")
+
+
+def make_profile(**overrides):
+    fields = dict(
+        device="cpu",
+        compute={"layer": {"F": 1.0, "B": 2.0, "I": 1.25, "W": 0.75},
+                 "embedding": {"F": 0.1, "B": 0.2, "I": 0.0, "W": 0.2},
+                 "head": {"F": 0.5, "B": 1.0, "I": 0.6, "W": 0.4}},
+        p2p=AlphaBeta(1e-3, 1e-9, ((1000, 1.001e-3), (10**6, 2e-3))),
+        collectives={"all_reduce": {2: AlphaBeta(2e-3, 4e-9, ((8, 2e-3),))}},
+        model=model_shape(MODEL), source="test", versions={"torch": "x"}, date="today",
+        threads=1)
+    fields.update(overrides)
+    return Profile(**fields)
+
+
+@pytest.mark.parametrize("relative", [True, False])
+def test_fit_alpha_beta_recovers_an_exact_line(relative):
+    points = [(b, 5e-6 + 2e-10 * b) for b in (0, 1024, 65536, 2**20, 2**30)]
+    alpha, beta = fit_alpha_beta(points, relative)
+    assert alpha == pytest.approx(5e-6) and beta == pytest.approx(2e-10)
+
+
+def test_fit_alpha_beta_relative_weights_small_sizes_like_large_ones():
+    # 10% noise on the largest point barely moves alpha in the relative fit
+    points = [(1000, 1e-5 + 1e-9 * 1000), (10**6, 1e-5 + 1e-3), (10**9, 1.1 * (1e-5 + 1.0))]
+    alpha, _ = fit_alpha_beta(points)
+    assert alpha == pytest.approx(1e-5, rel=0.05)
+    plain_alpha, _ = fit_alpha_beta(points, relative=False)
+    assert plain_alpha == 0  # plain least squares: alpha swamped (clamped from negative)
+
+
+def test_fit_alpha_beta_never_negative():
+    assert fit_alpha_beta([(100, 3.0), (200, 1.0)], relative=False) == (2.0, 0.0)
+    alpha, beta = fit_alpha_beta([(100, 0.5), (200, 2.0)], relative=False)
+    assert alpha == 0 and beta == pytest.approx((100 * 0.5 + 200 * 2.0) / (100**2 + 200**2))
+    alpha, beta = fit_alpha_beta([(100, 3.0), (200, 1.0)])  # weighted mean 1/t^2
+    assert beta == 0 and alpha == pytest.approx((3 / 9 + 1) / (1 / 9 + 1))
+    assert fit_alpha_beta([(1000, 2.0)]) == (0.0, 0.002)
+    assert fit_alpha_beta([(0, 2.0), (0, 4.0)], relative=False) == (3.0, 0.0)
+    with pytest.raises(ConfigError):
+        fit_alpha_beta([])
+
+
+def test_profile_round_trips_through_json(tmp_path):
+    profile = make_profile()
+    path = tmp_path / "p.json"
+    profile.save(path)
+    again = Profile.load(path)
+    assert again == profile
+    data = json.loads(path.read_text())
+    assert data["format"] == "clustersim-profile/1"
+    assert data["collectives"]["all_reduce"]["2"]["alpha"] == 2e-3
+    assert data["model"]["hidden_size"] == 64
+
+
+@pytest.mark.parametrize("mutate, field", [
+    (lambda d: d["compute"]["layer"].pop("W"), "compute.layer.W"),
+    (lambda d: d["compute"].pop("head"), "compute.head"),
+    (lambda d: d["compute"]["layer"].update(F=-1), "compute.layer.F"),
+    (lambda d: d["p2p"].pop("beta"), "p2p.beta"),
+    (lambda d: d.pop("device"), "device"),
+    (lambda d: d["collectives"]["all_reduce"].update({"x": {}}), "collectives.all_reduce"),
+    (lambda d: d["collectives"].update(all_sum={}), "collectives.all_sum"),
+    (lambda d: d.update(threads=0), "threads"),
+    (lambda d: d.update(format="other/9"), "format"),
+])
+def test_profile_validation_names_the_field(mutate, field):
+    data = make_profile().to_dict()
+    mutate(data)
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        Profile.from_dict(data)
+
+
+def test_profile_load_errors_name_the_file(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text("{not json")
+    with pytest.raises(ConfigError, match="bad.json.*not valid JSON"):
+        Profile.load(path)
+    with pytest.raises(ConfigError, match="cannot read profile"):
+        Profile.load(tmp_path / "missing.json")
+
+
+def test_profile_cost_sums_layers_and_stage_extras():
+    cost = ProfileCost(make_profile(), [2, 2])
+    assert cost(Op(OpKind.F, 0, 0)) == pytest.approx(2 * 1.0 + 0.1)
+    assert cost(Op(OpKind.B, 0, 3)) == pytest.approx(2 * 2.0 + 0.2)
+    assert cost(Op(OpKind.F, 1, 0)) == pytest.approx(2 * 1.0 + 0.5)
+    assert cost(Op(OpKind.I, 1, 0)) == pytest.approx(2 * 1.25 + 0.6)
+    assert cost(Op(OpKind.W, 1, 0)) == pytest.approx(2 * 0.75 + 0.4)
+    # stage 0's input needs no gradient: I is empty, W is the whole backward
+    assert cost(Op(OpKind.I, 0, 0)) == pytest.approx(0.0)
+    assert cost(Op(OpKind.W, 0, 0)) == pytest.approx(2 * 2.0 + 0.2)
+    single = ProfileCost(make_profile(), [4])  # first and last stage at once
+    assert single(Op(OpKind.B, 0, 0)) == pytest.approx(4 * 2.0 + 0.2 + 1.0)
+    assert single(Op(OpKind.W, 0, 0)) == pytest.approx(4 * 2.0 + 0.2 + 1.0)
+    assert cost(Op(OpKind.SEND_F, 0, 0, "pp", 100)) == 0.0
+    with pytest.raises(ConfigError, match="OPT_STEP"):
+        cost(Op(OpKind.OPT_STEP, 0))
+
+
+@pytest.mark.parametrize("field, value", [
+    ("hidden_size", 128), ("seq_length", 64), ("micro_batch_size", 4), ("dtype", "bf16"),
+    ("ffn_hidden_size", 128), ("num_attention_heads", 8)])
+def test_profile_at_other_shapes_is_refused_naming_the_field(field, value):
+    from dataclasses import replace
+    other = replace(MODEL, **{field: value})
+    with pytest.raises(ConfigError, match=field):
+        check_profile(make_profile(), other)
+
+
+def test_profile_layers_are_per_layer_so_num_layers_may_differ():
+    from dataclasses import replace
+    check_profile(make_profile(), replace(MODEL, num_layers=8))
+    with pytest.raises(ConfigError, match="tp=1"):
+        check_profile(make_profile(), MODEL, ParallelConfig(pp=1, tp=2, micro_batch_size=2))
+
+
+def test_alpha_beta_network_takes_alpha_plus_beta_bytes():
+    env = simpy.Environment()
+    net = AlphaBetaNetwork(env, 1e-3, 2e-9)
+    done = net.transfer("a", "b", 10**6)
+    env.run(done)
+    assert env.now == pytest.approx(1e-3 + 2e-3)
+    with pytest.raises(ConfigError):
+        AlphaBetaNetwork(env, -1, 0)
+
+
+def test_profile_collective_time():
+    profile = make_profile()
+    assert profile_collective_time(profile, OpKind.ALL_REDUCE, 2, 10**6) == \
+        pytest.approx(2e-3 + 4e-3)
+    assert profile_collective_time(profile, "all-reduce", 2, 0) == pytest.approx(2e-3)
+    assert profile_collective_time(profile, OpKind.ALL_REDUCE, 1, 10**9) == 0.0
+    with pytest.raises(ConfigError, match="group sizes 2, not 4"):
+        profile_collective_time(profile, OpKind.ALL_REDUCE, 4, 1)
+    with pytest.raises(ConfigError, match="no all_gather"):
+        profile_collective_time(profile, OpKind.ALL_GATHER, 2, 1)
+
+
+def test_simulate_with_profile_matches_hand_computed_gpipe():
+    """GPipe pp=2, M=2, 2 layers per stage; P2P alpha 1 ms + 1 ns/byte.
+    Stage 0 F = 2.1, stage 1 F = 2.5; stage 1 B = 5.0, stage 0 B = 4.2."""
+    parallel = ParallelConfig(pp=2, num_microbatches=2, micro_batch_size=2, schedule="gpipe")
+    timeline = simulate(MODEL, parallel, load_topology("dgx-h100"), None,
+                        CostOptions(profile=make_profile()))
+    p = 1e-3 + 1e-9 * (2 * 32 * 64 * 4)  # one activation of b*s*h fp32
+    # Rank 1 posts RECV_F(1,1) only after F(1,0) ends (Megatron's placement), so:
+    # F(1,0) ends 4.6+p, F(1,1) 4.6+2p..7.1+2p, B(1,0) ..12.1+2p, B(1,1) ..17.1+2p;
+    # rank 0: B(0,0) 12.1+3p..16.3+3p, B(0,1) from 17.1+3p (its gradient's arrival).
+    expected = 17.1 + 3 * p + 4.2
+    assert timeline.iteration_time == pytest.approx(expected)
+    assert timeline.meta["cost_model"] == "profile(cpu)"
+
+
+# --- CLI: simulate --profile and compare A.json B.json (no torch needed) -----------------
+TINY_FLAGS = ("--model", "gpt3-1.3b", "--num-layers", "4", "--hidden-size", "64",
+              "--num-attention-heads", "4", "--seq-length", "32", "--vocab-size", "128",
+              "--micro-batch-size", "2", "--dtype", "fp32")
+
+
+def tiny_model():
+    from schedules.model import get_model
+    return get_model("gpt3-1.3b", num_layers=4, hidden_size=64, num_attention_heads=4,
+                     seq_length=32, vocab_size=128, micro_batch_size=2, dtype="fp32")
+
+
+def test_cli_simulate_with_profile(tmp_path):
+    from test_cli import clustersim
+    path = tmp_path / "profile.json"
+    make_profile(model=model_shape(tiny_model())).save(path)
+    out = clustersim("simulate", "--schedule", "gpipe", "--pp", "2", "--microbatches", "2",
+                     *TINY_FLAGS, "--profile", str(path), "-o", str(tmp_path / "g.html"),
+                     "--timeline-json", str(tmp_path / "sim.json"))
+    assert "costs=profile(cpu)" in out.stdout
+    timeline = Timeline.load(tmp_path / "sim.json")
+    assert timeline.iteration_time == pytest.approx(17.1 + 3 * (1e-3 + 1e-9 * 16384) + 4.2)
+
+
+def test_cli_simulate_refuses_a_profile_of_other_shapes(tmp_path):
+    from test_cli import clustersim
+    path = tmp_path / "profile.json"
+    make_profile(model=model_shape(tiny_model())).save(path)
+    out = clustersim("simulate", "--pp", "2", "--microbatches", "2", *TINY_FLAGS,
+                     "--seq-length", "64", "--profile", str(path), check=False)
+    assert out.returncode == 2
+    assert "seq_length" in out.stderr and out.stderr.count("\n") == 1
+
+
+def _timeline(f, b, source):
+    spans = []
+    for m in range(2):
+        spans.append(Span(0, "compute", Op(OpKind.F, 0, m), m * f, (m + 1) * f))
+    for m in range(2):
+        start = 2 * f + m * b
+        spans.append(Span(0, "compute", Op(OpKind.B, 0, m), start, start + b))
+    spans.append(Span(0, "send", Op(OpKind.SEND_F, 0, 0, "pp", 64), f, f + 0.5))
+    return Timeline(spans, source=source)
+
+
+def test_cli_compare_two_timelines(tmp_path):
+    from test_cli import clustersim
+    _timeline(1.0, 2.0, "sim").save(tmp_path / "a.json")
+    _timeline(1.25, 2.0, "kernels:cpu").save(tmp_path / "b.json")
+    out = clustersim("compare", str(tmp_path / "a.json"), str(tmp_path / "b.json"),
+                     "-o", str(tmp_path / "cmp.html"))
+    # A: 2*1 + 2*2 = 6 s; B: 2*1.25 + 2*2 = 6.5 s -> (6 - 6.5) / 6.5 = -7.69%
+    assert "error (A-B)/B -7.69%" in out.stdout
+    assert re.search(r"^F\s+2\s+2\s+1 s\s+1\.25 s\s+-20\.00%$", out.stdout, re.M)
+    assert re.search(r"^B\s+2\s+2\s+2 s\s+2 s\s+\+0\.00%$", out.stdout, re.M)
+    assert (tmp_path / "cmp.html").stat().st_size > 100_000
+    data = json.loads(clustersim("compare", str(tmp_path / "a.json"), str(tmp_path / "b.json"),
+                                 "--json").stdout)
+    assert data["iteration_time_error_pct"] == pytest.approx(-100 / 13)
+    assert [k["kind"] for k in data["op_kinds"]] == ["F", "B", "SEND_F"]
+
+
+def test_cli_compare_without_files_still_compares_schedules(tmp_path):
+    from test_cli import clustersim
+    out = clustersim("compare", "--schedules", "gpipe,1f1b", "--pp", "2", "--microbatches",
+                     "4", "--uniform-costs", "1,2")
+    assert "gpipe" in out.stdout and "1f1b" in out.stdout
+    bad = clustersim("compare", str(tmp_path / "only-one.json"), check=False)
+    assert bad.returncode == 2 and "two Timeline JSON files" in bad.stderr
+
+
+def test_simulate_with_profile_costs_the_dp_allreduce_from_the_fit():
+    """pp=1, dp=2, one microbatch: F, B, then the gradient all-reduce of the whole model
+    (alpha 2 ms + 4 ns/byte from the profile's all_reduce fit for 2 ranks)."""
+    from schedules.costs import stage_costs
+    parallel = ParallelConfig(pp=1, dp=2, num_microbatches=1, micro_batch_size=2,
+                              schedule="gpipe")
+    timeline = simulate(MODEL, parallel, load_topology("dgx-h100"), None,
+                        CostOptions(profile=make_profile()))
+    grad_bytes = stage_costs(MODEL, parallel, 1)[0].grad_bytes
+    compute = (4 * 1.0 + 0.1 + 0.5) + (4 * 2.0 + 0.2 + 1.0)
+    assert timeline.iteration_time == pytest.approx(compute + 2e-3 + 4e-9 * grad_bytes)
+    [span] = [s for s in timeline.spans if s.op.kind is OpKind.ALL_REDUCE]
+    assert span.info["group_size"] == 2

@@ -10,6 +10,7 @@ from schedules.errors import ConfigError
 from schedules.generators import build_schedule, canonical_schedule_name
 from schedules.model import MODEL_PRESETS, ModelSpec, get_model
 from schedules.parallel import CUSTOM_SCHEDULE, ParallelConfig
+from schedules.schedule import Schedule
 from schedules.profile import Profile
 from schedules.timeline import Timeline
 from schedules.torch_csv import read_torch_csv, to_torch_csv
@@ -77,21 +78,23 @@ def _write_json(path: str, data: object) -> None:
     print(f"wrote {path}")
 
 
-def cmd_simulate(args: argparse.Namespace) -> int:
+def schedule_and_parallel(args: argparse.Namespace,
+                          model: ModelSpec) -> tuple[Schedule | None, ParallelConfig]:
+    """The custom schedule of `--schedule-csv` (None without it) and the parallel config;
+    a custom schedule fixes pp, vpp and the microbatch count. Shared by simulate and run."""
+    custom = read_torch_csv(args.schedule_csv) if args.schedule_csv else None
+    if custom is not None:
+        args.pp, args.vpp = custom.num_ranks, custom.stages_per_rank
+        args.microbatches, args.schedule = custom.num_microbatches, CUSTOM_SCHEDULE
+    return custom, parallel_from_args(args, args.schedule,
+                                      micro_batch_size=model.micro_batch_size)
+
+
+def write_outputs(timeline: Timeline, args: argparse.Namespace) -> None:
+    """Gantt HTML, and the trace, metrics and Timeline JSON files the flags ask for."""
     from .gantt import write_gantt
     from .trace import write_trace
 
-    model = model_from_args(args)
-    custom = read_torch_csv(args.schedule_csv) if args.schedule_csv else None
-    if custom is not None:
-        args.pp = custom.num_ranks
-        args.vpp = custom.stages_per_rank
-        args.microbatches = custom.num_microbatches
-        args.schedule = CUSTOM_SCHEDULE
-    parallel = parallel_from_args(args, args.schedule, micro_batch_size=model.micro_batch_size)
-    timeline = simulate(model, parallel, load_topology(args.topology), custom,
-                        cost_options(args))
-    print(format_summary(timeline))
     print(f"wrote {write_gantt(timeline, args.output)}")
     if args.trace_json:
         write_trace(timeline, args.trace_json)
@@ -101,6 +104,15 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.timeline_json:
         timeline.save(args.timeline_json)
         print(f"wrote {args.timeline_json}")
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    model = model_from_args(args)
+    custom, parallel = schedule_and_parallel(args, model)
+    timeline = simulate(model, parallel, load_topology(args.topology), custom,
+                        cost_options(args))
+    print(format_summary(timeline))
+    write_outputs(timeline, args)
     return 0
 
 

@@ -156,18 +156,12 @@ def _bandwidth(beta: float) -> str:
 def cmd_run(args: argparse.Namespace) -> int:
     from schedules.data_parallel import add_dp_allreduce
     from schedules.generators import build_schedule
-    from schedules.parallel import CUSTOM_SCHEDULE
-    from schedules.torch_csv import read_torch_csv
 
-    from .commands import model_from_args, parallel_from_args
+    from .commands import model_from_args, schedule_and_parallel, write_outputs
     from .report import format_summary
 
     model = model_from_args(args)
-    custom = read_torch_csv(args.schedule_csv) if args.schedule_csv else None
-    if custom is not None:
-        args.pp, args.vpp = custom.num_ranks, custom.stages_per_rank
-        args.microbatches, args.schedule = custom.num_microbatches, CUSTOM_SCHEDULE
-    parallel = parallel_from_args(args, args.schedule, micro_batch_size=model.micro_batch_size)
+    custom, parallel = schedule_and_parallel(args, model)
     parallel.check_model(model)
     if args.nproc is not None and args.nproc != parallel.world_size:
         raise ConfigError(f"--nproc={args.nproc} must equal the world size tp*cp*dp*pp="
@@ -194,23 +188,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if len(times) > 1:
         print("iteration times: " + ", ".join(format_seconds(t) for t in times)
               + " (the Timeline is the median one)")
-    _write_outputs(timeline, args)
+    write_outputs(timeline, args)
     return 0
-
-
-def _write_outputs(timeline: Timeline, args: argparse.Namespace) -> None:
-    from .gantt import write_gantt
-    from .trace import write_trace
-
-    timeline.save(args.timeline_json)
-    print(f"wrote {args.timeline_json}")
-    print(f"wrote {write_gantt(timeline, args.output)}")
-    if args.trace_json:
-        write_trace(timeline, args.trace_json)
-        print(f"wrote {args.trace_json}")
-    if args.metrics_json:
-        Path(args.metrics_json).write_text(json.dumps(timeline.metrics(), indent=2))
-        print(f"wrote {args.metrics_json}")
 
 
 # --- compare two timelines ----------------------------------------------------------------

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .errors import ConfigError
+from .errors import ConfigError, require_positive_int
 from .model import ModelSpec
 from .parallel import ParallelConfig
 
@@ -52,8 +52,7 @@ class StageCost:
 
 
 def _check(model: ModelSpec, parallel: ParallelConfig, num_stages: int) -> None:
-    if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1:
-        raise ConfigError(f"num_stages must be an integer >= 1, got {num_stages!r}")
+    require_positive_int("num_stages", num_stages)
     if model.num_layers % num_stages:
         raise ConfigError(f"num_layers={model.num_layers} is not divisible by "
                           f"num_stages={num_stages}")

@@ -1,4 +1,5 @@
-"""Typed errors a user can act on. Each message names the field and the rule it broke."""
+"""Typed errors a user can act on, and the shared checks that raise them. Each message
+names the field and the rule it broke."""
 
 
 class ClustersimError(Exception):
@@ -7,6 +8,12 @@ class ClustersimError(Exception):
 
 class ConfigError(ClustersimError, ValueError):
     """An invalid model, parallel or schedule configuration (names the field and the rule)."""
+
+
+def require_positive_int(name: str, value: object) -> None:
+    """Raise ConfigError unless `value` is an int >= 1 (bools are not counts)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
 
 
 class ScheduleFormatError(ClustersimError, ValueError):

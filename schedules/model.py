@@ -16,18 +16,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
-from .errors import ConfigError
+from .errors import ConfigError, require_positive_int
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 POSITION_EMBEDDINGS = ("learned_absolute", "rope", "none")
 RECOMPUTE = ("none", "selective", "full")
 DEFAULT_MOE_TOPK = 2  # Megatron-LM's --moe-router-topk default
-
-
-def _positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -64,7 +59,7 @@ class ModelSpec:
             object.__setattr__(self, "num_query_groups", self.num_attention_heads)
         for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length",
                      "vocab_size", "ffn_hidden_size", "num_query_groups", "micro_batch_size"):
-            _positive_int(name, getattr(self, name))
+            require_positive_int(name, getattr(self, name))
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(f"hidden_size={self.hidden_size} must be divisible by "
                               f"num_attention_heads={self.num_attention_heads}")
@@ -89,11 +84,11 @@ class ModelSpec:
                 raise ConfigError("moe_router_topk is set but num_experts is not: set both "
                                   "for a mixture-of-experts model")
         else:
-            _positive_int("num_experts", self.num_experts)
+            require_positive_int("num_experts", self.num_experts)
             if self.moe_router_topk is None:
                 object.__setattr__(self, "moe_router_topk",
                                    min(DEFAULT_MOE_TOPK, self.num_experts))
-            _positive_int("moe_router_topk", self.moe_router_topk)
+            require_positive_int("moe_router_topk", self.moe_router_topk)
             if self.moe_router_topk > self.num_experts:
                 raise ConfigError(f"moe_router_topk={self.moe_router_topk} must be <= "
                                   f"num_experts={self.num_experts}")
@@ -152,7 +147,7 @@ class ModelSpec:
         sequences: layers 3x forward (4x with full recompute), logits 3x forward. For GPT
         this is SC21 eq. (3), 96Bslh^2(1 + s/6h + V/16lh) with recompute, and
         72Bslh^2(1 + s/6h + V/12lh) without."""
-        _positive_int("num_microbatches", num_microbatches)
+        require_positive_int("num_microbatches", num_microbatches)
         passes = 4 if recompute else 3
         per_mb = passes * self.num_layers * self.layer_forward_flops() \
             + 3 * self.logits_forward_flops()
@@ -175,7 +170,7 @@ class ModelSpec:
         GELU reproduce K22 Table 2 exactly. Full recompute keeps the layer input only,
         2sbh (sbh*dtype_bytes), divided by t under SP (the input is sequence-sharded).
         """
-        _positive_int("tp", tp)
+        require_positive_int("tp", tp)
         if recompute not in RECOMPUTE:
             raise ConfigError(f"recompute={recompute!r} must be one of {', '.join(RECOMPUTE)}")
         b, s, h, f = self.micro_batch_size, self.seq_length, self.hidden_size, self.ffn_hidden_size

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from .errors import ConfigError
+from .errors import ConfigError, require_positive_int
 from .generators import canonical_schedule_name
 
 AXES = ("tp", "cp", "ep", "dp", "pp")
@@ -36,11 +36,6 @@ ALIASES: dict[str, str] = {
     "pipeline_parallel_schedule": "schedule",
     "order": "rank_order",
 }
-
-
-def _positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
 
 
 CUSTOM_SCHEDULE = "custom"
@@ -71,7 +66,7 @@ class ParallelConfig:
 
     def __post_init__(self) -> None:
         for name in ("pp", "vpp", "dp", "tp", "cp", "ep", "micro_batch_size"):
-            _positive_int(name, getattr(self, name))
+            require_positive_int(name, getattr(self, name))
         if not isinstance(self.sequence_parallel, bool):
             raise ConfigError(f"sequence_parallel must be a bool, got {self.sequence_parallel!r}")
         if self.zero_stage not in (0, 1, 2, 3) or isinstance(self.zero_stage, bool):
@@ -92,9 +87,9 @@ class ParallelConfig:
     def _resolve_microbatches(self) -> None:
         m, gbs, per_mb = self.num_microbatches, self.global_batch_size, self.micro_batch_size * self.dp
         if m is not None:
-            _positive_int("num_microbatches", m)
+            require_positive_int("num_microbatches", m)
         if gbs is not None:
-            _positive_int("global_batch_size", gbs)
+            require_positive_int("global_batch_size", gbs)
             if gbs % per_mb:
                 raise ConfigError(
                     f"global_batch_size={gbs} must be divisible by micro_batch_size*dp="

@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from .errors import ConfigError, require_positive_int
 
 FORMAT = "clustersim-profile/1"
 COMPUTE_PARTS = ("layer", "embedding", "head")
@@ -171,9 +171,7 @@ class Profile:
                 raise ConfigError(f"profile field collectives.{op}: unknown collective; "
                                   f"use {', '.join(COLLECTIVE_OPS)}")
         for name in ("threads", "tp"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"profile field {name} must be an integer >= 1, got {value!r}")
+            require_positive_int(f"profile field {name}", getattr(self, name))
 
     def compute_time(self, part: str, kind: str) -> float:
         return float(self.compute[part][kind])

@@ -18,6 +18,7 @@ from .generators import canonical_schedule_name
 
 AXES = ("tp", "cp", "ep", "dp", "pp")
 RECOMPUTE = ("none", "selective", "full")
+FSDP = ("none", "full", "hybrid")
 
 # Megatron-LM / torchtitan / DeepSpeed spellings (after '--' stripped, '-' -> '_').
 ALIASES: dict[str, str] = {
@@ -61,6 +62,16 @@ class ParallelConfig:
     global_batch_size: int | None = None
     micro_batch_size: int = 1
     recompute: str = "none"
+    # data-parallel sharding and its communication (issue 5); see schedules.data_parallel
+    fsdp: str = "none"  # 'none', 'full' (= ZeRO-3 over dp) or 'hybrid' (shard in a node)
+    shard_size: int | None = None  # hybrid shard group size; None = GPUs per node
+    offload: bool = False  # ZeRO-Offload: optimizer state and step on the host
+    bucket_bytes: int | None = None  # gradient bucket; None = the framework default
+    overlap_grad_reduce: bool = True  # post bucket reductions during the backward
+    reshard_after_forward: bool = True  # ZeRO-3/FSDP: free gathered params after F
+    quantized_weights: bool = False  # ZeRO++ qwZ: int8 weight all-gather
+    hpz: bool = False  # ZeRO++ hpZ: secondary parameter shard inside the node
+    quantized_gradients: bool = False  # ZeRO++ qgZ: int4 gradient reduce-scatter
     rank_order: str = "tp-cp-ep-dp-pp"
     schedule: str = "1f1b"  # or CUSTOM_SCHEDULE for a schedule given as data (torch CSV)
 
@@ -73,6 +84,15 @@ class ParallelConfig:
             raise ConfigError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
         if self.recompute not in RECOMPUTE:
             raise ConfigError(f"recompute={self.recompute!r} must be one of {', '.join(RECOMPUTE)}")
+        if self.fsdp not in FSDP:
+            raise ConfigError(f"fsdp={self.fsdp!r} must be one of {', '.join(FSDP)}")
+        for name in ("offload", "overlap_grad_reduce", "reshard_after_forward",
+                     "quantized_weights", "hpz", "quantized_gradients"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        for name in ("shard_size", "bucket_bytes"):
+            if getattr(self, name) is not None:
+                require_positive_int(name, getattr(self, name))
         order = str(self.rank_order).strip().lower().split("-")
         if sorted(order) != sorted(AXES):
             raise ConfigError(f"rank_order={self.rank_order!r} must be a '-'-separated "

@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -30,8 +28,8 @@ import time
 from pathlib import Path
 
 from environment import environment_markdown
+from run_cli import ROOT, clustersim, command
 
-ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 ROUNDS = 5
 MAX_FOREIGN = 0.10  # of all CPUs, used by other processes during a round
@@ -124,18 +122,6 @@ def wait_for_quiet(limit_s: float = 900.0) -> float:
         print(f"waiting: other processes use {probe.fraction:.0%} of the CPUs",
               file=sys.stderr)
         time.sleep(20)
-
-
-def clustersim(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, "-m", "sim", *args], cwd=cwd, text=True,
-                            capture_output=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    if result.returncode:
-        raise SystemExit(f"clustersim {' '.join(args)} failed:\n{result.stderr}")
-    return result
-
-
-def command(*args: str) -> str:
-    return "clustersim " + " ".join(shlex.quote(a) for a in args)
 
 
 def one_round(index: int, work: Path) -> dict:

@@ -13,6 +13,8 @@ Ops run in program order on one compute stream; each op's waits are exactly
 - SEND_*/RECV_*: `dist.isend`/`dist.irecv` posted when reached (forward and backward
   traffic on separate process groups, so one direction never queues behind the other);
   a RECV is waited on only by the op that consumes it.
+- loopback (replay of one pipeline rank alone on one device): a RECV yields a fresh
+  random tensor of the activation shape at once, a SEND is dropped; no span for either.
 - ALL_REDUCE(s, group='dp'): stage s's gradients, flattened into one buffer, all-reduced
   (sum) over the DP group, divided by its size (the mean over replicas) when it completes.
 
@@ -48,7 +50,8 @@ class RankSetup:
     """What one rank needs: its place in the grid and its process groups.
 
     `pp_ranks[p]` is the global rank of pipeline rank p in this rank's PP group;
-    `groups` maps 'p2p_f', 'p2p_b' and 'dp' to process groups (None = the world)."""
+    `groups` maps 'p2p_f', 'p2p_b' and 'dp' to process groups (None = the world);
+    `loopback` replays the rank without peers (see the module docstring)."""
 
     rank: int
     pipeline_rank: int
@@ -57,6 +60,7 @@ class RankSetup:
     groups: dict[str, Any]
     dp_size: int
     timeout: float
+    loopback: bool = False
 
 
 @dataclass
@@ -205,12 +209,18 @@ class RankExecutor:
             tensor = state.outputs[(s, m)].detach().contiguous()
         else:
             tensor = state.input_grads.pop((s, m)).contiguous()
+        if self.setup.loopback:
+            return
         peer, group, tag = self._p2p_args(op)
         start = self.clock.mark()
         work = dist.isend(tensor, peer, group=group, tag=tag)
         self._post(op, "send", work, tensor, start, {"peer": peer})
 
     def _recv(self, op: Op, state: IterationState) -> None:
+        if self.setup.loopback:
+            buffer = torch.randn(self.activation_shape, dtype=self.dtype, device=self.device)
+            state.recvs[op.key] = (None, buffer)
+            return
         buffer = torch.empty(self.activation_shape, dtype=self.dtype, device=self.device)
         peer, group, tag = self._p2p_args(op)
         start = self.clock.mark()
@@ -220,7 +230,8 @@ class RankExecutor:
 
     def _take_recv(self, key: Key, state: IterationState) -> torch.Tensor:
         done, buffer = state.recvs.pop(key)
-        self._wait(done, f"waiting for {_text(key)}")
+        if done is not None:  # None: a loopback RECV, ready at once
+            self._wait(done, f"waiting for {_text(key)}")
         return buffer
 
     # --- collectives -----------------------------------------------------------------

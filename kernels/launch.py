@@ -50,7 +50,8 @@ _MAIN_GUARD_HINT = (" (rank processes start by importing the caller's main modul
 
 
 def _check(schedule: Schedule, model: ModelSpec, parallel: ParallelConfig, device: str,
-           check: bool, iterations: int, warmup_iterations: int, timeout: float) -> None:
+           check: bool, iterations: int, warmup_iterations: int, timeout: float,
+           replay: bool) -> None:
     if device not in ("cpu", "cuda"):
         raise ConfigError(f"device={device!r} must be 'cpu' or 'cuda'")
     if iterations < 1 or warmup_iterations < 0:
@@ -72,6 +73,9 @@ def _check(schedule: Schedule, model: ModelSpec, parallel: ParallelConfig, devic
         if op.kind not in SUPPORTED_KINDS or (op.kind is OpKind.ALL_REDUCE and op.group != "dp"):
             raise KernelsError(f"op {op} ({op.kind.value}, group {op.group}) is not supported "
                                f"by the kernels backend", op=str(op))
+    if replay and parallel.dp != 1:
+        raise ConfigError(f"replay runs one pipeline replica's compute on one device: dp must "
+                          f"be 1, got dp={parallel.dp}")
     if check:
         validate(schedule)  # ConfigError / DeadlockError with the rank x step grid
     if device == "cuda":
@@ -79,11 +83,12 @@ def _check(schedule: Schedule, model: ModelSpec, parallel: ParallelConfig, devic
             raise KernelsError("device='cuda' but torch sees no CUDA device "
                                f"(torch {torch.__version__})")
         count = torch.cuda.device_count()
-        if parallel.world_size > count:
+        if not replay and parallel.world_size > count:
             raise KernelsError(
                 f"{parallel.world_size} ranks need {parallel.world_size} GPUs, this host has "
                 f"{count}: one GPU cannot run NCCL between ranks (NCCL fails with "
-                f"'Duplicate GPU'); run world size 1, or use device='cpu' (gloo)")
+                f"'Duplicate GPU'); run world size 1, replay the ranks' compute on one GPU "
+                f"(replay=True), or use device='cpu' (gloo)")
 
 
 def _free_port() -> int:
@@ -101,7 +106,8 @@ def _context() -> Any:
 def run_schedule(schedule: Schedule, model: ModelSpec, parallel: ParallelConfig,
                  device: str = "cpu", seed: int = 0, timeout: float = 120.0,
                  warmup_iterations: int = 1, iterations: int = 1, return_grads: bool = False,
-                 check: bool = True) -> Timeline | tuple[Timeline, dict[str, torch.Tensor]]:
+                 check: bool = True, replay: bool = False
+                 ) -> Timeline | tuple[Timeline, dict[str, torch.Tensor]]:
     """Execute `schedule` for real and return its measured Timeline (and, with
     `return_grads`, the gradients by parameter name, gathered from DP replica 0).
 
@@ -109,7 +115,10 @@ def run_schedule(schedule: Schedule, model: ModelSpec, parallel: ParallelConfig,
     step, so every iteration computes the same gradients); the Timeline is the iteration
     with the median time, and meta['iteration_times'] lists all of them. `check` validates
     the schedule first (structure + deadlock dry run). `timeout` bounds the whole run in
-    seconds (start-up included). Raises KernelsError on failure, ConfigError on bad input.
+    seconds (start-up included). `replay` runs each pipeline rank's program in turn in one
+    process on one device, P2P in loopback (kernels.worker): per-op compute times of every
+    rank from a single GPU; needs dp = 1, returns no gradients. Raises KernelsError on
+    failure, ConfigError on bad input.
 
     Like torch.multiprocessing.spawn, rank processes import the caller's main module, so
     a script calling this needs an `if __name__ == '__main__':` guard.
@@ -117,10 +126,13 @@ def run_schedule(schedule: Schedule, model: ModelSpec, parallel: ParallelConfig,
     if getattr(mp.current_process(), "_inheriting", False):
         raise KernelsError("run_schedule was called while a rank process imported the main "
                            "module: guard the script's entry with `if __name__ == '__main__':`")
-    _check(schedule, model, parallel, device, check, iterations, warmup_iterations, timeout)
+    if replay and return_grads:
+        raise ConfigError("replay returns no gradients (its RECVs are random data)")
+    _check(schedule, model, parallel, device, check, iterations, warmup_iterations, timeout,
+           replay)
     lowered = annotate(schedule, stage_costs(model, parallel, schedule.num_stages))
     job = Job(lowered, model, parallel, device, seed, float(timeout), warmup_iterations,
-              iterations, return_grads, _free_port())
+              iterations, return_grads, _free_port(), replay)
     payloads = _launch(job)
     timeline = merge_timeline(payloads, job)
     if return_grads:
@@ -131,7 +143,7 @@ def run_schedule(schedule: Schedule, model: ModelSpec, parallel: ParallelConfig,
 def _launch(job: Job) -> dict[int, dict]:
     """Start the rank processes and collect their payloads, or raise KernelsError."""
     ctx = _context()
-    world = job.parallel.world_size
+    world = job.world_size
     results = ctx.Queue()
     progress = ctx.Array("i", [STARTUP] * (2 * world), lock=False)
     procs = [ctx.Process(target=run_rank, args=(r, job, results, progress), daemon=True,
@@ -203,7 +215,7 @@ def _where(job: Job, rank: int, progress: Any) -> str:
 
 def _where_stuck(job: Job, progress: Any, finished: dict) -> str:
     return "; ".join(f"rank {r} {_where(job, r, progress)}"
-                     for r in range(job.parallel.world_size) if r not in finished)
+                     for r in range(job.world_size) if r not in finished)
 
 
 def merge_timeline(payloads: dict[int, dict], job: Job) -> Timeline:
@@ -224,7 +236,7 @@ def merge_timeline(payloads: dict[int, dict], job: Job) -> Timeline:
         origin = origins[chosen]
         spans += [{**s, "start": s["start"] - origin, "end": s["end"] - origin}
                   for s in it["spans"]]
-        memory += [[rank, t - origin, n] for t, n in it["memory"]]
+        memory += [[m[2] if len(m) > 2 else rank, m[0] - origin, m[1]] for m in it["memory"]]
     spans.sort(key=lambda s: (s["start"], s["rank"]))
     name = next(iter(payloads.values()))["device_name"]
     source = "kernels:cpu" if job.device == "cpu" else f"kernels:cuda:{name}"
@@ -236,8 +248,11 @@ def merge_timeline(payloads: dict[int, dict], job: Job) -> Timeline:
         "backend": "nccl" if job.device == "cuda" else "gloo",
         "torch": torch.__version__, "seed": job.seed,
         "warmup_iterations": job.warmup_iterations, "iteration_times": times,
-        "selected_iteration": chosen,
-        "limits": ([] if EXACT_SPLIT else ["W re-traverses the activation-gradient chain "
+        "selected_iteration": chosen, "replay": job.replay,
+        "limits": (["replay: each pipeline rank's compute alone on one device, one rank "
+                    "after another, each from t = 0; P2P not run (RECVs are random data)"]
+                   if job.replay else [])
+        + ([] if EXACT_SPLIT else ["W re-traverses the activation-gradient chain "
                                            "(old torch): W times are overstated"])
         + (["gloo: CPU timings calibrate only this CPU and gloo"] if job.device == "cpu" else []),
     }

@@ -3,12 +3,18 @@ the program for warm-up + measured iterations, and report spans and gradients.
 
 Messages to the parent (one per rank, on a multiprocessing queue):
 - ('ok', rank, payload): payload = {'iterations': [{'t0', 'spans', 'memory'}, ...],
+  memory = [(t, bytes) or, in replay, (t, bytes, pipeline rank)],
   'grads': bytes of torch.save({name: grad}) or None, 'device_name': str};
 - ('error', rank, op text or phase, message, traceback).
 `progress[2*rank : 2*rank+2]` = (iteration, op index) says where a rank is, so the parent
 can name a stuck op: iteration -1 = starting up, N = at the final barrier; index -1 =
 at the barrier before the program, len(program) = completing comm after it.
 Times are perf_counter seconds (CLOCK_MONOTONIC, shared by all processes of a host).
+
+Replay (`Job.replay`): one process runs every pipeline rank's program in turn on one
+device, in loopback (kernels.executor: RECVs yield random data, SENDs are dropped), so a
+single GPU measures each rank's compute at the schedule's shapes. Each pipeline rank's
+spans are shifted to start at its own t0 = 0 and carry that pipeline rank as `rank`.
 """
 from __future__ import annotations
 
@@ -62,6 +68,12 @@ class Job:
     iterations: int
     return_grads: bool
     master_port: int
+    replay: bool = False
+
+    @property
+    def world_size(self) -> int:
+        """Rank processes: one in replay, else every rank of the grid."""
+        return 1 if self.replay else self.parallel.world_size
 
 
 def _groups(parallel: ParallelConfig, rank: int, timeout: datetime.timedelta) -> dict[str, Any]:
@@ -102,10 +114,11 @@ def run_rank(rank: int, job: Job, results: Any, progress: Any) -> None:
         timeout = datetime.timedelta(seconds=job.timeout)
         where = "joining the process group"
         dist.init_process_group("nccl" if job.device == "cuda" else "gloo", rank=rank,
-                                world_size=job.parallel.world_size, timeout=timeout)
-        groups = _groups(job.parallel, rank, timeout)
+                                world_size=job.world_size, timeout=timeout)
+        groups = {} if job.replay else _groups(job.parallel, rank, timeout)
         where = "building its stages"
-        payload = _run(rank, job, device, groups, progress)
+        payload = _replay(job, device, progress) if job.replay else _run(
+            rank, job, device, groups, progress)
         where = "the final barrier"
         dist.barrier()
         dist.destroy_process_group()
@@ -121,14 +134,50 @@ def run_rank(rank: int, job: Job, results: Any, progress: Any) -> None:
 
 def _run(rank: int, job: Job, device: torch.device, groups: dict, progress: Any) -> dict:
     coords = job.parallel.coords(rank)
-    schedule = job.schedule
-    pipeline_rank = coords["pp"]
-    stages = [s for s in range(schedule.num_stages) if schedule.rank_of_stage(s) == pipeline_rank]
-    modules = build_stages(job.model, stages, schedule.num_stages, job.seed, device)
-    tokens, labels = token_batch(job.model, job.parallel.global_batch_size, job.seed, device)
-    setup = RankSetup(rank=rank, pipeline_rank=pipeline_rank, dp_rank=coords["dp"],
+    setup = RankSetup(rank=rank, pipeline_rank=coords["pp"], dp_rank=coords["dp"],
                       pp_ranks=job.parallel.group("pp", rank), groups=groups,
                       dp_size=job.parallel.dp, timeout=job.timeout)
+    iterations, grads = _iterate(rank, job, device, setup, progress)
+    return {"iterations": iterations, "grads": grads, "device_name": _device_name(device)}
+
+
+def _replay(job: Job, device: torch.device, progress: Any) -> dict:
+    """Every pipeline rank's program in loopback, one after another, each from t = 0."""
+    per_rank = []
+    for pipeline_rank in range(job.parallel.pp):
+        setup = RankSetup(rank=pipeline_rank, pipeline_rank=pipeline_rank, dp_rank=0,
+                          pp_ranks=list(range(job.parallel.pp)), groups={}, dp_size=1,
+                          timeout=job.timeout, loopback=True)
+        iterations, _ = _iterate(0, job, device, setup, progress)
+        per_rank.append([_from_zero(it) for it in iterations])
+    merged = [{"t0": 0.0, "spans": [s for its in per_rank for s in its[i]["spans"]],
+               "memory": [(t, n, r) for r, its in enumerate(per_rank)
+                          for t, n in its[i]["memory"]]}
+              for i in range(job.iterations)]
+    return {"iterations": merged, "grads": None, "device_name": _device_name(device)}
+
+
+def _from_zero(iteration: dict) -> dict:
+    t0 = iteration["t0"]
+    return {"t0": 0.0,
+            "spans": [{**s, "start": s["start"] - t0, "end": s["end"] - t0}
+                      for s in iteration["spans"]],
+            "memory": [(t - t0, n) for t, n in iteration["memory"]]}
+
+
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def _iterate(rank: int, job: Job, device: torch.device, setup: RankSetup,
+             progress: Any) -> tuple[list[dict], bytes | None]:
+    """Warm-up + timed iterations of `setup.pipeline_rank`'s program: the timed
+    iterations' resolved spans and memory, and the gradients if the job wants them."""
+    schedule = job.schedule
+    stages = [s for s in range(schedule.num_stages)
+              if schedule.rank_of_stage(s) == setup.pipeline_rank]
+    modules = build_stages(job.model, stages, schedule.num_stages, job.seed, device)
+    tokens, labels = token_batch(job.model, job.parallel.global_batch_size, job.seed, device)
     clock = make_clock(device)
 
     def on_op(index: int) -> None:
@@ -159,5 +208,4 @@ def _run(rank: int, job: Job, device: torch.device, groups: dict, progress: Any)
         torch.save({name: p.grad.detach().cpu() for name, p in params.items()
                     if p.grad is not None}, buffer)
         grads = buffer.getvalue()
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    return {"iterations": iterations, "grads": grads, "device_name": name}
+    return iterations, grads

@@ -26,7 +26,7 @@ INSTALL_HINT = "the kernels backend needs PyTorch: pip install -e '.[kernels]'"
 GLOO_REDUCE_SCATTER = "note: gloo reduce-scatter is an all-reduce underneath"
 CPU_ONLY = "note: CPU timings calibrate only this CPU (and gloo), not a GPU cluster"
 ONE_GPU = ("note: every rank needs its own GPU: one GPU cannot run NCCL between ranks "
-           "('Duplicate GPU'); on one GPU run world size 1, or use --device cpu")
+           "('Duplicate GPU'); on one GPU run world size 1, --replay, or --device cpu")
 
 
 def _kernels(module: str) -> Any:
@@ -99,6 +99,10 @@ def add_parsers(sub: argparse._SubParsersAction, add_model_flags: Callable,
     run.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     run.add_argument("--nproc", type=int, help="rank processes; must equal the world size "
                                                "tp*cp*dp*pp if given")
+    run.add_argument("--replay", action="store_true",
+                     help="run each pipeline rank's program in turn in one process on one "
+                          "device, P2P in loopback: every rank's compute times from a single "
+                          "GPU (dp must be 1)")
     run.add_argument("--iterations", type=int, default=3,
                      help="timed iterations; the Timeline is the median one (default 3)")
     run.add_argument("--warmup-iterations", type=int, default=1,
@@ -163,7 +167,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     model = model_from_args(args)
     custom, parallel = schedule_and_parallel(args, model)
     parallel.check_model(model)
-    if args.nproc is not None and args.nproc != parallel.world_size:
+    if args.replay and args.nproc not in (None, 1):
+        raise ConfigError(f"--replay runs in one process: --nproc must be 1 or absent, got "
+                          f"{args.nproc}")
+    if not args.replay and args.nproc is not None and args.nproc != parallel.world_size:
         raise ConfigError(f"--nproc={args.nproc} must equal the world size tp*cp*dp*pp="
                           f"{parallel.world_size}")
     if args.iterations < 1 or args.warmup_iterations < 0:
@@ -175,12 +182,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     launch = _kernels("launch")
     if args.device == "cpu":
         _note(CPU_ONLY)
-    elif parallel.world_size > 1:
+    elif parallel.world_size > 1 and not args.replay:
         _note(ONE_GPU)  # launch refuses more ranks than GPUs with the same reason
+    if args.replay:
+        _note("note: replay: each pipeline rank's compute alone on one device, one after "
+              "another; P2P is not run, so the iteration time is not a pipeline's")
     timeline = launch.run_schedule(schedule, model, parallel, device=args.device, seed=args.seed,
                                    timeout=args.timeout,
                                    warmup_iterations=args.warmup_iterations,
-                                   iterations=args.iterations)
+                                   iterations=args.iterations, replay=args.replay)
     timeline.meta.setdefault("topology", f"this host ({args.device})")
     timeline.meta.setdefault("cost_model", "measured")
     print(format_summary(timeline))
@@ -197,33 +207,44 @@ def _error(a: float, b: float) -> float | None:
     return (a - b) / b * 100 if b else None
 
 
-def compare_timelines(a: Timeline, b: Timeline) -> dict[str, Any]:
-    """Iteration time and per-op-kind mean durations of A against B (the reference):
-    error = (A - B) / B in percent."""
-    def by_kind(t: Timeline) -> dict[str, list[float]]:
-        kinds: dict[str, list[float]] = defaultdict(list)
-        for s in t.spans:
-            kinds[s.op.kind.value].append(s.duration)
-        return kinds
+KIND_ORDER = ("F", "B", "I", "W", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "ALL_REDUCE",
+              "ALL_GATHER", "REDUCE_SCATTER", "ALL_TO_ALL", "BROADCAST", "OPT_STEP")
 
-    ka, kb = by_kind(a), by_kind(b)
-    order = [k for k in ("F", "B", "I", "W", "SEND_F", "RECV_F", "SEND_B", "RECV_B",
-                         "ALL_REDUCE", "ALL_GATHER", "REDUCE_SCATTER", "ALL_TO_ALL",
-                         "BROADCAST", "OPT_STEP") if k in ka or k in kb]
-    kinds = []
-    for k in order:
-        mean_a = sum(ka[k]) / len(ka[k]) if ka.get(k) else None
-        mean_b = sum(kb[k]) / len(kb[k]) if kb.get(k) else None
-        kinds.append({"kind": k, "count_a": len(ka.get(k, ())), "count_b": len(kb.get(k, ())),
-                      "mean_a_s": mean_a, "mean_b_s": mean_b,
-                      "error_pct": _error(mean_a, mean_b) if None not in (mean_a, mean_b)
-                      else None})
+
+def _mean_durations(t: Timeline, per_stage: bool) -> dict[tuple, list[float]]:
+    groups: dict[tuple, list[float]] = defaultdict(list)
+    for s in t.spans:
+        key = (s.op.kind.value, s.op.stage) if per_stage else (s.op.kind.value,)
+        groups[key].append(s.duration)
+    return groups
+
+
+def _rows(a: Timeline, b: Timeline, per_stage: bool) -> list[dict[str, Any]]:
+    ga, gb = _mean_durations(a, per_stage), _mean_durations(b, per_stage)
+    keys = sorted(set(ga) | set(gb), key=lambda k: (
+        KIND_ORDER.index(k[0]) if k[0] in KIND_ORDER else len(KIND_ORDER), *k[1:]))
+    rows = []
+    for key in keys:
+        mean_a = sum(ga[key]) / len(ga[key]) if ga.get(key) else None
+        mean_b = sum(gb[key]) / len(gb[key]) if gb.get(key) else None
+        row = {"kind": key[0], **({"stage": key[1]} if per_stage else {}),
+               "count_a": len(ga.get(key, ())), "count_b": len(gb.get(key, ())),
+               "mean_a_s": mean_a, "mean_b_s": mean_b,
+               "error_pct": _error(mean_a, mean_b) if None not in (mean_a, mean_b) else None}
+        rows.append(row)
+    return rows
+
+
+def compare_timelines(a: Timeline, b: Timeline) -> dict[str, Any]:
+    """Iteration time, and mean span durations per op kind and per (op kind, stage), of A
+    against B (the reference): error = (A - B) / B in percent."""
     return {"a": {"source": a.source, "iteration_time_s": a.iteration_time,
                   "bubble_fraction": a.bubble_fraction},
             "b": {"source": b.source, "iteration_time_s": b.iteration_time,
                   "bubble_fraction": b.bubble_fraction},
             "iteration_time_error_pct": _error(a.iteration_time, b.iteration_time),
-            "op_kinds": kinds}
+            "op_kinds": _rows(a, b, per_stage=False),
+            "op_kinds_per_stage": _rows(a, b, per_stage=True)}
 
 
 def _pct(x: float | None) -> str:
@@ -239,10 +260,13 @@ def format_comparison(result: dict[str, Any], label_a: str, label_b: str) -> str
              f"bubble fraction A {a['bubble_fraction']:.4f}  B {b['bubble_fraction']:.4f}",
              f"{'op kind':10} {'count A':>7} {'count B':>7} {'mean A':>12} {'mean B':>12} "
              f"{'error':>9}"]
-    for row in result["op_kinds"]:
+    per_stage = result["op_kinds_per_stage"]
+    several = len({r["stage"] for r in per_stage}) > 1
+    for row in result["op_kinds"] + (per_stage if several else []):
         mean = [format_seconds(v) if v is not None else "-" for v in (row["mean_a_s"],
                                                                      row["mean_b_s"])]
-        lines.append(f"{row['kind']:10} {row['count_a']:>7} {row['count_b']:>7} "
+        label = row["kind"] + (f" s{row['stage']}" if "stage" in row else "")
+        lines.append(f"{label:10} {row['count_a']:>7} {row['count_b']:>7} "
                      f"{mean[0]:>12} {mean[1]:>12} {_pct(row['error_pct']):>9}")
     return "\n".join(lines)
 

@@ -84,3 +84,14 @@ def test_missing_torch_is_one_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now raises ImportError
     with pytest.raises(ClustersimError, match=r"pip install -e '\.\[kernels\]'"):
         hardware_cli._kernels("calibrate")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_calibrate_on_one_gpu_measures_compute_and_says_what_it_could_not():
+    data = calibrate(MODEL, device="cuda", repeats=3, warmup=1)
+    profile = Profile.from_dict(data)
+    assert profile.device.startswith("cuda:") and profile.versions["cuda"]
+    assert all(profile.compute["layer"][k] > 0 for k in "FBIW")
+    if torch.cuda.device_count() == 1:
+        assert any("one GPU cannot run NCCL" in n for n in profile.notes)

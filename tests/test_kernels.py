@@ -18,7 +18,7 @@ from kernels import KernelsError, run_reference, run_schedule  # noqa: E402
 from kernels.layers import (ColumnParallelLinear, RowParallelLinear,  # noqa: E402
                             count_parameters, init_parameters)
 from kernels.stage import build_stages  # noqa: E402
-from schedules.errors import DeadlockError  # noqa: E402
+from schedules.errors import ConfigError, DeadlockError  # noqa: E402
 from schedules.generators import build_schedule  # noqa: E402
 from schedules.model import ModelSpec  # noqa: E402
 from schedules.ops import Op, OpKind  # noqa: E402
@@ -235,3 +235,38 @@ def test_single_gpu_interleaved_gradients_and_cuda_timeline():
         torch.testing.assert_close(grads[name], want[name], rtol=1e-4, atol=1e-5)
     assert timeline.source.startswith("kernels:cuda:")
     assert timeline.peak_memory()[0] > 0
+
+
+# --- replay: every pipeline rank's compute on one device --------------------------------
+def test_replay_runs_each_pipeline_ranks_compute_once_from_time_zero():
+    sched = build_schedule("1f1b", 2, 4)
+    timeline = run_schedule(sched, GPT, parallel(pp=2, num_microbatches=4), timeout=TIMEOUT,
+                            warmup_iterations=0, replay=True)
+    assert timeline.meta["replay"] is True and any("replay" in x for x in timeline.meta["limits"])
+    for rank in (0, 1):
+        spans = [s for s in timeline.spans if s.rank == rank]
+        assert all(s.lane == "compute" for s in spans)  # P2P is loopback: no comm spans
+        assert sorted(str(s.op) for s in spans) == sorted(
+            str(op) for op in sched.programs[rank] if op.kind.is_compute)
+        assert min(s.start for s in spans) < 0.05  # each rank replayed from its own t0
+        ordered = sorted(spans, key=lambda s: s.start)
+        assert all(a.end <= b.start + 1e-9 for a, b in zip(ordered, ordered[1:]))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_replay_on_one_gpu_times_every_pipeline_rank_with_cuda_events():
+    sched = build_schedule("interleaved-1f1b", 2, 4, 2)
+    timeline = run_schedule(sched, GPT, parallel(pp=2, vpp=2, num_microbatches=4,
+                                                 schedule="interleaved-1f1b"),
+                            device="cuda", timeout=TIMEOUT, replay=True)
+    assert timeline.source.startswith("kernels:cuda:")
+    assert {s.rank for s in timeline.spans} == {0, 1}
+    assert len(timeline.spans) == sum(op.kind.is_compute for op in sched.ops())
+    assert all(s.end > s.start for s in timeline.spans)
+
+
+def test_replay_needs_one_replica():
+    with pytest.raises(ConfigError, match="dp must be 1"):
+        run_schedule(with_dp_allreduce(build_schedule("gpipe", 2, 2)), GPT,
+                     parallel(pp=2, dp=2, num_microbatches=2), replay=True)

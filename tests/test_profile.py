@@ -233,6 +233,23 @@ def test_cli_compare_two_timelines(tmp_path):
                                  "--json").stdout)
     assert data["iteration_time_error_pct"] == pytest.approx(-100 / 13)
     assert [k["kind"] for k in data["op_kinds"]] == ["F", "B", "SEND_F"]
+    assert [(k["kind"], k["stage"]) for k in data["op_kinds_per_stage"]] == [
+        ("F", 0), ("B", 0), ("SEND_F", 0)]
+
+
+def test_compare_splits_each_op_kind_by_stage():
+    from sim.hardware_cli import compare_timelines, format_comparison
+
+    def two_stages(f1):
+        return Timeline([Span(0, "compute", Op(OpKind.F, 0, 0), 0.0, 1.0),
+                         Span(1, "compute", Op(OpKind.F, 1, 0), 1.0, 1.0 + f1)])
+
+    result = compare_timelines(two_stages(3.0), two_stages(2.0))
+    per_stage = {r["stage"]: r["error_pct"] for r in result["op_kinds_per_stage"]}
+    assert per_stage == {0: 0.0, 1: pytest.approx(50.0)}  # (3 - 2) / 2
+    assert result["op_kinds"][0]["error_pct"] == pytest.approx(100 / 3)  # means 2 vs 1.5
+    assert re.search(r"^F s1\s+1\s+1\s+3 s\s+2 s\s+\+50\.00%$",
+                     format_comparison(result, "a", "b"), re.M)
 
 
 def test_cli_compare_without_files_still_compares_schedules(tmp_path):

@@ -6,11 +6,15 @@ Sources:
 - FLOPs: Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters
   using Megatron-LM", SC21 (hereafter SC21), section 5.1 and appendix: a layer's forward
   is 24bsh^2 + 4bs^2h, backward twice the forward, logits 2bshV; eq. (3).
-- Parameters: SC21 eq. (1), 12lh^2(1 + 13/(12h) + (V+s)/(12lh)).
+- Parameters: SC21 eq. (2), 12lh^2(1 + 13/(12h) + (V+s)/(12lh)).
 - Activations: Korthikanti et al., "Reducing Activation Recomputation in Large Transformer
   Models", 2022 (hereafter K22), section 4 and Table 2.
+- Mixture of experts (Megatron-Core's MoE flags): a token runs the router and top-k of E
+  routed experts (FLOPs, activations) while every expert counts as a parameter; shared
+  experts run for every token; the first `moe_first_dense_layers` layers may be dense.
 Notation: b micro-batch, s sequence, h hidden, f ffn hidden, a heads, V vocab,
-h_kv = num_query_groups * h / a (K and V width under grouped-query attention).
+h_kv = num_query_groups * h / a (K and V width under grouped-query attention),
+E experts, k top-k, f_e expert ffn hidden, f_sh shared-expert ffn hidden.
 """
 from __future__ import annotations
 
@@ -30,8 +34,15 @@ class ModelSpec:
     """A GPT/Llama-style decoder. `ffn_hidden_size` defaults to 4*hidden_size and
     `num_query_groups` to num_attention_heads (multi-head attention); both are filled in
     by __post_init__, so equal shapes compare equal (`get_model` re-derives them when their
-    source is overridden; `dataclasses.replace` does not). MoE: `num_experts` experts per layer,
-    each token routed to `moe_router_topk` of them (default 2, as in Megatron-LM)."""
+    source is overridden; `dataclasses.replace` does not). MoE: `num_experts` routed experts
+    per MoE layer, each token routed to `moe_router_topk` of them (default 2, as in
+    Megatron-LM); each expert is an MLP of width `moe_ffn_hidden_size` (default
+    ffn_hidden_size, filled in); `moe_shared_expert_intermediate_size` is the total width
+    of the shared experts every token runs (Megatron's flag; None: none); the first
+    `moe_first_dense_layers` layers are dense MLPs of width ffn_hidden_size (Hugging Face's
+    `first_k_dense_replace`, Megatron's `--moe-layer-freq [0]*k+[1]*(l-k)`; default 0).
+    Per-layer methods take `layer` (0-based); None means the model's repeating layer
+    (an MoE layer when the model has experts)."""
 
     num_layers: int
     hidden_size: int
@@ -50,6 +61,9 @@ class ModelSpec:
     use_flash_attn: bool = False
     num_experts: int | None = None
     moe_router_topk: int | None = None
+    moe_ffn_hidden_size: int | None = None
+    moe_shared_expert_intermediate_size: int | None = None
+    moe_first_dense_layers: int = 0
     name: str | None = None
 
     def __post_init__(self) -> None:
@@ -80,9 +94,14 @@ class ModelSpec:
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.num_experts is None:
-            if self.moe_router_topk is not None:
-                raise ConfigError("moe_router_topk is set but num_experts is not: set both "
-                                  "for a mixture-of-experts model")
+            for name in ("moe_router_topk", "moe_ffn_hidden_size",
+                         "moe_shared_expert_intermediate_size"):
+                if getattr(self, name) is not None:
+                    raise ConfigError(f"{name} is set but num_experts is not: set both for a "
+                                      f"mixture-of-experts model")
+            if self.moe_first_dense_layers != 0:
+                raise ConfigError("moe_first_dense_layers is set but num_experts is not: set "
+                                  "both for a mixture-of-experts model")
         else:
             require_positive_int("num_experts", self.num_experts)
             if self.moe_router_topk is None:
@@ -92,6 +111,18 @@ class ModelSpec:
             if self.moe_router_topk > self.num_experts:
                 raise ConfigError(f"moe_router_topk={self.moe_router_topk} must be <= "
                                   f"num_experts={self.num_experts}")
+            if self.moe_ffn_hidden_size is None:
+                object.__setattr__(self, "moe_ffn_hidden_size", self.ffn_hidden_size)
+            require_positive_int("moe_ffn_hidden_size", self.moe_ffn_hidden_size)
+            if self.moe_shared_expert_intermediate_size is not None:
+                require_positive_int("moe_shared_expert_intermediate_size",
+                                     self.moe_shared_expert_intermediate_size)
+            dense = self.moe_first_dense_layers
+            if isinstance(dense, bool) or not isinstance(dense, int) \
+                    or not 0 <= dense < self.num_layers:
+                raise ConfigError(f"moe_first_dense_layers={dense!r} must be an integer in "
+                                  f"[0, num_layers={self.num_layers}): at least one layer "
+                                  f"must be an MoE layer")
 
     # --- shapes ------------------------------------------------------------------------
     @property
@@ -108,8 +139,37 @@ class ModelSpec:
         return self.num_experts is not None
 
     @property
+    def num_moe_layers(self) -> int:
+        return self.num_layers - self.moe_first_dense_layers if self.is_moe else 0
+
+    def is_moe_layer(self, layer: int | None = None) -> bool:
+        """Whether layer `layer` (0-based; None: the repeating layer) routes to experts."""
+        if layer is not None and (isinstance(layer, bool) or not isinstance(layer, int)
+                                  or not 0 <= layer < self.num_layers):
+            raise ConfigError(f"layer={layer!r} must be an integer in [0, num_layers="
+                              f"{self.num_layers})")
+        return self.is_moe and (layer is None or layer >= self.moe_first_dense_layers)
+
+    def _layer_kinds(self) -> tuple[tuple[int, int], ...]:
+        """(how many layers, index of one of them) per kind of layer: dense, then MoE."""
+        dense = self.num_layers - self.num_moe_layers
+        kinds = ((dense, 0), (self.num_moe_layers, dense))
+        return tuple(kind for kind in kinds if kind[0])
+
+    def _sum_layers(self, per_layer) -> int | float:
+        """Sum of per_layer(layer index) over all layers (one call per kind of layer)."""
+        return sum(count * per_layer(index) for count, index in self._layer_kinds())
+
+    @property
     def _mlp_matrices(self) -> int:
         return 3 if self.swiglu else 2  # SwiGLU: gate, up, down
+
+    def _mlp_widths(self, layer: int | None) -> int:
+        """Total ffn width one token runs through in `layer`: f dense, or k*f_e + f_sh."""
+        if not self.is_moe_layer(layer):
+            return self.ffn_hidden_size
+        return (self.moe_router_topk * self.moe_ffn_hidden_size
+                + (self.moe_shared_expert_intermediate_size or 0))
 
     # --- FLOPs (one micro-batch) -------------------------------------------------------
     def attention_core_flops(self) -> int:
@@ -117,22 +177,22 @@ class ModelSpec:
         b, s, h = self.micro_batch_size, self.seq_length, self.hidden_size
         return 4 * b * s * s * h
 
-    def layer_forward_flops(self) -> int:
+    def layer_forward_flops(self, layer: int | None = None) -> int:
         """Forward FLOPs of one layer: QKV 2bsh(h+2h_kv) + core attention 4bs^2h +
         out proj 2bsh^2 + MLP 2bshf*(3 if swiglu else 2). For f=4h, MHA, GELU this is
-        SC21's 24bsh^2 + 4bs^2h. MoE: the MLP runs for top-k experts per token, plus the
-        router 2bshE."""
-        b, s, h, f = self.micro_batch_size, self.seq_length, self.hidden_size, self.ffn_hidden_size
+        SC21's 24bsh^2 + 4bs^2h. An MoE layer's MLP runs top-k experts and the shared
+        experts per token, f -> k*f_e + f_sh, plus the router 2bshE."""
+        b, s, h = self.micro_batch_size, self.seq_length, self.hidden_size
         attention = (2 * b * s * h * (h + 2 * self.kv_hidden_size)
                      + self.attention_core_flops() + 2 * b * s * h * h)
-        mlp = 2 * b * s * h * f * self._mlp_matrices
-        if self.is_moe:
-            mlp = mlp * self.moe_router_topk + 2 * b * s * h * self.num_experts
+        mlp = 2 * b * s * h * self._mlp_widths(layer) * self._mlp_matrices
+        if self.is_moe_layer(layer):
+            mlp += 2 * b * s * h * self.num_experts
         return attention + mlp
 
-    def layer_backward_flops(self) -> int:
+    def layer_backward_flops(self, layer: int | None = None) -> int:
         """Twice the forward: input and weight gradients, one GEMM each (SC21)."""
-        return 2 * self.layer_forward_flops()
+        return 2 * self.layer_forward_flops(layer)
 
     def logits_forward_flops(self) -> int:
         """Output projection 2bshV (SC21)."""
@@ -140,7 +200,7 @@ class ModelSpec:
 
     def forward_flops(self) -> int:
         """Forward FLOPs of one micro-batch through the whole model (layers + logits)."""
-        return self.num_layers * self.layer_forward_flops() + self.logits_forward_flops()
+        return self._sum_layers(self.layer_forward_flops) + self.logits_forward_flops()
 
     def iteration_flops(self, num_microbatches: int, recompute: bool = False) -> int:
         """Model FLOPs of one iteration of B = micro_batch_size * num_microbatches
@@ -149,13 +209,13 @@ class ModelSpec:
         72Bslh^2(1 + s/6h + V/12lh) without."""
         require_positive_int("num_microbatches", num_microbatches)
         passes = 4 if recompute else 3
-        per_mb = passes * self.num_layers * self.layer_forward_flops() \
+        per_mb = passes * self._sum_layers(self.layer_forward_flops) \
             + 3 * self.logits_forward_flops()
         return num_microbatches * per_mb
 
     # --- activations (bytes, one micro-batch, one layer) -------------------------------
     def layer_activation_bytes(self, tp: int = 1, sequence_parallel: bool = False,
-                               recompute: str = "none") -> float:
+                               recompute: str = "none", layer: int | None = None) -> float:
         """Bytes one layer keeps for its backward, per micro-batch, on one TP rank.
 
         K22 section 4 itemised, per token (x sb), generalised to f, GQA and SwiGLU:
@@ -169,49 +229,62 @@ class ModelSpec:
         Tensor elements take dtype_bytes, masks 1 byte, so bf16/fp16 with f=4h, MHA and
         GELU reproduce K22 Table 2 exactly. Full recompute keeps the layer input only,
         2sbh (sbh*dtype_bytes), divided by t under SP (the input is sequence-sharded).
+        An MoE layer's MLP terms use k*f_e + f_sh for f (each token's copies in the
+        experts it runs); router logits and dispatch buffers are not counted.
         """
         require_positive_int("tp", tp)
         if recompute not in RECOMPUTE:
             raise ConfigError(f"recompute={recompute!r} must be one of {', '.join(RECOMPUTE)}")
-        b, s, h, f = self.micro_batch_size, self.seq_length, self.hidden_size, self.ffn_hidden_size
+        b, s, h = self.micro_batch_size, self.seq_length, self.hidden_size
         a, d, sb = self.num_attention_heads, self.dtype_bytes, s * b
         sp_div = tp if sequence_parallel else 1
         if recompute == "full":
             return sb * h * d / sp_div
         replicated = sb * (4 * h * d + 2 * h)
-        mlp = (3 if self.swiglu else 2) * f * (self.moe_router_topk if self.is_moe else 1)
+        mlp = self._mlp_matrices * self._mlp_widths(layer)
         sharded = sb * d * (2 * h + 2 * self.kv_hidden_size + mlp)
         if recompute == "none" and not self.use_flash_attn:
             sharded += a * s * sb * (2 * d + 1)
         return replicated / sp_div + sharded / tp
 
     # --- parameters ----------------------------------------------------------------------
-    def _layer_param_parts(self) -> tuple[int, int, int, int]:
-        """(attention TP-sharded, TP-replicated, per-expert MLP TP-sharded, per-expert MLP
-        TP-replicated) parameters of one layer. Megatron column-parallel weights and biases
-        are sharded; row-parallel biases (out proj, fc2), norm weights and the router are
-        replicated."""
-        h, f, hkv, bias = self.hidden_size, self.ffn_hidden_size, self.kv_hidden_size, \
-            self.add_bias_linear
-        attention = h * (h + 2 * hkv) + h * h + (h + 2 * hkv if bias else 0)
+    def _attention_param_parts(self) -> tuple[int, int]:
+        """(TP-sharded, TP-replicated) parameters of a layer outside its MLP: QKV and out
+        proj weights and the QKV bias are sharded (column/row parallel); the out-proj bias
+        and both norms are replicated."""
+        h, hkv, bias = self.hidden_size, self.kv_hidden_size, self.add_bias_linear
+        sharded = h * (h + 2 * hkv) + h * h + (h + 2 * hkv if bias else 0)
         norms = 2 * (2 * h if self.normalization == "LayerNorm" else h)
-        replicated = norms + (h if bias else 0) + (h * self.num_experts if self.is_moe else 0)
-        fc1_bias = (2 * f if self.swiglu else f) if bias else 0
-        mlp = self._mlp_matrices * h * f + fc1_bias
-        return attention, replicated, mlp, (h if bias else 0)
+        return sharded, norms + (h if bias else 0)
 
-    def layer_param_count(self, tp: int = 1, ep: int = 1) -> int | float:
+    def _mlp_param_parts(self, f: int) -> tuple[int, int]:
+        """(TP-sharded, TP-replicated) parameters of one h -> f -> h MLP: weights and the
+        fc1 bias are sharded, the fc2 (row-parallel) bias is replicated."""
+        h, bias = self.hidden_size, self.add_bias_linear
+        fc1_bias = (2 * f if self.swiglu else f) if bias else 0
+        return self._mlp_matrices * h * f + fc1_bias, (h if bias else 0)
+
+    def layer_param_count(self, tp: int = 1, ep: int = 1,
+                          layer: int | None = None) -> int | float:
         """Parameters of one layer on one rank: QKV h(h+2h_kv) + out proj h^2 +
         MLP (3 if swiglu else 2)hf + biases + norms (2*2h LayerNorm, 2h RMSNorm); for GPT
-        SC21's 12h^2 + 13h. MoE: MLP x num_experts + router hE; each of ep ranks holds
-        num_experts/ep experts. Sharded parts divide by tp (see _layer_param_parts).
-        An int when tp = ep = 1."""
-        attention, replicated, mlp, mlp_replicated = self._layer_param_parts()
-        experts = self.num_experts or 1
+        SC21's 12h^2 + 13h. An MoE layer holds E experts of width f_e (each of ep ranks
+        num_experts/ep of them), the shared experts f_sh (on every EP rank) and the router
+        hE (replicated). Sharded parts divide by tp. An int when tp = ep = 1."""
+        attention, replicated = self._attention_param_parts()
+        if not self.is_moe_layer(layer):
+            mlp, mlp_replicated = self._mlp_param_parts(self.ffn_hidden_size)
+            if tp == 1:
+                return attention + replicated + mlp + mlp_replicated
+            return attention / tp + replicated + mlp / tp + mlp_replicated
+        expert, expert_replicated = self._mlp_param_parts(self.moe_ffn_hidden_size)
+        shared, shared_replicated = (self._mlp_param_parts(self.moe_shared_expert_intermediate_size)
+                                     if self.moe_shared_expert_intermediate_size else (0, 0))
+        replicated += self.hidden_size * self.num_experts + shared_replicated
         if tp == 1 and ep == 1:
-            return attention + replicated + experts * (mlp + mlp_replicated)
-        experts_here = experts / ep if self.is_moe else 1
-        return attention / tp + replicated + experts_here * (mlp / tp + mlp_replicated)
+            return attention + replicated + shared + self.num_experts * (expert + expert_replicated)
+        return ((attention + shared) / tp + replicated
+                + self.num_experts / ep * (expert / tp + expert_replicated))
 
     def embedding_param_count(self) -> int:
         """Word embedding Vh, plus position embedding sh when learned_absolute. Vocab
@@ -227,23 +300,93 @@ class ModelSpec:
         return 2 * self.hidden_size if self.normalization == "LayerNorm" else self.hidden_size
 
     def param_count(self) -> int:
-        """Total parameters (SC21 eq. (1) for GPT)."""
-        return int(self.num_layers * self.layer_param_count() + self.embedding_param_count()
-                   + self.output_param_count() + self.final_norm_param_count())
+        """Total parameters, every expert counted (SC21 eq. (2) for GPT, plus the final
+        norm's 2h)."""
+        return int(self._sum_layers(lambda layer: self.layer_param_count(layer=layer))
+                   + self.embedding_param_count() + self.output_param_count()
+                   + self.final_norm_param_count())
+
+    def active_param_count(self) -> int:
+        """Parameters one token runs through: param_count less the E - k routed experts
+        it skips in each MoE layer (embedding and output layer included). Equals
+        param_count for a dense model."""
+        if not self.is_moe:
+            return self.param_count()
+        expert, expert_replicated = self._mlp_param_parts(self.moe_ffn_hidden_size)
+        skipped = (self.num_experts - self.moe_router_topk) * (expert + expert_replicated)
+        return self.param_count() - self.num_moe_layers * skipped
 
 
+# --- presets ---------------------------------------------------------------------------
+# Each preset's shape is the published one; where a field is our choice (sequence length of
+# a long-context model, how an unsupported part is approximated) the comment says so.
+# micro_batch_size stays 1: it belongs to a run, not to the model (see
+# benchmarks/fidelity_data.py for the published runs' micro-batch sizes).
+
+# GPT (SC21 section 5.1): GELU MLP of 4h, LayerNorm, biases, learned positions, embedding
+# tied to the output layer, vocabulary 51,200, sequence 2048.
+_GPT = dict(seq_length=2048, vocab_size=51200)
+
+# Llama 3 (Llama Team, "The Llama 3 Herd of Models", 2024, Table 3; Hugging Face
+# config.json of meta-llama/Llama-3.1-*): SwiGLU, RMSNorm, no biases, RoPE, untied output
+# layer, GQA with 8 KV heads, vocabulary 128,256 (config.json; the paper's table rounds
+# it to 128K), pre-training sequence 8192.
 _LLAMA3 = dict(swiglu=True, normalization="RMSNorm", add_bias_linear=False,
                position_embedding_type="rope", untie_embeddings_and_output_weights=True,
                use_flash_attn=True, vocab_size=128256, seq_length=8192)
 
+# SC21 Table 1 (weak scaling, 1.7B .. 1T): (name, layers, hidden, heads); parameters by
+# eq. (2) round to the table's 1.7, 3.6, 7.5, 18.4, 39.1, 76.1, 145.6, 310.1, 529.6, 1008.0
+# billion. sc21-529.6b and sc21-1t are also Korthikanti et al. 2022's 530B and 1T.
+_SC21_TABLE_1 = (("sc21-1.7b", 24, 2304, 24), ("sc21-3.6b", 30, 3072, 32),
+                 ("sc21-7.5b", 36, 4096, 32), ("sc21-18.4b", 40, 6144, 48),
+                 ("sc21-39.1b", 48, 8192, 64), ("sc21-76.1b", 60, 10240, 80),
+                 ("sc21-145.6b", 80, 12288, 96), ("sc21-310.1b", 96, 16384, 128),
+                 ("sc21-529.6b", 105, 20480, 128), ("sc21-1t", 128, 25600, 160))
+
 MODEL_PRESETS: dict[str, ModelSpec] = {
     m.name: m for m in (
         ModelSpec(24, 2048, 16, 2048, 50257, name="gpt3-1.3b"),
-        ModelSpec(96, 12288, 96, 2048, 51200, name="gpt3-175b"),
+        # GPT-3 175B (Brown et al. 2020, Table 2.1); SC21 counts 174.6B parameters.
+        ModelSpec(96, 12288, 96, name="gpt3-175b", **_GPT),
+        *(ModelSpec(layers, hidden, heads, name=name, **_GPT)
+          for name, layers, hidden, heads in _SC21_TABLE_1),
+        # Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
+        # Models"), Table 3's 22B: 48 layers, hidden 6144, 64 heads (22.07B parameters).
+        ModelSpec(48, 6144, 64, name="k22-22b", **_GPT),
         ModelSpec(num_layers=32, hidden_size=4096, ffn_hidden_size=14336, num_attention_heads=32,
                   num_query_groups=8, name="llama3-8b", **_LLAMA3),
         ModelSpec(num_layers=80, hidden_size=8192, ffn_hidden_size=28672, num_attention_heads=64,
                   num_query_groups=8, name="llama3-70b", **_LLAMA3),
+        ModelSpec(num_layers=126, hidden_size=16384, ffn_hidden_size=53248,
+                  num_attention_heads=128, num_query_groups=8, name="llama3-405b", **_LLAMA3),
+        # Mixtral 8x7B (Jiang et al. 2024, "Mixtral of Experts", Table 1; Hugging Face
+        # mistralai/Mixtral-8x7B-v0.1 config.json): Mistral-7B layers whose MLP is 8 SwiGLU
+        # experts of 14336, top-2; 46.7B parameters, 12.9B active. Trained with a 32K context;
+        # the preset uses 4096, the sequence of Megatron-LM's Mixtral 8x7B training example
+        # (examples/mixtral/train_mixtral_8x7B_slurm.sh): pass seq_length=32768 for 32K.
+        ModelSpec(num_layers=32, hidden_size=4096, ffn_hidden_size=14336, num_attention_heads=32,
+                  num_query_groups=8, num_experts=8, moe_router_topk=2, name="mixtral-8x7b",
+                  **{**_LLAMA3, "vocab_size": 32000, "seq_length": 4096}),
+        # DeepSeek-V3-like (DeepSeek-AI 2024, "DeepSeek-V3 Technical Report", section 4.2;
+        # Hugging Face deepseek-ai/DeepSeek-V3 config.json): 61 layers, hidden 7168, the
+        # first 3 dense (SwiGLU 18432), the other 58 MoE with 256 routed experts of 2048
+        # (top-8) and 1 shared expert of 2048, vocabulary 129,280, untied output layer,
+        # pre-training sequence 4096. 671B parameters, 37B active (the paper's).
+        # NOT modelled: Multi-head Latent Attention is approximated by plain multi-head
+        # attention with 128 heads of 7168/128 = 56 (the real heads are 192 wide for Q/K
+        # and 128 for V, behind low-rank Q (1536) and KV (512) projections), so attention
+        # holds 4h^2 = 205.5M parameters per layer instead of MLA's ~187.1M, and core
+        # attention FLOPs are 4bs^2h instead of MLA's 2bs^2 * 128 * (192 + 128), 2.9x
+        # more; activations are those of that MHA. Also not modelled: the multi-token
+        # prediction module (11.5B more unique parameters, not part of the 671B), FP8 GEMMs
+        # (dtype stays bf16), node-limited routing and the router's bias terms. Parameters
+        # come out 1.1B high: 672.1B total (+0.17%), 38.7B active with both embeddings.
+        ModelSpec(num_layers=61, hidden_size=7168, ffn_hidden_size=18432,
+                  num_attention_heads=128, num_experts=256, moe_router_topk=8,
+                  moe_ffn_hidden_size=2048, moe_shared_expert_intermediate_size=2048,
+                  moe_first_dense_layers=3, name="deepseek-v3-like",
+                  **{**_LLAMA3, "vocab_size": 129280, "seq_length": 4096}),
     )
 }
 
@@ -262,7 +405,9 @@ def get_model(name: str, **overrides: object) -> ModelSpec:
     # derived defaults follow their source: overriding hidden_size re-derives a 4h ffn
     for field, source, derived in (("ffn_hidden_size", "hidden_size", 4 * preset.hidden_size),
                                    ("num_query_groups", "num_attention_heads",
-                                    preset.num_attention_heads)):
+                                    preset.num_attention_heads),
+                                   ("moe_ffn_hidden_size", "ffn_hidden_size",
+                                    preset.ffn_hidden_size)):
         if source in overrides and field not in overrides and getattr(preset, field) == derived:
             overrides[field] = None
     return replace(preset, **overrides)

@@ -105,11 +105,113 @@ def test_moe_params_and_flops():
     assert replace(GPT, num_experts=8).moe_router_topk == 2
 
 
+def test_moe_expert_width_shared_experts_and_dense_leading_layers():
+    m = replace(GPT, num_experts=8, moe_router_topk=2, moe_ffn_hidden_size=64,
+                moe_shared_expert_intermediate_size=128, moe_first_dense_layers=1)
+    b, s, h, f, E = 2, 128, 256, 1024, 8
+    expert, shared = 2 * h * 64 + 64 + h, 2 * h * 128 + 128 + h  # weights, fc1 and fc2 bias
+    attention = GPT.layer_param_count() - (2 * h * f + f + h)
+    assert [m.is_moe_layer(i) for i in range(4)] == [False, True, True, True]
+    assert m.num_moe_layers == 3 and m.is_moe_layer()  # None: the repeating (MoE) layer
+    assert m.layer_param_count(layer=0) == GPT.layer_param_count()
+    assert m.layer_param_count() == attention + E * expert + shared + h * E
+    assert m.param_count() == GPT.param_count() + 3 * (m.layer_param_count()
+                                                        - GPT.layer_param_count())
+    assert m.active_param_count() == m.param_count() - 3 * (E - 2) * expert
+    # experts split over ep ranks; shared experts (like attention) split over tp only;
+    # norms 4h, row-parallel biases and the router stay whole
+    assert m.layer_param_count(tp=2, ep=4) == pytest.approx(
+        (attention - 5 * h) / 2 + 5 * h + h * E + 2 * (expert - h) / 2 + 2 * h
+        + (shared - h) / 2 + h)
+    dense_mlp = 2 * b * s * h * f * 2
+    moe_mlp = 2 * b * s * h * (2 * 64 + 128) * 2 + 2 * b * s * h * E
+    assert m.layer_forward_flops(0) == GPT.layer_forward_flops()
+    assert m.layer_forward_flops() == GPT.layer_forward_flops() - dense_mlp + moe_mlp
+    assert m.forward_flops() == GPT.forward_flops() + 3 * (moe_mlp - dense_mlp)
+    assert m.iteration_flops(2) == 2 * 3 * m.forward_flops()
+    # activations: the MLP's 2f per token becomes 2(k*f_e + f_sh)
+    sb = s * b
+    assert m.layer_activation_bytes(layer=0) == GPT.layer_activation_bytes()
+    assert m.layer_activation_bytes() == GPT.layer_activation_bytes() \
+        + sb * 2 * 2 * (2 * 64 + 128 - f)
+
+
+def test_moe_expert_width_defaults_to_ffn_and_follows_overrides():
+    assert replace(GPT, num_experts=4).moe_ffn_hidden_size == GPT.ffn_hidden_size
+    assert GPT.moe_ffn_hidden_size is None and GPT.active_param_count() == GPT.param_count()
+    assert get_model("mixtral-8x7b", ffn_hidden_size=1024).moe_ffn_hidden_size == 1024
+    assert get_model("deepseek-v3-like", ffn_hidden_size=1024).moe_ffn_hidden_size == 2048
+    assert get_model("llama3-8b", num_experts=8).moe_ffn_hidden_size == 14336
+
+
+@pytest.mark.parametrize("kw,field", [
+    (dict(moe_ffn_hidden_size=64), "moe_ffn_hidden_size"),
+    (dict(moe_shared_expert_intermediate_size=64), "moe_shared_expert_intermediate_size"),
+    (dict(moe_first_dense_layers=1), "moe_first_dense_layers"),
+    (dict(num_experts=2, moe_first_dense_layers=4), "moe_first_dense_layers"),
+    (dict(num_experts=2, moe_first_dense_layers=-1), "moe_first_dense_layers"),
+    (dict(num_experts=2, moe_ffn_hidden_size=0), "moe_ffn_hidden_size"),
+    (dict(num_experts=2, moe_shared_expert_intermediate_size=0),
+     "moe_shared_expert_intermediate_size")])
+def test_moe_validation_names_the_field(kw, field):
+    with pytest.raises(ConfigError, match=field):
+        replace(GPT, **kw)
+
+
+def test_layer_index_out_of_range():
+    with pytest.raises(ConfigError, match="layer=4"):
+        GPT.layer_forward_flops(4)
+
+
+# Published totals: GPT-3 (SC21 Table 2: 174.6B), Llama 3 (Hugging Face model cards:
+# 8.03B, 70.6B, 405B; Llama 3 paper: 405B), the 22B of Korthikanti et al. 2022 Table 3.
 @pytest.mark.parametrize("name,expected,rel", [
     ("gpt3-175b", 174.6e9, 0.005), ("llama3-8b", 8.03e9, 0.005),
-    ("llama3-70b", 70.55e9, 0.005), ("gpt3-1.3b", 1.3e9, 0.03)])
+    ("llama3-70b", 70.55e9, 0.005), ("gpt3-1.3b", 1.3e9, 0.03),
+    ("llama3-405b", 405e9, 0.005), ("k22-22b", 22e9, 0.005)])
 def test_preset_param_counts(name, expected, rel):
     assert get_model(name).param_count() == pytest.approx(expected, rel=rel)
+
+
+# SC21 Table 1's parameter column (billions, one decimal); eq. (2) plus the final
+# LayerNorm's 2h must round to it.
+@pytest.mark.parametrize("name,billions", [
+    ("sc21-1.7b", 1.7), ("sc21-3.6b", 3.6), ("sc21-7.5b", 7.5), ("sc21-18.4b", 18.4),
+    ("sc21-39.1b", 39.1), ("sc21-76.1b", 76.1), ("sc21-145.6b", 145.6),
+    ("sc21-310.1b", 310.1), ("sc21-529.6b", 529.6), ("sc21-1t", 1008.0)])
+def test_sc21_table1_param_counts(name, billions):
+    model = get_model(name)
+    assert round(model.param_count() / 1e9, 1) == billions
+    assert (model.seq_length, model.vocab_size, model.ffn_hidden_size) == \
+        (2048, 51200, 4 * model.hidden_size)
+
+
+def test_mixtral_total_and_active_params():
+    """Mixtral of Experts (Jiang et al. 2024): 46.7B parameters, 12.9B active per token
+    (embedding and output layer included), to the published rounding."""
+    m = get_model("mixtral-8x7b")
+    assert round(m.param_count() / 1e9, 1) == 46.7
+    assert round(m.active_param_count() / 1e9, 1) == 12.9
+
+
+def test_deepseek_v3_like_params_within_the_mla_approximation():
+    """DeepSeek-V3: 671B parameters, 37B active (technical report); 36.6B active counting
+    the 0.9B output layer but not the input embedding (README_WEIGHTS.md of
+    deepseek-ai/DeepSeek-V3). The preset models MLA as multi-head attention: within 5% as
+    it stands, and to the published rounding once MLA's own attention parameters
+    (config.json: q_lora_rank 1536, kv_lora_rank 512, 128 heads of 128 + 64 rope for
+    Q/K and 128 for V) replace the 4h^2 of the approximation."""
+    m = get_model("deepseek-v3-like")
+    assert m.param_count() == pytest.approx(671e9, rel=0.05)
+    assert m.active_param_count() == pytest.approx(37e9, rel=0.05)
+    h, heads, q_rank, kv_rank, qk_head, rope, v_head = 7168, 128, 1536, 512, 128, 64, 128
+    mla = (h * q_rank + q_rank + q_rank * heads * (qk_head + rope)  # Q down, norm, up
+           + h * (kv_rank + rope) + kv_rank + kv_rank * heads * (qk_head + v_head)  # KV
+           + heads * v_head * h)  # output projection
+    excess = m.num_layers * (4 * h * h - mla)
+    assert round((m.param_count() - excess) / 1e9) == 671
+    active_without_input_embedding = m.active_param_count() - excess - m.vocab_size * h
+    assert round(active_without_input_embedding / 1e9, 1) == 36.6
 
 
 def test_get_model_overrides_and_errors():

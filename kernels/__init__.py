@@ -4,16 +4,18 @@ returning measured Timelines. Imports schedules and torch only — never sim or 
 
 - `run_schedule(schedule, model, parallel, device='cpu', ...)`: one process per rank runs
   the lowered schedule's ops (real transformer-layer forward/backward, P2P isend/irecv, DP
-  gradient all-reduce) and returns the measured Timeline (`source` 'kernels:cpu' or
-  'kernels:cuda:<device name>'), optionally with the gradients.
+  gradient all-reduce, ZeRO reduce-scatter / all-gather, Adam steps) and returns the
+  measured Timeline (`source` 'kernels:cpu' or 'kernels:cuda:<device name>'), optionally
+  with the gradients and the updated parameters.
 - `run_reference(model, parallel, seed)`: the single-process gradients every pipelined run
-  must reproduce.
+  must reproduce; `run_reference_steps` the same with torch.optim.Adam steps.
 - `KernelsError`: a failed run, naming the rank and the op.
 
-Supported so far: pipeline (any schedule of F/B/I/W with P2P ops) and data parallelism
-(ALL_REDUCE over 'dp'); tp, cp, ep, MoE and fp8 are not (a clear error says so).
+Supported so far: pipeline (any schedule of F/B/I/W with P2P ops, layer groups) and data
+parallelism (DDP, ZeRO 1-3, FSDP/HSDP ops over 'dp', 'dp_shard', 'dp_replicate', OPT_STEP);
+tp, cp, ep, MoE, fp8, ZeRO++ and offload are not (a clear error says so).
 """
 from .errors import KernelsError
-from .launch import run_reference, run_schedule
+from .launch import run_reference, run_reference_steps, run_schedule
 
-__all__ = ["KernelsError", "run_reference", "run_schedule"]
+__all__ = ["KernelsError", "run_reference", "run_reference_steps", "run_schedule"]

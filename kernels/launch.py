@@ -10,13 +10,13 @@ was on, and every rank process is killed — never a hang.
 Processes come from a forkserver that has imported torch once, so a run after the first
 starts in well under a second instead of paying torch's import per rank.
 
-`run_reference` computes the gradients of the same model and batch in one process
-(mean loss over the global batch): what every pipelined run must reproduce.
-Units: seconds (Timeline), gradients in the model dtype.
+`run_reference` / `run_reference_steps` (kernels.reference) compute the same model's
+gradients (and Adam steps) in one process: what every distributed run must reproduce.
+kernels.results merges the ranks' payloads into the Timeline, gradients and parameters.
+Units: seconds (Timeline), gradients and parameters in the model dtype.
 """
 from __future__ import annotations
 
-import io
 import multiprocessing as mp
 import queue
 import socket
@@ -26,8 +26,10 @@ from typing import Any
 import torch
 
 from schedules.annotate import annotate
+from schedules.contract import DP_GROUPS
 from schedules.costs import stage_costs
 from schedules.errors import ConfigError
+from schedules.layer_groups import group_costs
 from schedules.model import ModelSpec
 from schedules.ops import OpKind
 from schedules.parallel import ParallelConfig
@@ -36,12 +38,17 @@ from schedules.timeline import Timeline
 from schedules.validate import validate
 
 from .errors import KernelsError
-from .split_backward import EXACT_SPLIT
-from .stage import build_stages, named_parameters, token_batch
+from .reference import run_reference, run_reference_steps
+from .results import gather_grads, gather_state, merge_timeline
 from .worker import STARTUP, Job, describe_progress, run_rank
 
+__all__ = ["gather_grads", "gather_state", "merge_timeline", "run_reference",
+           "run_reference_steps", "run_schedule"]
+
 SUPPORTED_KINDS = frozenset({OpKind.F, OpKind.B, OpKind.I, OpKind.W, OpKind.SEND_F,
-                             OpKind.RECV_F, OpKind.SEND_B, OpKind.RECV_B, OpKind.ALL_REDUCE})
+                             OpKind.RECV_F, OpKind.SEND_B, OpKind.RECV_B, OpKind.ALL_REDUCE,
+                             OpKind.REDUCE_SCATTER, OpKind.ALL_GATHER, OpKind.OPT_STEP})
+UNSUPPORTED_SHARDING = ("quantized_weights", "hpz", "quantized_gradients", "offload")
 _POLL_S = 0.05
 _DEATH_GRACE_S = 0.5  # after a rank's error, how long to look for a peer that died first
 _ERROR_GRACE_S = 2.0  # after a rank dies, how long to wait for its error message
@@ -69,10 +76,7 @@ def _check(schedule: Schedule, model: ModelSpec, parallel: ParallelConfig, devic
         if getattr(parallel, axis) != 1:
             raise KernelsError(f"{axis}={getattr(parallel, axis)}: the kernels backend runs "
                                f"pipeline and data parallelism only so far ({axis} must be 1)")
-    for op in schedule.ops():
-        if op.kind not in SUPPORTED_KINDS or (op.kind is OpKind.ALL_REDUCE and op.group != "dp"):
-            raise KernelsError(f"op {op} ({op.kind.value}, group {op.group}) is not supported "
-                               f"by the kernels backend", op=str(op))
+    _check_data_parallel(schedule, model, parallel)
     if replay and parallel.dp != 1:
         raise ConfigError(f"replay runs one pipeline replica's compute on one device: dp must "
                           f"be 1, got dp={parallel.dp}")
@@ -91,6 +95,38 @@ def _check(schedule: Schedule, model: ModelSpec, parallel: ParallelConfig, devic
                 f"(replay=True), or use device='cpu' (gloo)")
 
 
+def _check_data_parallel(schedule: Schedule, model: ModelSpec, parallel: ParallelConfig) -> None:
+    """Refuse what kernels.dp_ops cannot run faithfully, naming the op or the field."""
+    for name in UNSUPPORTED_SHARDING:
+        if getattr(parallel, name):
+            raise KernelsError(f"{name}=True: ZeRO++ quantization/hpZ and ZeRO-Offload are "
+                               f"not implemented in the kernels backend (their op sizes are "
+                               f"not the tensors it moves)")
+    for op in schedule.ops():
+        dp_op = op.kind.is_collective and op.group in DP_GROUPS
+        if op.kind not in SUPPORTED_KINDS or (op.kind.is_collective and not dp_op) or (
+                op.kind is OpKind.OPT_STEP and op.group is not None):
+            raise KernelsError(f"op {op} ({op.kind.value}, group {op.group}) is not supported "
+                               f"by the kernels backend", op=str(op))
+    if parallel.fsdp == "hybrid" and not parallel.shard_size:
+        raise KernelsError("fsdp='hybrid' needs shard_size in the kernels backend (there is "
+                           "no topology to take the GPUs per node from)")
+    tied = not model.untie_embeddings_and_output_weights and schedule.num_stages > 1
+    kinds = {op.kind for op in schedule.ops()}
+    first, last = (schedule.rank_of_stage(s) for s in (0, schedule.num_stages - 1))
+    if tied and OpKind.OPT_STEP in kinds and first != last:
+        raise KernelsError("OPT_STEP with tied embeddings on different pipeline ranks: the "
+                           "IR has no embedding-gradient all-reduce between the first and last "
+                           "stage (Megatron's), so the two copies would step apart; set "
+                           "untie_embeddings_and_output_weights")
+    if tied and first == last and kinds & {OpKind.OPT_STEP, OpKind.REDUCE_SCATTER,
+                                           OpKind.ALL_GATHER}:
+        raise KernelsError("tied embeddings with the first and last stage on one rank: the "
+                           "IR counts a word-embedding copy per stage, the rank holds one "
+                           "shared weight, which two stages' steps or shards would update "
+                           "twice; set untie_embeddings_and_output_weights")
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -106,19 +142,24 @@ def _context() -> Any:
 def run_schedule(schedule: Schedule, model: ModelSpec, parallel: ParallelConfig,
                  device: str = "cpu", seed: int = 0, timeout: float = 120.0,
                  warmup_iterations: int = 1, iterations: int = 1, return_grads: bool = False,
-                 check: bool = True, replay: bool = False
-                 ) -> Timeline | tuple[Timeline, dict[str, torch.Tensor]]:
-    """Execute `schedule` for real and return its measured Timeline (and, with
-    `return_grads`, the gradients by parameter name, gathered from DP replica 0).
+                 check: bool = True, replay: bool = False, return_params: bool = False
+                 ) -> Timeline | tuple:
+    """Execute `schedule` for real and return its measured Timeline; with `return_grads`
+    also the gradients by parameter name, (timeline, grads); with `return_params` also
+    the parameters after the run, (timeline, grads, params) (grads {} unless asked).
+    Gradients are the reduced ones (a sharded gradient merged from its DP shards), of the
+    last iteration; parameters merged likewise (gather_state).
 
-    Runs `warmup_iterations` untimed then `iterations` timed iterations (no optimizer
-    step, so every iteration computes the same gradients); the Timeline is the iteration
-    with the median time, and meta['iteration_times'] lists all of them. `check` validates
-    the schedule first (structure + deadlock dry run). `timeout` bounds the whole run in
-    seconds (start-up included). `replay` runs each pipeline rank's program in turn in one
-    process on one device, P2P in loopback (kernels.worker): per-op compute times of every
-    rank from a single GPU; needs dp = 1, returns no gradients. Raises KernelsError on
-    failure, ConfigError on bad input.
+    Runs `warmup_iterations` untimed then `iterations` timed iterations; without OPT_STEP
+    every iteration computes the same gradients, with it each iteration steps Adam
+    (kernels.optimizer; reference: run_reference_steps with warmup + iterations steps).
+    The Timeline is the iteration with the median time, and meta['iteration_times'] lists
+    all of them. `check` validates the schedule first (structure + deadlock dry run).
+    `timeout` bounds the whole run in seconds (start-up included). `replay` runs each
+    pipeline rank's program in turn in one process on one device, P2P and collectives in
+    loopback (kernels.worker): per-op compute times of every rank from a single GPU;
+    needs dp = 1, returns no gradients. Raises KernelsError on failure, ConfigError on
+    bad input.
 
     Like torch.multiprocessing.spawn, rank processes import the caller's main module, so
     a script calling this needs an `if __name__ == '__main__':` guard.
@@ -126,15 +167,21 @@ def run_schedule(schedule: Schedule, model: ModelSpec, parallel: ParallelConfig,
     if getattr(mp.current_process(), "_inheriting", False):
         raise KernelsError("run_schedule was called while a rank process imported the main "
                            "module: guard the script's entry with `if __name__ == '__main__':`")
-    if replay and return_grads:
-        raise ConfigError("replay returns no gradients (its RECVs are random data)")
+    if replay and (return_grads or return_params):
+        raise ConfigError("replay returns no gradients or parameters (its RECVs are random "
+                          "data)")
     _check(schedule, model, parallel, device, check, iterations, warmup_iterations, timeout,
            replay)
-    lowered = annotate(schedule, stage_costs(model, parallel, schedule.num_stages))
+    chunks = (group_costs(model, parallel, schedule.num_stages, schedule.layer_groups)
+              if schedule.layer_groups > 1 else None)
+    lowered = annotate(schedule, stage_costs(model, parallel, schedule.num_stages), chunks)
     job = Job(lowered, model, parallel, device, seed, float(timeout), warmup_iterations,
-              iterations, return_grads, _free_port(), replay)
+              iterations, return_grads, _free_port(), replay, return_params)
     payloads = _launch(job)
     timeline = merge_timeline(payloads, job)
+    if return_params:
+        grads = gather_state(payloads, parallel, "grads") if return_grads else {}
+        return timeline, grads, gather_state(payloads, parallel, "params")
     if return_grads:
         return timeline, gather_grads(payloads, parallel)
     return timeline
@@ -216,68 +263,3 @@ def _where(job: Job, rank: int, progress: Any) -> str:
 def _where_stuck(job: Job, progress: Any, finished: dict) -> str:
     return "; ".join(f"rank {r} {_where(job, r, progress)}"
                      for r in range(job.world_size) if r not in finished)
-
-
-def merge_timeline(payloads: dict[int, dict], job: Job) -> Timeline:
-    """One Timeline from every rank's spans: the measured iteration with the median time,
-    times in seconds from the earliest post-barrier t0 of that iteration."""
-    count = len(next(iter(payloads.values()))["iterations"])
-    times, origins = [], []
-    for i in range(count):
-        its = [p["iterations"][i] for p in payloads.values()]
-        origin = min(it["t0"] for it in its)
-        spans = [s for it in its for s in it["spans"]]
-        times.append(max(s["end"] for s in spans) - min(s["start"] for s in spans))
-        origins.append(origin)
-    chosen = sorted(range(count), key=times.__getitem__)[(count - 1) // 2]
-    spans, memory = [], []
-    for rank, payload in sorted(payloads.items()):
-        it = payload["iterations"][chosen]
-        origin = origins[chosen]
-        spans += [{**s, "start": s["start"] - origin, "end": s["end"] - origin}
-                  for s in it["spans"]]
-        memory += [[m[2] if len(m) > 2 else rank, m[0] - origin, m[1]] for m in it["memory"]]
-    spans.sort(key=lambda s: (s["start"], s["rank"]))
-    name = next(iter(payloads.values()))["device_name"]
-    source = "kernels:cpu" if job.device == "cpu" else f"kernels:cuda:{name}"
-    s, p = job.schedule, job.parallel
-    meta = {
-        "schedule": s.name, "pp": p.pp, "vpp": s.stages_per_rank, "dp": p.dp, "tp": p.tp,
-        "microbatches": s.num_microbatches, "model": job.model.name or "custom",
-        "dtype": job.model.dtype, "device": name,
-        "backend": "nccl" if job.device == "cuda" else "gloo",
-        "torch": torch.__version__, "seed": job.seed,
-        "warmup_iterations": job.warmup_iterations, "iteration_times": times,
-        "selected_iteration": chosen, "replay": job.replay,
-        "limits": (["replay: each pipeline rank's compute alone on one device, one rank "
-                    "after another, each from t = 0; P2P not run (RECVs are random data)"]
-                   if job.replay else [])
-        + ([] if EXACT_SPLIT else ["W re-traverses the activation-gradient chain "
-                                           "(old torch): W times are overstated"])
-        + (["gloo: CPU timings calibrate only this CPU and gloo"] if job.device == "cpu" else []),
-    }
-    return Timeline.from_dict({"source": source, "meta": meta, "spans": spans,
-                               "memory": memory})
-
-
-def gather_grads(payloads: dict[int, dict], parallel: ParallelConfig) -> dict[str, torch.Tensor]:
-    """Gradients by parameter name from the ranks of DP replica 0; copies of a tied
-    embedding on the first and last stage are summed (Megatron's embedding all-reduce)."""
-    grads: dict[str, torch.Tensor] = {}
-    for rank, payload in sorted(payloads.items()):
-        if parallel.coords(rank)["dp"] != 0 or payload["grads"] is None:
-            continue
-        for name, g in torch.load(io.BytesIO(payload["grads"])).items():
-            grads[name] = grads[name] + g if name in grads else g
-    return grads
-
-
-def run_reference(model: ModelSpec, parallel: ParallelConfig, seed: int = 0,
-                  device: str = "cpu") -> dict[str, torch.Tensor]:
-    """Gradients of the mean loss over the global batch (micro_batch_size *
-    num_microbatches * dp sequences) for the whole model in this process, by name."""
-    module = build_stages(model, [0], 1, seed, device)[0]
-    tokens, labels = token_batch(model, parallel.global_batch_size, seed, device)
-    module(tokens, labels).backward()
-    return {name: p.grad.detach().cpu() for name, p in named_parameters({0: module}).items()}
-

@@ -6,7 +6,11 @@ positions), the last stage the final norm, the output layer and the cross-entrop
 With tied embeddings (Megatron's default) the last stage keeps its own copy of the word
 embedding under the same name, `word_embeddings.weight`; the true gradient of the shared
 weight is the sum of the copies' gradients (Megatron all-reduces them over its embedding
-group; `launch.gather_grads` sums them by name).
+group; `kernels.results.gather_grads` sums them by name).
+
+Layer groups (`Op.chunk`, schedules.layer_groups): `forward(x, labels, chunk, groups)`
+runs one group of the stage's layers, the embedding with group 0 of stage 0 and the head
+with the last group of the last stage; `chunk_parameters` lists what a group uses.
 
 Parameter names are global (`layers.5.mlp.fc1.weight`), so a stage's parameters are
 named exactly as in the single-stage reference model. Tokens are int64 ids; the loss is
@@ -18,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from schedules.layer_groups import chunk_layers
 from schedules.model import ModelSpec
 
 from .layers import (Norm, TransformerLayer, init_parameters, seed_for, sharded_parameter,
@@ -67,22 +72,52 @@ class StageModule(nn.Module):
             if not tied:
                 self.output_layer = Embedding(v, h)  # (V, h) projection, no bias
 
-    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
-        if self.first:
+    def _parts(self, chunk: int | None, groups: int) -> tuple[bool, list[str], bool]:
+        """(runs the embedding, layer keys, runs the head) of layer group `chunk`."""
+        keys = list(self.layers.keys())
+        chosen = [keys[i] for i in chunk_layers(len(keys), groups, chunk)]
+        embed = self.first and chunk in (None, 0)
+        head = self.last and (chunk is None or chunk == groups - 1)
+        return embed, chosen, head
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None,
+                chunk: int | None = None, groups: int = 1) -> torch.Tensor:
+        """The stage (chunk None) or its layer group `chunk` of `groups`: token ids or an
+        activation (b, s, h) in, an activation or (with the head) the mean loss out."""
+        embed, keys, head = self._parts(chunk, groups)
+        if embed:
             tokens = x
             x = F.embedding(tokens, self.word_embeddings.weight)
             if hasattr(self, "position_embeddings"):
                 x = x + self.position_embeddings.weight[: tokens.shape[1]]
-        for layer in self.layers.values():
-            x = layer(x)
-        if not self.last:
+        for key in keys:
+            x = self.layers[key](x)
+        if not head:
             return x
         x = self.final_norm(x)
-        head = self.output_layer if hasattr(self, "output_layer") else self.word_embeddings
-        logits = F.linear(x, head.weight).float()
+        logits = F.linear(x, self._head_weight()).float()
         if labels is None:
             raise ValueError(f"stage {self.stage} is the last stage: it needs labels")
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+
+    def _head_weight(self) -> nn.Parameter:
+        head = self.output_layer if hasattr(self, "output_layer") else self.word_embeddings
+        return head.weight
+
+    def chunk_parameters(self, chunk: int | None, groups: int) -> list[tuple[str, nn.Parameter]]:
+        """(global name, parameter) that layer group `chunk` computes with, in module
+        order (a tied word embedding appears in both the embedding and the head group)."""
+        embed, keys, head = self._parts(chunk, groups)
+        wanted = {"layers." + k + "." for k in keys}
+        out = []
+        for name, p in self.named_parameters():
+            root = name.split(".", 1)[0]
+            if (name.startswith(tuple(wanted))
+                    or (embed and root in ("word_embeddings", "position_embeddings"))
+                    or (head and root in ("final_norm", "output_layer"))
+                    or (head and root == "word_embeddings" and p is self._head_weight())):
+                out.append((name, p))
+        return out
 
 
 def build_stages(spec: ModelSpec, stages: list[int], num_stages: int, seed: int,

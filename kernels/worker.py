@@ -4,7 +4,9 @@ the program for warm-up + measured iterations, and report spans and gradients.
 Messages to the parent (one per rank, on a multiprocessing queue):
 - ('ok', rank, payload): payload = {'iterations': [{'t0', 'spans', 'memory'}, ...],
   memory = [(t, bytes) or, in replay, (t, bytes, pipeline rank)],
-  'grads': bytes of torch.save({name: grad}) or None, 'device_name': str};
+  'grads': bytes of torch.save({name: grad}) or None (a sharded gradient: the rank's
+  shard, NaN elsewhere), 'params': the same for the parameters as the rank holds them
+  after its last iteration (NaN where resharded) or None, 'device_name': str};
 - ('error', rank, op text or phase, message, traceback).
 `progress[2*rank : 2*rank+2]` = (iteration, op index) says where a rank is, so the parent
 can name a stuck op: iteration -1 = starting up, N = at the final barrier; index -1 =
@@ -69,6 +71,7 @@ class Job:
     return_grads: bool
     master_port: int
     replay: bool = False
+    return_params: bool = False
 
     @property
     def world_size(self) -> int:
@@ -76,18 +79,33 @@ class Job:
         return 1 if self.replay else self.parallel.world_size
 
 
+def dp_axes(parallel: ParallelConfig, rank: int) -> dict[str, list[int]]:
+    """Global ranks of `rank`'s data-parallel groups, in group order: 'dp', and with
+    fsdp='hybrid' 'dp_shard' (shard_size consecutive dp coordinates, one node's shard
+    group) and 'dp_replicate' (the same place in every shard group)."""
+    members = parallel.group("dp", rank)
+    axes = {"dp": members}
+    if parallel.fsdp == "hybrid" and parallel.shard_size:
+        size, index = parallel.shard_size, members.index(rank)
+        axes["dp_shard"] = members[index // size * size:(index // size + 1) * size]
+        axes["dp_replicate"] = members[index % size::size]
+    return axes
+
+
 def _groups(parallel: ParallelConfig, rank: int, timeout: datetime.timedelta) -> dict[str, Any]:
-    """Process groups: one per DP group (every rank creates every group, in the same
-    order, as torch.distributed requires), and one world group per P2P direction."""
+    """Process groups: one per DP group and sub-group (every rank creates every group, in
+    the same order, as torch.distributed requires), and one world group per P2P direction."""
     groups: dict[str, Any] = {}
     seen: list[tuple[int, ...]] = []
     for r in range(parallel.world_size):
-        members = tuple(parallel.group("dp", r))
-        if members not in seen:
-            seen.append(members)
+        for axis, members in dp_axes(parallel, r).items():
+            if tuple(members) in seen:
+                continue
+            seen.append(tuple(members))
             group = dist.new_group(list(members), timeout=timeout)
-            if rank in members:
-                groups["dp"] = group
+            for name, mine in dp_axes(parallel, rank).items():
+                if tuple(mine) == tuple(members):
+                    groups[name] = group
     world = list(range(parallel.world_size))
     groups["p2p_f"] = dist.new_group(world, timeout=timeout) if parallel.pp > 1 else None
     groups["p2p_b"] = dist.new_group(world, timeout=timeout) if parallel.pp > 1 else None
@@ -136,9 +154,10 @@ def _run(rank: int, job: Job, device: torch.device, groups: dict, progress: Any)
     coords = job.parallel.coords(rank)
     setup = RankSetup(rank=rank, pipeline_rank=coords["pp"], dp_rank=coords["dp"],
                       pp_ranks=job.parallel.group("pp", rank), groups=groups,
-                      dp_size=job.parallel.dp, timeout=job.timeout)
-    iterations, grads = _iterate(rank, job, device, setup, progress)
-    return {"iterations": iterations, "grads": grads, "device_name": _device_name(device)}
+                      dp_size=job.parallel.dp, timeout=job.timeout,
+                      group_ranks=dp_axes(job.parallel, rank))
+    iterations, results = _iterate(rank, job, device, setup, progress)
+    return {"iterations": iterations, **results, "device_name": _device_name(device)}
 
 
 def _replay(job: Job, device: torch.device, progress: Any) -> dict:
@@ -154,7 +173,8 @@ def _replay(job: Job, device: torch.device, progress: Any) -> dict:
                "memory": [(t, n, r) for r, its in enumerate(per_rank)
                           for t, n in its[i]["memory"]]}
               for i in range(job.iterations)]
-    return {"iterations": merged, "grads": None, "device_name": _device_name(device)}
+    return {"iterations": merged, "grads": None, "params": None,
+            "device_name": _device_name(device)}
 
 
 def _from_zero(iteration: dict) -> dict:
@@ -170,9 +190,10 @@ def _device_name(device: torch.device) -> str:
 
 
 def _iterate(rank: int, job: Job, device: torch.device, setup: RankSetup,
-             progress: Any) -> tuple[list[dict], bytes | None]:
+             progress: Any) -> tuple[list[dict], dict]:
     """Warm-up + timed iterations of `setup.pipeline_rank`'s program: the timed
-    iterations' resolved spans and memory, and the gradients if the job wants them."""
+    iterations' resolved spans and memory, and {'grads', 'params'} (serialised, or None
+    where the job does not want them)."""
     schedule = job.schedule
     stages = [s for s in range(schedule.num_stages)
               if schedule.rank_of_stage(s) == setup.pipeline_rank]
@@ -202,10 +223,12 @@ def _iterate(rank: int, job: Job, device: torch.device, setup: RankSetup,
             spans, memory = executor.resolve()
             iterations.append({"t0": t0, "spans": spans, "memory": memory})
     progress[2 * rank] = total
-    grads = None
-    if job.return_grads:
-        buffer = io.BytesIO()
-        torch.save({name: p.grad.detach().cpu() for name, p in params.items()
-                    if p.grad is not None}, buffer)
-        grads = buffer.getvalue()
-    return iterations, grads
+    return iterations, {
+        "grads": _serialise(executor.export_grads()) if job.return_grads else None,
+        "params": _serialise(executor.export_params()) if job.return_params else None}
+
+
+def _serialise(tensors: dict[str, torch.Tensor]) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(tensors, buffer)
+    return buffer.getvalue()

@@ -6,7 +6,8 @@ Rules (DESIGN.md, "The execution contract"):
 - `B(s,m)` and `I(s,m)` wait for `F(s,m)` and, unless `s` is the last stage, `RECV_B(s,m)`;
 - `W(s,m)` waits for `I(s,m)`;
 - `SEND_F(s,m)` waits for `F(s,m)`; `SEND_B(s,m)` for the input gradient of `(s,m)`;
-- a DP gradient collective of stage s waits for the weight gradients of every microbatch;
+- a whole-iteration DP gradient collective of stage s (chunk and microbatch None) waits
+  for the weight gradients of every microbatch;
 - communication ops are *posted* when the program reaches them and do not block the
   stream; a P2P transfer starts when both its SEND and its RECV are posted, and the RECV
   completes when the transfer does; a collective starts when every member has posted it
@@ -15,14 +16,63 @@ Rules (DESIGN.md, "The execution contract"):
 
 `B` is `I` and `W` fused, so a completed `B` also satisfies waits on `I` and `W`: the
 contract speaks of data products, and `B` produces both.
+
+Chunked ops (`Op.chunk`, a layer group; issue 5). The rules above name whole-stage
+products: `(F, s, m)` is available when the *last* op of the program that computes a
+part of it ends (`chunk_completions`), so `SEND_F(s,m)` waits for the last forward chunk
+and `SEND_B(s,m)` for the last input-gradient chunk (chunk 0: backward runs in reverse
+layer order).
+
+Positional rules (`local_waits`), for the data-parallel ops, which may repeat one key
+(a ZeRO-3 gather before F and again before B) and so are identified by their place in the
+program. Each op waits for EARLIER ops of the same program (so these rules alone cannot
+deadlock); "(s, g) covers (s, c)" when g == c or either is None:
+- a compute op F/B/I/W of (s, g) waits for the latest parameter gather (ALL_GATHER on a
+  DP group) of each chunk of stage s covering g posted before it;
+- a gradient collective (ALL_REDUCE / REDUCE_SCATTER on a DP group) of (s, g) waits for
+  the latest preceding weight-gradient op of stage s covering g (B or W: `I` makes no
+  weight gradient) and for the latest preceding gradient collective of the same (s, g)
+  on another group (HSDP: the replica all-reduce reduces the shard's reduce-scatter);
+- COPY_D2H (gradients to the host) of (s, g) waits for the latest preceding gradient
+  collective of (s, g) covering it, else the latest weight-gradient op covering g;
+- OPT_STEP(s) waits for every gradient collective and COPY_D2H of stage s since its
+  previous OPT_STEP, and for the latest weight-gradient op of s;
+- COPY_H2D (parameters to the device) of (s, g) waits for the latest OPT_STEP(s);
+- a parameter gather of (s, g) waits for the latest OPT_STEP(s) and COPY_H2D of (s, c)
+  covering g (ZeRO-1/2: gather the updated shards).
+An op that is not compute (collectives, copies, an OPT_STEP with group 'host') is posted
+in program order and starts once its waits are met and the previous op on its lane ends.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from .ops import Op, OpKind
 
-Key = tuple[OpKind, int, int | None]
+Key = tuple  # (kind, stage, microbatch) or (kind, stage, microbatch, chunk): Op.key
+
+DP_GROUPS = frozenset({"dp", "dp_shard", "dp_replicate"})
+"""Group axes of data-parallel communication: the whole DP group, the shard group (ranks
+of one node for HSDP / hpZ) and the replica group across shard groups (sim.dp_groups)."""
+
+_GRADIENT_KINDS = (OpKind.ALL_REDUCE, OpKind.REDUCE_SCATTER)
+_WORK_KINDS = (OpKind.F, OpKind.B, OpKind.I, OpKind.W)
+_POSITIONAL_KINDS = frozenset({OpKind.ALL_REDUCE, OpKind.REDUCE_SCATTER, OpKind.ALL_GATHER,
+                               OpKind.OPT_STEP, OpKind.COPY_D2H, OpKind.COPY_H2D})
+
+
+def is_gradient_collective(op: Op) -> bool:
+    return op.kind in _GRADIENT_KINDS and op.group in DP_GROUPS
+
+
+def is_parameter_gather(op: Op) -> bool:
+    return op.kind is OpKind.ALL_GATHER and op.group in DP_GROUPS
+
+
+def runs_on_compute_stream(op: Op) -> bool:
+    """Compute ops hold the rank's one stream; a host optimizer step does not."""
+    return op.kind.is_compute and op.group != "host"
 
 
 def prerequisites(op: Op, stage_ranks: Sequence[int],
@@ -31,8 +81,10 @@ def prerequisites(op: Op, stage_ranks: Sequence[int],
 
     `stage_ranks[s]` is the rank holding stage `s`. Where two neighbouring stages sit on
     the same rank there is no transfer, and the consumer waits for the producer directly.
-    A data-parallel gradient collective of stage s (`ALL_REDUCE`/`REDUCE_SCATTER` with
-    group 'dp') waits for the weight gradients of all `num_microbatches` microbatches.
+    A whole-iteration data-parallel gradient collective of stage s (`ALL_REDUCE` /
+    `REDUCE_SCATTER` on a DP group, chunk and microbatch None) waits for the weight
+    gradients of all `num_microbatches` microbatches. Chunked ops wait for the same
+    whole-stage keys as their unchunked op (positional rules: `local_waits`).
     """
     s, m = op.stage, op.microbatch
     kind = op.kind
@@ -54,7 +106,8 @@ def prerequisites(op: Op, stage_ranks: Sequence[int],
         return ((OpKind.F, s, m),)
     if kind is OpKind.SEND_B:
         return ((OpKind.I, s, m),)
-    if kind in (OpKind.ALL_REDUCE, OpKind.REDUCE_SCATTER) and op.group == "dp" and num_microbatches:
+    if (kind in _GRADIENT_KINDS and op.group in DP_GROUPS and num_microbatches
+            and op.chunk is None and m is None):
         return tuple((OpKind.W, s, mb) for mb in range(num_microbatches))
     return ()
 
@@ -62,8 +115,97 @@ def prerequisites(op: Op, stage_ranks: Sequence[int],
 def produces(op: Op) -> tuple[Key, ...]:
     """Keys that the completion of `op` satisfies (a full `B` also yields `I` and `W`)."""
     if op.kind is OpKind.B:
-        return (op.key, (OpKind.I, op.stage, op.microbatch), (OpKind.W, op.stage, op.microbatch))
+        if op.chunk is None:
+            return (op.key, (OpKind.I, op.stage, op.microbatch),
+                    (OpKind.W, op.stage, op.microbatch))
+        return (op.key, (OpKind.I, op.stage, op.microbatch, op.chunk),
+                (OpKind.W, op.stage, op.microbatch, op.chunk))
     return (op.key,)
+
+
+def chunk_completions(program: Sequence[Op]) -> dict[int, tuple[Key, ...]]:
+    """Index -> the whole-stage keys that op completes beyond produces(op): the last
+    group of each chunked (kind, stage, microbatch) in `program` (empty when unchunked)."""
+    last: dict[tuple, int] = {}
+    for index, op in enumerate(program):
+        if op.chunk is not None and op.kind in _WORK_KINDS:
+            last[(op.kind, op.stage, op.microbatch)] = index
+    return {index: produces(Op(kind, stage, microbatch))
+            for (kind, stage, microbatch), index in last.items()}
+
+
+def program_products(program: Sequence[Op]) -> list[tuple[Key, ...]]:
+    """Keys each op of `program` satisfies: produces() plus chunk_completions()."""
+    extra = chunk_completions(program)
+    return [produces(op) + extra.get(i, ()) for i, op in enumerate(program)]
+
+
+def _covering(latest: dict, stage: int, chunk: int | None) -> list[int]:
+    """Indices in `latest` ((stage, chunk) -> index) whose chunk covers `chunk`."""
+    if chunk is None:
+        return [i for (s, _), i in latest.items() if s == stage]
+    return [i for i in (latest.get((stage, chunk)), latest.get((stage, None))) if i is not None]
+
+
+def _newest(indices: list[int]) -> tuple[int, ...]:
+    return (max(indices),) if indices else ()
+
+
+def local_waits(program: Sequence[Op]) -> list[tuple[int, ...]]:
+    """For each op of `program`, the indices of the earlier ops of the same program it
+    waits for under the positional rules (module docstring); () for most ops."""
+    waits: list[tuple[int, ...]] = [()] * len(program)
+    if not any(op.kind in _POSITIONAL_KINDS for op in program):
+        return waits
+    gathers: dict = {}    # (stage, chunk) -> latest parameter gather
+    grads: dict = {}      # (stage, chunk) -> latest weight-gradient op
+    reduced: dict = {}    # (stage, chunk) -> latest gradient collective
+    reduced_on: dict = {}  # (stage, chunk) -> its group
+    pending: dict = {}    # stage -> gradient collectives / D2H copies since its last step
+    steps: dict = {}      # stage -> latest OPT_STEP
+    uploads: dict = {}    # (stage, chunk) -> latest COPY_H2D
+    for index, op in enumerate(program):
+        s, g, kind = op.stage, op.chunk, op.kind
+        if kind in _WORK_KINDS:
+            waits[index] = tuple(_covering(gathers, s, g))
+            if kind is not OpKind.I:
+                grads[(s, g)] = index
+        elif is_gradient_collective(op):
+            need = _newest(_covering(grads, s, g))
+            if (s, g) in reduced and reduced_on[(s, g)] != op.group:
+                need += (reduced[(s, g)],)
+            waits[index] = need
+            reduced[(s, g)], reduced_on[(s, g)] = index, op.group
+            pending.setdefault(s, []).append(index)
+        elif kind is OpKind.COPY_D2H:
+            waits[index] = _newest(_covering(reduced, s, g) or _covering(grads, s, g))
+            pending.setdefault(s, []).append(index)
+        elif kind is OpKind.OPT_STEP:
+            waits[index] = tuple(pending.pop(s, [])) + _newest(_covering(grads, s, None))
+            steps[s] = index
+        elif kind is OpKind.COPY_H2D:
+            waits[index] = (steps[s],) if s in steps else ()
+            uploads[(s, g)] = index
+        elif is_parameter_gather(op):
+            need = ([steps[s]] if s in steps else []) + _covering(uploads, s, g)
+            waits[index] = tuple(need)
+            gathers[(s, g)] = index
+    return waits
+
+
+@dataclass(frozen=True)
+class ProgramContract:
+    """What a backend precomputes for one rank's program so it does not rescan:
+    `local[i]`, the earlier indices op i waits for (local_waits), and `completes`, the
+    extra whole-stage keys of chunked ops (chunk_completions). Keyed waits and products
+    stay per op: prerequisites(op, ...) and produces(op)."""
+
+    local: list[tuple[int, ...]]
+    completes: dict[int, tuple[Key, ...]]
+
+
+def program_contract(program: Sequence[Op]) -> ProgramContract:
+    return ProgramContract(local_waits(program), chunk_completions(program))
 
 
 def p2p_peer(op: Op) -> Key:

@@ -1,29 +1,187 @@
-"""Lowering pass: data-parallel gradient synchronisation as ALL_REDUCE ops.
+"""Data-parallel communication as ops: passes over the pipeline programs (issue 5).
 
-Each rank's program gets one `ALL_REDUCE(stage, group='dp')` per stage it holds, after the
-stage's last backward op, in the order those backwards end: the gradients are reduced
-once per iteration, after gradient accumulation over all microbatches (PyTorch DDP's
-`no_sync` / Megatron's accumulation). Buckets, overlap with the remaining backward and
-ZeRO's reduce-scatter come with the data-parallel issue; this is the plain DDP baseline.
-`nbytes` (the stage's gradient bytes) is filled in by schedules.annotate.
+`add_data_parallel(schedule, model, parallel, shard_size)` picks the pass from the
+ParallelConfig (its sharding fields are canonical, schedules.sharding):
+- zero_stage 0, DDP (Li et al., VLDB 2020, "PyTorch Distributed"): gradients in buckets of
+  `bucket_bytes` (None = torch DDP's 25 MiB, schedules.sharding.DEFAULT_BUCKET_BYTES;
+  Megatron-LM's default is max(40M, 1M * dp) parameters per bucket). Earlier microbatches
+  accumulate without communication (`no_sync`); the LAST weight-gradient op of each stage
+  (B, or W when split) is split into layer groups in reverse layer order and, after each
+  group, the ALL_REDUCEs of its buckets are posted, so they overlap the rest of the
+  backward. overlap_grad_reduce=False posts them after the whole backward instead.
+  Then one OPT_STEP per stage.
+- zero_stage 1 (optimizer-state sharding): the gradients are REDUCE_SCATTERed once per
+  iteration after accumulation (bucketed, after the backward), each rank steps its 1/N
+  shard, and the updated parameters are ALL_GATHERed after the step (Rajbhandari et al.
+  SC20, section 5: Psi reduce-scatter + Psi all-gather = 2 Psi per rank, as DDP).
+- zero_stage 2: as 1, but the bucket reduce-scatters are posted during the last
+  microbatch's backward as DDP's all-reduces are (overlap_grad_reduce). We reduce ONCE per
+  iteration (Megatron's distributed optimizer; torch FSDP SHARD_GRAD_OP under no_sync);
+  DeepSpeed's stage 2 reduces at every micro-step (M times the volume): not modelled.
+  fsdp='hybrid' (torch _HYBRID_SHARD_ZERO2) reduce-scatters over 'dp_shard', all-reduces
+  the shard over 'dp_replicate' and gathers over 'dp_shard'.
+- zero_stage 3 / FSDP / HSDP / ZeRO++: schedules.zero3.
+- offload (ZeRO-Offload, Ren et al. ATC 2021; zero_stage >= 1): each reduced gradient
+  bucket's shard goes to the host (COPY_D2H on lane 'pcie'), the step runs on the host CPU
+  (OPT_STEP with group 'host', costed by sim.optimizer), the updated 16-bit shard comes
+  back (COPY_H2D) before the parameter all-gather (ZeRO-3: per layer group, and the next
+  iteration's gathers fetch it). With dp = 1 there is nothing to reduce: copies only.
+
+Sizes (bytes) follow nccl-tests (sim.collective_algorithms): ALL_REDUCE and
+REDUCE_SCATTER carry the full gradient bucket, ALL_GATHER the full gathered parameters.
+OPT_STEP.nbytes is the Adam update's memory traffic on the rank's shard,
+ADAM_BYTES_PER_PARAM per parameter. Groups name axes: 'dp', 'dp_shard', 'dp_replicate'
+(schedules.contract.DP_GROUPS; sim.dp_groups maps them to ranks). Communication runs
+over the 'dp' axis only (cp = 1 is assumed for the collectives).
 """
 from __future__ import annotations
 
+import math
+
+from .dp_sizes import ADAM_BYTES_PER_PARAM, DPSizes, bucket_groups, dp_sizes, split_op
+from .errors import ConfigError
+from .model import ModelSpec
 from .ops import BACKWARD_KINDS, Op, OpKind
+from .parallel import ParallelConfig
 from .schedule import Schedule
+from .zero3 import add_zero3
+
+__all__ = ["ADAM_BYTES_PER_PARAM", "add_data_parallel", "add_dp_allreduce",
+           "add_sharded_optimizer", "bucket_groups"]
 
 
 def add_dp_allreduce(schedule: Schedule) -> Schedule:
-    """Return `schedule` with a DP gradient all-reduce per stage; idempotent."""
+    """The plain DDP baseline: one unbucketed `ALL_REDUCE(stage, group='dp')` per stage,
+    after the stage's last backward op, in the order those backwards end (reduced once
+    per iteration, after accumulation); no optimizer step. Idempotent. `nbytes` (the
+    stage's gradient bytes) is filled in by schedules.annotate."""
     if any(op.kind is OpKind.ALL_REDUCE for op in schedule.ops()):
         return schedule
     programs = []
     for program in schedule.programs:
-        last_backward: dict[int, int] = {}
-        for index, op in enumerate(program):
-            if op.kind in BACKWARD_KINDS:
-                last_backward[op.stage] = index
-        stages = sorted(last_backward, key=last_backward.__getitem__)
+        stages = _stages_by_last_backward(program)
         programs.append(list(program) + [Op(OpKind.ALL_REDUCE, s, None, group="dp")
                                           for s in stages])
     return schedule.with_programs(programs)
+
+
+def _stages_by_last_backward(program: list[Op]) -> list[int]:
+    last: dict[int, int] = {}
+    for index, op in enumerate(program):
+        if op.kind in BACKWARD_KINDS:
+            last[op.stage] = index
+    return sorted(last, key=last.__getitem__)
+
+
+def _last_weight_grads(program: list[Op]) -> dict[int, int]:
+    """stage -> index of its last weight-gradient op (B or W) in `program`."""
+    last: dict[int, int] = {}
+    for index, op in enumerate(program):
+        if op.kind in (OpKind.B, OpKind.W):
+            last[op.stage] = index
+    return last
+
+
+def gradient_ops(sizes: DPSizes, parallel: ParallelConfig, stage: int, chunk: int | None,
+                 microbatch: int | None) -> list[Op]:
+    """The bucketed reduction of the gradients of (stage, chunk) for ZeRO 0-2, with the
+    offload copies of the reduced shards."""
+    nbytes = sum(sizes.grads[stage]) if chunk is None else sizes.grads[stage][chunk]
+    layers = sizes.layers * (sizes.groups if chunk is None else 1)
+    hybrid = parallel.fsdp == "hybrid"
+    ops = []
+    for bucket in sizes.buckets(nbytes, layers):
+        if sizes.dp == 1:  # nothing to reduce (offload on one rank)
+            ops.append(Op(OpKind.COPY_D2H, stage, microbatch, "pcie", bucket, chunk=chunk))
+            continue
+        if parallel.zero_stage == 0:
+            ops.append(Op(OpKind.ALL_REDUCE, stage, microbatch, "dp", bucket, chunk=chunk))
+            continue
+        ops.append(Op(OpKind.REDUCE_SCATTER, stage, microbatch,
+                      "dp_shard" if hybrid else "dp", bucket, chunk=chunk))
+        if hybrid:
+            ops.append(Op(OpKind.ALL_REDUCE, stage, microbatch, "dp_replicate",
+                          bucket // sizes.shard, chunk=chunk))
+        if parallel.offload:
+            ops.append(Op(OpKind.COPY_D2H, stage, microbatch, "pcie", bucket // sizes.shard,
+                          chunk=chunk))
+    return ops
+
+
+def step_ops(sizes: DPSizes, parallel: ParallelConfig, stage: int) -> list[Op]:
+    """OPT_STEP of the rank's part of `stage` (on the host when offloaded)."""
+    params = sizes.stage_params(stage)
+    shard = params if parallel.zero_stage == 0 else math.ceil(params / sizes.shard)
+    return [Op(OpKind.OPT_STEP, stage, None, "host" if parallel.offload else None,
+               ADAM_BYTES_PER_PARAM * shard)]
+
+
+def gather_ops(sizes: DPSizes, parallel: ParallelConfig, stage: int) -> list[Op]:
+    """ZeRO-1/2 after the step: upload the shard (offload), gather the parameters."""
+    if parallel.zero_stage == 0:
+        return []
+    full = sizes.stage_params(stage) * sizes.dtype_bytes
+    ops = []
+    if parallel.offload:
+        ops.append(Op(OpKind.COPY_H2D, stage, None, "pcie", math.ceil(full / sizes.shard)))
+    group = "dp_shard" if parallel.fsdp == "hybrid" else "dp"
+    if sizes.shard > 1:
+        layers = sizes.layers * sizes.groups
+        ops += [Op(OpKind.ALL_GATHER, stage, None, group, b)
+                for b in sizes.buckets(full, layers)]
+    return ops
+
+
+def add_sharded_optimizer(schedule: Schedule, sizes: DPSizes, parallel: ParallelConfig
+                          ) -> Schedule:
+    """DDP and ZeRO-1/2 (module docstring)."""
+    overlap = parallel.overlap_grad_reduce and parallel.zero_stage != 1
+    groups = sizes.groups if overlap else 1
+    programs = []
+    for program in schedule.programs:
+        last = _last_weight_grads(program)
+        stages = sorted(last, key=last.__getitem__)
+        out: list[Op] = []
+        for index, op in enumerate(program):
+            if overlap and last.get(op.stage) == index:
+                for part in split_op(op, groups):
+                    out.append(part)
+                    out += gradient_ops(sizes, parallel, op.stage, part.chunk, op.microbatch)
+            else:
+                out.append(op)
+        if not overlap:
+            for s in stages:
+                out += gradient_ops(sizes, parallel, s, None, None)
+        for s in stages:
+            out += step_ops(sizes, parallel, s)
+        for s in stages:
+            out += gather_ops(sizes, parallel, s)
+        programs.append(out)
+    return schedule.with_programs(programs, layer_groups=groups)
+
+
+def add_data_parallel(schedule: Schedule, model: ModelSpec, parallel: ParallelConfig,
+                      shard_size: int | None = None) -> Schedule:
+    """`schedule` with the data-parallel communication `parallel` asks for (module
+    docstring). `shard_size`: ranks of a hybrid shard group or of the hpZ secondary shard
+    (sim.dp_groups resolves it from the topology); needed for fsdp='hybrid' and hpz.
+    Returns `schedule` itself when there is nothing to add (dp = 1 without offload)."""
+    if parallel.dp == 1 and not parallel.offload:
+        return schedule
+    if any(op.kind is OpKind.OPT_STEP for op in schedule.ops()):
+        raise ConfigError(f"schedule {schedule.name!r} already has optimizer steps: the "
+                          "data-parallel pass runs once, on a pipeline schedule")
+    if schedule.layer_groups != 1:
+        raise ConfigError("the data-parallel pass needs a schedule without layer groups")
+    hybrid = parallel.fsdp == "hybrid"
+    if (hybrid or parallel.hpz) and shard_size is None:
+        raise ConfigError(f"fsdp={parallel.fsdp!r} hpz={parallel.hpz}: give shard_size (the "
+                          "ranks of one node's shard group; sim.dp_groups.shard_size)")
+    shard = shard_size if hybrid else parallel.dp
+    if parallel.zero_stage == 3:
+        groups = model.num_layers // schedule.num_stages  # one FSDP unit per layer
+        sizes = dp_sizes(model, parallel, schedule.num_stages, groups, shard)
+        return add_zero3(schedule, sizes, parallel)
+    groups = bucket_groups(model, parallel, schedule.num_stages)
+    sizes = dp_sizes(model, parallel, schedule.num_stages, groups, shard)
+    return add_sharded_optimizer(schedule, sizes, parallel)

@@ -4,6 +4,13 @@ The text form is torch.distributed.pipelining's `_Action` string `{stage}{KIND}{
 (`2F0`, `1SEND_F3`, `0I1`), so programs export to the CSV that PyTorch's pipeline runtime
 loads. `stage` is the *virtual* stage (model chunk) index, not the rank.
 
+`chunk` (issue 5) names a *layer group* of the stage: 0..G-1 in layer order, G =
+`Schedule.layer_groups`, None = the whole stage (schedules.layer_groups maps groups to
+layers). Data-parallel passes split compute ops into groups (DDP buckets, FSDP units) so
+that communication can interleave with them. Its text form appends `.{chunk}`
+(`0F3.1`, `0ALL_GATHER2.1`); torch has no such action, so schedules.torch_csv refuses
+chunked ops. Not to be confused with Megatron's "model chunk" (a virtual stage).
+
 Units: `nbytes` in bytes (payload for communication, memory traffic for compute),
 `flops` in floating-point operations.
 """
@@ -30,7 +37,9 @@ class OpKind(str, Enum):
     REDUCE_SCATTER = "REDUCE_SCATTER"
     ALL_TO_ALL = "ALL_TO_ALL"
     BROADCAST = "BROADCAST"
-    OPT_STEP = "OPT_STEP"
+    OPT_STEP = "OPT_STEP"  # optimizer step of a stage (group 'host': on the host CPU)
+    COPY_D2H = "COPY_D2H"  # device -> host copy over PCIe (offloaded gradients)
+    COPY_H2D = "COPY_H2D"  # host -> device copy over PCIe (updated parameters)
 
     @property
     def is_compute(self) -> bool:
@@ -44,6 +53,10 @@ class OpKind(str, Enum):
     def is_collective(self) -> bool:
         return self in COLLECTIVE_KINDS
 
+    @property
+    def is_copy(self) -> bool:
+        return self in COPY_KINDS
+
 
 COMPUTE_KINDS = frozenset({OpKind.F, OpKind.B, OpKind.I, OpKind.W, OpKind.OPT_STEP})
 BACKWARD_KINDS = frozenset({OpKind.B, OpKind.I, OpKind.W})
@@ -52,10 +65,11 @@ COLLECTIVE_KINDS = frozenset(
     {OpKind.ALL_REDUCE, OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER, OpKind.ALL_TO_ALL,
      OpKind.BROADCAST}
 )
+COPY_KINDS = frozenset({OpKind.COPY_D2H, OpKind.COPY_H2D})
 
 # Longest names first so that `SEND_F` is not read as `S` + ...
 _KIND_ALTERNATION = "|".join(sorted((k.value for k in OpKind), key=len, reverse=True))
-_ACTION_RE = re.compile(rf"^(\d+)({_KIND_ALTERNATION})(\d*)$")
+_ACTION_RE = re.compile(rf"^(\d+)({_KIND_ALTERNATION})(\d*)(?:\.(\d+))?$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,35 +86,42 @@ class Op:
     group: str | None = None
     nbytes: int = 0
     flops: float = 0.0
+    chunk: int | None = None
 
     @property
-    def key(self) -> tuple[OpKind, int, int | None]:
-        """Identity of the op within one pipeline replica (kind, stage, microbatch)."""
-        return (self.kind, self.stage, self.microbatch)
+    def key(self) -> tuple:
+        """Identity of the op within one pipeline replica: (kind, stage, microbatch), and
+        the chunk appended for a chunked op, (kind, stage, microbatch, chunk), so that an
+        unchunked op keeps the key it always had."""
+        if self.chunk is None:
+            return (self.kind, self.stage, self.microbatch)
+        return (self.kind, self.stage, self.microbatch, self.chunk)
 
     def with_costs(self, *, nbytes: int | None = None, flops: float | None = None) -> Op:
         # Direct construction: dataclasses.replace is ~3x slower on this hot path.
         return Op(self.kind, self.stage, self.microbatch, self.group,
                   self.nbytes if nbytes is None else nbytes,
-                  self.flops if flops is None else flops)
+                  self.flops if flops is None else flops, self.chunk)
 
     def __str__(self) -> str:
         mb = "" if self.microbatch is None else str(self.microbatch)
-        return f"{self.stage}{self.kind.value}{mb}"
+        chunk = "" if self.chunk is None else f".{self.chunk}"
+        return f"{self.stage}{self.kind.value}{mb}{chunk}"
 
 
 def parse_op(text: str) -> Op:
-    """Parse one action string such as `2F0`, `1SEND_F3` or `0W1`."""
+    """Parse one action string such as `2F0`, `1SEND_F3`, `0W1` or `0F3.1` (chunk 1)."""
     match = _ACTION_RE.match(text.strip())
     if not match:
         raise ScheduleFormatError(
-            f"bad action {text!r}: expected STAGE KIND MICROBATCH such as '2F0' or '1SEND_F3' "
-            f"with KIND one of {', '.join(k.value for k in OpKind)}"
+            f"bad action {text!r}: expected STAGE KIND MICROBATCH[.CHUNK] such as '2F0', "
+            f"'1SEND_F3' or '0F3.1' with KIND one of {', '.join(k.value for k in OpKind)}"
         )
-    stage, kind, mb = match.groups()
+    stage, kind, mb, chunk = match.groups()
     kind = OpKind(kind)
     group = "pp" if kind.is_p2p else None
-    return Op(kind, int(stage), int(mb) if mb else None, group=group)
+    return Op(kind, int(stage), int(mb) if mb else None, group=group,
+              chunk=int(chunk) if chunk is not None else None)
 
 
 def compute_op(kind: OpKind, stage: int, microbatch: int) -> Op:

@@ -4,7 +4,9 @@ For each compute op whose neighbouring stage lives on another rank:
 `RECV_F(s,m)` goes immediately before `F(s,m)` and `SEND_F(s,m)` immediately after it;
 `RECV_B(s,m)` before `B/I(s,m)` and `SEND_B(s,m)` after it. This is Megatron-LM's default
 (non-overlapped) P2P placement: a rank posts the receive for its next op only when it
-reaches that op, so a late transfer shows up as exposed communication.
+reaches that op, so a late transfer shows up as exposed communication. When an op is
+split into layer groups (`Op.chunk`), the RECV goes before the first group of (s,m) and
+the SEND after the last, whatever else the program interleaves between them.
 """
 from __future__ import annotations
 
@@ -39,22 +41,42 @@ def add_p2p(schedule: Schedule, boundary_bytes: BoundaryBytes | None = None) -> 
 
     programs = []
     for program in schedule.programs:
+        first, final = _group_ends(program)
         lowered: list[Op] = []
-        for op in program:
+        for index, op in enumerate(program):
             s, m = op.stage, op.microbatch
-            if op.kind is OpKind.F:
-                if s > 0 and remote(s - 1, s):
-                    lowered.append(comm(OpKind.RECV_F, s, m))
+            if op.kind is OpKind.F or op.kind in (OpKind.B, OpKind.I):
+                forward = op.kind is OpKind.F
+                # F talks to s-1 before and s+1 after; backward the other way round
+                before, after = (s - 1, s + 1) if forward else (s + 1, s - 1)
+                recv, send = ((OpKind.RECV_F, OpKind.SEND_F) if forward
+                              else (OpKind.RECV_B, OpKind.SEND_B))
+                if index in first and 0 <= before <= last and remote(before, s):
+                    lowered.append(comm(recv, s, m))
                 lowered.append(op)
-                if s < last and remote(s, s + 1):
-                    lowered.append(comm(OpKind.SEND_F, s, m))
-            elif op.kind in (OpKind.B, OpKind.I):
-                if s < last and remote(s, s + 1):
-                    lowered.append(comm(OpKind.RECV_B, s, m))
-                lowered.append(op)
-                if s > 0 and remote(s - 1, s):
-                    lowered.append(comm(OpKind.SEND_B, s, m))
+                if index in final and 0 <= after <= last and remote(s, after):
+                    lowered.append(comm(send, s, m))
             else:
                 lowered.append(op)
         programs.append(lowered)
     return schedule.with_programs(programs)
+
+
+class _Everything:
+    def __contains__(self, _item: object) -> bool:
+        return True
+
+
+def _group_ends(program: list[Op]) -> tuple:
+    """Indices of the first and last F, and of the first and last B/I, of each (s,m):
+    where its RECV and SEND go (every op's own index when nothing is chunked)."""
+    if all(op.chunk is None for op in program):
+        return _Everything(), _Everything()
+    first: dict[tuple, int] = {}
+    final: dict[tuple, int] = {}
+    for index, op in enumerate(program):
+        if op.kind in (OpKind.F, OpKind.B, OpKind.I):
+            key = (op.kind is OpKind.F, op.stage, op.microbatch)
+            first.setdefault(key, index)
+            final[key] = index
+    return set(first.values()), set(final.values())

@@ -15,29 +15,14 @@ from typing import Any
 
 from .errors import ConfigError, require_positive_int
 from .generators import canonical_schedule_name
+from .parallel_aliases import ALIASES, resolve_kwargs
+from .sharding import DEFAULT_BUCKET_BYTES, normalised_sharding
+
+__all__ = ["ALIASES", "AXES", "CUSTOM_SCHEDULE", "FSDP", "RECOMPUTE", "ParallelConfig"]
 
 AXES = ("tp", "cp", "ep", "dp", "pp")
 RECOMPUTE = ("none", "selective", "full")
 FSDP = ("none", "full", "hybrid")
-
-# Megatron-LM / torchtitan / DeepSpeed spellings (after '--' stripped, '-' -> '_').
-ALIASES: dict[str, str] = {
-    "pipeline_model_parallel_size": "pp", "pipeline_parallel_degree": "pp",
-    "virtual_pipeline_model_parallel_size": "vpp",
-    "tensor_model_parallel_size": "tp", "tensor_parallel_degree": "tp",
-    "data_parallel_size": "dp", "data_parallel_replicate_degree": "dp",
-    "context_parallel_size": "cp", "context_parallel_degree": "cp",
-    "expert_model_parallel_size": "ep", "expert_parallel_degree": "ep",
-    "num_micro_batches": "num_microbatches", "microbatches": "num_microbatches",
-    "pipeline_parallel_microbatches": "num_microbatches",
-    "train_batch_size": "global_batch_size",
-    "train_micro_batch_size_per_gpu": "micro_batch_size",
-    "zero_optimization_stage": "zero_stage",
-    "recompute_granularity": "recompute",
-    "pipeline_parallel_schedule": "schedule",
-    "order": "rank_order",
-}
-
 
 CUSTOM_SCHEDULE = "custom"
 
@@ -47,7 +32,9 @@ class ParallelConfig:
     """Parallel degrees, batch split, recompute and pipeline schedule of one run.
 
     `num_microbatches` M per pipeline: given, or global_batch_size / (micro_batch_size*dp),
-    or pp by default; __post_init__ fills both M and global_batch_size in.
+    or pp by default; __post_init__ fills both M and global_batch_size in. The sharding
+    fields are put in one canonical form and checked by schedules.sharding (fsdp='full'
+    is zero_stage=3; ZeRO-2/3 refuse pp > 1; ZeRO++ and offload need their stages).
     """
 
     pp: int = 1
@@ -66,12 +53,13 @@ class ParallelConfig:
     fsdp: str = "none"  # 'none', 'full' (= ZeRO-3 over dp) or 'hybrid' (shard in a node)
     shard_size: int | None = None  # hybrid shard group size; None = GPUs per node
     offload: bool = False  # ZeRO-Offload: optimizer state and step on the host
-    bucket_bytes: int | None = None  # gradient bucket; None = the framework default
+    bucket_bytes: int | None = None  # gradient bucket; None = torch DDP's 25 MiB
     overlap_grad_reduce: bool = True  # post bucket reductions during the backward
     reshard_after_forward: bool = True  # ZeRO-3/FSDP: free gathered params after F
     quantized_weights: bool = False  # ZeRO++ qwZ: int8 weight all-gather
     hpz: bool = False  # ZeRO++ hpZ: secondary parameter shard inside the node
     quantized_gradients: bool = False  # ZeRO++ qgZ: int4 gradient reduce-scatter
+    hpz_partition_size: int | None = None  # hpZ secondary shard size; None = GPUs per node
     rank_order: str = "tp-cp-ep-dp-pp"
     schedule: str = "1f1b"  # or CUSTOM_SCHEDULE for a schedule given as data (torch CSV)
 
@@ -90,7 +78,7 @@ class ParallelConfig:
                      "quantized_weights", "hpz", "quantized_gradients"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
-        for name in ("shard_size", "bucket_bytes"):
+        for name in ("shard_size", "bucket_bytes", "hpz_partition_size"):
             if getattr(self, name) is not None:
                 require_positive_int(name, getattr(self, name))
         order = str(self.rank_order).strip().lower().split("-")
@@ -98,6 +86,8 @@ class ParallelConfig:
             raise ConfigError(f"rank_order={self.rank_order!r} must be a '-'-separated "
                               f"permutation of {', '.join(AXES)}")
         object.__setattr__(self, "rank_order", "-".join(order))
+        for name, value in normalised_sharding(self).items():  # rules: schedules.sharding
+            object.__setattr__(self, name, value)
         if (self.dp * self.cp) % self.ep:
             raise ConfigError(f"ep={self.ep} must divide dp*cp={self.dp}*{self.cp}: expert "
                               f"parallelism folds into data/context parallelism (Megatron-LM)")
@@ -142,29 +132,21 @@ class ParallelConfig:
     # --- construction from other frameworks' spellings -----------------------------------
     @classmethod
     def from_kwargs(cls, **kw: Any) -> ParallelConfig:
-        """Build from field names or ALIASES spellings ('--tensor-model-parallel-size' and
-        'tensor_model_parallel_size' alike). None values count as not given."""
-        known = {f.name for f in fields(cls)}
-        values: dict[str, Any] = {}
-        spelled: dict[str, str] = {}
-        for key, value in kw.items():
-            norm = key.lstrip("-").replace("-", "_").lower()
-            name = ALIASES.get(norm, norm)
-            if name not in known:
-                raise ConfigError(f"unknown parallel option {key!r}: use one of "
-                                  f"{', '.join(sorted(known | set(ALIASES)))}")
-            if value is None:
-                continue
-            if name in values:
-                raise ConfigError(f"{name} given twice, as {spelled[name]!r} and {key!r}")
-            values[name], spelled[name] = value, key
-        return cls(**values)
+        """Build from field names or other frameworks' spellings, values translated
+        (schedules.parallel_aliases: '--tensor-model-parallel-size', 'zero_optimization.stage',
+        sharding_strategy='FULL_SHARD', bucket_cap_mb=25, ...). None counts as not given."""
+        return cls(**resolve_kwargs(kw, {f.name for f in fields(cls)}))
 
     # --- derived sizes -------------------------------------------------------------------
     @property
     def world_size(self) -> int:
         """tp * cp * pp * dp (ep folds into dp * cp)."""
         return self.tp * self.cp * self.pp * self.dp
+
+    @property
+    def grad_bucket_bytes(self) -> int:
+        """Gradient bucket bytes: bucket_bytes, or torch DDP's 25 MiB default."""
+        return self.bucket_bytes or DEFAULT_BUCKET_BYTES
 
     @property
     def num_stages(self) -> int:

@@ -19,6 +19,8 @@ class Schedule:
 
     `stage_ranks[s]` is the pipeline rank that holds virtual stage `s`; the default is
     Megatron's loop placement `s % num_ranks` (rank r holds stages r, r+P, r+2P, ...).
+    `layer_groups` G: how many layer groups every stage splits into for chunked ops
+    (`Op.chunk` in 0..G-1; schedules.layer_groups); 1 = no chunked ops.
     """
 
     name: str
@@ -26,6 +28,7 @@ class Schedule:
     programs: list[list[Op]]
     num_stages: int
     stage_ranks: tuple[int, ...] = field(default=())
+    layer_groups: int = 1
 
     def __post_init__(self) -> None:
         if not self.programs:
@@ -39,6 +42,9 @@ class Schedule:
         bad = [r for r in self.stage_ranks if not 0 <= r < self.num_ranks]
         if bad:
             raise ConfigError(f"stage_ranks names rank {bad[0]}; ranks are 0..{self.num_ranks - 1}")
+        if isinstance(self.layer_groups, bool) or not isinstance(self.layer_groups, int) \
+                or self.layer_groups < 1:
+            raise ConfigError(f"layer_groups must be a positive integer, got {self.layer_groups!r}")
 
     @property
     def num_ranks(self) -> int:
@@ -63,10 +69,11 @@ class Schedule:
         """The same schedule with communication ops removed."""
         return self.with_programs([[op for op in p if op.kind.is_compute] for p in self.programs])
 
-    def with_programs(self, programs: Sequence[Sequence[Op]]) -> Schedule:
+    def with_programs(self, programs: Sequence[Sequence[Op]],
+                      layer_groups: int | None = None) -> Schedule:
         return Schedule(
             self.name, self.num_microbatches, [list(p) for p in programs], self.num_stages,
-            self.stage_ranks,
+            self.stage_ranks, self.layer_groups if layer_groups is None else layer_groups,
         )
 
     def to_text(self) -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,7 +54,7 @@ class Span:
     def from_dict(d: Mapping[str, Any]) -> Span:
         op = parse_op(d["op"])
         op = Op(op.kind, op.stage, op.microbatch, d["group"] if "group" in d else None,
-                int(d.get("nbytes", 0)), float(d.get("flops", 0.0)))
+                int(d.get("nbytes", 0)), float(d.get("flops", 0.0)), op.chunk)
         return Span(int(d["rank"]), d["lane"], op, float(d["start"]), float(d["end"]),
                     d.get("info"))
 
@@ -114,6 +114,14 @@ class Timeline:
             peak[m.rank] = max(peak.get(m.rank, 0), m.nbytes)
         return peak
 
+    def peak_memory_times(self) -> dict[int, float]:
+        """Per rank, the first time (seconds) its memory reaches its peak."""
+        peaks, times = self.peak_memory(), {}
+        for m in self.memory:
+            if m.rank not in times and m.nbytes == peaks[m.rank]:
+                times[m.rank] = m.time
+        return times
+
     def peak_in_flight(self) -> dict[int, int]:
         return peak_in_flight(self.spans)
 
@@ -132,6 +140,7 @@ class Timeline:
                 "bubble_fraction": per_rank(self.bubble_fractions()),
                 "peak_in_flight_microbatches": per_rank(self.peak_in_flight()),
                 "peak_memory_bytes": per_rank(self.peak_memory()),
+                "peak_memory_time": per_rank(self.peak_memory_times()),
             },
             **({"meta": self.meta} if self.meta else {}),
         }
@@ -161,19 +170,32 @@ class Timeline:
         return Timeline.from_dict(json.loads(Path(path).read_text()))
 
 
-def peak_in_flight(spans: Iterable[Span]) -> dict[int, int]:
-    """Per rank, the most microbatch-stages held between forward start and backward end."""
+def peak_in_flight(spans: Iterable[Span],
+                   weight: Callable[[Op], float] | None = None) -> dict[int, float]:
+    """Per rank, the most microbatch-stages held at once: (stage, microbatch) is held from
+    the start of its first forward span to the end of its last backward span (B, or W
+    after I; an I without W ends it), so layer-group chunks of one op count once. With
+    `weight`, the most of their summed weight(forward op) instead (e.g. activation bytes)."""
     spans = list(spans)
-    events: dict[int, list[tuple[float, int]]] = defaultdict(list)
     split_backward = {(s.op.stage, s.op.microbatch) for s in spans if s.op.kind is OpKind.W}
+    held: dict[tuple[int, int, int | None], list] = {}  # (rank, s, m) -> [start, end, op]
     for s in spans:
         kind, key = s.op.kind, (s.op.stage, s.op.microbatch)
+        entry = held.setdefault((s.rank, *key), [None, None, s.op])
         if kind is OpKind.F:
-            events[s.rank].append((s.start, 1))
+            if entry[0] is None or s.start < entry[0]:
+                entry[0], entry[2] = s.start, s.op
         elif kind is OpKind.B or kind is OpKind.W or (
             kind is OpKind.I and key not in split_backward
         ):
-            events[s.rank].append((s.end, -1))
+            entry[1] = s.end if entry[1] is None else max(entry[1], s.end)
+    events: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for (rank, _, _), (start, end, op) in held.items():
+        amount = 1 if weight is None else weight(op)
+        if start is not None:
+            events[rank].append((start, amount))
+            if end is not None:
+                events[rank].append((end, -amount))
     peaks = {}
     for rank, evs in events.items():
         evs.sort(key=lambda e: (e[0], e[1]))  # releases before acquisitions at equal times

@@ -73,7 +73,14 @@ def to_torch_csv(schedule: Schedule, compute_only: bool = True,
     `format="compute_comms"`), lowering with `add_p2p` first if needed. `align_steps`
     places each compute op at its unit-time dry-run step with empty cells for idle steps,
     as torch's own generated compute-only orders look (compute-only form only).
+    Layer-group ops (`Op.chunk`, made by the data-parallel passes) have no torch action
+    and are refused: export the pipeline schedule before those passes.
     """
+    chunked = next((op for op in schedule.ops() if op.chunk is not None), None)
+    if chunked is not None:
+        raise ConfigError(f"torch CSV: op {chunked} is a layer group (chunk "
+                          f"{chunked.chunk}), which torch.distributed.pipelining has no "
+                          "action for; export the schedule before the data-parallel passes")
     if compute_only:
         kinds = TORCH_COMPUTE_KINDS
         if align_steps:

@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from .contract import Key, p2p_peer, prerequisites, produces
+from .contract import (Key, is_gradient_collective, is_parameter_gather, p2p_peer,
+                       prerequisites, produces, program_contract, runs_on_compute_stream)
 from .errors import ConfigError, DeadlockError
 from .ops import Op, OpKind
 from .p2p import add_p2p
@@ -46,10 +47,16 @@ class DryRun:
 
 
 def check_structure(schedule: Schedule) -> None:
-    """Every (stage, microbatch) has exactly one F and one backward, on the right rank."""
+    """Every (stage, microbatch) has exactly one F and one backward, on the right rank.
+
+    A compute op may instead come as its layer groups (`Op.chunk`): all of 0..G-1 once
+    each (G = schedule.layer_groups), forward groups in layer order and backward groups
+    (B, I) in reverse. Data-parallel ops (schedules.contract's positional kinds) may repeat
+    a key: they are placed by their position in the program, not by key."""
     m_count, s_count = schedule.num_microbatches, schedule.num_stages
     seen: Counter = Counter()
     for rank, program in enumerate(schedule.programs):
+        _check_chunks(program, rank, schedule.layer_groups)
         for op in program:
             if op.stage < 0 or op.stage >= s_count:
                 raise ConfigError(f"rank {rank}: op {op} names stage {op.stage}, "
@@ -60,11 +67,14 @@ def check_structure(schedule: Schedule) -> None:
             if op.microbatch is not None and not 0 <= op.microbatch < m_count:
                 raise ConfigError(f"rank {rank}: op {op} names microbatch {op.microbatch}, "
                                   f"schedule has microbatches 0..{m_count - 1}")
-            seen[op.key] += 1
+            if not positional(op):
+                seen[op.key] += 1
     for key, n in seen.items():
         if n > 1:
-            kind, s, m = key
-            raise ConfigError(f"op {s}{kind.value}{m} appears {n} times; each op must run once")
+            text = str(Op(*key[:3], chunk=key[3] if len(key) > 3 else None))
+            raise ConfigError(f"op {text} appears {n} times; each op must run once")
+    for key in [k for k in seen if len(k) > 3]:
+        seen[key[:3]] += 1 if key[3] == 0 else 0  # a complete group set counts once
     for s in range(s_count):
         for m in range(m_count):
             if not seen[(OpKind.F, s, m)]:
@@ -76,12 +86,39 @@ def check_structure(schedule: Schedule) -> None:
                                   f"{s}B{m}, or both {s}I{m} and {s}W{m}")
 
 
+def _check_chunks(program: list[Op], rank: int, groups: int) -> None:
+    if all(op.chunk is None for op in program):
+        return
+    order: dict[tuple, list[int]] = {}
+    for op in program:
+        if op.kind.is_compute and not positional(op):
+            order.setdefault((op.kind, op.stage, op.microbatch), []).append(op.chunk)
+    for (kind, s, m), chunks in order.items():
+        if all(c is None for c in chunks):
+            continue  # whole ops; duplicates are reported by check_structure
+        what = f"rank {rank}: {s}{kind.value}{m}"
+        if None in chunks:
+            raise ConfigError(f"{what} appears both whole and as layer groups")
+        bad = [c for c in chunks if not 0 <= c < groups]
+        if bad:
+            raise ConfigError(f"{what}.{bad[0]}: chunk out of range 0..{groups - 1} "
+                              f"(schedule.layer_groups={groups})")
+        want = list(range(groups)) if kind is OpKind.F else list(range(groups - 1, -1, -1))
+        if kind is OpKind.W:
+            chunks = sorted(chunks, reverse=True)
+        if chunks != want:
+            raise ConfigError(f"{what} must come as layer groups {want} in this order "
+                              f"(forward in layer order, backward in reverse), got {chunks}")
+
+
 def dry_run(schedule: Schedule) -> DryRun:
     """Run the contract with unit compute time; raise DeadlockError if it cannot finish."""
     lowered = add_p2p(schedule)
     programs, ranks = lowered.programs, lowered.stage_ranks
+    contracts = [program_contract(p) for p in programs]
     done: dict[Key, int] = {}      # key -> step at which its product is available
     posted: dict[Key, int] = {}    # p2p key -> step at which it was posted
+    finished = [[0] * len(p) for p in programs]  # step at which op i's product exists
     clock = [0] * len(programs)
     pc = [0] * len(programs)
     steps: list[list[tuple[Op, int]]] = [[] for _ in programs]
@@ -90,24 +127,28 @@ def dry_run(schedule: Schedule) -> DryRun:
     while progress:
         progress = False
         for r, program in enumerate(programs):
+            contract = contracts[r]
             while pc[r] < len(program):
-                op = program[pc[r]]
+                i = pc[r]
+                op = program[i]
                 needs = prerequisites(op, ranks, lowered.num_microbatches)
                 if any(n not in done for n in needs):
                     break
-                start = max([clock[r]] + [done[n] for n in needs])
-                if op.kind.is_compute:
+                ready = max([done[n] for n in needs] + [finished[r][j] for j in contract.local[i]],
+                            default=0)
+                if runs_on_compute_stream(op):
+                    start = max(clock[r], ready)
                     steps[r].append((op, start))
-                    clock[r] = start + 1
-                    for key in produces(op):
+                    clock[r] = finished[r][i] = start + 1
+                    for key in produces(op) + contract.completes.get(i, ()):
                         done[key] = start + 1
                 elif op.kind.is_p2p:
-                    posted[op.key] = start
+                    posted[op.key] = max(clock[r], ready)
                     peer = p2p_peer(op)
                     if peer in posted:
-                        done[op.key] = done[peer] = max(start, posted[peer])
-                elif op.kind.is_collective:
-                    done[op.key] = start  # members are symmetric replicas: all post now
+                        done[op.key] = done[peer] = max(posted[op.key], posted[peer])
+                else:  # collectives (members are symmetric replicas: all post now), copies
+                    finished[r][i] = done[op.key] = max(clock[r], ready)
                 pc[r] += 1
                 progress = True
 
@@ -127,8 +168,21 @@ def dry_run(schedule: Schedule) -> DryRun:
     return result
 
 
+def positional(op: Op) -> bool:
+    """Ops the contract places by position (may repeat a key): DP collectives, copies,
+    optimizer steps."""
+    if op.kind not in _MAYBE_POSITIONAL:
+        return False
+    return (op.kind is OpKind.OPT_STEP or op.kind.is_copy or is_gradient_collective(op)
+            or is_parameter_gather(op))
+
+
+_MAYBE_POSITIONAL = frozenset({OpKind.OPT_STEP, OpKind.COPY_D2H, OpKind.COPY_H2D,
+                               OpKind.ALL_REDUCE, OpKind.REDUCE_SCATTER, OpKind.ALL_GATHER})
+
+
 def _describe_wait(key: Key, posted: dict[Key, int]) -> str:
-    kind, stage, microbatch = key
+    kind, stage, microbatch = key[:3]
     text = f"{stage}{kind.value}{microbatch}"
     if kind.is_p2p:
         p_kind, p_stage, p_mb = p2p_peer(Op(kind, stage, microbatch))

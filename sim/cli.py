@@ -1,4 +1,5 @@
-"""The `clustersim` command line: simulate, show, compare; calibrate and run on hardware.
+"""The `clustersim` command line: simulate, show, compare, memory; calibrate and run on
+hardware.
 
 Every error a user can cause ends in one `clustersim: error: ...` line (a deadlock adds
 its rank x step report) and a non-zero exit, never a traceback.
@@ -12,7 +13,7 @@ import sys
 from schedules.errors import ClustersimError, DeadlockError
 from topologies import TopologyError
 
-from . import collective_cli, commands, hardware_cli
+from . import collective_cli, commands, hardware_cli, memory_cli
 
 EXIT_USAGE, EXIT_DEADLOCK = 2, 3
 
@@ -36,17 +37,20 @@ def _add_model_flags(p: argparse.ArgumentParser) -> None:
             g.add_argument(f"--{flag}", type=kind, metavar=kind.__name__.upper())
 
 
-def _add_parallel_flags(p: argparse.ArgumentParser, with_schedule: bool = True) -> None:
+def _add_parallel_flags(p: argparse.ArgumentParser, with_schedule: bool = True,
+                        pp_default: int = commands.DEFAULT_PP) -> None:
     g = p.add_argument_group("parallelism (Megatron spellings accepted)")
     if with_schedule:
         g.add_argument("--schedule", default="1f1b",
                        help="gpipe, 1f1b or interleaved-1f1b (default 1f1b)")
     g.add_argument("--pp", "--pipeline-model-parallel-size", type=int,
-                   default=commands.DEFAULT_PP, help=f"pipeline ranks (default {commands.DEFAULT_PP})")
+                   default=pp_default, help=f"pipeline ranks (default {pp_default})")
     g.add_argument("--vpp", "--virtual-pipeline-model-parallel-size", type=int,
                    help="model chunks per rank (interleaved; default 2 there, else 1)")
     g.add_argument("--dp", "--data-parallel-size", type=int, default=1)
     g.add_argument("--tp", "--tensor-model-parallel-size", type=int, default=1)
+    g.add_argument("--sequence-parallel", action="store_true", default=None,
+                   help="Megatron sequence parallelism (activations split by tp)")
     g.add_argument("--microbatches", "--num-microbatches", type=int,
                    help=f"microbatches per iteration (default {commands.DEFAULT_MICROBATCHES}, "
                         "or global-batch-size / (micro-batch-size * dp))")
@@ -54,6 +58,48 @@ def _add_parallel_flags(p: argparse.ArgumentParser, with_schedule: bool = True) 
     g.add_argument("--rank-order", "--order", default="tp-cp-ep-dp-pp",
                    help="how the parallel grid maps to GPU indices, innermost first "
                         "(default Megatron's tp-cp-ep-dp-pp)")
+    _add_sharding_flags(p)
+
+
+def _add_sharding_flags(p: argparse.ArgumentParser) -> None:
+    """ZeRO/FSDP, offload, ZeRO++, buckets and recompute; see schedules.sharding."""
+    g = p.add_argument_group("data-parallel sharding and recompute "
+                             "(DeepSpeed/Megatron/FSDP spellings accepted)")
+    g.add_argument("--zero", "--zero-stage", dest="zero_stage", type=int, choices=range(4),
+                   help="ZeRO stage: 1 optimizer state, 2 + gradients, 3 + parameters")
+    g.add_argument("--fsdp", choices=["none", "full", "hybrid"],
+                   help="full = ZeRO-3 over all dp ranks; hybrid = shard inside a node "
+                        "(--shard-size), replicate across nodes")
+    g.add_argument("--shard-size", type=int, help="hybrid shard group (default GPUs per node)")
+    g.add_argument("--use-distributed-optimizer", action="store_true", default=None,
+                   help="Megatron's distributed optimizer (= --zero 1)")
+    g.add_argument("--data-parallel-sharding-strategy",
+                   choices=["no_shard", "optim", "optim_grads", "optim_grads_params"],
+                   help="Megatron-FSDP spelling of ZeRO 0/1/2/3")
+    g.add_argument("--offload", action="store_true", default=None,
+                   help="ZeRO-Offload: optimizer state and step on the host")
+    g.add_argument("--bucket-mb", type=float, metavar="MiB",
+                   help="gradient bucket in MiB (torch DDP bucket_cap_mb; default 25)")
+    g.add_argument("--no-overlap-grad-reduce", dest="overlap_grad_reduce",
+                   action="store_false", default=None,
+                   help="reduce gradients after the backward instead of during it")
+    g.add_argument("--no-reshard-after-forward", dest="reshard_after_forward",
+                   action="store_false", default=None,
+                   help="ZeRO-3/FSDP: keep gathered parameters from forward to backward")
+    g.add_argument("--quantized-weights", action="store_true", default=None,
+                   help="ZeRO++ qwZ: int8 parameter all-gather (ZeRO-3)")
+    g.add_argument("--hpz", action="store_true", default=None,
+                   help="ZeRO++ hpZ: secondary parameter shard inside the node (ZeRO-3)")
+    g.add_argument("--hpz-partition-size", type=int,
+                   help="hpZ secondary shard size (default GPUs per node)")
+    g.add_argument("--quantized-gradients", action="store_true", default=None,
+                   help="ZeRO++ qgZ: int4 gradient reduce-scatter (ZeRO-2/3)")
+    g.add_argument("--recompute", choices=["none", "selective", "full"],
+                   help="activation recompute (default none)")
+    g.add_argument("--recompute-granularity", choices=["selective", "full"],
+                   help="Megatron spelling of --recompute")
+    g.add_argument("--recompute-method", choices=["uniform", "block"],
+                   help="Megatron: with full recompute granularity")
 
 
 def _add_cluster_flags(p: argparse.ArgumentParser) -> None:
@@ -122,6 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--json", action="store_true", help="print the table as JSON")
 
     hardware_cli.add_parsers(sub, _add_model_flags, _add_parallel_flags)
+    memory_cli.add_parser(sub, _add_model_flags, _add_parallel_flags)
     sub.add_parser("models", help="list model presets")
     sub.add_parser("topologies", help="list topology presets")
     collective_cli.add_parser(sub)
@@ -133,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="clustersim: %(levelname)s: %(message)s")
     try:
-        handler = hardware_cli.COMMANDS.get(args.command) or commands.COMMANDS[args.command]
+        handler = (hardware_cli.COMMANDS.get(args.command) or memory_cli.COMMANDS.get(args.command)
+                   or commands.COMMANDS[args.command])
         return handler(args)
     except DeadlockError as err:
         print(f"clustersim: error: {err.args[0]}", file=sys.stderr)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from schedules.errors import ConfigError
 from schedules.generators import build_schedule, canonical_schedule_name
+from schedules.memory_model import rank_memory
 from schedules.model import MODEL_PRESETS, ModelSpec, get_model
 from schedules.parallel import CUSTOM_SCHEDULE, ParallelConfig
 from schedules.schedule import Schedule
@@ -19,6 +20,7 @@ from topologies import list_presets, load_topology
 
 from .collective_cli import cmd_collective
 from .cost import parse_uniform_costs
+from .memory import gpus_per_node, oom_report
 from .report import format_summary, format_table
 from .simulate import CostOptions, simulate
 
@@ -45,6 +47,21 @@ def model_from_args(args: argparse.Namespace) -> ModelSpec:
     return get_model(args.model, **overrides)
 
 
+# argparse dest -> the ParallelConfig field or alias it feeds (schedules.parallel_aliases)
+SHARDING_ARGS = {
+    "sequence_parallel": "sequence_parallel", "zero_stage": "zero_stage", "fsdp": "fsdp",
+    "shard_size": "shard_size", "use_distributed_optimizer": "use_distributed_optimizer",
+    "data_parallel_sharding_strategy": "data_parallel_sharding_strategy",
+    "offload": "offload", "bucket_mb": "bucket_cap_mb",
+    "overlap_grad_reduce": "overlap_grad_reduce",
+    "reshard_after_forward": "reshard_after_forward",
+    "quantized_weights": "quantized_weights", "hpz": "hpz",
+    "hpz_partition_size": "hpz_partition_size", "quantized_gradients": "quantized_gradients",
+    "recompute": "recompute", "recompute_granularity": "recompute_granularity",
+    "recompute_method": "recompute_method",
+}
+
+
 def parallel_from_args(args: argparse.Namespace, schedule: str, vpp: int | None = None,
                        micro_batch_size: int = 1) -> ParallelConfig:
     name = schedule if schedule == CUSTOM_SCHEDULE else canonical_schedule_name(schedule)
@@ -52,10 +69,11 @@ def parallel_from_args(args: argparse.Namespace, schedule: str, vpp: int | None 
     microbatches = args.microbatches
     if microbatches is None and args.global_batch_size is None:
         microbatches = DEFAULT_MICROBATCHES
-    return ParallelConfig(pp=args.pp, vpp=vpp, dp=args.dp, tp=args.tp, schedule=name,
-                          num_microbatches=microbatches,
-                          global_batch_size=args.global_batch_size,
-                          micro_batch_size=micro_batch_size, rank_order=args.rank_order)
+    sharding = {key: getattr(args, dest, None) for dest, key in SHARDING_ARGS.items()}
+    return ParallelConfig.from_kwargs(
+        pp=args.pp, vpp=vpp, dp=args.dp, tp=args.tp, schedule=name,
+        num_microbatches=microbatches, global_batch_size=args.global_batch_size,
+        micro_batch_size=micro_batch_size, rank_order=args.rank_order, **sharding)
 
 
 def cost_options(args: argparse.Namespace) -> CostOptions:
@@ -109,11 +127,25 @@ def write_outputs(timeline: Timeline, args: argparse.Namespace) -> None:
 def cmd_simulate(args: argparse.Namespace) -> int:
     model = model_from_args(args)
     custom, parallel = schedule_and_parallel(args, model)
-    timeline = simulate(model, parallel, load_topology(args.topology), custom,
-                        cost_options(args))
+    topology = load_topology(args.topology)
+    timeline = simulate(model, parallel, topology, custom, cost_options(args))
+    add_oom_report(timeline, model, parallel, custom, topology)
     print(format_summary(timeline))
     write_outputs(timeline, args)
     return 0
+
+
+def add_oom_report(timeline: Timeline, model: ModelSpec, parallel: ParallelConfig,
+                   custom: Schedule | None, topology) -> None:
+    """meta['oom']: the ranks whose simulated peak exceeds the device memory, with the time
+    of the peak and the breakdown (sim.memory.oom_report); unless simulate set it."""
+    capacity = timeline.meta.get("device_memory_bytes")
+    if capacity is None or "oom" in timeline.meta:
+        return
+    stages = custom.num_stages if custom else parallel.pp * parallel.vpp
+    ranks = rank_memory(model, parallel, schedule=custom, in_flight=[0] * stages,
+                        gpus_per_node=gpus_per_node(topology))
+    timeline.meta["oom"] = oom_report(timeline, ranks, capacity)
 
 
 def cmd_show(args: argparse.Namespace) -> int:

@@ -1,11 +1,17 @@
 """SimPy replay of a lowered schedule under the execution contract (schedules.contract).
 
-One SimPy process per rank walks its program: a compute op waits for its prerequisites,
-then holds the rank's single compute stream for the cost model's duration; a P2P op is
-*posted* without blocking the stream, and a transfer starts through the network seam as
-soon as both of its ends are posted. Everything the replay observes goes into a Timeline
-(seconds; memory in bytes). If processes remain blocked when no event is left, the replay
-raises DeadlockError naming each rank's stuck op.
+One SimPy process per rank walks its program: a compute op waits for its prerequisites
+(keyed and positional: schedules.contract.program_contract), then holds the rank's single
+compute stream for the cost model's duration; a P2P op is *posted* without blocking the
+stream, and a transfer starts through the network seam as soon as both of its ends are
+posted. Other non-compute ops are posted too and run on a lane of their own, in issue
+order, once their positional waits are met: collectives on the lane named by their group
+(`collective` hook), host copies (COPY_D2H / COPY_H2D) on lane 'pcie' as transfers
+between the rank's GPU and its host CPU (`hosts[r]`) through the network seam, and an
+OPT_STEP with group 'host' (ZeRO-Offload) on lane 'host' for `compute_time(op)`.
+Events exist only for things some op waits for. Everything the replay observes goes into
+a Timeline (seconds; memory in bytes). If processes remain blocked when no event is
+left, the replay raises DeadlockError naming each rank's stuck op.
 """
 from __future__ import annotations
 
@@ -14,24 +20,28 @@ from dataclasses import dataclass
 
 import simpy
 
-from schedules.contract import Key, p2p_peer, prerequisites, produces
+from schedules.contract import Key, p2p_peer, prerequisites, produces, program_contract
 from schedules.errors import ConfigError, DeadlockError
-from schedules.ops import Op, OpKind
+from schedules.ops import COMPUTE_KINDS, P2P_KINDS, Op, OpKind
 from schedules.schedule import Schedule
 from schedules.timeline import COMPUTE_LANE, MemorySample, Span, Timeline
 
 from .network import Network
 
-SEND_LANE, RECV_LANE = "send", "recv"
+SEND_LANE, RECV_LANE, PCIE_LANE, HOST_LANE = "send", "recv", "pcie", "host"
 
 
 @dataclass(frozen=True)
 class MemoryModel:
     """Per-rank bytes: `static[r]` held all iteration; each forward of stage s adds
-    `activations[s]`, released when its last backward op (B, or W after I) ends."""
+    `activations[s]` (on its first layer group), released when its last backward op (B,
+    or W after I; the last group when chunked) ends. Optional `gathered(op)`: bytes a
+    completed parameter ALL_GATHER holds (ZeRO-3 / FSDP unsharded parameters) until the
+    last compute op that waits for it (schedules.contract.local_waits) ends."""
 
     static: Sequence[int]
     activations: Sequence[int]
+    gathered: Callable[[Op], int] | None = None
 
 
 class Replay:
@@ -40,11 +50,12 @@ class Replay:
     def __init__(self, env: simpy.Environment, schedule: Schedule, devices: Sequence[str],
                  compute_time: Callable[[Op], float], network: Network,
                  memory: MemoryModel | None = None,
-                 collective: Callable[[Op, int], simpy.Event] | None = None):
+                 collective: Callable[[Op, int], simpy.Event] | None = None,
+                 hosts: Sequence[str] | None = None):
         self.env, self.schedule, self.devices = env, schedule, devices
         self.compute_time, self.network, self.memory = compute_time, network, memory
-        self.collective = collective
-        self.last_collective: dict[tuple[int, str | None], simpy.Event] = {}
+        self.collective, self.hosts = collective, hosts
+        self.last_on_lane: dict[tuple[int, str], simpy.Event] = {}
         self.done: set[Key] = set()
         self.waiting: dict[Key, simpy.Event] = {}  # events exist only for awaited keys
         self.posted: dict[Key, tuple[int, Op, float]] = {}
@@ -54,58 +65,126 @@ class Replay:
         self.allocated = [0] * schedule.num_ranks
         self.split_backward = {(op.stage, op.microbatch)
                                for op in schedule.ops() if op.kind is OpKind.W}
+        self.contracts = [program_contract(p) for p in schedule.programs]
+        # positional waits: which indices are awaited, which are done, events on demand
+        self.awaited = [{j for waits in c.local for j in waits} for c in self.contracts]
+        self.local_done: list[set[int]] = [set() for _ in schedule.programs]
+        self.local_events: dict[tuple[int, int], simpy.Event] = {}
+        self.releases = self._gather_releases() if memory and memory.gathered else None
+        self.held = [{g for gs in r.values() for g in gs} for r in self.releases or ()]
+        self.activation_ends = [self._activation_ends(p) if memory else (set(), set())
+                                for p in schedule.programs]
 
-    def _complete(self, op: Op) -> None:
+    def _complete(self, rank: int, index: int, op: Op) -> None:
         for key in produces(op):
             self.done.add(key)
             ev = self.waiting.pop(key, None)
             if ev is not None:
                 ev.succeed()
+        extra = self.contracts[rank].completes
+        if extra and index in extra:  # the last layer group of a chunked op
+            for key in extra[index]:
+                self.done.add(key)
+                ev = self.waiting.pop(key, None)
+                if ev is not None:
+                    ev.succeed()
+        if index in self.awaited[rank]:
+            self.local_done[rank].add(index)
+            ev = self.local_events.pop((rank, index), None)
+            if ev is not None:
+                ev.succeed()
+
+    def _local_event(self, rank: int, index: int) -> simpy.Event | None:
+        """None when op `index` of `rank` is done, else the event of its completion."""
+        if index in self.local_done[rank]:
+            return None
+        ev = self.local_events.get((rank, index))
+        if ev is None:
+            ev = self.local_events[(rank, index)] = self.env.event()
+        return ev
+
+    def _gather_releases(self) -> list[dict[int, list[int]]]:
+        """Per rank: consumer index -> the gathers whose parameters it is the last user of."""
+        releases = []
+        for program, contract in zip(self.schedule.programs, self.contracts):
+            last_user: dict[int, int] = {}
+            for index, waits in enumerate(contract.local):
+                if program[index].kind in (OpKind.F, OpKind.B, OpKind.I, OpKind.W):
+                    for j in waits:
+                        last_user[j] = index
+            by_user: dict[int, list[int]] = {}
+            for gather, user in last_user.items():
+                by_user.setdefault(user, []).append(gather)
+            releases.append(by_user)
+        return releases
+
+    def _activation_ends(self, program: Sequence[Op]) -> tuple[set[int], set[int]]:
+        """Indices of the ops that allocate (first forward group of (s,m)) and release
+        (last backward group: B, or W after I) a microbatch's activations."""
+        first: dict[tuple, int] = {}
+        last: dict[tuple, int] = {}
+        f, b, i, w, split = OpKind.F, OpKind.B, OpKind.I, OpKind.W, self.split_backward
+        for index, op in enumerate(program):
+            kind = op.kind
+            if kind is f:
+                first.setdefault((op.stage, op.microbatch), index)
+            elif kind is b or kind is w or (kind is i and (op.stage, op.microbatch) not in split):
+                last[(op.stage, op.microbatch)] = index
+        return set(first.values()), set(last.values())
 
     def _allocate(self, rank: int, nbytes: int) -> None:
         if nbytes:
             self.allocated[rank] += nbytes
             self.samples.append(MemorySample(rank, self.env.now, self.allocated[rank]))
 
-    def _releases_activations(self, op: Op) -> bool:
-        if op.kind is OpKind.B or op.kind is OpKind.W:
-            return True
-        return op.kind is OpKind.I and (op.stage, op.microbatch) not in self.split_backward
-
     def _run_rank(self, rank: int):
-        env, ranks = self.env, self.schedule.stage_ranks
-        for op in self.schedule.programs[rank]:
-            for key in prerequisites(op, ranks, self.schedule.num_microbatches):
+        env, contract = self.env, self.contracts[rank]
+        ranks, count = self.schedule.stage_ranks, self.schedule.num_microbatches
+        allocates, releases = self.activation_ends[rank]
+        for index, op in enumerate(self.schedule.programs[rank]):
+            for key in prerequisites(op, ranks, count):
                 if key not in self.done:
                     ev = self.waiting.get(key)
                     if ev is None:
                         ev = self.waiting[key] = env.event()
                     yield ev
-            if op.kind.is_compute:
+            waits = contract.local[index]
+            local = [ev for ev in (self._local_event(rank, j) for j in waits)
+                     if ev is not None] if waits else ()
+            kind = op.kind
+            if kind in COMPUTE_KINDS and op.group != "host":  # runs_on_compute_stream(op)
+                for ev in local:
+                    yield ev
                 start = env.now
-                if op.kind is OpKind.F and self.memory:
+                if self.memory and index in allocates:
                     self._allocate(rank, self.memory.activations[op.stage])
                 yield env.timeout(self.compute_time(op))
                 self.spans.append(Span(rank, COMPUTE_LANE, op, start, env.now))
-                if self.memory and self._releases_activations(op):
+                if self.memory and index in releases:
                     self._allocate(rank, -self.memory.activations[op.stage])
-                self._complete(op)
-            elif op.kind.is_p2p:
-                self._post(rank, op)
-            elif op.kind.is_collective:
-                self._start_collective(rank, op)
+                if self.releases is not None:
+                    for gather in self.releases[rank].get(index, ()):
+                        self._allocate(rank, -self._gathered(rank, gather))
+                self._complete(rank, index, op)
+            elif kind in P2P_KINDS:
+                self._post(rank, index, op)
+            else:
+                self._start_async(rank, index, op, local)
             self.pc[rank] += 1
 
-    def _post(self, rank: int, op: Op) -> None:
-        self.posted[op.key] = (rank, op, self.env.now)
+    def _gathered(self, rank: int, index: int) -> int:
+        return self.memory.gathered(self.schedule.programs[rank][index])
+
+    def _post(self, rank: int, index: int, op: Op) -> None:
+        self.posted[op.key] = (rank, index, op, self.env.now)
         peer_key = p2p_peer(op)
         if peer_key not in self.posted:
             return
-        peer_rank, peer_op, _ = self.posted[peer_key]
+        peer_rank, peer_index, peer_op, _ = self.posted[peer_key]
         if op.kind in (OpKind.SEND_F, OpKind.SEND_B):
-            (src, send), (dst, recv) = (rank, op), (peer_rank, peer_op)
+            (src, si, send), (dst, ri, recv) = (rank, index, op), (peer_rank, peer_index, peer_op)
         else:
-            (src, send), (dst, recv) = (peer_rank, peer_op), (rank, op)
+            (src, si, send), (dst, ri, recv) = (peer_rank, peer_index, peer_op), (rank, index, op)
         start = self.env.now
         done = self.network.transfer(self.devices[src], self.devices[dst], send.nbytes)
 
@@ -115,40 +194,60 @@ class Replay:
                     if end > start else None}
             self.spans.append(Span(src, SEND_LANE, send, start, end, info))
             self.spans.append(Span(dst, RECV_LANE, recv, start, end, {"peer": src}))
-            self._complete(send)
-            self._complete(recv)
+            self._complete(src, si, send)
+            self._complete(dst, ri, recv)
 
         done.callbacks.append(finish)
 
-    def _start_collective(self, rank: int, op: Op) -> None:
-        """Run `op` after this rank's previous collective on the same group (NCCL issue
-        order). The other members are this program rank in the other replicas, which by
-        symmetry post it at the same moment. `collective(op, rank)` returns an event whose
-        value is the span's hover info (algorithm, bus bandwidth, ...)."""
-        if self.collective is None:
-            raise ConfigError(f"rank {rank}: op {op} is a collective, but this replay has no "
-                              "collective model")
-        lane = (rank, op.group)
-        previous = self.last_collective.get(lane)
+    def _start_async(self, rank: int, index: int, op: Op, waits: Sequence[simpy.Event]) -> None:
+        """Run a posted non-P2P op on its lane after the lane's previous op (issue order,
+        as NCCL runs a communicator's operations) and its positional `waits`. A
+        collective's other members are this program rank in the other replicas, which by
+        symmetry post it at the same moment."""
+        lane, run = self._lane_and_runner(rank, op)
+        key = (rank, lane)
+        previous = self.last_on_lane.get(key)
         done = self.env.event()
-        self.last_collective[lane] = done
+        self.last_on_lane[key] = done
+        pending = [ev for ev in (previous, *waits) if ev is not None and not ev.processed]
 
         def start(_event: simpy.Event | None = None) -> None:
+            while pending:
+                ev = pending.pop()
+                if not ev.processed:
+                    ev.callbacks.append(start)
+                    return
             begin = self.env.now
-            running = self.collective(op, rank)
+            running = run()
 
             def finish(event: simpy.Event) -> None:
                 info = event.value if isinstance(event.value, dict) else None
-                self.spans.append(Span(rank, op.group or "coll", op, begin, self.env.now, info))
-                self._complete(op)
+                self.spans.append(Span(rank, lane, op, begin, self.env.now, info))
+                if self.releases is not None and index in self.held[rank]:
+                    self._allocate(rank, self._gathered(rank, index))
+                self._complete(rank, index, op)
                 done.succeed()
 
             running.callbacks.append(finish)
 
-        if previous is None or previous.processed:
-            start()
-        else:
-            previous.callbacks.append(start)
+        start()
+
+    def _lane_and_runner(self, rank: int, op: Op) -> tuple[str, Callable[[], simpy.Event]]:
+        if op.kind.is_collective:
+            if self.collective is None:
+                raise ConfigError(f"rank {rank}: op {op} is a collective, but this replay has "
+                                  "no collective model")
+            return op.group or "coll", lambda: self.collective(op, rank)
+        if op.kind.is_copy:
+            if self.hosts is None:
+                raise ConfigError(f"rank {rank}: op {op} copies to or from the host, but this "
+                                  "replay has no host CPU nodes (hosts=)")
+            gpu, host = self.devices[rank], self.hosts[rank]
+            src, dst = (gpu, host) if op.kind is OpKind.COPY_D2H else (host, gpu)
+            return PCIE_LANE, lambda: self.network.transfer(src, dst, op.nbytes)
+        if op.kind is OpKind.OPT_STEP:
+            return HOST_LANE, lambda: self.env.timeout(self.compute_time(op))
+        raise ConfigError(f"rank {rank}: op {op}: the replay cannot run {op.kind.value} ops")
 
     def run(self) -> Timeline:
         if self.memory:
@@ -171,7 +270,8 @@ class Replay:
             missing = [k for k in prerequisites(op, self.schedule.stage_ranks,
                                                 self.schedule.num_microbatches)
                        if k not in self.done]
-            waits = ", ".join(f"{s}{k.value}{m}" for k, s, m in missing)
+            waits = ", ".join(f"{k[1]}{k[0].value}{'' if k[2] is None else k[2]}"
+                              for k in missing)
             lines.append(f"rank {rank} stuck at {op} (step {self.pc[rank]}) waiting for {waits}")
         report = "\n".join(
             f"rank {r}: " + " ".join(

@@ -57,6 +57,8 @@ KIND_COLOURS: dict[OpKind, str] = {
     OpKind.REDUCE_SCATTER: "#9467BD",
     OpKind.ALL_TO_ALL: "#C5B0D5",
     OpKind.BROADCAST: "#5E3C99",
+    OpKind.COPY_D2H: "#B279A2",  # host copies over PCIe: pinks
+    OpKind.COPY_H2D: "#D6A5C9",
 }
 MEMORY_COLOURS = ("#1F77B4", "#D62728", "#2CA02C", "#FF7F0E", "#9467BD", "#8C564B",
                   "#E377C2", "#7F7F7F", "#BCBD22", "#17BECF")

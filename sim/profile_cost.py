@@ -7,7 +7,11 @@
   torch.distributed.pipelining run it: the first stage's input (token ids) needs no
   gradient, so its I is empty (embedding[I] only) and its W is the whole backward
   (layers * layer[B] + embedding[W], plus the head's B if it is also the last stage).
-  A profile measured at other shapes is refused.
+  A profile measured at other shapes is refused. A chunked op (a layer group,
+  schedules.layer_groups) costs the layers its group covers, plus the embedding on group
+  0 of the first stage and the head on the last group of the last stage; the first-stage
+  exception applies to group 0 of stage 0 only (later groups have an input gradient).
+  The profile measures no optimizer step: OPT_STEP is refused (sim.optimizer costs it).
 - `AlphaBetaNetwork`: the transfer seam (sim.network) with every transfer taking
   alpha + beta * bytes, as measured between two ranks. No contention model: concurrent
   transfers do not slow each other, which holds for the two-rank pipelines it was fitted
@@ -25,6 +29,7 @@ from collections.abc import Callable, Sequence
 import simpy
 
 from schedules.errors import ConfigError
+from schedules.layer_groups import chunk_layers
 from schedules.model import ModelSpec
 from schedules.ops import Op, OpKind
 from schedules.parallel import ParallelConfig
@@ -58,38 +63,47 @@ def check_profile(profile: Profile, model: ModelSpec, parallel: ParallelConfig |
 
 class ProfileCost:
     """compute_time(op) from a profile for a pipeline of `layers_per_stage[s]` layers on
-    virtual stage s (stage 0 holds the embedding, the last stage the head)."""
+    virtual stage s (stage 0 holds the embedding, the last stage the head), each stage
+    split into `groups` layer groups for chunked ops."""
 
-    def __init__(self, profile: Profile, layers_per_stage: Sequence[int]):
+    def __init__(self, profile: Profile, layers_per_stage: Sequence[int], groups: int = 1):
         if not layers_per_stage:
             raise ConfigError("ProfileCost needs at least one stage")
         self.profile = profile
         self.layers = list(layers_per_stage)
+        self.table: dict[tuple[int, OpKind, int | None], float] = {}
         last = len(self.layers) - 1
-        kinds = ("F", "B", "I", "W")
-        self.table = {
-            (s, OpKind(k)): layers * profile.compute_time("layer", k)
-            + (profile.compute_time("embedding", k) if s == 0 else 0.0)
-            + (profile.compute_time("head", k) if s == last else 0.0)
-            for s, layers in enumerate(self.layers) for k in kinds}
-        # stage 0: no input gradient, so I is empty and W is the whole backward
-        self.table[(0, OpKind.I)] = profile.compute_time("embedding", "I")
-        self.table[(0, OpKind.W)] = (
-            self.layers[0] * profile.compute_time("layer", "B")
-            + profile.compute_time("embedding", "W")
-            + (profile.compute_time("head", "B") if last == 0 else 0.0))
+        for s, layers in enumerate(self.layers):
+            chunks = [None] + (list(range(groups)) if groups > 1 else [])
+            for chunk in chunks:
+                first_group = chunk in (None, 0)
+                last_group = chunk in (None, groups - 1)
+                self._add(s, chunk, len(chunk_layers(layers, groups, chunk)),
+                          s == 0 and first_group, s == last and last_group)
+
+    def _add(self, s: int, chunk: int | None, layers: int, embedding: bool, head: bool) -> None:
+        time = self.profile.compute_time
+        for k in ("F", "B", "I", "W"):
+            self.table[(s, OpKind(k), chunk)] = (
+                layers * time("layer", k) + (time("embedding", k) if embedding else 0.0)
+                + (time("head", k) if head else 0.0))
+        if embedding:  # no input gradient, so I is empty and W is the whole backward
+            self.table[(s, OpKind.I, chunk)] = time("embedding", "I")
+            self.table[(s, OpKind.W, chunk)] = (
+                layers * time("layer", "B") + time("embedding", "W")
+                + (time("head", "B") if head else 0.0))
 
     @staticmethod
     def for_model(profile: Profile, model: ModelSpec, parallel: ParallelConfig,
-                  num_stages: int) -> ProfileCost:
+                  num_stages: int, groups: int = 1) -> ProfileCost:
         check_profile(profile, model, parallel)
         if model.num_layers % num_stages:
             raise ConfigError(f"num_layers={model.num_layers} is not divisible by "
                               f"num_stages={num_stages}")
-        return ProfileCost(profile, [model.num_layers // num_stages] * num_stages)
+        return ProfileCost(profile, [model.num_layers // num_stages] * num_stages, groups)
 
     def __call__(self, op: Op) -> float:
-        time = self.table.get((op.stage, op.kind))
+        time = self.table.get((op.stage, op.kind, op.chunk))
         if time is None:
             if op.kind.is_compute:
                 raise ConfigError(f"the profile has no time for {op.kind.value} ops "
@@ -128,11 +142,16 @@ def profile_collective_time(profile: Profile, op_kind: OpKind | str, group_size:
 
 
 def profile_collective_model(env: simpy.Environment, profile: Profile,
-                             parallel: ParallelConfig) -> Callable[[Op, int], simpy.Event]:
+                             parallel: ParallelConfig, sub_groups: dict[str, int] | None = None
+                             ) -> Callable[[Op, int], simpy.Event]:
     """The replay's collective hook (sim.engine.Replay): a collective of pipeline rank r
-    over axis `op.group` takes profile_collective_time over that axis' degree."""
+    over axis `op.group` takes profile_collective_time over that axis' degree
+    (`sub_groups[name]` for the DP sub-groups 'dp_shard' / 'dp_replicate')."""
+    sizes = dict(sub_groups or {})
+
     def run(op: Op, pp_rank: int) -> simpy.Event:
-        size = getattr(parallel, op.group) if op.group in ("tp", "cp", "dp", "ep", "pp") else 1
+        size = (getattr(parallel, op.group) if op.group in ("tp", "cp", "dp", "ep", "pp")
+                else sizes.get(op.group, 1))
         seconds = profile_collective_time(profile, op.kind, size, op.nbytes)
         return env.timeout(seconds, value={"model": "measured alpha-beta", "group_size": size})
 

@@ -26,7 +26,23 @@ def format_summary(timeline: Timeline) -> str:
                      f"{bubble[r]:>7.4f} {flight.get(r, 0):>9} "
                      f"{memory.get(r, 0) / 1e9:>6.1f} GB")
     lines += [f"warning: {w}" for w in meta.get("warnings", ())]
+    lines += [format_oom(entry) for entry in meta.get("oom", ())]
     return "\n".join(lines)
+
+
+def format_oom(entry: dict) -> str:
+    """One OOM line of sim.memory.oom_report: rank, time, and the breakdown in GB."""
+    parts = ", ".join(f"{label} {entry[key] / 1e9:.1f}" for label, key in (
+        ("parameters", "parameters_bytes"), ("gradients", "gradients_bytes"),
+        ("optimizer", "optimizer_states_bytes"), ("hpZ", "hpz_secondary_bytes"),
+        ("buffers", "communication_buffers_bytes"),
+        ("gathered parameters", "gathered_parameters_bytes"),
+        ("activations", "activations_bytes"))
+        if entry.get(key))
+    return (f"OOM: rank {entry['rank']} peaks at {entry['peak_bytes'] / 1e9:.1f} GB at "
+            f"{format_seconds(entry['time_s'])}, over the device's "
+            f"{entry['capacity_bytes'] / 1e9:.0f} GB by {entry['over_bytes'] / 1e9:.1f} GB "
+            f"({parts} GB)")
 
 
 def format_table(rows: Sequence[dict]) -> str:

@@ -1,8 +1,11 @@
 """One call from (schedule, model, parallel config, topology) to a simulated Timeline.
 
-Steps: build or take the schedule -> check its structure -> cost
-every op from the ModelSpec -> place pipeline ranks on GPUs in the config's rank order ->
-replay it in SimPy with a cost model and the network seam. A deadlock found by the replay
+Steps: build or take the schedule -> check its structure -> add the data-parallel
+communication the config asks for (schedules.data_parallel: DDP buckets, ZeRO 1-3,
+FSDP/HSDP, ZeRO++, offload) -> cost every op from the ModelSpec (layer groups from
+schedules.layer_groups) -> place pipeline ranks on GPUs in the config's rank order ->
+replay it in SimPy with a cost model (optimizer steps: sim.optimizer) and the network seam
+(DP sub-groups: sim.dp_groups; host copies over the GPU's PCIe link to its host CPU). A deadlock found by the replay
 is re-reported through the unit-time dry run, whose rank x step grid marks the stuck ops.
 """
 from __future__ import annotations
@@ -15,12 +18,13 @@ import networkx as nx
 import simpy
 
 from schedules.annotate import annotate
-from schedules.data_parallel import add_dp_allreduce
+from schedules.data_parallel import add_data_parallel
+from schedules.layer_groups import group_costs
 from schedules.costs import stage_costs
 from schedules.errors import ConfigError, DeadlockError
 from schedules.generators import build_schedule
 from schedules.model import ModelSpec
-from schedules.ops import Op
+from schedules.ops import Op, OpKind
 from schedules.parallel import ParallelConfig
 from schedules.profile import Profile
 from schedules.schedule import Schedule
@@ -29,9 +33,12 @@ from schedules.validate import check_structure, dry_run
 from topologies import device_of, gpu_nodes
 
 from .cost import DEFAULT_COMPUTE_EFFICIENCY, DEFAULT_MEMORY_EFFICIENCY, RooflineCost, UniformCost
-from .collectives import run_collective
+from .collectives import collective_phases, run_collective
+from .dp_groups import group_ranks, group_size, shard_size
+from .offload import host_cpus, with_host_links
+from .optimizer import with_optimizer_steps
 from .engine import Replay
-from .memory import memory_model
+from .memory import gpus_per_node, memory_model
 from .profile_cost import AlphaBetaNetwork, ProfileCost, profile_collective_model
 from .flows import FlowNetwork
 from .network import InstantNetwork
@@ -77,22 +84,59 @@ def tp_groups_spanning_hosts(parallel: ParallelConfig, topology: nx.DiGraph) -> 
 
 
 def collective_model(env: simpy.Environment, network, parallel: ParallelConfig,
-                     topology: nx.DiGraph) -> Callable[[Op, int], simpy.Event]:
+                     topology: nx.DiGraph, shard: int | None = None
+                     ) -> Callable[[Op, int], simpy.Event]:
     """How the replay runs a collective of pipeline rank r: over the GPUs of r's group
-    (`op.group` axis of the rank grid) on the flow network; instant on InstantNetwork."""
+    (`op.group` axis of the rank grid, DP sub-groups by sim.dp_groups with `shard`) on
+    the flow network; instant on InstantNetwork. A 'dp_replicate' collective runs with
+    the replica groups of the rank's other shard members at once (one per GPU of a node,
+    the traffic that shares the inter-node links); the span is the rank's own group's."""
     gpus = gpu_nodes(topology)
+    chosen: dict[tuple, str] = {}  # the default choice is a pure function of these
+
+    def members(axis: str, rank: int) -> list[int]:
+        if axis.startswith("dp_"):
+            return group_ranks(parallel, axis, rank, shard)
+        return parallel.group(axis, rank)
+
+    def start(op: Op, ranks: list[int]) -> simpy.Event:
+        devices = [gpus[g] for g in ranks]
+        key = (op.kind, tuple(devices), op.nbytes)
+        if key not in chosen:  # bucketed ops repeat sizes: pick each algorithm once
+            chosen[key] = collective_phases(op, devices, op.nbytes, network.graph)[0]
+        return run_collective(env, network, op, devices, algorithm=chosen[key], ranks=ranks)
 
     def run(op: Op, pp_rank: int) -> simpy.Event:
         if not isinstance(network, FlowNetwork):
             return env.timeout(0, value=None)
-        group = parallel.group(op.group, parallel.rank(pp=pp_rank))
-        me = group.index(parallel.rank(pp=pp_rank))
+        rank = parallel.rank(pp=pp_rank)
+        group = members(op.group, rank)
+        me = group.index(rank)
+        if op.group == "dp_replicate":
+            for other in members("dp_shard", rank):
+                if other != rank:
+                    start(op, members("dp_replicate", other))
         result = env.event()
-        running = run_collective(env, network, op, [gpus[g] for g in group], ranks=group)
+        running = start(op, group)
         running.callbacks.append(lambda ev: result.succeed(dict(ev.value.spans[me].info)))
         return result
 
     return run
+
+
+def gathered_bytes(model: ModelSpec, parallel: ParallelConfig) -> Callable[[Op], int]:
+    """Bytes a ZeRO-3 / FSDP parameter gather (chunk set) holds until its last user ends:
+    the layer group's unsharded 16-bit parameters, i.e. its nbytes, or for a ZeRO++ qwZ
+    int8 gather (group 'dp', one byte per parameter) nbytes * dtype bytes once dequantized.
+    ZeRO-1/2 gathers (chunk None) refill always-resident parameters: nothing extra."""
+    scale = model.dtype_bytes if parallel.quantized_weights else 1
+
+    def held(op: Op) -> int:
+        if op.chunk is None:
+            return 0
+        return op.nbytes * (scale if op.group == "dp" else 1)
+
+    return held
 
 
 def simulate(model: ModelSpec, parallel: ParallelConfig, topology: nx.DiGraph,
@@ -106,17 +150,24 @@ def simulate(model: ModelSpec, parallel: ParallelConfig, topology: nx.DiGraph,
         raise ConfigError(f"schedule {schedule.name!r} has {schedule.num_ranks} ranks, "
                           f"pp is {parallel.pp}")
     check_structure(schedule)
-    if parallel.dp > 1:
-        schedule = add_dp_allreduce(schedule)
-    per_stage = stage_costs(model, parallel, schedule.num_stages)
-    lowered = annotate(schedule, per_stage)
     devices = pipeline_devices(parallel, topology)
+    shard = shard_size(parallel, topology)
+    schedule = add_data_parallel(schedule, model, parallel, shard)
+    per_stage = stage_costs(model, parallel, schedule.num_stages)
+    chunk_costs = (group_costs(model, parallel, schedule.num_stages, schedule.layer_groups)
+                   if schedule.layer_groups > 1 else None)
+    lowered = annotate(schedule, per_stage, chunk_costs)
+    host_warning = None
+    if parallel.offload:
+        topology, host_warning = with_host_links(topology)
+    hosts = host_cpus(devices, topology)
 
     env = simpy.Environment()
     if costs.uniform is not None:
         compute_time, network = costs.uniform, InstantNetwork(env)
     elif costs.profile is not None:
-        compute_time = ProfileCost.for_model(costs.profile, model, parallel, schedule.num_stages)
+        compute_time = ProfileCost.for_model(costs.profile, model, parallel, schedule.num_stages,
+                                             schedule.layer_groups)
         network = AlphaBetaNetwork(env, costs.profile.p2p.alpha, costs.profile.p2p.beta)
     else:
         rooflines = [RooflineCost(device_of(topology, d), model.dtype, costs.compute_efficiency,
@@ -127,17 +178,26 @@ def simulate(model: ModelSpec, parallel: ParallelConfig, topology: nx.DiGraph,
             return rooflines[ranks[op.stage]](op)
 
         network = FlowNetwork(env, topology)
-    collective = (profile_collective_model(env, costs.profile, parallel) if costs.profile
-                  else collective_model(env, network, parallel, topology))
-    replay = Replay(env, lowered, devices, compute_time, network,
-                    memory_model(lowered, per_stage), collective)
+    if schedule.count(OpKind.OPT_STEP):  # (a wrapper per compute op costs replay time)
+        compute_time = with_optimizer_steps(
+            compute_time, lambda s: device_of(topology, devices[schedule.stage_ranks[s]]),
+            costs.memory_efficiency, uniform=costs.uniform is not None)
+    sizes = {axis: group_size(parallel, axis, shard) for axis in ("dp_shard", "dp_replicate")
+             } if shard else {}
+    collective = (profile_collective_model(env, costs.profile, parallel, sizes) if costs.profile
+                  else collective_model(env, network, parallel, topology, shard))
+    memory = memory_model(lowered, per_stage, model=model, parallel=parallel,
+                          gpus_per_node=gpus_per_node(topology),
+                          gathered=(gathered_bytes(model, parallel)
+                                    if schedule.count(OpKind.ALL_GATHER) else None))
+    replay = Replay(env, lowered, devices, compute_time, network, memory, collective, hosts)
     try:
         timeline = replay.run()
     except DeadlockError:
         dry_run(schedule)  # re-raises with the rank x step grid
         raise
 
-    warnings = []
+    warnings = [host_warning] if host_warning else []
     capacity = device_of(topology, devices[0]).memory_bytes
     over = [r for r, peak in timeline.peak_memory().items() if peak > capacity]
     if over:

@@ -1,5 +1,6 @@
 """The clustersim command line, run as a user runs it (a real subprocess)."""
 import json
+import re
 import subprocess
 import sys
 from fractions import Fraction
@@ -101,3 +102,103 @@ def test_deadlocked_csv_is_reported_with_stuck_ops(tmp_path):
     assert result.returncode == 3
     assert "deadlock" in result.stderr and "1B1" in result.stderr
     assert ">1B1<" in result.stderr and "Traceback" not in result.stderr
+
+
+# --- `clustersim memory`: ZeRO (Rajbhandari et al. SC20) Table 1 --------------------------
+# GB (1e9 bytes) per device of model states: DP degree -> (baseline, Pos, Pos+g, Pos+g+p),
+# as printed in the paper's Table 1 (the DP=1 row is the baseline for every stage).
+ZERO_TABLE1 = {
+    7.5e9: {1: (120, 120, 120, 120), 4: (120, 52.5, 41.3, 30), 16: (120, 35.6, 21.6, 7.5),
+            64: (120, 31.4, 16.6, 1.88), 256: (120, 30.4, 15.4, 0.47),
+            1024: (120, 30.1, 15.1, 0.12)},
+    128e9: {1: (2048, 2048, 2048, 2048), 4: (2048, 896, 704, 512), 16: (2048, 608, 368, 128),
+            64: (2048, 536, 284, 32), 256: (2048, 518, 263, 8), 1024: (2048, 513, 257, 2)},
+    1e12: {1: (16000,) * 4, 4: (16000, 7000, 5500, 4000), 16: (16000, 4750, 2875, 1000),
+           64: (16000, 4187, 2218, 250), 256: (16000, 4046, 2054, 62.5),
+           1024: (16000, 4011, 2013, 15.6)},
+}
+
+
+def _printed_digits(cell: float) -> int:
+    text = repr(float(cell)).rstrip("0").rstrip(".")
+    return len(text.partition(".")[2])
+
+
+def test_memory_reproduces_zero_table1_headline():
+    """The issue's cells, through the real command line."""
+    got = []
+    for stage in range(4):
+        out = clustersim("memory", "--params", "7.5e9", "--dp", "64", "--zero", str(stage),
+                         "--json").stdout
+        got.append(json.loads(out)["model_states_bytes"][0] / 1e9)
+    assert [round(g, 1) for g in got[:3]] == [120, 31.4, 16.6] and round(got[3], 2) == 1.88
+
+
+@pytest.mark.parametrize("params", sorted(ZERO_TABLE1))
+def test_memory_reproduces_every_zero_table1_cell(params, capsys):
+    """Every cell, compared at the table's printed precision: within one unit of its last
+    digit (the table rounds 7.5B's cells and truncates the 128B/1T ones: 513.5 -> 513)."""
+    from sim.cli import main
+    for dp, row in ZERO_TABLE1[params].items():
+        for stage, cell in enumerate(row):
+            assert main(["memory", "--params", f"{params:g}", "--dp", str(dp),
+                         "--zero", str(stage), "--json"]) == 0
+            got = json.loads(capsys.readouterr().out)["model_states_bytes"][0] / 1e9
+            unit = 10.0 ** -_printed_digits(cell)
+            assert abs(got - cell) <= unit, (params, dp, stage, got, cell)
+
+
+def test_memory_breakdown_of_a_model_and_oom(tmp_path):
+    out = json.loads(clustersim("memory", "--model", "llama3-8b", "--pp", "4",
+                                "--microbatches", "8", "--zero", "1", "--dp", "8",
+                                "--topology", "dgx-h100", "--json").stdout)
+    ranks = out["ranks"]
+    assert [r["in_flight"] for r in ranks] == [4, 3, 2, 1]  # 1F1B: min(P - rank, M)
+    for r in ranks:
+        assert r["model_states_bytes"] == pytest.approx(
+            4 * r["params"] + 12 * r["params"] / 8)
+        assert r["total_bytes"] == pytest.approx(
+            r["model_states_bytes"] + r["activations"] + r["communication_buffers"])
+    assert out["config"]["device_memory_bytes"] == 80e9 and out["oom_ranks"] == []
+    big = clustersim("memory", "--model", "llama3-70b", "--dp", "8", "--fsdp", "full",
+                     "--microbatches", "1", "--device", "h100").stdout
+    assert "OOM: rank 0 needs" in big and "ZeRO-3 fsdp=full" in big and " GiB" in big
+    offload = json.loads(clustersim("memory", "--params", "7B", "--dp", "8",
+                                    "--use-distributed-optimizer", "--offload",
+                                    "--json").stdout)
+    assert offload["host_bytes"][0] == pytest.approx(12 * 7e9 / 8)
+    assert offload["model_states_bytes"][0] == pytest.approx(4 * 7e9)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--params", "7B", "--model", "gpt3-1.3b"], "--params is a bare parameter count: drop --model"),
+    (["--params", "seven"], "'seven' is not a parameter count"),
+    (["--params", "7B", "--dp", "4", "--zero", "1", "--fsdp", "full"],
+     r"fsdp='full' shards parameters \(ZeRO-3\) but zero_stage=1"),
+    (["--params", "7B", "--dp", "4", "--pp", "2", "--zero", "3"],
+     "incompatible with pipeline parallelism"),
+    (["--params", "7B", "--dp", "4", "--offload"], "offload .*needs zero_stage >= 1"),
+    (["--params", "7B", "--dp", "4", "--fsdp", "hybrid"], "needs shard_size, or a topology"),
+    (["--params", "7B", "--recompute", "full", "--recompute-granularity", "selective"],
+     "recompute given twice"),
+    (["--params", "7B", "--device", "h100", "--topology", "dgx-h100"], "not both"),
+])
+def test_memory_errors_are_one_line(argv, message):
+    result = clustersim("memory", *argv, check=False)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    assert re.search(message, result.stderr), result.stderr
+
+
+def test_simulate_accepts_sharding_flags_and_reports_oom(tmp_path):
+    metrics = tmp_path / "m.json"
+    out = clustersim("simulate", "--model", "llama3-70b", "--num-layers", "8", "--pp", "1",
+                     "--dp", "2", "--zero", "2", "--recompute", "selective", "--bucket-mb",
+                     "50", "--microbatches", "2", "-o", str(tmp_path / "g.html"),
+                     "--metrics-json", str(metrics), cwd=tmp_path).stdout
+    data = json.loads(metrics.read_text())
+    (oom,) = data["meta"]["oom"]
+    assert oom["rank"] == 0 and oom["peak_bytes"] > oom["capacity_bytes"] == 80e9
+    assert oom["time_s"] == data["per_rank"]["peak_memory_time"]["0"]
+    assert oom["activations_bytes"] > 0 and oom["optimizer_states_bytes"] > 0
+    assert "OOM: rank 0 peaks at" in out
+    assert set(data["per_rank"]["peak_memory_time"]) == {"0"}

@@ -31,3 +31,183 @@ def test_allreduce_posted_before_the_gradients_exist_is_a_deadlock():
     with pytest.raises(DeadlockError) as err:
         validate(schedule)
     assert ">1ALL_REDUCE<" in err.value.report
+
+
+# --- the data-parallel passes (issue 5): op sequences, sizes, volumes, errors ------------
+from collections import Counter  # noqa: E402
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from schedules.costs import stage_costs  # noqa: E402
+from schedules.data_parallel import (ADAM_BYTES_PER_PARAM, add_data_parallel,  # noqa: E402
+                                     bucket_groups)
+from schedules.errors import ConfigError  # noqa: E402
+from schedules.model import get_model  # noqa: E402
+from schedules.parallel import ParallelConfig  # noqa: E402
+from schedules.dp_sizes import EXTRA_TENSORS, TENSORS_PER_LAYER  # noqa: E402
+from schedules.sharding import DEFAULT_BUCKET_BYTES  # noqa: E402
+from sim.simulate import simulate  # noqa: E402
+from topologies import load_topology  # noqa: E402
+
+MODEL = get_model("llama3-8b", num_layers=8)
+LAYER_BYTES = MODEL.layer_param_count(1, 1) * 2  # bf16 gradients of one layer
+
+
+def _pass(pp=1, dp=4, m=4, **kw):
+    parallel = ParallelConfig(pp=pp, dp=dp, num_microbatches=m, **kw)
+    return parallel, add_data_parallel(build_schedule("1f1b", pp, m), MODEL, parallel)
+
+
+def _stage_bytes(parallel, stage):
+    return stage_costs(MODEL, parallel, parallel.pp)[stage].grad_bytes
+
+
+def test_ddp_buckets_ride_on_the_last_microbatch_backward_in_reverse_layer_order():
+    bucket = LAYER_BYTES  # one layer fills a bucket: a layer group per layer
+    parallel, schedule = _pass(pp=2, bucket_bytes=bucket)
+    assert schedule.layer_groups == 4 == bucket_groups(MODEL, parallel, 2)
+    validate(schedule)
+    for rank, program in enumerate(schedule.programs):
+        text = [str(op) for op in program]
+        chunks = [op for op in program if op.kind is OpKind.B and op.chunk is not None]
+        assert [op.chunk for op in chunks] == [3, 2, 1, 0]  # reverse layer order
+        assert {op.microbatch for op in chunks} == {3}  # only the last microbatch splits
+        first_reduce = next(i for i, op in enumerate(program) if op.kind is OpKind.ALL_REDUCE)
+        assert text[first_reduce - 1] == f"{rank}B3.3"  # posted right after its group
+        reduces = [op for op in program if op.kind is OpKind.ALL_REDUCE]
+        assert all(op.group == "dp" and op.nbytes <= bucket + 1 for op in reduces)
+        assert sum(op.nbytes for op in reduces) == _stage_bytes(parallel, rank)
+        # every group's gradients in ceil(group bytes / bucket) buckets
+        per_group = Counter(op.chunk for op in reduces)
+        assert per_group[1] == per_group[2] == 1
+        assert program[-1].kind is OpKind.OPT_STEP
+        params = _stage_bytes(parallel, rank) // 2
+        assert program[-1].nbytes == ADAM_BYTES_PER_PARAM * params
+
+
+def test_ddp_without_overlap_reduces_after_the_whole_backward():
+    parallel, schedule = _pass(pp=2, overlap_grad_reduce=False)
+    for program in schedule.programs:
+        last_compute = max(i for i, op in enumerate(program) if op.kind in BACKWARD_KINDS)
+        reduces = [i for i, op in enumerate(program) if op.kind is OpKind.ALL_REDUCE]
+        assert min(reduces) > last_compute
+        by_size = -(-_stage_bytes(parallel, program[0].stage) // DEFAULT_BUCKET_BYTES)
+        # no more buckets than parameter tensors (a bucket never splits a tensor)
+        assert len(reduces) == min(by_size, TENSORS_PER_LAYER * 4 + EXTRA_TENSORS)
+        assert all(op.chunk is None for op in program)
+    validate(schedule)
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_zero_1_and_2_reduce_scatter_step_then_gather(stage):
+    parallel, schedule = _pass(pp=1, zero_stage=stage, bucket_bytes=LAYER_BYTES)
+    [program] = schedule.programs
+    kinds = [op.kind for op in program]
+    step = kinds.index(OpKind.OPT_STEP)
+    scatters = [i for i, k in enumerate(kinds) if k is OpKind.REDUCE_SCATTER]
+    gathers = [i for i, k in enumerate(kinds) if k is OpKind.ALL_GATHER]
+    last_backward = max(i for i, k in enumerate(kinds) if k is OpKind.B)
+    assert max(scatters) < step < min(gathers) and OpKind.ALL_REDUCE not in kinds
+    if stage == 1:  # once per iteration, after accumulation
+        assert min(scatters) > last_backward
+    else:  # bucket by bucket during the last microbatch's backward
+        assert min(scatters) < last_backward
+    psi = _stage_bytes(parallel, 0)
+    assert sum(program[i].nbytes for i in scatters) == psi == sum(program[i].nbytes for i in gathers)
+    assert program[step].nbytes == ADAM_BYTES_PER_PARAM * (psi // 2) // 4  # 1/N of the states
+    validate(schedule)
+
+
+def test_nothing_to_add_on_one_rank_and_the_pass_runs_once():
+    schedule = build_schedule("1f1b", 2, 4)
+    assert add_data_parallel(schedule, MODEL, ParallelConfig(pp=2, num_microbatches=4)) is schedule
+    parallel, once = _pass(pp=2)
+    with pytest.raises(ConfigError, match="already has optimizer steps"):
+        add_data_parallel(once, MODEL, parallel)
+
+
+def _volume(timeline, rank=0):
+    """Bytes one rank moves per step by the ring closed forms of nccl-tests: all-reduce
+    2(n-1)/n S, all-gather and reduce-scatter (n-1)/n S, for its group of n ranks."""
+    total = 0.0
+    for span in timeline.spans:
+        if span.rank != rank or not span.op.kind.is_collective:
+            continue
+        n = 4  # dp, one node: every group here is the whole dp group
+        factor = 2 if span.op.kind is OpKind.ALL_REDUCE else 1
+        total += factor * (n - 1) / n * span.op.nbytes
+    return total
+
+
+@pytest.mark.parametrize("zero, factor", [(0, 2), (1, 2), (2, 2), (3, 3)])
+def test_communication_volume_per_step_is_2_psi_or_3_psi_for_zero_3(zero, factor):
+    """ZeRO paper section 7: DDP, ZeRO-1 and ZeRO-2 move 2 Psi per rank per step,
+    ZeRO-3 3 Psi (one microbatch: ZeRO-3 gathers again for every microbatch)."""
+    parallel = ParallelConfig(dp=4, num_microbatches=1, zero_stage=zero)
+    timeline = simulate(MODEL, parallel, load_topology("dgx-h100"))
+    psi = stage_costs(MODEL, parallel, 1)[0].grad_bytes  # bytes of bf16 parameters
+    assert _volume(timeline) == pytest.approx(factor * psi * 3 / 4, rel=1e-9)
+
+
+def test_ddp_bucket_all_reduce_overlaps_the_backward_on_the_timeline():
+    parallel = ParallelConfig(dp=4, num_microbatches=2)
+    timeline = simulate(MODEL, parallel, load_topology("dgx-h100"))
+    last_b = max(s.end for s in timeline.spans if s.lane == "compute" and s.op.kind is OpKind.B)
+    dp = [s for s in timeline.spans if s.lane == "dp" and s.rank == 0]
+    assert min(s.start for s in dp) < last_b  # a bucket reduces while backward runs
+    step = [s for s in timeline.spans if s.op.kind is OpKind.OPT_STEP and s.rank == 0]
+    assert step and step[0].start >= max(s.end for s in dp)
+
+
+@settings(max_examples=30, deadline=None)
+@given(name=st.sampled_from(["gpipe", "1f1b", "interleaved-1f1b"]), pp=st.sampled_from([1, 2, 4]),
+       m_mult=st.integers(1, 3), zero=st.sampled_from([0, 1]),
+       overlap=st.booleans(), split=st.booleans(), bucket=st.sampled_from([1, LAYER_BYTES, None]))
+def test_passes_compose_with_any_pipeline_schedule(name, pp, m_mult, zero, overlap, split, bucket):
+    """DDP and ZeRO-1 over gpipe / 1f1b / interleaved (with or without the zero-bubble
+    I/W split): the result validates, replays without deadlock, and reduces every
+    stage's gradients exactly once."""
+    vpp = 2 if name == "interleaved-1f1b" else 1
+    if pp == 1 and vpp > 1:
+        return
+    m = pp * m_mult
+    schedule = build_schedule(name, pp, m, vpp)
+    if split:
+        schedule = schedule.with_programs([
+            [x for op in p for x in ((Op(OpKind.I, op.stage, op.microbatch),
+                                       Op(OpKind.W, op.stage, op.microbatch))
+                                      if op.kind is OpKind.B else (op,))]
+            for p in schedule.programs])
+    parallel = ParallelConfig(pp=pp, vpp=vpp, dp=2, num_microbatches=m, zero_stage=zero,
+                              schedule=name, overlap_grad_reduce=overlap, bucket_bytes=bucket)
+    result = add_data_parallel(schedule, MODEL, parallel)
+    validate(result)
+    costs = stage_costs(MODEL, parallel, pp * vpp)
+    kind = OpKind.ALL_REDUCE if zero == 0 else OpKind.REDUCE_SCATTER
+    for s in range(pp * vpp):
+        reduced = sum(op.nbytes for op in result.ops() if op.kind is kind and op.stage == s)
+        assert reduced == costs[s].grad_bytes
+        assert sum(op.kind is OpKind.OPT_STEP and op.stage == s for op in result.ops()) == 1
+    timeline = simulate(MODEL, parallel, load_topology("dgx-h100"), schedule=schedule)
+    assert sum(sp.op.kind is OpKind.OPT_STEP for sp in timeline.spans) == pp * vpp
+
+
+def test_zero3_volume_grows_with_microbatches_and_hsdp_follows_its_groups():
+    """ZeRO-3 gathers twice and reduce-scatters once per microbatch: 3 M Psi (n-1)/n.
+    HSDP over k = 8 ranks per node and r = 2 nodes: per microbatch 2 gathers and a
+    reduce-scatter in the node, (k-1)/k Psi each, plus a ring all-reduce of the Psi/k
+    shard across nodes, 2 (r-1)/r Psi/k."""
+    parallel = ParallelConfig(dp=4, num_microbatches=3, zero_stage=3)
+    timeline = simulate(MODEL, parallel, load_topology("dgx-h100"))
+    psi = stage_costs(MODEL, parallel, 1)[0].grad_bytes
+    assert _volume(timeline) == pytest.approx(3 * 3 * psi * 3 / 4, rel=1e-9)
+    parallel = ParallelConfig(dp=16, num_microbatches=1, fsdp="hybrid")
+    timeline = simulate(MODEL, parallel, load_topology("dgx-h100-x16-ndr"))
+    moved = 0.0
+    for span in timeline.spans:
+        if span.rank == 0 and span.op.kind.is_collective:
+            n = 8 if span.op.group == "dp_shard" else 2
+            moved += (2 if span.op.kind is OpKind.ALL_REDUCE else 1) * (n - 1) / n * span.op.nbytes
+    expected = 3 * psi * 7 / 8 + 2 * (1 / 2) * psi / 8
+    assert moved == pytest.approx(expected, rel=1e-6)

@@ -121,3 +121,100 @@ def test_check_model():
         ParallelConfig(micro_batch_size=2).check_model(MODEL)
     with pytest.raises(ConfigError, match="seq_length"):
         ParallelConfig(cp=3).check_model(MODEL)
+
+
+# --- data-parallel sharding: aliases with value mapping (schedules.parallel_aliases) -------
+@pytest.mark.parametrize("kw,expected", [
+    ({"zero_optimization.stage": 2}, dict(zero_stage=2, fsdp="none")),
+    ({"zero_optimization_stage": 3}, dict(zero_stage=3, fsdp="full")),
+    ({"--use-distributed-optimizer": True}, dict(zero_stage=1)),
+    ({"--use-distributed-optimizer": False}, dict(zero_stage=0)),
+    ({"--data-parallel-sharding-strategy": "no_shard"}, dict(zero_stage=0, fsdp="none")),
+    ({"--data-parallel-sharding-strategy": "optim"}, dict(zero_stage=1)),
+    ({"--data-parallel-sharding-strategy": "optim_grads"}, dict(zero_stage=2, fsdp="none")),
+    ({"--data-parallel-sharding-strategy": "optim_grads_params"}, dict(zero_stage=3, fsdp="full")),
+    ({"sharding_strategy": "NO_SHARD"}, dict(zero_stage=0, fsdp="none")),
+    ({"sharding_strategy": "SHARD_GRAD_OP"}, dict(zero_stage=2, fsdp="none")),
+    ({"sharding_strategy": "ShardingStrategy.FULL_SHARD"}, dict(zero_stage=3, fsdp="full")),
+    ({"sharding_strategy": "HYBRID_SHARD", "shard_size": 2}, dict(zero_stage=3, fsdp="hybrid")),
+    ({"sharding_strategy": "_HYBRID_SHARD_ZERO2"}, dict(zero_stage=2, fsdp="hybrid")),
+    ({"zero_stage": 1, "offload_optimizer": {"device": "cpu", "pin_memory": True}},
+     dict(offload=True)),
+    ({"zero_stage": 1, "zero_optimization.offload_optimizer.device": "cpu"}, dict(offload=True)),
+    ({"zero_stage": 1, "offload_optimizer": {"device": "none"}}, dict(offload=False)),
+    ({"zero_stage": 2, "--optimizer-cpu-offload": True}, dict(offload=True)),
+    ({"zero_stage": 3, "zero_optimization.zero_quantized_weights": True},
+     dict(quantized_weights=True)),
+    ({"zero_stage": 3, "zero_quantized_gradients": True}, dict(quantized_gradients=True)),
+    ({"zero_stage": 3, "zero_hpz_partition_size": 2}, dict(hpz=True, hpz_partition_size=2)),
+    ({"zero_stage": 3, "zero_hpz_partition_size": 1}, dict(hpz=False, hpz_partition_size=None)),
+    ({"bucket_cap_mb": 25}, dict(bucket_bytes=25 * 2**20)),
+    ({"reduce_bucket_size": 5e8}, dict(bucket_bytes=10**9)),  # elements x 2 B (16-bit grads)
+    ({"overlap_comm": False}, dict(overlap_grad_reduce=False)),
+    ({"--recompute-granularity": "selective"}, dict(recompute="selective")),
+    ({"--recompute-granularity": "full", "--recompute-method": "uniform"}, dict(recompute="full")),
+    ({"--recompute-method": "block"}, dict(recompute="full")),
+    ({"--recompute-activations": True}, dict(recompute="selective")),
+])
+def test_sharding_aliases_map_values(kw, expected):
+    p = ParallelConfig.from_kwargs(dp=4, **kw)
+    assert {k: getattr(p, k) for k in expected} == expected
+
+
+def test_fsdp_and_zero3_are_one_configuration():
+    assert ParallelConfig(dp=4, fsdp="full") == ParallelConfig(dp=4, zero_stage=3)
+    assert ParallelConfig(dp=4, fsdp="hybrid", shard_size=2).zero_stage == 3
+    assert ParallelConfig(dp=4, fsdp="hybrid", zero_stage=2).zero_stage == 2
+    assert ParallelConfig(dp=1, zero_stage=1).zero_stage == 1  # trivial shard, allowed
+    assert ParallelConfig(pp=2, dp=2, zero_stage=1).zero_stage == 1  # distributed optimizer
+    assert ParallelConfig().grad_bucket_bytes == 25 * 2**20
+    assert ParallelConfig(bucket_bytes=1000).grad_bucket_bytes == 1000
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"sharding_strategy": "SHARD_EVERYTHING"}, "sharding_strategy='SHARD_EVERYTHING' must be one of"),
+    ({"--data-parallel-sharding-strategy": "params"}, "data-parallel-sharding-strategy='params'"),
+    ({"offload_optimizer": {"device": "nvme"}}, "'nvme' .*not modelled"),
+    ({"offload_optimizer": "gpu"}, "device must be 'cpu' or 'none'"),
+    ({"zero_hpz_partition_size": 0}, "zero_hpz_partition_size must be an integer >= 1"),
+    ({"bucket_cap_mb": -1}, "bucket_cap_mb must be a number > 0"),
+    ({"--use-distributed-optimizer": "yes"}, "use-distributed-optimizer must be a bool"),
+    ({"--recompute-method": "some"}, "recompute-method='some' must be one of uniform, block"),
+    ({"zero_stage": 2, "--use-distributed-optimizer": True},
+     r"zero_stage given twice, as zero_stage=2 and --use-distributed-optimizer=True"),
+    ({"--recompute-granularity": "selective", "--recompute-method": "uniform"},
+     "recompute given twice"),
+    ({"bucket_cap_mb": 25, "reduce_bucket_size": 5e8}, "bucket_bytes given twice"),
+    ({"zero_stage": 2, "sharding_strategy": "FULL_SHARD"}, "zero_stage given twice"),
+])
+def test_sharding_alias_errors(kw, match):
+    with pytest.raises(ConfigError, match=match):
+        ParallelConfig.from_kwargs(dp=4, **kw)
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(dp=4, fsdp="full", zero_stage=1), r"fsdp='full' shards parameters \(ZeRO-3\) but zero_stage=1"),
+    (dict(dp=4, fsdp="full", zero_stage=2), r"fsdp='full'.*zero_stage=2.*SHARD_GRAD_OP"),
+    (dict(dp=4, fsdp="hybrid", zero_stage=1), r"fsdp='hybrid'.*but zero_stage=1"),
+    (dict(dp=2, pp=2, zero_stage=3), r"zero_stage=3 \(fsdp='full'\) with pp=2.*incompatible with "
+                                     r"pipeline parallelism"),
+    (dict(dp=2, pp=2, zero_stage=2), r"zero_stage=2 \(fsdp='none'\) with pp=2"),
+    (dict(dp=2, pp=2, fsdp="full"), r"zero_stage=3 \(fsdp='full'\) with pp=2"),
+    (dict(dp=4, pp=2, fsdp="hybrid", shard_size=2), r"zero_stage=3 \(fsdp='hybrid'\) with pp=2"),
+    (dict(dp=4, zero_stage=2, quantized_weights=True), "quantized_weights .*needs zero_stage=3"),
+    (dict(dp=4, zero_stage=2, hpz=True), r"hpz \(ZeRO\+\+ hpZ\).*needs zero_stage=3, got zero_stage=2"),
+    (dict(dp=4, zero_stage=1, quantized_gradients=True), "quantized_gradients .*zero_stage >= 2"),
+    (dict(dp=4, fsdp="hybrid", hpz=True), "hpz with fsdp='hybrid'"),
+    (dict(dp=4, offload=True), r"offload \(ZeRO-Offload\).*needs zero_stage >= 1"),
+    (dict(dp=4, shard_size=2), "shard_size=2 needs fsdp='hybrid', got fsdp='none'"),
+    (dict(dp=4, zero_stage=3, shard_size=2), "shard_size=2 needs fsdp='hybrid', got fsdp='full'"),
+    (dict(dp=6, fsdp="hybrid", shard_size=4), "shard_size=4 must divide dp=6"),
+    (dict(dp=4, zero_stage=3, hpz_partition_size=2), "hpz_partition_size=2 needs hpz=True"),
+    (dict(dp=6, zero_stage=3, hpz=True, hpz_partition_size=4), "hpz_partition_size=4 must divide dp=6"),
+    (dict(dp=4, fsdp="sharded"), "fsdp='sharded' must be one of none, full, hybrid"),
+    (dict(dp=4, shard_size=0, fsdp="hybrid"), "shard_size must be an integer >= 1"),
+    (dict(dp=4, offload="yes"), "offload must be a bool"),
+])
+def test_sharding_rules(kw, match):
+    with pytest.raises(ConfigError, match=match):
+        ParallelConfig(**kw)

@@ -49,9 +49,10 @@ def test_tp_group_spanning_nodes_is_reported():
 
 def test_dp_gradient_allreduce_follows_the_ring_closed_form():
     """pp=1, dp=2 on one NVSwitch node: after the last backward, one all-reduce of the
-    gradients taking 2(n-1)alpha + 2(n-1)/n * S/B with n = 2, alpha = 2 hops of 1 us."""
+    gradients taking 2(n-1)alpha + 2(n-1)/n * S/B with n = 2, alpha = 2 hops of 1 us
+    (one bucket holding every gradient: DDP's bucketing is tested in test_data_parallel)."""
     graph = fat_tree("dgx-h100", num_nodes=1)
-    parallel = ParallelConfig(dp=2, num_microbatches=2)
+    parallel = ParallelConfig(dp=2, num_microbatches=2, bucket_bytes=1 << 50)
     timeline = simulate(MODEL, parallel, graph)
     reduce = [s for s in timeline.spans if s.op.kind is OpKind.ALL_REDUCE]
     assert len(reduce) == 1 and reduce[0].lane == "dp"
@@ -65,7 +66,8 @@ def test_dp_gradient_allreduce_follows_the_ring_closed_form():
 
 
 def test_collectives_of_one_rank_run_in_issue_order():
-    parallel = ParallelConfig(pp=2, vpp=2, dp=2, num_microbatches=4, schedule="interleaved-1f1b")
+    parallel = ParallelConfig(pp=2, vpp=2, dp=2, num_microbatches=4, schedule="interleaved-1f1b",
+                              bucket_bytes=1 << 50)  # one bucket per stage
     timeline = simulate(get_model("gpt3-1.3b"), parallel, fat_tree("dgx-h100", num_nodes=1))
     for rank in (0, 1):
         mine = sorted((s for s in timeline.spans

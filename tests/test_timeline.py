@@ -60,6 +60,29 @@ def test_peak_memory_and_in_flight():
     assert t.peak_in_flight() == {0: 2, 1: 2, 2: 1}
 
 
+def test_peak_memory_time_is_the_first_time_the_peak_is_reached():
+    t = Timeline([], [MemorySample(0, 0.0, 5), MemorySample(0, 2.0, 9), MemorySample(0, 3.0, 4),
+                      MemorySample(0, 4.0, 9)])
+    assert t.peak_memory_times() == {0: 2.0}
+
+
+def test_in_flight_weighted_by_stage_bytes():
+    """Rank 1 of hand_timeline holds stage 1's microbatches 0 and 1 together (weight 10
+    each); rank 2 one microbatch of stage 2 (weight 7)."""
+    weights = {0: 1, 1: 10, 2: 7}
+    peaks = peak_in_flight(hand_timeline().spans, lambda op: weights[op.stage])
+    assert peaks == {0: 2, 1: 20, 2: 7}
+
+
+def test_in_flight_counts_layer_group_chunks_of_one_op_once():
+    def chunk(kind, mb, c, start):
+        return Span(0, "compute", Op(kind, 0, mb, chunk=c), start, start + 1)
+    spans = [chunk(F, 0, 0, 0), chunk(F, 0, 1, 1), chunk(F, 1, 0, 2), chunk(F, 1, 1, 3),
+             chunk(B, 0, 1, 4), chunk(B, 0, 0, 5), chunk(B, 1, 1, 6), chunk(B, 1, 0, 7)]
+    assert peak_in_flight(spans) == {0: 2}
+    assert peak_in_flight(spans[:2] + spans[4:6]) == {0: 1}
+
+
 def test_in_flight_releases_before_acquiring_at_the_same_instant():
     spans = [compute(0, F, 0, 0, 0.0, 1.0), compute(0, B, 0, 0, 1.0, 2.0),
              compute(0, F, 0, 1, 2.0, 3.0), compute(0, B, 0, 1, 3.0, 4.0)]
@@ -76,6 +99,7 @@ def test_metrics_json():
     assert per_rank["bubble_fraction"] == {"0": 0.25, "1": 0.375, "2": 0.625}
     assert per_rank["peak_in_flight_microbatches"] == {"0": 2, "1": 2, "2": 1}
     assert per_rank["peak_memory_bytes"] == {"0": 300, "1": 500}
+    assert per_rank["peak_memory_time"] == {"0": 1.0, "1": 3.0}
 
 
 def test_empty_timeline():

@@ -1,0 +1,95 @@
+"""Turn the rank processes' payloads into results: one measured Timeline, and gradients
+or parameters by name merged over the ranks (kernels.worker says what a payload holds).
+Units: seconds from the selected iteration's earliest post-barrier t0; tensors by name.
+"""
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import torch
+
+from schedules.ops import OpKind
+from schedules.parallel import ParallelConfig
+from schedules.timeline import Timeline
+
+from .split_backward import EXACT_SPLIT
+
+GLOO_REDUCE_SCATTER = ("REDUCE_SCATTER runs as an all-reduce of the bucket and a slice (gloo "
+                       "has no reduce-scatter; one code path on NCCL too): its times are "
+                       "all-reduce times")
+
+
+def merge_timeline(payloads: dict[int, dict], job: Any) -> Timeline:
+    """One Timeline from every rank's spans: the measured iteration with the median time,
+    times in seconds from the earliest post-barrier t0 of that iteration."""
+    count = len(next(iter(payloads.values()))["iterations"])
+    times, origins = [], []
+    for i in range(count):
+        its = [p["iterations"][i] for p in payloads.values()]
+        origin = min(it["t0"] for it in its)
+        spans = [s for it in its for s in it["spans"]]
+        times.append(max(s["end"] for s in spans) - min(s["start"] for s in spans))
+        origins.append(origin)
+    chosen = sorted(range(count), key=times.__getitem__)[(count - 1) // 2]
+    spans, memory = [], []
+    for rank, payload in sorted(payloads.items()):
+        it = payload["iterations"][chosen]
+        origin = origins[chosen]
+        spans += [{**s, "start": s["start"] - origin, "end": s["end"] - origin}
+                  for s in it["spans"]]
+        memory += [[m[2] if len(m) > 2 else rank, m[0] - origin, m[1]] for m in it["memory"]]
+    spans.sort(key=lambda s: (s["start"], s["rank"]))
+    name = next(iter(payloads.values()))["device_name"]
+    source = "kernels:cpu" if job.device == "cpu" else f"kernels:cuda:{name}"
+    s, p = job.schedule, job.parallel
+    meta = {
+        "schedule": s.name, "pp": p.pp, "vpp": s.stages_per_rank, "dp": p.dp, "tp": p.tp,
+        "microbatches": s.num_microbatches, "model": job.model.name or "custom",
+        "dtype": job.model.dtype, "device": name,
+        "backend": "nccl" if job.device == "cuda" else "gloo",
+        "torch": torch.__version__, "seed": job.seed,
+        "warmup_iterations": job.warmup_iterations, "iteration_times": times,
+        "selected_iteration": chosen, "replay": job.replay,
+        "limits": (["replay: each pipeline rank's compute alone on one device, one rank "
+                    "after another, each from t = 0; P2P not run (RECVs are random data)"]
+                   if job.replay else [])
+        + ([] if EXACT_SPLIT else ["W re-traverses the activation-gradient chain "
+                                           "(old torch): W times are overstated"])
+        + (["gloo: CPU timings calibrate only this CPU and gloo"] if job.device == "cpu" else [])
+        + ([GLOO_REDUCE_SCATTER] if any(op.kind is OpKind.REDUCE_SCATTER
+                                        for op in s.ops()) else []),
+    }
+    return Timeline.from_dict({"source": source, "meta": meta, "spans": spans,
+                               "memory": memory})
+
+
+def gather_grads(payloads: dict[int, dict], parallel: ParallelConfig) -> dict[str, torch.Tensor]:
+    """Gradients by parameter name (gather_state): shards merged over each DP group, then
+    copies of a tied embedding on the first and last stage summed (Megatron's embedding
+    all-reduce)."""
+    return gather_state(payloads, parallel, "grads")
+
+
+def gather_state(payloads: dict[int, dict], parallel: ParallelConfig,
+                 what: str) -> dict[str, torch.Tensor]:
+    """`what` ('grads' or 'params') by name. Per pipeline rank, DP replica 0's tensors,
+    their NaN elements (not held: a shard of another rank) filled from the other DP
+    ranks in DP order; then across pipeline ranks, tied copies summed ('grads') or the
+    first kept ('params')."""
+    per_pp: dict[int, dict[str, torch.Tensor]] = {}
+    for rank, payload in sorted(payloads.items(), key=lambda kv: parallel.coords(kv[0])["dp"]):
+        if payload.get(what) is None:
+            continue
+        merged = per_pp.setdefault(parallel.coords(rank)["pp"], {})
+        for name, t in torch.load(io.BytesIO(payload[what])).items():
+            if name not in merged:
+                merged[name] = t
+            else:
+                hole = torch.isnan(merged[name])
+                merged[name] = torch.where(hole, t, merged[name])
+    out: dict[str, torch.Tensor] = {}
+    for pp in sorted(per_pp):
+        for name, t in per_pp[pp].items():
+            out[name] = out[name] + t if name in out and what == "grads" else out.get(name, t)
+    return out

@@ -1,0 +1,86 @@
+"""Sizes shared by the data-parallel passes (schedules.data_parallel, schedules.zero3):
+gradient and parameter bytes per stage and layer group, buckets, the Adam step's traffic,
+and splitting a compute op into its layer groups. Units: bytes, parameters.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .layer_groups import group_costs
+from .model import ModelSpec
+from .ops import Op, OpKind
+from .parallel import ParallelConfig
+from .sharding import DEFAULT_BUCKET_BYTES
+
+ADAM_BYTES_PER_PARAM = 28
+"""Memory traffic of one mixed-precision Adam update per parameter: the K = 12 bytes of
+fp32 master weight, momentum and variance read and written (2K = 24; ZeRO paper section
+3.1 for K), the 16-bit gradient read (2) and the 16-bit parameter written (2)."""
+
+
+TENSORS_PER_LAYER = 12
+"""Parameter tensors of one transformer layer, an upper bound: Llama has 9 (two norms, q,
+k, v, o, gate, up, down), GPT-style layers with biases up to 12."""
+EXTRA_TENSORS = 3  # word and position embedding, final norm / output layer
+
+
+@dataclass(frozen=True)
+class DPSizes:
+    """Per stage s and layer group g: gradient bytes `grads[s][g]` and parameters
+    `params[s][g]` (one rank's TP shard, tied copies included), and the run's sizes."""
+
+    grads: list[list[int]]
+    params: list[list[int]]
+    dtype_bytes: int
+    dp: int
+    shard: int  # ranks one copy of the sharded state is split over (N)
+    bucket: int
+    layers: int  # layers per layer group
+
+    @property
+    def groups(self) -> int:
+        return len(self.grads[0])
+
+    def stage_params(self, stage: int) -> int:
+        return sum(self.params[stage])
+
+    def buckets(self, nbytes: int, layers: int) -> list[int]:
+        """`nbytes` of gradients (or parameters) of `layers` layers split into
+        ceil(nbytes / bucket) near-equal buckets, but no more buckets than tensors: DDP
+        and Megatron put whole parameter tensors in a bucket (TENSORS_PER_LAYER per layer,
+        plus EXTRA_TENSORS for an embedding or head)."""
+        most = TENSORS_PER_LAYER * layers + EXTRA_TENSORS
+        count = min(most, max(1, math.ceil(nbytes / self.bucket)))
+        return [nbytes // count + (1 if i < nbytes % count else 0) for i in range(count)]
+
+
+def dp_sizes(model: ModelSpec, parallel: ParallelConfig, num_stages: int, groups: int,
+             shard: int) -> DPSizes:
+    costs = group_costs(model, parallel, num_stages, groups)
+    grads = [[c.grad_bytes for c in row] for row in costs]
+    params = [[c.param_count + c.tied_param_count for c in row] for row in costs]
+    bucket = parallel.bucket_bytes or DEFAULT_BUCKET_BYTES
+    layers = model.num_layers // num_stages // groups
+    return DPSizes(grads, params, model.dtype_bytes, parallel.dp, shard, bucket, layers)
+
+
+def bucket_groups(model: ModelSpec, parallel: ParallelConfig, num_stages: int) -> int:
+    """Layer groups per stage for bucketed reduction: the most groups (dividing the
+    stage's layers) whose layers still fill at least one bucket each."""
+    layers = model.num_layers // num_stages
+    per_layer = model.layer_param_count(parallel.tp, parallel.ep) * model.dtype_bytes
+    bucket = parallel.bucket_bytes or DEFAULT_BUCKET_BYTES
+    for size in range(1, layers + 1):
+        if layers % size == 0 and size * per_layer >= bucket:
+            return layers // size
+    return 1
+
+
+def split_op(op: Op, groups: int) -> list[Op]:
+    """`op` as its layer groups: forward in layer order, backward in reverse (`op`
+    itself when there is one group)."""
+    if groups == 1:
+        return [op]
+    order = range(groups) if op.kind is OpKind.F else range(groups - 1, -1, -1)
+    return [Op(op.kind, op.stage, op.microbatch, op.group, chunk=g) for g in order]

@@ -1,0 +1,56 @@
+"""Layer groups (`Op.chunk`): which layers of a stage a chunk covers, and what it costs.
+
+A stage of L layers splits into G = `Schedule.layer_groups` groups of L/G consecutive
+layers (G must divide L: data-parallel passes pick G that way); group g covers layers
+g*L/G .. (g+1)*L/G - 1 of the stage, chunk None the whole stage. A group costs the layers
+it covers, plus the embedding if it is group 0 of stage 0 and the head (final norm,
+output layer, logits) if it is the last group of the last stage: exactly the costs of
+stage s*G+g of the same model split into S*G stages (schedules.costs), except that the
+tied output-embedding copy that schedules.costs gives a last stage of a multi-stage split
+belongs to a group only when the real split has more than one stage.
+
+Units: as schedules.costs (FLOPs, bytes, parameter counts per micro-batch per rank).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from .costs import StageCost, stage_costs
+from .errors import ConfigError
+from .model import ModelSpec
+from .parallel import ParallelConfig
+
+
+def check_groups(layers: int, groups: int) -> None:
+    """Raise ConfigError unless `groups` layer groups split `layers` layers evenly."""
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+        raise ConfigError(f"layer_groups must be a positive integer, got {groups!r}")
+    if layers % groups:
+        raise ConfigError(f"layer_groups={groups} must divide the {layers} layers of a stage")
+
+
+def chunk_layers(layers: int, groups: int, chunk: int | None) -> range:
+    """Indices (within the stage) of the layers that layer group `chunk` of a stage of
+    `layers` layers covers, the stage split into `groups` groups; None = all of them."""
+    if chunk is None:
+        return range(layers)
+    check_groups(layers, groups)
+    if not 0 <= chunk < groups:
+        raise ConfigError(f"chunk {chunk} out of range 0..{groups - 1}")
+    size = layers // groups
+    return range(chunk * size, (chunk + 1) * size)
+
+
+def group_costs(model: ModelSpec, parallel: ParallelConfig, num_stages: int,
+                groups: int) -> list[list[StageCost]]:
+    """`costs[s][g]`: the cost of layer group g of stage s (module docstring)."""
+    if groups == 1:
+        return [[c] for c in stage_costs(model, parallel, num_stages)]
+    check_groups(model.num_layers // num_stages, groups)
+    fine = stage_costs(model, parallel, num_stages * groups)
+    if num_stages == 1 and fine[-1].tied_param_count:
+        last = fine[-1]
+        dtype = model.dtype_bytes
+        fine[-1] = dataclasses.replace(last, tied_param_count=0,
+                                       grad_bytes=last.grad_bytes - last.tied_param_count * dtype)
+    return [fine[s * groups:(s + 1) * groups] for s in range(num_stages)]

@@ -1,0 +1,190 @@
+"""Per-rank device (and host) memory of one training iteration, without simulating time.
+
+Units: bytes. One RankMemory per pipeline rank; ranks that differ only by their TP, CP or
+DP coordinate hold the same bytes (TP shards are equal, DP/ZeRO shards are equal).
+
+Model states (Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion
+Parameter Models", SC20, sections 3.1 and 5.1; Psi = parameters of this rank, N = ranks
+the state is sharded over, K = optimizer bytes per parameter):
+    stage 0  (2 + 2 + K) Psi            stage 2  2 Psi + (2 + K) Psi / N
+    stage 1  2 Psi + 2 Psi + K Psi / N  stage 3  (2 + 2 + K) Psi / N
+Mixed-precision Adam: 16-bit weights and gradients (2 + 2 bytes) and K = 12 (fp32 master
+weights, momentum, variance). An fp32 model keeps 4-byte weights and gradients and K = 8
+(no master copy). Psi of a rank = its pipeline stages' parameters on one TP shard
+(schedules.costs: layers / tp, the embedding on the first stage, the output layer or the
+tied embedding copy on the last). N = dp * cp, or the hybrid shard group (schedules.sharding).
+MoE expert parameters are sharded over N as well (not over the expert data-parallel group:
+a simplification). A bare parameter count splits evenly over pp * tp ranks.
+
+Extras:
+- ZeRO++ hpZ keeps a secondary 16-bit parameter shard inside the node: 2 Psi / n_node
+  (Wang et al., "ZeRO++", 2023, section 3.2), counted as model state.
+- ZeRO-Offload (Ren et al., ATC21): the optimizer partition (K Psi / N, fp32 master
+  weights included) lives on the host: `host`, not on the device.
+- Activations: the stage's bytes per microbatch (ModelSpec.layer_activation_bytes,
+  Korthikanti et al. 2022 Table 2, via schedules.costs) times the microbatches the
+  rank holds at its peak, found by walking the schedule's programs (GPipe M; 1F1B
+  min(P - rank, M); interleaved per Megatron) with schedules.timeline.peak_in_flight.
+- Communication buffers: two gradient buckets in flight when dp > 1 (bucket_bytes,
+  torch DDP's 25 MiB by default).
+- Gathered parameters (ZeRO-3/FSDP): the unsharded 16-bit parameters of the current and
+  the prefetched unit (one transformer layer), or of every layer when
+  reshard_after_forward is off, since they then stay gathered until the backward.
+A bare parameter count has neither activations nor buffers: model states only.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from .costs import stage_costs
+from .errors import ConfigError
+from .generators import build_schedule
+from .model import ModelSpec
+from .parallel import ParallelConfig
+from .schedule import Schedule
+from .sharding import hpz_degree, shard_degree
+from .timeline import COMPUTE_LANE, Span, peak_in_flight
+
+MIXED_PRECISION_K = 12  # fp32 master weights + Adam momentum + variance, bytes/parameter
+FP32_K = 8  # Adam momentum + variance; the fp32 weights are the master copy
+PREFETCHED_UNITS = 2  # ZeRO-3: the unit computing now and the one being gathered
+BUCKETS_IN_FLIGHT = 2  # one bucket reducing while the next one fills
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    """Bytes one rank of pipeline rank `pp_rank` holds at its peak (see module docstring).
+    `params` is Psi (a count, before ZeRO sharding); `in_flight` the microbatches whose
+    activations it holds at the peak; `host` the bytes offloaded to host memory."""
+
+    pp_rank: int
+    params: float
+    parameters: float
+    gradients: float
+    optimizer_states: float
+    hpz_secondary: float = 0.0
+    activations: float = 0.0
+    communication_buffers: float = 0.0
+    gathered_parameters: float = 0.0
+    host: float = 0.0
+    in_flight: int = 0
+
+    @property
+    def model_states_bytes(self) -> float:
+        """Parameters + gradients + optimizer states on the device (ZeRO's Table 1)."""
+        return self.parameters + self.gradients + self.optimizer_states + self.hpz_secondary
+
+    @property
+    def total_bytes(self) -> float:
+        """Device bytes at the peak: model states, activations, buffers and gathered
+        parameters."""
+        return (self.model_states_bytes + self.activations + self.communication_buffers
+                + self.gathered_parameters)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "model_states_bytes": self.model_states_bytes,
+                "total_bytes": self.total_bytes}
+
+
+def precision_bytes(dtype: str = "bf16") -> tuple[int, int]:
+    """(bytes per weight or gradient, optimizer bytes per parameter K) for a model dtype:
+    16-bit (and fp8, whose master weights are kept in 16 bit) -> (2, 12); fp32 -> (4, 8)."""
+    return (4, FP32_K) if dtype == "fp32" else (2, MIXED_PRECISION_K)
+
+
+def model_states(params: float, parallel: ParallelConfig, dtype: str = "bf16",
+                 gpus_per_node: int | None = None) -> dict[str, float]:
+    """Parameters, gradients, optimizer states, hpZ secondary shard and host bytes of a
+    rank holding `params` parameters, per ZeRO stage (module docstring)."""
+    weight, k = precision_bytes(dtype)
+    stage, n = parallel.zero_stage, shard_degree(parallel, gpus_per_node)
+    optimizer = k * params / (n if stage >= 1 else 1)
+    states = {
+        "parameters": weight * params / (n if stage >= 3 else 1),
+        "gradients": weight * params / (n if stage >= 2 else 1),
+        "optimizer_states": 0.0 if parallel.offload else optimizer,
+        "host": optimizer if parallel.offload else 0.0,
+        "hpz_secondary": 0.0,
+    }
+    if parallel.hpz:
+        states["hpz_secondary"] = weight * params / hpz_degree(parallel, gpus_per_node)
+    return states
+
+
+def activation_peaks(schedule: Schedule, stage_bytes: Sequence[float]
+                     ) -> tuple[dict[int, float], dict[int, int]]:
+    """Per pipeline rank: the peak activation bytes held (stage s weighs stage_bytes[s]),
+    and the peak number of microbatch-stages held. A rank's activations change only with
+    its own compute ops, so unit-time steps in program order give the exact peaks."""
+    spans = [Span(rank, COMPUTE_LANE, op, step, step + 1)
+             for rank, program in enumerate(schedule.programs)
+             for step, op in enumerate(o for o in program if o.kind.is_compute)]
+    return (peak_in_flight(spans, lambda op: stage_bytes[op.stage]), peak_in_flight(spans))
+
+
+def _buffers(model: ModelSpec, parallel: ParallelConfig, rank_params: float,
+             layers_here: int) -> dict[str, float]:
+    """Gradient buckets and ZeRO-3 gathered parameters of a rank (module docstring)."""
+    weight, _ = precision_bytes(model.dtype)
+    buckets = gathered = 0.0
+    if parallel.dp * parallel.cp > 1:
+        buckets = min(BUCKETS_IN_FLIGHT * parallel.grad_bucket_bytes, weight * rank_params)
+    if parallel.zero_stage == 3:
+        unit = weight * model.layer_param_count(parallel.tp, parallel.ep)
+        units = PREFETCHED_UNITS if parallel.reshard_after_forward else layers_here
+        gathered = unit * min(units, layers_here)
+    return {"communication_buffers": buckets, "gathered_parameters": gathered}
+
+
+def rank_memory(model: ModelSpec | float, parallel: ParallelConfig, *,
+                in_flight: Sequence[int] | None = None, schedule: Schedule | None = None,
+                gpus_per_node: int | None = None) -> list[RankMemory]:
+    """Memory of each pipeline rank. `model`: a ModelSpec, or a bare parameter count
+    (model states only). Activations are held for `in_flight[s]` microbatches of virtual
+    stage s when given, else as the `schedule` (default: the one `parallel` names) holds
+    them. `gpus_per_node` sizes hybrid and hpZ groups not given in `parallel`."""
+    if not isinstance(model, ModelSpec):
+        return _bare_memory(model, parallel, gpus_per_node)
+    if schedule is not None and schedule.num_ranks != parallel.pp:
+        raise ConfigError(f"schedule {schedule.name!r} has {schedule.num_ranks} ranks, pp is "
+                          f"{parallel.pp}")
+    if schedule is None and in_flight is None:
+        schedule = build_schedule(parallel.schedule, parallel.pp, parallel.num_microbatches,
+                                  parallel.vpp)
+    num_stages = parallel.pp * parallel.vpp if schedule is None else schedule.num_stages
+    ranks = [s % parallel.pp for s in range(num_stages)] if schedule is None \
+        else list(schedule.stage_ranks)
+    costs = stage_costs(model, parallel, num_stages)
+    act = [c.activation_bytes for c in costs]
+    if in_flight is None:
+        peaks, counts = activation_peaks(schedule, act)
+    elif len(in_flight) != num_stages:
+        raise ConfigError(f"in_flight has {len(in_flight)} entries, one per virtual stage "
+                          f"is needed ({num_stages})")
+    else:
+        peaks, counts = {}, {}
+        for s, n in enumerate(in_flight):
+            peaks[ranks[s]] = peaks.get(ranks[s], 0) + n * act[s]
+            counts[ranks[s]] = counts.get(ranks[s], 0) + n
+    result = []
+    for r in range(parallel.pp):
+        mine = [s for s in range(num_stages) if ranks[s] == r]
+        params = sum(costs[s].param_count + costs[s].tied_param_count for s in mine)
+        layers = sum(costs[s].layers for s in mine)
+        result.append(RankMemory(
+            pp_rank=r, params=params, activations=peaks.get(r, 0),
+            in_flight=counts.get(r, 0),
+            **_buffers(model, parallel, params, layers),
+            **model_states(params, parallel, model.dtype, gpus_per_node)))
+    return result
+
+
+def _bare_memory(params: float, parallel: ParallelConfig,
+                 gpus_per_node: int | None) -> list[RankMemory]:
+    if isinstance(params, bool) or not isinstance(params, (int, float)) or params <= 0:
+        raise ConfigError(f"params must be a parameter count > 0, got {params!r}")
+    per_rank = params / (parallel.pp * parallel.tp)
+    return [RankMemory(pp_rank=r, params=per_rank,
+                       **model_states(per_rank, parallel, "bf16", gpus_per_node))
+            for r in range(parallel.pp)]

@@ -1,0 +1,167 @@
+"""Other frameworks' spellings of ParallelConfig fields, and the values they map to.
+
+A key is normalised before lookup: leading '--' stripped, '-' and '.' become '_', lower
+case, so `--tensor-model-parallel-size`, `zero_optimization.stage` and
+`zero_optimization.offload_optimizer.device` all resolve. A DeepSpeed key nested under
+`zero_optimization` may also be given bare (`zero_quantized_weights`).
+
+RENAMES change only the name. VALUE_ALIASES translate a value into field assignments;
+the sources of each mapping:
+- DeepSpeed config JSON (deepspeed/runtime/zero/config.py): `zero_optimization.stage`,
+  `offload_optimizer.device` ('cpu' -> offload; 'nvme' is not modelled),
+  `zero_quantized_weights` (qwZ), `zero_hpz_partition_size` (hpZ, on when > 1; the value
+  is the secondary shard size), `zero_quantized_gradients` (qgZ), `reduce_bucket_size`
+  (counted in ELEMENTS, default 5e8; converted to bytes assuming 16-bit gradients,
+  2 bytes each, DeepSpeed's fp16/bf16 mixed-precision reduction).
+- Megatron-LM arguments.py: `--use-distributed-optimizer` (shards the optimizer state
+  over data-parallel ranks, i.e. ZeRO-1), `--optimizer-cpu-offload`,
+  `--recompute-granularity {full,selective}`, `--recompute-activations` (= selective),
+  `--recompute-method {uniform,block}` (only with full granularity), and Megatron-FSDP's
+  `--data-parallel-sharding-strategy {no_shard,optim,optim_grads,optim_grads_params}`
+  = ZeRO 0/1/2/3.
+- PyTorch: FSDP `sharding_strategy` (torch.distributed.fsdp.ShardingStrategy:
+  NO_SHARD = DDP, SHARD_GRAD_OP = ZeRO-2, FULL_SHARD = ZeRO-3, HYBRID_SHARD = ZeRO-3
+  inside a shard group, replicated across groups, _HYBRID_SHARD_ZERO2 = ZeRO-2 likewise),
+  DDP `bucket_cap_mb` (MiB: torch multiplies by 1024 * 1024; default 25).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .errors import ConfigError
+
+# Megatron-LM / torchtitan / DeepSpeed names of fields (after normalisation).
+RENAMES: dict[str, str] = {
+    "pipeline_model_parallel_size": "pp", "pipeline_parallel_degree": "pp",
+    "virtual_pipeline_model_parallel_size": "vpp",
+    "tensor_model_parallel_size": "tp", "tensor_parallel_degree": "tp",
+    "data_parallel_size": "dp", "data_parallel_replicate_degree": "dp",
+    "context_parallel_size": "cp", "context_parallel_degree": "cp",
+    "expert_model_parallel_size": "ep", "expert_parallel_degree": "ep",
+    "num_micro_batches": "num_microbatches", "microbatches": "num_microbatches",
+    "pipeline_parallel_microbatches": "num_microbatches",
+    "train_batch_size": "global_batch_size",
+    "train_micro_batch_size_per_gpu": "micro_batch_size",
+    "zero_optimization_stage": "zero_stage", "zero": "zero_stage",
+    "pipeline_parallel_schedule": "schedule",
+    "order": "rank_order",
+    "zero_quantized_weights": "quantized_weights",
+    "zero_quantized_gradients": "quantized_gradients",
+    "overlap_comm": "overlap_grad_reduce",
+}
+
+DEEPSPEED_GRAD_BYTES = 2  # reduce_bucket_size counts elements of 16-bit gradients
+MIB = 1024 * 1024
+
+SHARDING_STRATEGIES = {  # Megatron-FSDP --data-parallel-sharding-strategy
+    "no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
+FSDP_STRATEGIES = {  # torch.distributed.fsdp.ShardingStrategy -> (zero_stage, fsdp)
+    "no_shard": (0, "none"), "shard_grad_op": (2, "none"), "full_shard": (3, "full"),
+    "hybrid_shard": (3, "hybrid"), "_hybrid_shard_zero2": (2, "hybrid")}
+RECOMPUTE_METHODS = ("uniform", "block")
+
+
+def _choice(key: str, value: Any, table: Mapping[str, Any]) -> Any:
+    name = str(getattr(value, "name", value)).strip().lower()  # enum members too
+    name = name.rsplit(".", 1)[-1]  # 'ShardingStrategy.FULL_SHARD'
+    if name not in table:
+        raise ConfigError(f"{key}={value!r} must be one of {', '.join(table)}")
+    return table[name]
+
+
+def _flag(key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{key} must be a bool, got {value!r}")
+    return value
+
+
+def _offload(key: str, value: Any) -> dict[str, Any]:
+    if isinstance(value, Mapping):  # DeepSpeed's {"device": "cpu", "pin_memory": true}
+        value = value.get("device", "none")
+    if isinstance(value, bool):
+        return {"offload": value}
+    device = str(value).strip().lower()
+    if device == "nvme":
+        raise ConfigError(f"{key}: device 'nvme' (ZeRO-Infinity) is not modelled; "
+                          f"use 'cpu' or 'none'")
+    if device not in ("cpu", "none"):
+        raise ConfigError(f"{key}: device must be 'cpu' or 'none', got {value!r}")
+    return {"offload": device == "cpu"}
+
+
+def _hpz(key: str, value: Any) -> dict[str, Any]:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{key} must be an integer >= 1 (1 = hpZ off), got {value!r}")
+    return {"hpz": True, "hpz_partition_size": value} if value > 1 else {"hpz": False}
+
+
+def _bytes_from(key: str, value: Any, scale: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ConfigError(f"{key} must be a number > 0, got {value!r}")
+    return int(value * scale)
+
+
+def _recompute_method(key: str, value: Any) -> dict[str, Any]:
+    _choice(key, value, dict.fromkeys(RECOMPUTE_METHODS))
+    return {"recompute": "full"}  # Megatron: a method only applies to full granularity
+
+
+VALUE_ALIASES: dict[str, Callable[[str, Any], dict[str, Any]]] = {
+    "use_distributed_optimizer":
+        lambda k, v: {"zero_stage": 1} if _flag(k, v) else {},
+    "data_parallel_sharding_strategy":
+        lambda k, v: {"zero_stage": _choice(k, v, SHARDING_STRATEGIES)},
+    "sharding_strategy":
+        lambda k, v: dict(zip(("zero_stage", "fsdp"), _choice(k, v, FSDP_STRATEGIES))),
+    "offload_optimizer": _offload, "offload_optimizer_device": _offload,
+    "optimizer_cpu_offload": lambda k, v: {"offload": _flag(k, v)},
+    "zero_hpz_partition_size": _hpz,
+    "bucket_cap_mb": lambda k, v: {"bucket_bytes": _bytes_from(k, v, MIB)},
+    "reduce_bucket_size":
+        lambda k, v: {"bucket_bytes": _bytes_from(k, v, DEEPSPEED_GRAD_BYTES)},
+    "recompute_granularity":
+        lambda k, v: {"recompute": _choice(k, v, {"full": "full", "selective": "selective",
+                                                  "none": "none"})},
+    "recompute_activations": lambda k, v: {"recompute": "selective"} if _flag(k, v) else {},
+    "recompute_method": _recompute_method,
+}
+
+ALIASES: dict[str, str] = {**RENAMES, **{k: k for k in VALUE_ALIASES}}
+
+
+def normalise_key(key: str) -> str:
+    """'--Zero-Optimization.Stage' -> 'zero_optimization_stage'."""
+    return key.lstrip("-").replace("-", "_").replace(".", "_").lower()
+
+
+def resolve_kwargs(kw: Mapping[str, Any], known: set[str]) -> dict[str, Any]:
+    """Field values from keyword arguments in any supported spelling. None means 'not
+    given'. A field set twice is an error naming both spellings, except that value
+    aliases may agree (`--recompute-granularity full --recompute-method uniform`)."""
+    values: dict[str, Any] = {}
+    spelled: dict[str, tuple[str, bool]] = {}  # field -> (spelling, came from a value alias)
+    for key, value in kw.items():
+        norm = normalise_key(key)
+        if norm not in known and norm not in ALIASES and norm.startswith("zero_optimization_"):
+            norm = norm[len("zero_optimization_"):]
+        if norm in VALUE_ALIASES:
+            if value is None:
+                continue
+            assignments, derived = VALUE_ALIASES[norm](key, value), True
+        else:
+            name = RENAMES.get(norm, norm)
+            if name not in known:
+                raise ConfigError(f"unknown parallel option {key!r}: use one of "
+                                  f"{', '.join(sorted(known | set(ALIASES)))}")
+            if value is None:
+                continue
+            assignments, derived = {name: value}, False
+        for name, new in assignments.items():
+            if name in values:
+                old_key, old_derived = spelled[name]
+                if not (derived and old_derived and values[name] == new):
+                    raise ConfigError(f"{name} given twice, as {old_key}={kw[old_key]!r} "
+                                      f"and {key}={value!r}")
+            values[name], spelled[name] = new, (key, derived)
+    return values

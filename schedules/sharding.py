@@ -1,0 +1,122 @@
+"""Data-parallel sharding of a ParallelConfig: one canonical form and the rules it obeys.
+
+Canonical form (what `normalised_sharding` returns):
+- `zero_stage` says WHAT is sharded over the data-parallel ranks (ZeRO, Rajbhandari et al.
+  SC20: 1 optimizer state, 2 + gradients, 3 + parameters); `fsdp` says over WHICH ranks
+  when parameters or gradients are sharded: 'full' = all dp ranks, 'hybrid' = a shard
+  group of `shard_size` ranks (torch HSDP), replicated across groups.
+- fsdp='full' is ZeRO-3 (torch FULL_SHARD): zero_stage 0 becomes 3, and zero_stage=3 with
+  fsdp='none' becomes fsdp='full', so both spellings compare equal. ZeRO-2 over all dp
+  ranks (torch SHARD_GRAD_OP) stays fsdp='none'.
+- fsdp='hybrid' is torch HYBRID_SHARD (zero_stage 3, the default) or
+  _HYBRID_SHARD_ZERO2 (zero_stage 2).
+
+Rules (each ConfigError names the fields and the rule):
+- zero_stage >= 2 needs pp == 1: sharded gradients are reduce-scattered per microbatch,
+  while a pipeline accumulates them over microbatches; DeepSpeed's PipelineEngine asserts
+  "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"
+  (deepspeed/runtime/pipe/engine.py). ZeRO-1 with pp > 1 is allowed: it is what DeepSpeed
+  pipelines and Megatron-LM's distributed optimizer (`--use-distributed-optimizer`) run.
+  (torchtitan combines FSDP2 with pipelining; that combination is not modelled.)
+- ZeRO++ (Wang et al. 2023; DeepSpeed `zero_quantized_weights`, `zero_hpz_partition_size`,
+  `zero_quantized_gradients`): qwZ and hpZ act on ZeRO-3's parameter all-gathers, so they
+  need zero_stage 3; qgZ replaces the gradient reduce-scatter, so it needs zero_stage >= 2
+  (DeepSpeed implements it in its ZeRO-3 engine). hpZ keeps its secondary shard inside a
+  node, as hybrid sharding does already, so the two do not combine.
+- offload (ZeRO-Offload, Ren et al. 2021) moves the optimizer partition to the host:
+  zero_stage >= 1 (DeepSpeed accepts offload_optimizer for stages 1-3).
+- shard_size needs fsdp='hybrid' and must divide dp; hpz_partition_size needs hpz and must
+  divide dp. Both None mean "GPUs per node", resolved with the topology (sim.simulate
+  checks that a hybrid group then sits inside a node boundary).
+- zero_stage >= 1 with dp == 1 is allowed: the one shard is the whole state, so memory
+  and communication equal zero_stage 0's.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import ConfigError
+
+# torch DDP's default bucket_cap_mb = 25 (MiB); used when bucket_bytes is None.
+DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
+
+
+def normalised_sharding(cfg: Any) -> dict[str, Any]:
+    """The canonical (zero_stage, fsdp) of ParallelConfig `cfg`; raises ConfigError when
+    the sharding fields break a rule in the module docstring."""
+    zero, fsdp = cfg.zero_stage, cfg.fsdp
+    if fsdp == "full":
+        if zero in (1, 2):
+            raise ConfigError(
+                f"fsdp='full' shards parameters (ZeRO-3) but zero_stage={zero}: set "
+                f"zero_stage=3 (or leave it 0), or fsdp='none' for ZeRO-{zero} "
+                f"(torch SHARD_GRAD_OP is zero_stage=2, fsdp='none')")
+        zero = 3
+    elif fsdp == "hybrid":
+        if zero == 1:
+            raise ConfigError(
+                "fsdp='hybrid' shards gradients (zero_stage=2, torch _HYBRID_SHARD_ZERO2) "
+                "or parameters too (zero_stage=3, HYBRID_SHARD), but zero_stage=1: set "
+                "zero_stage 2 or 3, or fsdp='none' for ZeRO-1")
+        zero = zero or 3
+    elif zero == 3:
+        fsdp = "full"
+    _check_rules(cfg, zero, fsdp)
+    return {"zero_stage": zero, "fsdp": fsdp}
+
+
+def _check_rules(cfg: Any, zero: int, fsdp: str) -> None:
+    if zero >= 2 and cfg.pp > 1:
+        raise ConfigError(
+            f"zero_stage={zero} (fsdp={fsdp!r}) with pp={cfg.pp}: ZeRO-2/3 and FSDP shard "
+            f"gradients per microbatch while a pipeline accumulates them; DeepSpeed refuses "
+            f"it ('ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism'). Use "
+            f"zero_stage <= 1 (Megatron's distributed optimizer) with pp > 1, or pp=1")
+    if cfg.quantized_weights and zero != 3:
+        raise ConfigError(f"quantized_weights (ZeRO++ qwZ) quantizes ZeRO-3's parameter "
+                          f"all-gather: it needs zero_stage=3, got zero_stage={zero}")
+    if cfg.hpz and zero != 3:
+        raise ConfigError(f"hpz (ZeRO++ hpZ) keeps a secondary ZeRO-3 parameter shard: it "
+                          f"needs zero_stage=3, got zero_stage={zero}")
+    if cfg.hpz and fsdp == "hybrid":
+        raise ConfigError("hpz with fsdp='hybrid': both shard parameters inside a node; "
+                          "choose one (hpz for DeepSpeed ZeRO++, hybrid for torch HSDP)")
+    if cfg.quantized_gradients and zero < 2:
+        raise ConfigError(f"quantized_gradients (ZeRO++ qgZ) replaces the gradient "
+                          f"reduce-scatter: it needs zero_stage >= 2, got zero_stage={zero}")
+    if cfg.offload and zero < 1:
+        raise ConfigError("offload (ZeRO-Offload) moves the optimizer-state partition to the "
+                          "host: it needs zero_stage >= 1, got zero_stage=0")
+    for size_field, owner, needed in (("shard_size", "fsdp", fsdp == "hybrid"),
+                                      ("hpz_partition_size", "hpz", cfg.hpz)):
+        size = getattr(cfg, size_field)
+        if size is None:
+            continue
+        if not needed:
+            want, got = ("fsdp='hybrid'", fsdp) if owner == "fsdp" else ("hpz=True", cfg.hpz)
+            raise ConfigError(f"{size_field}={size} needs {want}, got {owner}={got!r}")
+        if cfg.dp % size:
+            raise ConfigError(f"{size_field}={size} must divide dp={cfg.dp}")
+
+
+def shard_degree(cfg: Any, gpus_per_node: int | None = None) -> int:
+    """N, the number of ranks one copy of the sharded state is split over: dp * cp
+    (Megatron shards over the data-parallel group with context parallelism), or the
+    hybrid shard group (shard_size, else gpus_per_node capped at dp * cp)."""
+    group = cfg.dp * cfg.cp
+    if cfg.fsdp != "hybrid":
+        return group
+    size = cfg.shard_size or gpus_per_node
+    if size is None:
+        raise ConfigError("fsdp='hybrid' needs shard_size, or a topology to take the GPUs "
+                          "per node from")
+    return min(size, group)
+
+
+def hpz_degree(cfg: Any, gpus_per_node: int | None = None) -> int:
+    """Ranks the ZeRO++ hpZ secondary parameter shard is split over (inside a node)."""
+    size = cfg.hpz_partition_size or gpus_per_node
+    if size is None:
+        raise ConfigError("hpz needs hpz_partition_size, or a topology to take the GPUs per "
+                          "node from")
+    return min(size, cfg.dp * cfg.cp)

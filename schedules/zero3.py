@@ -1,0 +1,123 @@
+"""ZeRO-3 / FSDP full shard, HSDP and ZeRO++ as ops: parameters sharded per layer group.
+
+Every F/B/I/W op is split into layer groups (FSDP units; one transformer layer per unit,
+torch's usual transformer auto-wrap policy; the embedding rides with group 0 and the head
+with the last group, schedules.layer_groups). Before a group computes, its parameters
+must be gathered:
+- a parameter ALL_GATHER of (s, g) is posted before each F group and again before each B
+  (or I) group; with reshard_after_forward=False the parameters gathered for F stay until
+  the group's backward, which then needs no gather (torch SHARD_GRAD_OP). W needs no
+  parameters (dW = x^T dy);
+- prefetch: the gather of the next group is posted before the current group runs (one
+  group ahead, FSDP's forward/backward prefetch), unless both are the same group;
+- after each B or W group, its gradients are REDUCE_SCATTERed (every microbatch: the
+  gradients are sharded, so accumulation happens on the shards, as DeepSpeed stage 3 and
+  FSDP without no_sync do). Per microbatch a rank moves 2 Psi of gathers and Psi of
+  reduce-scatter, the ZeRO paper's 3 Psi (section 7.2.2, with the ring factor (n-1)/n);
+- then one OPT_STEP per stage on the rank's 1/N shard (on the host with offload, after a
+  COPY_D2H of each reduced shard; a COPY_H2D of the updated shard follows it).
+HSDP (fsdp='hybrid', torch HYBRID_SHARD): gathers and reduce-scatters over 'dp_shard'
+(the node), then the shard's gradients are ALL_REDUCEd over 'dp_replicate'.
+ZeRO++ (Wang et al., "ZeRO++: Extremely Efficient Collective Communication for Giant Model
+Training", 2023):
+- qwZ (quantized_weights): gathers over 'dp' move int8 weights, 1 byte per parameter
+  (half of bf16); the quantization scales (one per block of 2048) are ignored;
+- hpZ (hpz): the forward gather (over 'dp') also leaves a secondary shard inside the node,
+  so backward gathers run over 'dp_shard' in 16 bit;
+- qgZ (quantized_gradients): the reduce-scatter moves int4 gradients, half a byte per
+  parameter. The paper's scheme is a hierarchical all-to-all (intra-node, then across
+  nodes) with dequantize-reduce between; we model its volume, as one int4 reduce-scatter.
+Units: bytes (nccl-tests sizes: an all-gather carries the gathered group, a reduce-scatter
+the group's full gradients).
+"""
+from __future__ import annotations
+
+import math
+
+from .dp_sizes import ADAM_BYTES_PER_PARAM, DPSizes, split_op
+from .ops import Op, OpKind
+from .parallel import ParallelConfig
+from .schedule import Schedule
+
+_WORK = (OpKind.F, OpKind.B, OpKind.I, OpKind.W)
+
+
+def _gather(sizes: DPSizes, parallel: ParallelConfig, op: Op) -> Op:
+    forward = op.kind is OpKind.F
+    local = parallel.fsdp == "hybrid" or (parallel.hpz and not forward)
+    group = "dp_shard" if local else "dp"
+    params = sizes.params[op.stage][op.chunk]
+    per_param = 1 if parallel.quantized_weights and group == "dp" else sizes.dtype_bytes
+    return Op(OpKind.ALL_GATHER, op.stage, op.microbatch, group, params * per_param,
+              chunk=op.chunk)
+
+
+def _reduce(sizes: DPSizes, parallel: ParallelConfig, op: Op) -> list[Op]:
+    s, m, g = op.stage, op.microbatch, op.chunk
+    hybrid = parallel.fsdp == "hybrid"
+    params = sizes.params[s][g]
+    nbytes = math.ceil(params / 2) if parallel.quantized_gradients else sizes.grads[s][g]
+    ops = [Op(OpKind.REDUCE_SCATTER, s, m, "dp_shard" if hybrid else "dp", nbytes, chunk=g)]
+    if hybrid:
+        ops.append(Op(OpKind.ALL_REDUCE, s, m, "dp_replicate", sizes.grads[s][g] // sizes.shard,
+                      chunk=g))
+    if parallel.offload:
+        ops.append(Op(OpKind.COPY_D2H, s, m, "pcie", sizes.grads[s][g] // sizes.shard, chunk=g))
+    return ops
+
+
+def _needs_gather(parts: list[Op], parallel: ParallelConfig) -> set[int]:
+    """Indices of the compute groups whose parameters are not gathered when they run."""
+    gathered: set[tuple[int, int]] = set()
+    needs = set()
+    for index, op in enumerate(parts):
+        if op.kind not in _WORK or op.kind is OpKind.W:
+            continue
+        unit = (op.stage, op.chunk)
+        if unit not in gathered:
+            needs.add(index)
+            gathered.add(unit)
+        if op.kind is not OpKind.F or parallel.reshard_after_forward:
+            gathered.discard(unit)  # resharded after F (if asked) and after backward
+    return needs
+
+
+def _program(program: list[Op], sizes: DPSizes, parallel: ParallelConfig) -> list[Op]:
+    parts: list[Op] = []
+    for op in program:
+        parts += split_op(op, sizes.groups) if op.kind in _WORK else [op]
+    needs = _needs_gather(parts, parallel)
+    before: dict[int, list[Op]] = {}
+    previous = None  # index of the previous compute group
+    for index, op in enumerate(parts):
+        if op.kind not in _WORK:
+            continue
+        if index in needs:
+            same = previous is not None and (parts[previous].stage, parts[previous].chunk) \
+                == (op.stage, op.chunk)
+            at = index if previous is None or same else previous
+            before.setdefault(at, []).append(_gather(sizes, parallel, op))
+        previous = index
+    out: list[Op] = []
+    stages: list[int] = []
+    for index, op in enumerate(parts):
+        out += before.get(index, [])
+        out.append(op)
+        if op.kind in (OpKind.B, OpKind.W):
+            out += _reduce(sizes, parallel, op)
+            if op.stage in stages:
+                stages.remove(op.stage)
+            stages.append(op.stage)
+    for s in stages:
+        shard = math.ceil(sizes.stage_params(s) / sizes.shard)
+        out.append(Op(OpKind.OPT_STEP, s, None, "host" if parallel.offload else None,
+                      ADAM_BYTES_PER_PARAM * shard))
+        if parallel.offload:
+            out.append(Op(OpKind.COPY_H2D, s, None, "pcie", shard * sizes.dtype_bytes))
+    return out
+
+
+def add_zero3(schedule: Schedule, sizes: DPSizes, parallel: ParallelConfig) -> Schedule:
+    """`schedule` with ZeRO-3 / FSDP / HSDP / ZeRO++ communication (module docstring)."""
+    programs = [_program(program, sizes, parallel) for program in schedule.programs]
+    return schedule.with_programs(programs, layer_groups=sizes.groups)

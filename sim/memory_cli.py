@@ -1,0 +1,145 @@
+"""`clustersim memory`: each pipeline rank's memory for a configuration, without simulating.
+
+The numbers come from schedules.memory_model (ZeRO model states, Korthikanti activations
+per in-flight microbatch, communication buffers). Bytes in the JSON; the table prints
+GB (1e9 bytes, as ZeRO's Table 1 and the GPU datasheets do) and the total in GiB (2^30,
+what `nvidia-smi` and torch report). With --topology or --device, ranks whose total
+exceeds the device memory are flagged OOM.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+
+from schedules.errors import ConfigError
+from schedules.memory_model import RankMemory, precision_bytes, rank_memory
+from topologies import device_of, get_device, gpu_nodes, load_topology
+
+from .commands import DEFAULT_MODEL, MODEL_DIM_FLAGS, model_from_args, parallel_from_args
+from .memory import gpus_per_node
+
+GB, GIB = 1e9, 2**30
+_SUFFIXES = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+
+
+def parse_count(text: str) -> float:
+    """'7.5e9', '7.5B', '128b', '1T' -> a parameter count."""
+    key = text.strip().lower()
+    scale = _SUFFIXES.get(key[-1:], 1) if key[-1:].isalpha() else 1
+    try:
+        value = float(key[:-1] if scale != 1 else key) * scale
+    except ValueError:
+        value = 0.0
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a parameter count (e.g. 7.5e9, 7.5B)")
+    return value
+
+
+def add_parser(sub, add_model_flags: Callable, add_parallel_flags: Callable) -> None:
+    p = sub.add_parser(
+        "memory", help="per-rank memory breakdown of a configuration (no simulation)",
+        description="Print each pipeline rank's parameters, gradients, optimizer states "
+                    "(per ZeRO stage), activations and buffers, without simulating time.")
+    p.add_argument("--params", type=parse_count, metavar="COUNT",
+                   help="a bare parameter count (7.5e9 or 7.5B): model states only, "
+                        "instead of --model")
+    add_parallel_flags(p, pp_default=1)
+    add_model_flags(p)
+    p.set_defaults(model=None)
+    g = p.add_argument_group("device (for the OOM flag)")
+    g.add_argument("--topology", help="preset or topology JSON: its GPU memory and GPUs "
+                                      "per node (hybrid and hpZ groups)")
+    g.add_argument("--device", help="a device name (h100, a100, ...) for its memory")
+    p.add_argument("--json", action="store_true", help="print the breakdown as JSON")
+
+
+def _device(args: argparse.Namespace) -> tuple[str | None, float | None, int | None]:
+    """(device name, memory bytes, GPUs per node) from --topology or --device."""
+    if args.topology and args.device:
+        raise ConfigError("give --topology or --device, not both")
+    if args.device:
+        spec = get_device(args.device)
+        return spec.name, spec.memory_bytes, None
+    if args.topology:
+        graph = load_topology(args.topology)
+        spec = device_of(graph, gpu_nodes(graph)[0])
+        return spec.name, spec.memory_bytes, gpus_per_node(graph)
+    return None, None, None
+
+
+def breakdown(args: argparse.Namespace) -> tuple[dict, list[RankMemory]]:
+    """The configuration (as a JSON-able dict) and the per-rank memory it needs."""
+    name, capacity, per_node = _device(args)
+    if args.params is not None:
+        dims = [f"--{flag}" for flag in MODEL_DIM_FLAGS
+                if getattr(args, flag.replace("-", "_")) is not None]
+        if args.model or dims:
+            given = (["--model"] if args.model else []) + dims
+            raise ConfigError(f"--params is a bare parameter count: drop {', '.join(given)}")
+        parallel = parallel_from_args(args, args.schedule)
+        ranks = rank_memory(args.params, parallel, gpus_per_node=per_node)
+        model, dtype = f"{args.params:g} parameters", "bf16"
+    else:
+        args.model = args.model or DEFAULT_MODEL
+        spec = model_from_args(args)
+        parallel = parallel_from_args(args, args.schedule, micro_batch_size=spec.micro_batch_size)
+        ranks = rank_memory(spec, parallel, gpus_per_node=per_node)
+        model, dtype = spec.name or "custom", spec.dtype
+    config = {"model": model, "dtype": dtype, "optimizer_bytes_per_param": precision_bytes(dtype)[1],
+              "parallel": asdict(parallel),
+              "device": name, "device_memory_bytes": capacity, "gpus_per_node": per_node}
+    return config, ranks
+
+
+def memory_json(config: dict, ranks: Sequence[RankMemory]) -> dict:
+    capacity = config["device_memory_bytes"]
+    oom = [r.pp_rank for r in ranks if capacity is not None and r.total_bytes > capacity]
+    return {"config": config,
+            "ranks": [{**r.to_dict(), "oom": r.pp_rank in oom} for r in ranks],
+            "model_states_bytes": [r.model_states_bytes for r in ranks],
+            "total_bytes": [r.total_bytes for r in ranks],
+            "host_bytes": [r.host for r in ranks], "oom_ranks": oom}
+
+
+def _gb(nbytes: float) -> str:
+    value = nbytes / GB
+    return f"{value:.0f}" if value >= 100 else f"{value:.2f}" if value >= 1 else f"{value:.3f}"
+
+
+def format_memory(data: dict) -> str:
+    c, p = data["config"], data["config"]["parallel"]
+    lines = [f"{c['model']} ({c['dtype']}, Adam K={c['optimizer_bytes_per_param']} B/param): "
+             f"ZeRO-{p['zero_stage']} fsdp={p['fsdp']} dp={p['dp']} tp={p['tp']} pp={p['pp']} "
+             f"{p['schedule']} microbatches={p['num_microbatches']} recompute={p['recompute']}"
+             + (" offload" if p["offload"] else ""),
+             "GB = 1e9 bytes per rank"
+             + (f"; {c['device']} has {c['device_memory_bytes'] / GB:.0f} GB"
+                if c["device"] else ""),
+             f"{'rank':>4} {'params':>9} {'weights':>8} {'grads':>8} {'optim':>8} "
+             f"{'states':>8} {'activ.':>8} {'(mb)':>4} {'buffers':>8} {'gathered':>8} {'total':>8} "
+             f"{'GiB':>8} {'host':>8}"]
+    for r in data["ranks"]:
+        lines.append(
+            f"{r['pp_rank']:>4} {r['params']:>9.3g} {_gb(r['parameters'] + r['hpz_secondary']):>8} "
+            f"{_gb(r['gradients']):>8} {_gb(r['optimizer_states']):>8} "
+            f"{_gb(r['model_states_bytes']):>8} {_gb(r['activations']):>8} "
+            f"{r['in_flight']:>4} {_gb(r['communication_buffers']):>8} "
+            f"{_gb(r['gathered_parameters']):>8} "
+            f"{_gb(r['total_bytes']):>8} {r['total_bytes'] / GIB:>8.2f} {_gb(r['host']):>8}"
+            + ("  OOM" if r["oom"] else ""))
+    for rank in data["oom_ranks"]:
+        total = data["total_bytes"][rank]
+        lines.append(f"OOM: rank {rank} needs {total / GB:.1f} GB, the {c['device']} has "
+                     f"{c['device_memory_bytes'] / GB:.0f} GB")
+    return "\n".join(lines)
+
+
+def cmd_memory(args: argparse.Namespace) -> int:
+    data = memory_json(*breakdown(args))
+    print(json.dumps(data, indent=2) if args.json else format_memory(data))
+    return 0
+
+
+COMMANDS = {"memory": cmd_memory}

@@ -1,0 +1,47 @@
+"""Seconds of an optimizer step (OPT_STEP), on the GPU or, offloaded, on the host CPU.
+
+- On the GPU the mixed-precision Adam update is memory-bound: its traffic is
+  OPT_STEP.nbytes = schedules.dp_sizes.ADAM_BYTES_PER_PARAM (28) bytes per parameter
+  of the rank's shard, at the device's HBM bandwidth times the memory efficiency (the
+  roofline's; sim.cost). Its FLOPs (~10 per parameter) are negligible beside that.
+- On the host (group 'host', ZeRO-Offload): CPU_ADAM_SECONDS_PER_PARAM per parameter.
+  Source: Ren et al., "ZeRO-Offload: Democratizing Billion-Scale Model Training", USENIX
+  ATC 2021, section 5 / the Adam-latency table, which (as we read it) times DeepSpeed's
+  vectorised CPU-Adam at about 0.22 s per 1e9 parameters on a DGX-2 host (two 24-core
+  Xeon Platinum 8168), 5-7x faster than PyTorch's CPU Adam. We take 0.22e-9 s/param: an
+  assumption for a modern 2-socket host, not a measurement; change the constant (or pass
+  `cpu_seconds_per_param`) for another host.
+Units: seconds, bytes.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from schedules.dp_sizes import ADAM_BYTES_PER_PARAM
+from schedules.ops import Op, OpKind
+from topologies import DeviceSpec
+
+CPU_ADAM_SECONDS_PER_PARAM = 0.22e-9
+
+
+def optimizer_step_time(op: Op, device: DeviceSpec, memory_efficiency: float,
+                        cpu_seconds_per_param: float = CPU_ADAM_SECONDS_PER_PARAM) -> float:
+    params = op.nbytes / ADAM_BYTES_PER_PARAM
+    if op.group == "host":
+        return params * cpu_seconds_per_param
+    return op.nbytes / (device.hbm_bandwidth * memory_efficiency)
+
+
+def with_optimizer_steps(compute_time: Callable[[Op], float], device_of_stage,
+                         memory_efficiency: float, uniform: bool = False
+                         ) -> Callable[[Op], float]:
+    """`compute_time` with OPT_STEP costed here (0 under uniform costs, whose
+    closed forms count F and B only); `device_of_stage(s)` is the DeviceSpec of stage s."""
+    def timed(op: Op) -> float:
+        if op.kind is OpKind.OPT_STEP:
+            if uniform:
+                return 0.0
+            return optimizer_step_time(op, device_of_stage(op.stage), memory_efficiency)
+        return compute_time(op)
+
+    return timed

@@ -1,0 +1,61 @@
+"""DP sub-group mapping (sim.dp_groups), optimizer-step costs (sim.optimizer), offload."""
+import pytest
+
+from schedules.costs import stage_costs
+from schedules.data_parallel import ADAM_BYTES_PER_PARAM
+from schedules.errors import ConfigError
+from schedules.model import get_model
+from schedules.ops import Op, OpKind
+from schedules.parallel import ParallelConfig
+from sim.dp_groups import group_ranks, shard_size
+from sim.optimizer import CPU_ADAM_SECONDS_PER_PARAM, optimizer_step_time
+from sim.simulate import simulate
+from topologies import get_device, load_topology
+
+MODEL = get_model("llama3-8b", num_layers=4)
+
+
+def test_shard_and_replicate_groups_tile_the_dp_group():
+    parallel = ParallelConfig(dp=16, fsdp="hybrid", tp=2)
+    topology = load_topology("dgx-h100-x16-ndr")
+    shard = shard_size(parallel, topology)
+    assert shard == 4  # 8 GPUs per node / tp 2
+    dp = parallel.group("dp", 0)
+    assert group_ranks(parallel, "dp_shard", dp[5], shard) == dp[4:8]
+    assert group_ranks(parallel, "dp_replicate", dp[5], shard) == dp[1::4]
+    with pytest.raises(ConfigError, match="dp_shard, or dp_replicate|unknown"):
+        group_ranks(parallel, "dp_other", 0, shard)
+
+
+def test_optimizer_step_costs():
+    device = get_device("h100-sxm")
+    op = Op(OpKind.OPT_STEP, 0, None, None, ADAM_BYTES_PER_PARAM * 10**9)
+    assert optimizer_step_time(op, device, 0.8) == pytest.approx(28e9 / (device.hbm_bandwidth * 0.8))
+    host = Op(OpKind.OPT_STEP, 0, None, "host", ADAM_BYTES_PER_PARAM * 10**9)
+    assert optimizer_step_time(host, device, 0.8) == pytest.approx(10**9 * CPU_ADAM_SECONDS_PER_PARAM)
+
+
+def test_offload_copies_over_pcie_and_steps_on_the_host():
+    parallel = ParallelConfig(dp=8, num_microbatches=1, zero_stage=2, offload=True)
+    timeline = simulate(MODEL, parallel, load_topology("dgx-h100-x16-ndr"))
+    mine = [s for s in timeline.spans if s.rank == 0]
+    down = [s for s in mine if s.op.kind is OpKind.COPY_D2H]
+    up = [s for s in mine if s.op.kind is OpKind.COPY_H2D]
+    [step] = [s for s in mine if s.op.kind is OpKind.OPT_STEP]
+    assert step.lane == "host" and all(s.lane == "pcie" for s in down + up)
+    params = stage_costs(MODEL, parallel, 1)[0].grad_bytes // 2
+    assert sum(s.op.nbytes for s in down) == pytest.approx(2 * params / 8, abs=64)
+    assert step.duration == pytest.approx(-(-params // 8) * CPU_ADAM_SECONDS_PER_PARAM)
+    assert max(s.end for s in down) <= step.start and step.end <= min(s.start for s in up)
+    gathers = [s for s in mine if s.op.kind is OpKind.ALL_GATHER]
+    assert gathers and min(s.start for s in gathers) >= max(s.end for s in up)
+
+
+def test_offload_without_host_cpus_in_the_topology_assumes_pcie_links_and_says_so():
+    parallel = ParallelConfig(dp=8, num_microbatches=1, zero_stage=1, offload=True)
+    topology = load_topology("dgx-h100")
+    timeline = simulate(MODEL, parallel, topology)
+    assert "host0" not in topology  # the caller's graph is left alone
+    assert any("no host CPU nodes" in w and "64 GB/s" in w for w in timeline.meta["warnings"])
+    [up] = [s for s in timeline.spans if s.rank == 0 and s.op.kind is OpKind.COPY_H2D]
+    assert up.duration == pytest.approx(1e-6 + up.op.nbytes / 64e9, rel=1e-6)  # one edge

@@ -1,0 +1,140 @@
+"""schedules.memory_model against closed forms: the ZeRO paper's model-state formulas
+(Rajbhandari et al. SC20, section 5.1 and Table 1), Korthikanti et al. 2022 activations
+per in-flight microbatch, and the in-flight counts of GPipe / 1F1B / interleaved 1F1B."""
+from dataclasses import replace
+
+import pytest
+
+from schedules.costs import stage_costs
+from schedules.errors import ConfigError
+from schedules.memory_model import RankMemory, activation_peaks, model_states, rank_memory
+from schedules.model import ModelSpec
+from schedules.parallel import ParallelConfig
+from schedules.generators import build_schedule
+
+GPT = ModelSpec(num_layers=8, hidden_size=256, num_attention_heads=8, seq_length=128,
+                vocab_size=1000, micro_batch_size=2)
+
+
+def states(params, **kw):
+    return rank_memory(params, ParallelConfig(**kw))[0]
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+@pytest.mark.parametrize("n", [1, 4, 64])
+def test_zero_formulas(stage, n):
+    psi, k = 1e9, 12
+    expected = [(2 + 2 + k) * psi, 2 * psi + 2 * psi + k * psi / n,
+                2 * psi + (2 + k) * psi / n, (2 + 2 + k) * psi / n][stage]
+    m = states(psi, dp=n, zero_stage=stage)
+    assert m.model_states_bytes == pytest.approx(expected)
+    assert m.total_bytes == m.model_states_bytes and m.host == 0  # bare count: states only
+
+
+def test_fp32_model_keeps_16_bytes_per_param_unsharded():
+    assert model_states(10, ParallelConfig(), "fp32") == dict(
+        parameters=40, gradients=40, optimizer_states=80, host=0, hpz_secondary=0)
+
+
+def test_offload_moves_the_optimizer_partition_to_the_host():
+    m = states(1e9, dp=4, zero_stage=2, offload=True)
+    assert m.optimizer_states == 0 and m.host == pytest.approx(12e9 / 4)
+    assert m.model_states_bytes == pytest.approx(2e9 + 2e9 / 4)
+
+
+def test_hybrid_shards_over_the_shard_group_and_hpz_adds_a_secondary_shard():
+    hybrid = states(1e9, dp=16, fsdp="hybrid", shard_size=8)
+    assert hybrid.model_states_bytes == pytest.approx(16e9 / 8)
+    hpz = states(1e9, dp=16, zero_stage=3, hpz=True, hpz_partition_size=8)
+    assert hpz.hpz_secondary == pytest.approx(2e9 / 8)
+    assert hpz.model_states_bytes == pytest.approx(16e9 / 16 + 2e9 / 8)
+    node = rank_memory(1e9, ParallelConfig(dp=16, fsdp="hybrid"), gpus_per_node=4)[0]
+    assert node.model_states_bytes == pytest.approx(16e9 / 4)
+    with pytest.raises(ConfigError, match="fsdp='hybrid' needs shard_size, or a topology"):
+        states(1e9, dp=16, fsdp="hybrid")
+    with pytest.raises(ConfigError, match="hpz needs hpz_partition_size"):
+        states(1e9, dp=16, zero_stage=3, hpz=True)
+
+
+def test_bare_count_splits_over_pipeline_and_tensor_ranks():
+    ranks = rank_memory(8e9, ParallelConfig(pp=2, tp=2, dp=4, zero_stage=1))
+    assert len(ranks) == 2 and ranks[1].params == 2e9
+    assert ranks[0].model_states_bytes == pytest.approx(4 * 2e9 + 12 * 2e9 / 4)
+    with pytest.raises(ConfigError, match="params must be a parameter count > 0"):
+        rank_memory(0, ParallelConfig())
+
+
+def test_model_params_per_rank_are_the_stages_params_over_tp():
+    p = ParallelConfig(pp=2, tp=2, micro_batch_size=2)
+    costs = stage_costs(GPT, p, 2)
+    ranks = rank_memory(GPT, p)
+    for r in (0, 1):
+        assert ranks[r].params == costs[r].param_count + costs[r].tied_param_count
+        assert ranks[r].parameters == 2 * ranks[r].params
+    assert ranks[0].params > ranks[1].params - costs[1].tied_param_count  # embedding on 0
+
+
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+@pytest.mark.parametrize("tp,sp", [(1, False), (2, False), (2, True)])
+def test_activations_are_korthikanti_bytes_per_layer_times_in_flight(recompute, tp, sp):
+    p = ParallelConfig(pp=2, tp=tp, sequence_parallel=sp, recompute=recompute,
+                       micro_batch_size=2, num_microbatches=4)
+    layer = GPT.layer_activation_bytes(tp, sp, recompute)  # K22 Table 2 (tests/test_model.py)
+    middle = [0, 3]  # hold 3 microbatches of stage 1 only
+    got = rank_memory(GPT, p, in_flight=middle)[1]
+    extra = stage_costs(GPT, p, 2)[1].activation_bytes - 4 * layer  # output layer, logits
+    assert got.activations == pytest.approx(3 * (4 * layer + extra), abs=3)
+    assert got.in_flight == 3
+
+
+def test_1f1b_holds_about_p_over_m_of_gpipe():
+    pp, m = 4, 16
+    model = replace(GPT, num_layers=8)
+    runs = {s: rank_memory(model, ParallelConfig(pp=pp, num_microbatches=m, schedule=s,
+                                                 micro_batch_size=2)) for s in ("gpipe", "1f1b")}
+    assert [r.in_flight for r in runs["gpipe"]] == [m] * pp
+    assert [r.in_flight for r in runs["1f1b"]] == [min(pp - r, m) for r in range(pp)]
+    for g, o in zip(runs["gpipe"], runs["1f1b"]):
+        assert o.activations / g.activations == pytest.approx(o.in_flight / m)
+    # the busiest rank: 1F1B's rank 0 holds P microbatches where GPipe's ranks hold M; the
+    # last stage (logits) weighs more, so the ratio of peaks is P/M up to stage imbalance
+    peak = lambda run: max(r.activations for r in run)
+    assert runs["1f1b"][0].activations / runs["gpipe"][0].activations == pytest.approx(pp / m)
+    ratio = peak(runs["1f1b"]) / peak(runs["gpipe"])
+    assert 1 / m < ratio <= pp / m
+
+
+def test_interleaved_in_flight_follows_megatron_warmup():
+    pp, vpp, m = 4, 2, 8
+    schedule = build_schedule("interleaved-1f1b", pp, m, vpp)
+    bytes_, counts = activation_peaks(schedule, [1.0] * pp * vpp)
+    # warm-up 2(P-r-1) + (V-1)P forwards, plus the first steady forward
+    assert [counts[r] for r in range(pp)] == [2 * (pp - r - 1) + (vpp - 1) * pp + 1
+                                              for r in range(pp)]
+    assert bytes_ == counts
+
+
+def test_zero3_buffers_hold_two_gathered_layers_unless_not_resharded():
+    p = ParallelConfig(dp=4, zero_stage=3, bucket_bytes=1000, micro_batch_size=2)
+    layer_bytes = 2 * GPT.layer_param_count()
+    m = rank_memory(GPT, p)[0]
+    assert m.communication_buffers == 2 * 1000  # two gradient buckets in flight
+    assert m.gathered_parameters == pytest.approx(2 * layer_bytes)
+    assert m.total_bytes == pytest.approx(m.model_states_bytes + m.activations + 2000
+                                          + 2 * layer_bytes)
+    kept = rank_memory(GPT, replace(p, reshard_after_forward=False))[0]
+    assert kept.gathered_parameters == pytest.approx(8 * layer_bytes)
+    single = rank_memory(GPT, ParallelConfig(micro_batch_size=2))[0]
+    assert single.communication_buffers == single.gathered_parameters == 0  # dp = 1
+
+
+def test_rank_memory_to_dict_and_errors():
+    d = rank_memory(GPT, ParallelConfig(micro_batch_size=2))[0].to_dict()
+    assert d["model_states_bytes"] == d["parameters"] + d["gradients"] + d["optimizer_states"]
+    assert d["total_bytes"] == d["model_states_bytes"] + d["activations"]
+    assert set(RankMemory.__dataclass_fields__) <= set(d)
+    with pytest.raises(ConfigError, match="in_flight has 1 entries"):
+        rank_memory(GPT, ParallelConfig(pp=2, micro_batch_size=2), in_flight=[1])
+    with pytest.raises(ConfigError, match="has 4 ranks, pp is 2"):
+        rank_memory(GPT, ParallelConfig(pp=2, micro_batch_size=2),
+                    schedule=build_schedule("1f1b", 4, 4))

@@ -31,12 +31,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from schedules.contract import gather_releases
 from schedules.ops import Op, OpKind
 
 from .errors import KernelsError
 from .optimizer import FlatAdam
-from .param_units import (ParamUnit, build_units, gather_releases, intersect, op_ranges,
-                          owned_ranges)
+from .param_units import ParamUnit, build_units, intersect, op_ranges, owned_ranges
 
 
 class DataParallelOps:

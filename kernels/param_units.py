@@ -276,18 +276,3 @@ def _gathered_units(program: list[Op], contract: ProgramContract, units: dict) -
                     unit = unit_of(units, program[j])[0]
                     keys.add((unit.stage, unit.chunk))
     return keys
-
-
-def gather_releases(program: list[Op], contract: ProgramContract) -> dict[int, list[int]]:
-    """compute index -> the parameter gathers whose last user it is: after it ends, the
-    gathered parameters are freed (resharded). The same rule as sim.engine's memory."""
-    last_user: dict[int, int] = {}
-    for index, op in enumerate(program):
-        if op.kind in (OpKind.F, OpKind.B, OpKind.I, OpKind.W):
-            for j in contract.local[index]:
-                if is_parameter_gather(program[j]):
-                    last_user[j] = index
-    out: dict[int, list[int]] = {}
-    for gather, user in last_user.items():
-        out.setdefault(user, []).append(gather)
-    return out

@@ -33,6 +33,7 @@ import torch.distributed as dist
 from schedules.model import ModelSpec
 from schedules.parallel import ParallelConfig
 from schedules.schedule import Schedule
+from schedules.sharding import group_ranks
 
 from .executor import RankExecutor, RankSetup
 from .stage import build_stages, named_parameters, token_batch
@@ -80,16 +81,11 @@ class Job:
 
 
 def dp_axes(parallel: ParallelConfig, rank: int) -> dict[str, list[int]]:
-    """Global ranks of `rank`'s data-parallel groups, in group order: 'dp', and with
-    fsdp='hybrid' 'dp_shard' (shard_size consecutive dp coordinates, one node's shard
-    group) and 'dp_replicate' (the same place in every shard group)."""
-    members = parallel.group("dp", rank)
-    axes = {"dp": members}
-    if parallel.fsdp == "hybrid" and parallel.shard_size:
-        size, index = parallel.shard_size, members.index(rank)
-        axes["dp_shard"] = members[index // size * size:(index // size + 1) * size]
-        axes["dp_replicate"] = members[index % size::size]
-    return axes
+    """Global ranks of `rank`'s data-parallel groups (schedules.sharding.group_ranks):
+    'dp', and with fsdp='hybrid' also 'dp_shard' and 'dp_replicate'."""
+    hybrid = parallel.fsdp == "hybrid" and parallel.shard_size
+    return {axis: group_ranks(parallel, axis, rank, parallel.shard_size)
+            for axis in (("dp", "dp_shard", "dp_replicate") if hybrid else ("dp",))}
 
 
 def _groups(parallel: ParallelConfig, rank: int, timeout: datetime.timedelta) -> dict[str, Any]:

@@ -220,3 +220,18 @@ def p2p_peer(op: Op) -> Key:
     if op.kind is OpKind.RECV_B:
         return (OpKind.SEND_B, s + 1, m)
     raise ValueError(f"{op} is not a P2P op")
+
+
+def gather_releases(program: list[Op], contract: ProgramContract) -> dict[int, list[int]]:
+    """compute index -> the parameter gathers whose last user it is: after it ends, the
+    gathered parameters are freed (resharded). Both backends free gathered parameters by this rule."""
+    last_user: dict[int, int] = {}
+    for index, op in enumerate(program):
+        if op.kind in (OpKind.F, OpKind.B, OpKind.I, OpKind.W):
+            for j in contract.local[index]:
+                if is_parameter_gather(program[j]):
+                    last_user[j] = index
+    out: dict[int, list[int]] = {}
+    for gather, user in last_user.items():
+        out.setdefault(user, []).append(gather)
+    return out

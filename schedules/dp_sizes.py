@@ -49,10 +49,15 @@ class DPSizes:
         """`nbytes` of gradients (or parameters) of `layers` layers split into
         ceil(nbytes / bucket) near-equal buckets, but no more buckets than tensors: DDP
         and Megatron put whole parameter tensors in a bucket (TENSORS_PER_LAYER per layer,
-        plus EXTRA_TENSORS for an embedding or head)."""
+        plus EXTRA_TENSORS for an embedding or head). Edges fall between elements of
+        `dtype_bytes` each, so a bucket never splits a value."""
         most = TENSORS_PER_LAYER * layers + EXTRA_TENSORS
         count = min(most, max(1, math.ceil(nbytes / self.bucket)))
-        return [nbytes // count + (1 if i < nbytes % count else 0) for i in range(count)]
+        elements, rest = divmod(nbytes, self.dtype_bytes)
+        sizes = [(elements // count + (1 if i < elements % count else 0)) * self.dtype_bytes
+                 for i in range(count)]
+        sizes[-1] += rest  # bytes that are not whole elements (none for real tensors)
+        return sizes
 
 
 def dp_sizes(model: ModelSpec, parallel: ParallelConfig, num_stages: int, groups: int,

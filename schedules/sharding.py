@@ -33,9 +33,12 @@ Rules (each ConfigError names the fields and the rule):
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError
+
+if TYPE_CHECKING:  # parallel.py imports this module
+    from .parallel import ParallelConfig
 
 # torch DDP's default bucket_cap_mb = 25 (MiB); used when bucket_bytes is None.
 DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
@@ -120,3 +123,22 @@ def hpz_degree(cfg: Any, gpus_per_node: int | None = None) -> int:
         raise ConfigError("hpz needs hpz_partition_size, or a topology to take the GPUs per "
                           "node from")
     return min(size, cfg.dp * cfg.cp)
+
+
+def group_ranks(parallel: ParallelConfig, axis: str, rank: int, shard: int | None
+                ) -> list[int]:
+    """Global ranks of `rank`'s group along DP axis `axis` ('dp'; 'dp_shard' = the block of
+    `shard` consecutive dp coordinates holding it; 'dp_replicate' = the dp coordinates
+    congruent to its own modulo `shard`, one per shard group)."""
+    group = parallel.group("dp", rank)
+    if axis == "dp":
+        return group
+    if shard is None:
+        raise ConfigError(f"group {axis!r} needs a shard size (fsdp='hybrid' or hpz)")
+    me = group.index(rank)
+    if axis == "dp_shard":
+        start = me - me % shard
+        return group[start:start + shard]
+    if axis == "dp_replicate":
+        return group[me % shard::shard]
+    raise ConfigError(f"unknown data-parallel group {axis!r}: dp, dp_shard or dp_replicate")

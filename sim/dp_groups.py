@@ -17,6 +17,7 @@ import networkx as nx
 
 from schedules.errors import ConfigError
 from schedules.parallel import ParallelConfig
+from schedules.sharding import group_ranks
 from topologies import gpu_nodes
 
 
@@ -48,23 +49,6 @@ def shard_size(parallel: ParallelConfig, topology: nx.DiGraph) -> int | None:
                           f"but {where}: there is no node boundary to replicate across; set "
                           f"shard_size to a divisor of dp smaller than dp, or use fsdp='full'")
     return size
-
-
-def group_ranks(parallel: ParallelConfig, axis: str, rank: int, shard: int | None
-                ) -> list[int]:
-    """Global ranks of `rank`'s group along DP axis `axis` (module docstring)."""
-    group = parallel.group("dp", rank)
-    if axis == "dp":
-        return group
-    if shard is None:
-        raise ConfigError(f"group {axis!r} needs a shard size (fsdp='hybrid' or hpz)")
-    me = group.index(rank)
-    if axis == "dp_shard":
-        start = me - me % shard
-        return group[start:start + shard]
-    if axis == "dp_replicate":
-        return group[me % shard::shard]
-    raise ConfigError(f"unknown data-parallel group {axis!r}: dp, dp_shard or dp_replicate")
 
 
 def group_size(parallel: ParallelConfig, axis: str, shard: int | None) -> int:

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 import simpy
 
-from schedules.contract import Key, p2p_peer, prerequisites, produces, program_contract
+from schedules.contract import (Key, gather_releases, p2p_peer, prerequisites, produces,
+                                program_contract)
 from schedules.errors import ConfigError, DeadlockError
 from schedules.ops import COMPUTE_KINDS, P2P_KINDS, Op, OpKind
 from schedules.schedule import Schedule
@@ -105,18 +106,8 @@ class Replay:
 
     def _gather_releases(self) -> list[dict[int, list[int]]]:
         """Per rank: consumer index -> the gathers whose parameters it is the last user of."""
-        releases = []
-        for program, contract in zip(self.schedule.programs, self.contracts):
-            last_user: dict[int, int] = {}
-            for index, waits in enumerate(contract.local):
-                if program[index].kind in (OpKind.F, OpKind.B, OpKind.I, OpKind.W):
-                    for j in waits:
-                        last_user[j] = index
-            by_user: dict[int, list[int]] = {}
-            for gather, user in last_user.items():
-                by_user.setdefault(user, []).append(gather)
-            releases.append(by_user)
-        return releases
+        return [gather_releases(program, contract)
+                for program, contract in zip(self.schedule.programs, self.contracts)]
 
     def _activation_ends(self, program: Sequence[Op]) -> tuple[set[int], set[int]]:
         """Indices of the ops that allocate (first forward group of (s,m)) and release

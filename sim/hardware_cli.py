@@ -158,7 +158,7 @@ def _bandwidth(beta: float) -> str:
 
 # --- run --------------------------------------------------------------------------------
 def cmd_run(args: argparse.Namespace) -> int:
-    from schedules.data_parallel import add_dp_allreduce
+    from schedules.data_parallel import add_data_parallel
     from schedules.generators import build_schedule
 
     from .commands import model_from_args, schedule_and_parallel, write_outputs
@@ -177,8 +177,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise ConfigError("--iterations must be >= 1 and --warmup-iterations >= 0")
     schedule = custom or build_schedule(parallel.schedule, parallel.pp,
                                         parallel.num_microbatches, parallel.vpp)
-    if parallel.dp > 1:
-        schedule = add_dp_allreduce(schedule)
+    schedule = add_data_parallel(schedule, model, parallel, parallel.shard_size)
     launch = _kernels("launch")
     if args.device == "cpu":
         _note(CPU_ONLY)

@@ -27,6 +27,7 @@ from schedules.model import ModelSpec
 from schedules.ops import Op, OpKind
 from schedules.parallel import ParallelConfig
 from schedules.profile import Profile
+from schedules.sharding import group_ranks
 from schedules.schedule import Schedule
 from schedules.timeline import Timeline
 from schedules.validate import check_structure, dry_run
@@ -34,7 +35,7 @@ from topologies import device_of, gpu_nodes
 
 from .cost import DEFAULT_COMPUTE_EFFICIENCY, DEFAULT_MEMORY_EFFICIENCY, RooflineCost, UniformCost
 from .collectives import collective_phases, run_collective
-from .dp_groups import group_ranks, group_size, shard_size
+from .dp_groups import group_size, shard_size
 from .offload import host_cpus, with_host_links
 from .optimizer import with_optimizer_steps
 from .engine import Replay

@@ -7,7 +7,8 @@ from schedules.errors import ConfigError
 from schedules.model import get_model
 from schedules.ops import Op, OpKind
 from schedules.parallel import ParallelConfig
-from sim.dp_groups import group_ranks, shard_size
+from schedules.sharding import group_ranks
+from sim.dp_groups import shard_size
 from sim.optimizer import CPU_ADAM_SECONDS_PER_PARAM, optimizer_step_time
 from sim.simulate import simulate
 from topologies import get_device, load_topology

@@ -11,9 +11,12 @@ returning measured Timelines. Imports schedules and torch only — never sim or 
   must reproduce; `run_reference_steps` the same with torch.optim.Adam steps.
 - `KernelsError`: a failed run, naming the rank and the op.
 
-Supported so far: pipeline (any schedule of F/B/I/W with P2P ops, layer groups) and data
-parallelism (DDP, ZeRO 1-3, FSDP/HSDP ops over 'dp', 'dp_shard', 'dp_replicate', OPT_STEP);
-tp, cp, ep, MoE, fp8, ZeRO++ and offload are not (a clear error says so).
+Supported so far: pipeline (any schedule of F/B/I/W with P2P ops, layer groups), data
+parallelism (DDP, ZeRO 1-3, FSDP/HSDP ops over 'dp', 'dp_shard', 'dp_replicate', OPT_STEP)
+and tensor parallelism with or without sequence parallelism (Megatron column/row-parallel
+layers, vocab-parallel embedding and cross-entropy; kernels.tensor_parallel, the IR's 'tp'
+ops as measured spans: kernels.tp_ops); cp, ep, MoE, fp8, ZeRO++ and offload are not (a
+clear error says so).
 """
 from .errors import KernelsError
 from .launch import run_reference, run_reference_steps, run_schedule

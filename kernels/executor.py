@@ -24,6 +24,11 @@ or a posted RECV) and the positional waits of data-parallel ops (`program_contra
 - ALL_REDUCE / REDUCE_SCATTER / ALL_GATHER on a DP group and OPT_STEP: kernels.dp_ops.
   A comm op whose positional waits name an unfinished comm op (HSDP's replica all-reduce
   after its reduce-scatter) blocks the program until that one completes.
+- Tensor parallelism: the TP ranks of one (pp, dp) coordinate run the same program on
+  their shards; the TP collectives run inside the compute ops (kernels.tensor_parallel),
+  and the program's TP ops (group 'tp', schedules.intra_layer) become spans on the 'tp'
+  lane from the times measured there (kernels.tp_ops). With sequence parallelism the
+  activation between stages is the sequence shard (b, s/t, h).
 
 Spans (`kernels.timing` markers) go on lanes `compute`, `send`, `recv` and the collective's
 group; comm spans run from post to completion. Units: seconds (perf_counter), bytes.
@@ -36,8 +41,8 @@ from typing import Any
 
 import torch
 
-from schedules.contract import (is_gradient_collective, is_parameter_gather, prerequisites,
-                                program_contract, program_products)
+from schedules.contract import (is_gradient_collective, is_intra_layer, is_parameter_gather,
+                                prerequisites, program_contract, program_products)
 from schedules.ops import Op, OpKind
 from schedules.schedule import Schedule
 
@@ -48,6 +53,8 @@ from .p2p_ops import P2POps, key_text
 from .posted import Pending, PostedOps
 from .split_backward import backward_input, backward_weight
 from .stage import StageModule, microbatch_rows
+from .tensor_parallel import TensorParallel
+from .tp_ops import TensorParallelOps
 
 Key = tuple
 
@@ -83,21 +90,26 @@ class IterationState:
     recvs: dict[Key, tuple] = field(default_factory=dict)  # key -> (completion, buffer)
 
 
-class RankExecutor(PostedOps, P2POps, DataParallelOps):
-    """Runs `schedule.programs[pipeline_rank]` on `modules` (stage -> StageModule)."""
+class RankExecutor(PostedOps, P2POps, DataParallelOps, TensorParallelOps):
+    """Runs `schedule.programs[pipeline_rank]` on `modules` (stage -> StageModule, built
+    with `tp`); `overlapped`: intra-layer groups whose ops precede their compute op
+    (schedules.intra_layer), as the schedule was built."""
 
     def __init__(self, schedule: Schedule, modules: dict[int, StageModule], setup: RankSetup,
                  tokens: torch.Tensor, labels: torch.Tensor, clock: Any,
-                 on_op: Callable[[int], None] = lambda index: None):
+                 on_op: Callable[[int], None] = lambda index: None,
+                 tp: TensorParallel | None = None, overlapped: frozenset[str] = frozenset()):
         self.schedule, self.modules, self.setup = schedule, modules, setup
         self.program = schedule.programs[setup.pipeline_rank]
         self.tokens, self.labels, self.clock, self.on_op = tokens, labels, clock, on_op
         spec = next(iter(modules.values())).spec
-        self.activation_shape = (spec.micro_batch_size, spec.seq_length, spec.hidden_size)
+        tp = tp if tp is not None else TensorParallel(clock=clock)
+        seq = spec.seq_length // (tp.size if tp.sequence_parallel else 1)
+        self.activation_shape = (spec.micro_batch_size, seq, spec.hidden_size)
         self.dtype = torch_dtype(spec)
         self.device = tokens.device
         self.groups = schedule.layer_groups
-        self.contract = program_contract(self.program)  # positional waits: .local
+        self.contract = program_contract(self.program, overlapped)  # positional waits
         self.needs = [prerequisites(op, schedule.stage_ranks, schedule.num_microbatches)
                       for op in self.program]
         self.products = program_products(self.program)
@@ -107,12 +119,14 @@ class RankExecutor(PostedOps, P2POps, DataParallelOps):
         self.memory: list[tuple[Any, int]] = []
         self._pending: dict[int, Pending] = {}
         self._init_data_parallel(self.contract)
+        self._init_tensor_parallel(tp, overlapped)
 
     # --- the loop --------------------------------------------------------------------
     def run_iteration(self) -> None:
         """Execute the program once; spans and memory samples (markers) accumulate."""
         self.spans, self.memory, self._pending = [], [], {}
         self._start_dp_iteration()
+        self._start_tp_iteration()
         state = IterationState()
         handlers = {
             OpKind.F: self._forward, OpKind.B: self._backward, OpKind.I: self._input_grad,
@@ -125,10 +139,13 @@ class RankExecutor(PostedOps, P2POps, DataParallelOps):
             handler = handlers.get(op.kind)
             if is_gradient_collective(op) or is_parameter_gather(op):
                 handler = self._dp_collective
+            elif is_intra_layer(op) and op.group == "tp":
+                handler = self._tp_op
             if handler is None:
                 raise KernelsError(f"op {op}: kind {op.kind.value} (group {op.group}) is not "
                                    f"supported by the kernels backend")
             self._check_ready(index, op, state)
+            self._stash_sequence_grads(op)
             handler(op, state)
             if op.kind.is_compute:
                 state.done.update(self.products[index])
@@ -153,8 +170,10 @@ class RankExecutor(PostedOps, P2POps, DataParallelOps):
 
     # --- compute ---------------------------------------------------------------------
     def _compute_span(self, op: Op, start: Any) -> None:
+        self._reduce_sequence_grads()
         end = self.clock.mark()
         self._span(op, "compute", start, end, op.nbytes, None)
+        self._after_compute(len(self.spans) - 1)
         if self.device.type == "cuda":
             self.memory.append((end, torch.cuda.memory_allocated(self.device)))
 
@@ -251,7 +270,8 @@ class RankExecutor(PostedOps, P2POps, DataParallelOps):
 
     def resolve(self) -> tuple[list[dict], list[tuple[float, int]]]:
         """Spans and memory samples of the last iteration, markers turned into seconds."""
-        spans = [{**s, "start": self.clock.seconds(s["start"]), "end": self.clock.seconds(s["end"])}
-                 for s in self.spans]
+        spans = [{**s, **{k: None if s[k] is None else self.clock.seconds(s[k])
+                          for k in ("start", "end")}} for s in self.spans]
+        self._layout_tp(spans)
         memory = [(self.clock.seconds(t), n) for t, n in self.memory]
         return spans, memory

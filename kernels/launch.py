@@ -72,10 +72,12 @@ def _check(schedule: Schedule, model: ModelSpec, parallel: ParallelConfig, devic
     if schedule.num_microbatches != parallel.num_microbatches:
         raise ConfigError(f"schedule {schedule.name!r} has {schedule.num_microbatches} "
                           f"microbatches, the parallel config {parallel.num_microbatches}")
-    for axis in ("tp", "cp", "ep"):
+    for axis in ("cp", "ep"):
         if getattr(parallel, axis) != 1:
             raise KernelsError(f"{axis}={getattr(parallel, axis)}: the kernels backend runs "
-                               f"pipeline and data parallelism only so far ({axis} must be 1)")
+                               f"pipeline, data and tensor parallelism only so far ({axis} "
+                               f"must be 1)")
+    _check_tensor_parallel(model, parallel, replay)
     _check_data_parallel(schedule, model, parallel)
     if replay and parallel.dp != 1:
         raise ConfigError(f"replay runs one pipeline replica's compute on one device: dp must "
@@ -95,6 +97,23 @@ def _check(schedule: Schedule, model: ModelSpec, parallel: ParallelConfig, devic
                 f"(replay=True), or use device='cpu' (gloo)")
 
 
+def _check_tensor_parallel(model: ModelSpec, parallel: ParallelConfig, replay: bool) -> None:
+    """Refuse TP splits the layers cannot shard evenly (Megatron pads the vocabulary to a
+    multiple of 128*t; the kernels do not), and TP in replay (one process, no TP group)."""
+    t = parallel.tp
+    if t == 1:
+        return
+    if replay:
+        raise KernelsError(f"replay runs one pipeline rank alone on one device: tp={t} needs "
+                           f"its TP group's collectives inside every layer; replay with tp=1")
+    parallel.check_model(model)  # heads, query groups, SP sequence split
+    for name, size in (("vocab_size", model.vocab_size), ("ffn_hidden_size",
+                                                           model.ffn_hidden_size)):
+        if size % t:
+            raise ConfigError(f"{name}={size} is not divisible by tp={t} (the kernels split "
+                              f"it evenly over the TP ranks, without padding)")
+
+
 def _check_data_parallel(schedule: Schedule, model: ModelSpec, parallel: ParallelConfig) -> None:
     """Refuse what kernels.dp_ops cannot run faithfully, naming the op or the field."""
     for name in UNSUPPORTED_SHARDING:
@@ -103,7 +122,7 @@ def _check_data_parallel(schedule: Schedule, model: ModelSpec, parallel: Paralle
                                f"not implemented in the kernels backend (their op sizes are "
                                f"not the tensors it moves)")
     for op in schedule.ops():
-        dp_op = op.kind.is_collective and op.group in DP_GROUPS
+        dp_op = op.kind.is_collective and op.group in (DP_GROUPS | {"tp"})
         if op.kind not in SUPPORTED_KINDS or (op.kind.is_collective and not dp_op) or (
                 op.kind is OpKind.OPT_STEP and op.group is not None):
             raise KernelsError(f"op {op} ({op.kind.value}, group {op.group}) is not supported "
@@ -142,8 +161,8 @@ def _context() -> Any:
 def run_schedule(schedule: Schedule, model: ModelSpec, parallel: ParallelConfig,
                  device: str = "cpu", seed: int = 0, timeout: float = 120.0,
                  warmup_iterations: int = 1, iterations: int = 1, return_grads: bool = False,
-                 check: bool = True, replay: bool = False, return_params: bool = False
-                 ) -> Timeline | tuple:
+                 check: bool = True, replay: bool = False, return_params: bool = False,
+                 overlapped: frozenset[str] = frozenset()) -> Timeline | tuple:
     """Execute `schedule` for real and return its measured Timeline; with `return_grads`
     also the gradients by parameter name, (timeline, grads); with `return_params` also
     the parameters after the run, (timeline, grads, params) (grads {} unless asked).
@@ -158,8 +177,15 @@ def run_schedule(schedule: Schedule, model: ModelSpec, parallel: ParallelConfig,
     `timeout` bounds the whole run in seconds (start-up included). `replay` runs each
     pipeline rank's program in turn in one process on one device, P2P and collectives in
     loopback (kernels.worker): per-op compute times of every rank from a single GPU;
-    needs dp = 1, returns no gradients. Raises KernelsError on failure, ConfigError on
+    needs dp = tp = 1, returns no gradients. Raises KernelsError on failure, ConfigError on
     bad input.
+
+    Tensor (and sequence) parallelism: parallel.tp ranks per (pp, dp) coordinate run one
+    program on their shards (kernels.tensor_parallel). The schedule may carry the TP ops
+    of schedules.intra_layer.add_intra_layer (apply it to the annotated schedule, as the
+    simulator does; `overlapped` = the options' overlapped_groups()) or none: the
+    collectives run inside the compute ops either way, and TP ops become 'tp' spans
+    (kernels.tp_ops).
 
     Like torch.multiprocessing.spawn, rank processes import the caller's main module, so
     a script calling this needs an `if __name__ == '__main__':` guard.
@@ -176,7 +202,8 @@ def run_schedule(schedule: Schedule, model: ModelSpec, parallel: ParallelConfig,
               if schedule.layer_groups > 1 else None)
     lowered = annotate(schedule, stage_costs(model, parallel, schedule.num_stages), chunks)
     job = Job(lowered, model, parallel, device, seed, float(timeout), warmup_iterations,
-              iterations, return_grads, _free_port(), replay, return_params)
+              iterations, return_grads, _free_port(), replay, return_params,
+              frozenset(overlapped))
     payloads = _launch(job)
     timeline = merge_timeline(payloads, job)
     if return_params:

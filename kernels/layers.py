@@ -7,11 +7,14 @@ attention, causal `scaled_dot_product_attention`, output projection) then a pre-
 `TransformerLayer`. There is no dropout, so runs are deterministic.
 
 Tensor parallelism (Shoeybi et al. 2019, "Megatron-LM"): `ColumnParallelLinear` splits
-the output features over `tp_size` ranks, `RowParallelLinear` the input features; the
-pair needs one all-reduce in the forward (after the row-parallel GEMM) and one in the
-backward (before the column-parallel one). The shapes and shards are implemented here;
-the communication is the seam `_tp_copy` / `_tp_reduce`, identity at tp=1, and raises at
-tp>1 until TP communication lands.
+the output features over the TP group's ranks, `RowParallelLinear` the input features;
+attention heads and GQA K/V groups split with them (rank r holds heads r*a/t.. and the
+groups they use). The communication is kernels.tensor_parallel's: a block (attention, MLP)
+enters the TP region once before its column linears (as Megatron's fused QKV / fc1 GEMM
+does: one all-reduce in the backward, or one SP all-gather, not one per linear) and the
+row linear exits it (all-reduce, or SP reduce-scatter) before adding its bias. With
+sequence parallelism (Korthikanti et al. 2022) the norms and residuals see (b, s/t, h)
+and their replicated parameters' gradients are summed over TP (kernels.tensor_parallel).
 
 Every parameter carries its *full* (unsharded) shape, the dimension it is sharded along
 and its init rule, so `init_parameters` can draw the full tensor from a generator seeded by
@@ -27,6 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from schedules.model import ModelSpec
+
+from .tensor_parallel import TensorParallel, replicated_in_sequence
 
 INIT_STD = 0.02  # Megatron-LM's --init-method-std default
 NORM_EPS = 1e-5
@@ -56,33 +61,25 @@ def sharded_parameter(full_shape: tuple[int, ...], init: str, tp_size: int = 1,
     return p
 
 
-def _tp_copy(x: torch.Tensor, tp_size: int) -> torch.Tensor:
-    """Input of a column-parallel linear: identity forward, all-reduce of the gradient."""
-    if tp_size > 1:
-        raise NotImplementedError("tensor-parallel communication is not implemented yet (tp > 1)")
-    return x
-
-
-def _tp_reduce(x: torch.Tensor, tp_size: int) -> torch.Tensor:
-    """Output of a row-parallel linear: all-reduce forward, identity backward."""
-    if tp_size > 1:
-        raise NotImplementedError("tensor-parallel communication is not implemented yet (tp > 1)")
-    return x
+def _tp_of(tp: TensorParallel | None, tp_size: int, tp_rank: int) -> TensorParallel:
+    return tp if tp is not None else TensorParallel(tp_size, tp_rank)
 
 
 class ColumnParallelLinear(nn.Module):
     """y = x A^T + b with A's output features split over `tp_size` ranks (this is shard
-    `tp_rank`); the output stays split (no gather), as Megatron feeds it to a row linear."""
+    `tp_rank`; or `tp`'s size and rank); the output stays split (no gather), as Megatron
+    feeds it to a row linear. `x` is already in the TP region (the caller's `tp.enter`)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, tp_size: int = 1,
-                 tp_rank: int = 0):
+                 tp_rank: int = 0, tp: TensorParallel | None = None):
         super().__init__()
-        self.tp_size, self.tp_rank = tp_size, tp_rank
-        self.weight = sharded_parameter((out_features, in_features), "normal", tp_size, 0)
-        self.bias = sharded_parameter((out_features,), "zeros", tp_size, 0) if bias else None
+        self.tp = _tp_of(tp, tp_size, tp_rank)
+        size = self.tp.size
+        self.weight = sharded_parameter((out_features, in_features), "normal", size, 0)
+        self.bias = sharded_parameter((out_features,), "zeros", size, 0) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(_tp_copy(x, self.tp_size), self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias)
 
 
 class RowParallelLinear(nn.Module):
@@ -90,26 +87,29 @@ class RowParallelLinear(nn.Module):
     are all-reduced over the TP group and the (unsplit) bias added once after."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, tp_size: int = 1,
-                 tp_rank: int = 0):
+                 tp_rank: int = 0, tp: TensorParallel | None = None):
         super().__init__()
-        self.tp_size, self.tp_rank = tp_size, tp_rank
-        self.weight = sharded_parameter((out_features, in_features), "normal", tp_size, 1)
-        self.bias = sharded_parameter((out_features,), "zeros") if bias else None
+        self.tp = _tp_of(tp, tp_size, tp_rank)
+        self.weight = sharded_parameter((out_features, in_features), "normal", self.tp.size, 1)
+        self.bias = replicated_in_sequence(sharded_parameter((out_features,), "zeros")
+                                           if bias else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = _tp_reduce(F.linear(x, self.weight), self.tp_size)
+        y = self.tp.exit(F.linear(x, self.weight))
         return y if self.bias is None else y + self.bias
 
 
 class Norm(nn.Module):
-    """LayerNorm (weight and bias) or RMSNorm (weight only), eps 1e-5, over the last dim."""
+    """LayerNorm (weight and bias) or RMSNorm (weight only), eps 1e-5, over the last dim
+    (with sequence parallelism: of this rank's tokens; its parameters are marked
+    replicated_in_sequence, their gradients summed over TP by the executor)."""
 
     def __init__(self, spec: ModelSpec):
         super().__init__()
         h = spec.hidden_size
         self.rms = spec.normalization == "RMSNorm"
-        self.weight = sharded_parameter((h,), "ones")
-        self.bias = None if self.rms else sharded_parameter((h,), "zeros")
+        self.weight = replicated_in_sequence(sharded_parameter((h,), "ones"))
+        self.bias = replicated_in_sequence(None if self.rms else sharded_parameter((h,), "zeros"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.rms:
@@ -132,22 +132,24 @@ def rotary(x: torch.Tensor) -> torch.Tensor:
 class Attention(nn.Module):
     """Causal self-attention with num_query_groups K/V heads (GQA), heads split over TP."""
 
-    def __init__(self, spec: ModelSpec, tp_size: int = 1, tp_rank: int = 0):
+    def __init__(self, spec: ModelSpec, tp: TensorParallel | None = None):
         super().__init__()
         h, a, g = spec.hidden_size, spec.num_attention_heads, spec.num_query_groups
-        if a % tp_size or g % tp_size:
-            raise ValueError(f"heads={a} and query groups={g} must be divisible by tp={tp_size}")
+        self.tp = tp = _tp_of(tp, 1, 0)
+        if a % tp.size or g % tp.size:
+            raise ValueError(f"heads={a} and query groups={g} must be divisible by tp={tp.size}")
         self.head_dim = h // a
-        self.heads, self.groups = a // tp_size, g // tp_size
+        self.heads, self.groups = a // tp.size, g // tp.size
         self.rope = spec.position_embedding_type == "rope"
         bias = spec.add_bias_linear
         # Q, K and V of one rank's heads; separate linears keep each TP shard's Q/K/V whole
-        self.query = ColumnParallelLinear(h, h, bias, tp_size, tp_rank)
-        self.key = ColumnParallelLinear(h, spec.kv_hidden_size, bias, tp_size, tp_rank)
-        self.value = ColumnParallelLinear(h, spec.kv_hidden_size, bias, tp_size, tp_rank)
-        self.proj = RowParallelLinear(h, h, bias, tp_size, tp_rank)
+        self.query = ColumnParallelLinear(h, h, bias, tp=tp)
+        self.key = ColumnParallelLinear(h, spec.kv_hidden_size, bias, tp=tp)
+        self.value = ColumnParallelLinear(h, spec.kv_hidden_size, bias, tp=tp)
+        self.proj = RowParallelLinear(h, h, bias, tp=tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.tp.enter(x)  # (b, s, h) on every TP rank, also with SP
         b, s, _ = x.shape
         q = self.query(x).view(b, s, self.heads, self.head_dim).transpose(1, 2)
         k = self.key(x).view(b, s, self.groups, self.head_dim).transpose(1, 2)
@@ -164,15 +166,16 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     """h -> f -> h with GeLU, or SwiGLU (silu(gate) * up) when spec.swiglu."""
 
-    def __init__(self, spec: ModelSpec, tp_size: int = 1, tp_rank: int = 0):
+    def __init__(self, spec: ModelSpec, tp: TensorParallel | None = None):
         super().__init__()
         h, f, bias = spec.hidden_size, spec.ffn_hidden_size, spec.add_bias_linear
-        self.swiglu = spec.swiglu
-        self.fc1 = ColumnParallelLinear(h, f, bias, tp_size, tp_rank)
-        self.gate = ColumnParallelLinear(h, f, bias, tp_size, tp_rank) if spec.swiglu else None
-        self.fc2 = RowParallelLinear(f, h, bias, tp_size, tp_rank)
+        self.swiglu, self.tp = spec.swiglu, _tp_of(tp, 1, 0)
+        self.fc1 = ColumnParallelLinear(h, f, bias, tp=self.tp)
+        self.gate = ColumnParallelLinear(h, f, bias, tp=self.tp) if spec.swiglu else None
+        self.fc2 = RowParallelLinear(f, h, bias, tp=self.tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.tp.enter(x)
         if self.swiglu:
             return self.fc2(F.silu(self.gate(x)) * self.fc1(x))
         return self.fc2(F.gelu(self.fc1(x)))
@@ -181,15 +184,15 @@ class MLP(nn.Module):
 class TransformerLayer(nn.Module):
     """x + attn(norm(x)), then + mlp(norm(.)): one decoder layer (dense; MoE unsupported)."""
 
-    def __init__(self, spec: ModelSpec, tp_size: int = 1, tp_rank: int = 0):
+    def __init__(self, spec: ModelSpec, tp: TensorParallel | None = None):
         super().__init__()
         if spec.is_moe:
             raise ValueError("mixture-of-experts layers are not implemented in the kernels "
                              "backend (num_experts is set)")
         self.input_norm = Norm(spec)
-        self.attention = Attention(spec, tp_size, tp_rank)
+        self.attention = Attention(spec, tp)
         self.mlp_norm = Norm(spec)
-        self.mlp = MLP(spec, tp_size, tp_rank)
+        self.mlp = MLP(spec, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.input_norm(x))

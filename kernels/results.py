@@ -15,6 +15,11 @@ from schedules.timeline import Timeline
 
 from .split_backward import EXACT_SPLIT
 
+TP_INSIDE = ("TP collectives run inside their compute op (autograd); each TP op's span is "
+             "the measured time of its collectives, laid out after the op's compute, whose "
+             "span is shortened by as much (kernels.tp_ops); with SP, the gradient sum "
+             "of the norm weights, row biases and position embedding (one all-reduce "
+             "per B/W op here, one per iteration in Megatron) stays inside the compute span")
 GLOO_REDUCE_SCATTER = ("REDUCE_SCATTER runs as an all-reduce of the bucket and a slice (gloo "
                        "has no reduce-scatter; one code path on NCCL too): its times are "
                        "all-reduce times")
@@ -45,6 +50,7 @@ def merge_timeline(payloads: dict[int, dict], job: Any) -> Timeline:
     s, p = job.schedule, job.parallel
     meta = {
         "schedule": s.name, "pp": p.pp, "vpp": s.stages_per_rank, "dp": p.dp, "tp": p.tp,
+        "sequence_parallel": p.sequence_parallel,
         "microbatches": s.num_microbatches, "model": job.model.name or "custom",
         "dtype": job.model.dtype, "device": name,
         "backend": "nccl" if job.device == "cuda" else "gloo",
@@ -58,7 +64,8 @@ def merge_timeline(payloads: dict[int, dict], job: Any) -> Timeline:
                                            "(old torch): W times are overstated"])
         + (["gloo: CPU timings calibrate only this CPU and gloo"] if job.device == "cpu" else [])
         + ([GLOO_REDUCE_SCATTER] if any(op.kind is OpKind.REDUCE_SCATTER
-                                        for op in s.ops()) else []),
+                                        for op in s.ops()) or p.sequence_parallel else [])
+        + ([TP_INSIDE] if p.tp > 1 else []),
     }
     return Timeline.from_dict({"source": source, "meta": meta, "spans": spans,
                                "memory": memory})
@@ -73,10 +80,26 @@ def gather_grads(payloads: dict[int, dict], parallel: ParallelConfig) -> dict[st
 
 def gather_state(payloads: dict[int, dict], parallel: ParallelConfig,
                  what: str) -> dict[str, torch.Tensor]:
-    """`what` ('grads' or 'params') by name. Per pipeline rank, DP replica 0's tensors,
-    their NaN elements (not held: a shard of another rank) filled from the other DP
-    ranks in DP order; then across pipeline ranks, tied copies summed ('grads') or the
-    first kept ('params')."""
+    """`what` ('grads' or 'params') by name, full (unsharded) tensors. Per TP rank: per
+    pipeline rank, DP replica 0's tensors, their NaN elements (not held: a shard of
+    another rank) filled from the other DP ranks in DP order; then across pipeline ranks,
+    tied copies summed ('grads') or the first kept ('params'). Then the TP shards are
+    concatenated along each tensor's shard dim (payload 'shard_dims'); a replicated
+    tensor is TP rank 0's (every TP rank holds the same)."""
+    by_tp: dict[int, dict[int, dict]] = {}
+    for rank, payload in payloads.items():
+        by_tp.setdefault(parallel.coords(rank)["tp"], {})[rank] = payload
+    merged = [_merge_tp_rank(by_tp[t], parallel, what) for t in sorted(by_tp)]
+    if len(merged) == 1:
+        return merged[0]
+    dims = {n: d for p in payloads.values() for n, d in (p.get("shard_dims") or {}).items()}
+    return {name: t if dims.get(name) is None else
+            torch.cat([m[name] for m in merged], dim=dims[name])
+            for name, t in merged[0].items()}
+
+
+def _merge_tp_rank(payloads: dict[int, dict], parallel: ParallelConfig,
+                   what: str) -> dict[str, torch.Tensor]:
     per_pp: dict[int, dict[str, torch.Tensor]] = {}
     for rank, payload in sorted(payloads.items(), key=lambda kv: parallel.coords(kv[0])["dp"]):
         if payload.get(what) is None:

@@ -15,6 +15,12 @@ with the last group of the last stage; `chunk_parameters` lists what a group use
 Parameter names are global (`layers.5.mlp.fc1.weight`), so a stage's parameters are
 named exactly as in the single-stage reference model. Tokens are int64 ids; the loss is
 the mean cross-entropy over the micro-batch's b*s tokens (fp32 logits).
+
+Tensor parallelism (`tp`, kernels.tensor_parallel): the word embedding and the output
+layer are split by vocabulary rows (kernels.vocab_parallel: masked lookup then all-reduce,
+or reduce-scatter along the sequence with SP; vocab-parallel cross-entropy), the layers
+by heads and FFN columns. With sequence parallelism a stage's input and output
+activation is this rank's sequence shard (b, s/t, h), as Megatron sends it between stages.
 """
 from __future__ import annotations
 
@@ -27,6 +33,8 @@ from schedules.model import ModelSpec
 
 from .layers import (Norm, TransformerLayer, init_parameters, seed_for, sharded_parameter,
                      torch_dtype)
+from .tensor_parallel import TensorParallel, replicated_in_sequence
+from .vocab_parallel import cross_entropy, embedding_partial
 
 
 def layer_range(spec: ModelSpec, stage: int, num_stages: int) -> range:
@@ -39,11 +47,13 @@ def layer_range(spec: ModelSpec, stage: int, num_stages: int) -> range:
 
 
 class Embedding(nn.Module):
-    """A (rows, h) lookup table, normal(0, 0.02) init (vocab-parallel split: not yet)."""
+    """A (rows, h) lookup table, normal(0, 0.02) init; rows split over `tp_size` ranks
+    when vocab-parallel."""
 
-    def __init__(self, rows: int, hidden: int):
+    def __init__(self, rows: int, hidden: int, tp_size: int = 1):
         super().__init__()
-        self.weight = sharded_parameter((rows, hidden), "normal")
+        self.weight = sharded_parameter((rows, hidden), "normal", tp_size,
+                                        0 if tp_size > 1 else None)
 
 
 class StageModule(nn.Module):
@@ -51,9 +61,10 @@ class StageModule(nn.Module):
     previous stage's activation (b, s, h) to this stage's activation, or, on the last
     stage, to the scalar mean loss over the micro-batch."""
 
-    def __init__(self, spec: ModelSpec, stage: int, num_stages: int, tp_size: int = 1,
-                 tp_rank: int = 0):
+    def __init__(self, spec: ModelSpec, stage: int, num_stages: int,
+                 tp: TensorParallel | None = None):
         super().__init__()
+        self.tp = tp = tp if tp is not None else TensorParallel()
         if not 0 <= stage < num_stages:
             raise ValueError(f"stage={stage} out of range 0..{num_stages - 1}")
         self.spec, self.stage, self.num_stages = spec, stage, num_stages
@@ -61,16 +72,17 @@ class StageModule(nn.Module):
         h, v = spec.hidden_size, spec.vocab_size
         tied = not spec.untie_embeddings_and_output_weights
         if self.first or (self.last and tied):
-            self.word_embeddings = Embedding(v, h)
+            self.word_embeddings = Embedding(v, h, tp.size)
         if self.first and spec.position_embedding_type == "learned_absolute":
             self.position_embeddings = Embedding(spec.seq_length, h)
+            replicated_in_sequence(self.position_embeddings.weight)
         self.layers = nn.ModuleDict({
-            str(i): TransformerLayer(spec, tp_size, tp_rank)
+            str(i): TransformerLayer(spec, tp)
             for i in layer_range(spec, stage, num_stages)})
         if self.last:
             self.final_norm = Norm(spec)
             if not tied:
-                self.output_layer = Embedding(v, h)  # (V, h) projection, no bias
+                self.output_layer = Embedding(v, h, tp.size)  # (V, h) projection, no bias
 
     def _parts(self, chunk: int | None, groups: int) -> tuple[bool, list[str], bool]:
         """(runs the embedding, layer keys, runs the head) of layer group `chunk`."""
@@ -86,19 +98,24 @@ class StageModule(nn.Module):
         activation (b, s, h) in, an activation or (with the head) the mean loss out."""
         embed, keys, head = self._parts(chunk, groups)
         if embed:
-            tokens = x
-            x = F.embedding(tokens, self.word_embeddings.weight)
-            if hasattr(self, "position_embeddings"):
-                x = x + self.position_embeddings.weight[: tokens.shape[1]]
+            x = self._embed(x)
         for key in keys:
             x = self.layers[key](x)
         if not head:
             return x
-        x = self.final_norm(x)
-        logits = F.linear(x, self._head_weight()).float()
         if labels is None:
             raise ValueError(f"stage {self.stage} is the last stage: it needs labels")
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+        x = self.tp.enter(self.final_norm(x), "head")
+        logits = F.linear(x, self._head_weight()).float()
+        return cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), self.tp)
+
+    def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Token ids (b, s) -> (b, s, h), or this rank's sequence shard with SP."""
+        x = self.tp.exit(embedding_partial(tokens, self.word_embeddings.weight, self.tp),
+                         "embedding")
+        if hasattr(self, "position_embeddings"):
+            x = x + self.position_embeddings.weight[self.tp.sequence_slice(tokens.shape[1])]
+        return x
 
     def _head_weight(self) -> nn.Parameter:
         head = self.output_layer if hasattr(self, "output_layer") else self.word_embeddings
@@ -121,15 +138,16 @@ class StageModule(nn.Module):
 
 
 def build_stages(spec: ModelSpec, stages: list[int], num_stages: int, seed: int,
-                 device: torch.device | str = "cpu", tp_size: int = 1,
-                 tp_rank: int = 0) -> dict[int, StageModule]:
-    """The modules of the stages one rank holds, initialised from `seed` and placed on
-    `device` in the model dtype. When the rank holds both the first and the last stage of
-    a tied model, the two share one word-embedding module (as one model would)."""
+                 device: torch.device | str = "cpu", tp: TensorParallel | None = None
+                 ) -> dict[int, StageModule]:
+    """The modules of the stages one rank holds (its TP shard: `tp`), initialised from
+    `seed` and placed on `device` in the model dtype. When the rank holds both the first
+    and the last stage of a tied model, the two share one word-embedding module (as one
+    model would)."""
     modules = {}
     for s in stages:
-        module = StageModule(spec, s, num_stages, tp_size, tp_rank)
-        init_parameters(module, seed, tp_rank)
+        module = StageModule(spec, s, num_stages, tp)
+        init_parameters(module, seed, module.tp.rank)
         modules[s] = module.to(device=device, dtype=torch_dtype(spec))
     first, last = 0, num_stages - 1
     if (first in modules and last in modules and first != last

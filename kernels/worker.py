@@ -6,7 +6,8 @@ Messages to the parent (one per rank, on a multiprocessing queue):
   memory = [(t, bytes) or, in replay, (t, bytes, pipeline rank)],
   'grads': bytes of torch.save({name: grad}) or None (a sharded gradient: the rank's
   shard, NaN elsewhere), 'params': the same for the parameters as the rank holds them
-  after its last iteration (NaN where resharded) or None, 'device_name': str};
+  after its last iteration (NaN where resharded) or None, 'shard_dims': {name: the dim
+  its TP shard splits, or None}, 'device_name': str};
 - ('error', rank, op text or phase, message, traceback).
 `progress[2*rank : 2*rank+2]` = (iteration, op index) says where a rank is, so the parent
 can name a stuck op: iteration -1 = starting up, N = at the final barrier; index -1 =
@@ -37,6 +38,7 @@ from schedules.sharding import group_ranks
 
 from .executor import RankExecutor, RankSetup
 from .stage import build_stages, named_parameters, token_batch
+from .tensor_parallel import TensorParallel
 from .timing import make_clock
 
 BEFORE_PROGRAM = -1
@@ -73,6 +75,7 @@ class Job:
     master_port: int
     replay: bool = False
     return_params: bool = False
+    overlapped: frozenset[str] = frozenset()  # intra-layer groups placed before compute
 
     @property
     def world_size(self) -> int:
@@ -88,18 +91,28 @@ def dp_axes(parallel: ParallelConfig, rank: int) -> dict[str, list[int]]:
             for axis in (("dp", "dp_shard", "dp_replicate") if hybrid else ("dp",))}
 
 
+def group_axes(parallel: ParallelConfig, rank: int) -> dict[str, list[int]]:
+    """Global ranks of `rank`'s collective groups: its DP axes (dp_axes) and, with
+    tp > 1, its TP group ('tp': the ranks of one (pp, dp, cp) coordinate)."""
+    axes = dp_axes(parallel, rank)
+    if parallel.tp > 1:
+        axes["tp"] = parallel.group("tp", rank)
+    return axes
+
+
 def _groups(parallel: ParallelConfig, rank: int, timeout: datetime.timedelta) -> dict[str, Any]:
-    """Process groups: one per DP group and sub-group (every rank creates every group, in
-    the same order, as torch.distributed requires), and one world group per P2P direction."""
+    """Process groups: one per DP group and sub-group and per TP group (every rank creates
+    every group, in the same order, as torch.distributed requires), and one world group
+    per P2P direction."""
     groups: dict[str, Any] = {}
     seen: list[tuple[int, ...]] = []
     for r in range(parallel.world_size):
-        for axis, members in dp_axes(parallel, r).items():
+        for axis, members in group_axes(parallel, r).items():
             if tuple(members) in seen:
                 continue
             seen.append(tuple(members))
             group = dist.new_group(list(members), timeout=timeout)
-            for name, mine in dp_axes(parallel, rank).items():
+            for name, mine in group_axes(parallel, rank).items():
                 if tuple(mine) == tuple(members):
                     groups[name] = group
     world = list(range(parallel.world_size))
@@ -193,14 +206,16 @@ def _iterate(rank: int, job: Job, device: torch.device, setup: RankSetup,
     schedule = job.schedule
     stages = [s for s in range(schedule.num_stages)
               if schedule.rank_of_stage(s) == setup.pipeline_rank]
-    modules = build_stages(job.model, stages, schedule.num_stages, job.seed, device)
-    tokens, labels = token_batch(job.model, job.parallel.global_batch_size, job.seed, device)
     clock = make_clock(device)
+    tp = _tensor_parallel(job.parallel, setup, clock)
+    modules = build_stages(job.model, stages, schedule.num_stages, job.seed, device, tp)
+    tokens, labels = token_batch(job.model, job.parallel.global_batch_size, job.seed, device)
 
     def on_op(index: int) -> None:
         progress[2 * rank + 1] = index
 
-    executor = RankExecutor(schedule, modules, setup, tokens, labels, clock, on_op)
+    executor = RankExecutor(schedule, modules, setup, tokens, labels, clock, on_op, tp,
+                            job.overlapped)
     params = named_parameters(modules)
     iterations = []
     total = job.warmup_iterations + job.iterations
@@ -221,7 +236,17 @@ def _iterate(rank: int, job: Job, device: torch.device, setup: RankSetup,
     progress[2 * rank] = total
     return iterations, {
         "grads": _serialise(executor.export_grads()) if job.return_grads else None,
-        "params": _serialise(executor.export_params()) if job.return_params else None}
+        "params": _serialise(executor.export_params()) if job.return_params else None,
+        "shard_dims": {n: getattr(p, "shard_dim", None) for n, p in params.items()}}
+
+
+def _tensor_parallel(parallel: ParallelConfig, setup: RankSetup, clock: Any) -> TensorParallel:
+    """This rank's TP shard and group (size 1 in replay, which kernels.launch allows at
+    tp = 1 only)."""
+    if parallel.tp == 1 or setup.loopback:
+        return TensorParallel(clock=clock)
+    return TensorParallel(parallel.tp, parallel.coords(setup.rank)["tp"], setup.groups["tp"],
+                          parallel.sequence_parallel, clock)
 
 
 def _serialise(tensors: dict[str, torch.Tensor]) -> bytes:

@@ -42,6 +42,26 @@ deadlock); "(s, g) covers (s, c)" when g == c or either is None:
   covering g (ZeRO-1/2: gather the updated shards).
 An op that is not compute (collectives, copies, an OPT_STEP with group 'host') is posted
 in program order and starts once its waits are met and the previous op on its lane ends.
+
+Intra-layer communication (issue 6): collectives on a group of INTRA_LAYER_GROUPS
+('tp', 'cp', 'ep': schedules.intra_layer) inside the layers a compute op covers, aggregated
+per compute op (`Op.count`). Each belongs to ONE compute op, by position:
+- a blocking op (group not in `overlapped`) is posted right AFTER its compute op; the
+  next compute op of the program, and every P2P SEND before that, wait for it (the next
+  layer needs the reduced activation; a SEND ships it). The blocking ops of one compute
+  op run one after another (each waits for the previous one): inside a layer they
+  alternate with its GEMMs, so their times add up on the critical path even on
+  different groups. TP all-reduces (Megatron), SP all-gathers / reduce-scatters, Ulysses
+  and MoE all-to-alls are blocking;
+- an overlapped op (group in `overlapped`: ring attention's KV passes, or TP with
+  --tp-comm-overlap) is posted right BEFORE its compute op and runs alongside it: it waits
+  for the P2P RECVs posted since the previous compute op (its compute op's inputs), its
+  compute op does NOT wait for it, and the compute op after it, and SENDs in between, do.
+Every intra-layer op also waits for the RECVs posted since the previous compute op (an
+all-gather that reassembles a scatter/gather P2P transfer, schedules.intra_layer).
+So a compute op waits for the intra-layer collectives of the previous compute op. An `I`'s
+collectives delay the `W` after it too (a simplification: W needs none of them).
+`overlapped` is the same set in both backends (schedules.intra_layer.overlapped_groups).
 """
 from __future__ import annotations
 
@@ -59,7 +79,15 @@ of one node for HSDP / hpZ) and the replica group across shard groups (sim.dp_gr
 _GRADIENT_KINDS = (OpKind.ALL_REDUCE, OpKind.REDUCE_SCATTER)
 _WORK_KINDS = (OpKind.F, OpKind.B, OpKind.I, OpKind.W)
 _POSITIONAL_KINDS = frozenset({OpKind.ALL_REDUCE, OpKind.REDUCE_SCATTER, OpKind.ALL_GATHER,
-                               OpKind.OPT_STEP, OpKind.COPY_D2H, OpKind.COPY_H2D})
+                               OpKind.ALL_TO_ALL, OpKind.OPT_STEP, OpKind.COPY_D2H,
+                               OpKind.COPY_H2D})
+
+INTRA_LAYER_GROUPS = frozenset({"tp", "cp", "ep"})
+"""Group axes of communication inside a layer (tensor, context, expert parallelism)."""
+
+
+def is_intra_layer(op: Op) -> bool:
+    return op.group in INTRA_LAYER_GROUPS and op.kind.is_collective
 
 
 def is_gradient_collective(op: Op) -> bool:
@@ -151,12 +179,16 @@ def _newest(indices: list[int]) -> tuple[int, ...]:
     return (max(indices),) if indices else ()
 
 
-def local_waits(program: Sequence[Op]) -> list[tuple[int, ...]]:
+def local_waits(program: Sequence[Op], overlapped: frozenset[str] | set[str] = frozenset()
+                ) -> list[tuple[int, ...]]:
     """For each op of `program`, the indices of the earlier ops of the same program it
-    waits for under the positional rules (module docstring); () for most ops."""
+    waits for under the positional rules (module docstring); () for most ops.
+    `overlapped`: intra-layer group axes whose collectives run alongside their compute op."""
     waits: list[tuple[int, ...]] = [()] * len(program)
     if not any(op.kind in _POSITIONAL_KINDS for op in program):
         return waits
+    if any(is_intra_layer(op) for op in program):
+        _intra_layer_waits(program, waits, overlapped)
     gathers: dict = {}    # (stage, chunk) -> latest parameter gather
     grads: dict = {}      # (stage, chunk) -> latest weight-gradient op
     reduced: dict = {}    # (stage, chunk) -> latest gradient collective
@@ -167,7 +199,7 @@ def local_waits(program: Sequence[Op]) -> list[tuple[int, ...]]:
     for index, op in enumerate(program):
         s, g, kind = op.stage, op.chunk, op.kind
         if kind in _WORK_KINDS:
-            waits[index] = tuple(_covering(gathers, s, g))
+            waits[index] = waits[index] + tuple(_covering(gathers, s, g))
             if kind is not OpKind.I:
                 grads[(s, g)] = index
         elif is_gradient_collective(op):
@@ -193,6 +225,32 @@ def local_waits(program: Sequence[Op]) -> list[tuple[int, ...]]:
     return waits
 
 
+def _intra_layer_waits(program: Sequence[Op], waits: list[tuple[int, ...]],
+                       overlapped: frozenset[str] | set[str]) -> None:
+    """Fill `waits` with the intra-layer rules (module docstring)."""
+    blocking: list[int] = []   # collectives the next compute op and SENDs wait for
+    alongside: list[int] = []  # overlapped collectives of the coming compute op
+    recvs: list[int] = []      # RECVs since the previous compute op
+    chain: tuple[int, ...] = ()  # the latest blocking collective of this compute op
+    for index, op in enumerate(program):
+        kind = op.kind
+        if kind in _WORK_KINDS:
+            waits[index] = tuple(blocking)
+            blocking, alongside, recvs, chain = alongside, [], [], ()
+        elif kind in (OpKind.SEND_F, OpKind.SEND_B):
+            waits[index] = tuple(blocking)
+        elif kind in (OpKind.RECV_F, OpKind.RECV_B):
+            recvs.append(index)
+        elif is_intra_layer(op):
+            if op.group in overlapped:
+                waits[index] = tuple(recvs)
+                alongside.append(index)
+            else:
+                waits[index] = chain + tuple(recvs)
+                chain = (index,)
+                blocking.append(index)
+
+
 @dataclass(frozen=True)
 class ProgramContract:
     """What a backend precomputes for one rank's program so it does not rescan:
@@ -204,8 +262,9 @@ class ProgramContract:
     completes: dict[int, tuple[Key, ...]]
 
 
-def program_contract(program: Sequence[Op]) -> ProgramContract:
-    return ProgramContract(local_waits(program), chunk_completions(program))
+def program_contract(program: Sequence[Op], overlapped: frozenset[str] | set[str] = frozenset()
+                     ) -> ProgramContract:
+    return ProgramContract(local_waits(program, overlapped), chunk_completions(program))
 
 
 def p2p_peer(op: Op) -> Key:

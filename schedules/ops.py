@@ -11,6 +11,12 @@ that communication can interleave with them. Its text form appends `.{chunk}`
 (`0F3.1`, `0ALL_GATHER2.1`); torch has no such action, so schedules.torch_csv refuses
 chunked ops. Not to be confused with Megatron's "model chunk" (a virtual stage).
 
+`count` (issue 6): how many back-to-back collectives of equal size one op stands for
+(the intra-layer collectives of tensor/context/expert parallelism are aggregated per
+compute op: a forward of L layers posts its 2L TP all-reduces as ONE op with count 2L).
+`nbytes` is then the total over the `count` collectives, nbytes/count each; a run costs
+count latency terms (k sequential collectives pay k alphas). Not part of the text form.
+
 Units: `nbytes` in bytes (payload for communication, memory traffic for compute),
 `flops` in floating-point operations.
 """
@@ -87,6 +93,7 @@ class Op:
     nbytes: int = 0
     flops: float = 0.0
     chunk: int | None = None
+    count: int = 1
 
     @property
     def key(self) -> tuple:
@@ -101,7 +108,7 @@ class Op:
         # Direct construction: dataclasses.replace is ~3x slower on this hot path.
         return Op(self.kind, self.stage, self.microbatch, self.group,
                   self.nbytes if nbytes is None else nbytes,
-                  self.flops if flops is None else flops, self.chunk)
+                  self.flops if flops is None else flops, self.chunk, self.count)
 
     def __str__(self) -> str:
         mb = "" if self.microbatch is None else str(self.microbatch)

@@ -10,6 +10,17 @@ Metrics (per rank r, T = iteration time = last end - first start):
   over ranks (for uniform costs this is the classic (P-1)/(M+P-1) of GPipe/1F1B);
 - peak in-flight microbatches(r) = the most (stage, microbatch) pairs whose forward has
   started and whose last backward op (B, or W after I) has not yet ended.
+- time breakdown(r) (`time_breakdown`, issue 6): every instant of [start, start + T] on
+  rank r goes to exactly one category, so the categories sum to T on every rank:
+  'compute' while r's compute lane is busy; otherwise the first category, in
+  EXPOSED_ORDER ('tp', 'cp', 'ep', 'pp', 'dp', 'other'), with a span of r in flight at
+  that instant: that communication is EXPOSED (not overlapped by compute on that rank);
+  'bubble' when nothing of r runs at all (idle, waiting with nothing in flight). A
+  span's category is its op's group axis ('tp', 'cp', 'ep'; 'pp' and every SEND/RECV;
+  'dp', 'dp_shard', 'dp_replicate' are 'dp'); host copies and a host optimizer step are
+  'other'. Priority: intra-layer groups first (the compute stream waits on them
+  directly), then pipeline, then data-parallel traffic. A RECV's span starts when both
+  ends are posted, so waiting for a peer that has not sent yet is bubble, not PP.
 """
 from __future__ import annotations
 
@@ -23,6 +34,19 @@ from typing import Any
 from .ops import Op, OpKind, parse_op
 
 COMPUTE_LANE = "compute"
+EXPOSED_ORDER = ("tp", "cp", "ep", "pp", "dp", "other")
+CATEGORIES = ("compute", *EXPOSED_ORDER, "bubble")
+_GROUP_CATEGORY = {"tp": "tp", "cp": "cp", "ep": "ep", "pp": "pp", "dp": "dp",
+                   "dp_shard": "dp", "dp_replicate": "dp"}
+
+
+def span_category(span: Span) -> str:
+    """The time-breakdown category of `span` (module docstring)."""
+    if span.lane == COMPUTE_LANE:
+        return "compute"
+    if span.op.kind.is_p2p:
+        return "pp"
+    return _GROUP_CATEGORY.get(span.op.group or "", "other")
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +70,8 @@ class Span:
              "end": self.end, "nbytes": self.op.nbytes, "flops": self.op.flops}
         if self.op.group is not None:
             d["group"] = self.op.group
+        if self.op.count != 1:
+            d["count"] = self.op.count
         if self.info:
             d["info"] = dict(self.info)
         return d
@@ -54,7 +80,8 @@ class Span:
     def from_dict(d: Mapping[str, Any]) -> Span:
         op = parse_op(d["op"])
         op = Op(op.kind, op.stage, op.microbatch, d["group"] if "group" in d else None,
-                int(d.get("nbytes", 0)), float(d.get("flops", 0.0)), op.chunk)
+                int(d.get("nbytes", 0)), float(d.get("flops", 0.0)), op.chunk,
+                int(d.get("count", 1)))
         return Span(int(d["rank"]), d["lane"], op, float(d["start"]), float(d["end"]),
                     d.get("info"))
 
@@ -125,15 +152,26 @@ class Timeline:
     def peak_in_flight(self) -> dict[int, int]:
         return peak_in_flight(self.spans)
 
+    def time_breakdown(self) -> dict[int, dict[str, float]]:
+        """Per rank, seconds per category of CATEGORIES; they sum to the iteration time
+        (module docstring)."""
+        return time_breakdown(self.spans, self.ranks, self.start_time, self.iteration_time)
+
     def metrics(self) -> dict[str, Any]:
         """The metrics JSON: scalars plus per-rank values keyed by rank (as strings)."""
         def per_rank(values: Mapping[int, float]) -> dict[str, float]:
             return {str(r): v for r, v in sorted(values.items())}
 
+        breakdown = self.time_breakdown()
         return {
             "source": self.source,
             "iteration_time": self.iteration_time,
             "bubble_fraction": self.bubble_fraction,
+            "time_breakdown": {  # seconds per rank; total = summed over ranks (rank-seconds)
+                "categories": list(CATEGORIES),
+                "per_rank": {str(r): v for r, v in sorted(breakdown.items())},
+                "total": {c: sum(v[c] for v in breakdown.values()) for c in CATEGORIES},
+            },
             "per_rank": {
                 "compute_time": per_rank(self.compute_busy()),
                 "idle_time": per_rank(self.idle_time()),
@@ -205,3 +243,32 @@ def peak_in_flight(spans: Iterable[Span],
             peak = max(peak, level)
         peaks[rank] = peak
     return peaks
+
+
+def time_breakdown(spans: Iterable[Span], ranks: Iterable[int], start: float,
+                   total: float) -> dict[int, dict[str, float]]:
+    """Per rank, seconds of [start, start + total] in each of CATEGORIES: a sweep over the
+    rank's span edges; between two edges the active category of highest priority
+    (compute, then EXPOSED_ORDER) takes the time, and time with none is bubble."""
+    priority = {c: i for i, c in enumerate(CATEGORIES[:-1])}
+    edges: dict[int, list[tuple[float, int, int]]] = defaultdict(list)
+    for s in spans:
+        if s.end > s.start:
+            p = priority[span_category(s)]
+            edges[s.rank].append((s.start, 1, p))
+            edges[s.rank].append((s.end, -1, p))
+    out = {}
+    for rank in ranks:
+        seconds = [0.0] * len(priority)
+        active = [0] * len(priority)
+        events = sorted(edges.get(rank, ()))
+        for (time, delta, p), nxt in zip(events, events[1:] + [None]):
+            active[p] += delta
+            if nxt is not None and nxt[0] > time:
+                top = next((i for i, n in enumerate(active) if n > 0), None)
+                if top is not None:
+                    seconds[top] += nxt[0] - time
+        row = dict(zip(CATEGORIES, seconds))
+        row["bubble"] = max(total - sum(seconds), 0.0)
+        out[rank] = row
+    return out

@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from .contract import (Key, is_gradient_collective, is_parameter_gather, p2p_peer,
-                       prerequisites, produces, program_contract, runs_on_compute_stream)
+from .contract import (Key, is_gradient_collective, is_intra_layer, is_parameter_gather,
+                       p2p_peer, prerequisites, produces, program_contract,
+                       runs_on_compute_stream)
 from .errors import ConfigError, DeadlockError
 from .ops import Op, OpKind
 from .p2p import add_p2p
@@ -111,11 +112,12 @@ def _check_chunks(program: list[Op], rank: int, groups: int) -> None:
                               f"(forward in layer order, backward in reverse), got {chunks}")
 
 
-def dry_run(schedule: Schedule) -> DryRun:
-    """Run the contract with unit compute time; raise DeadlockError if it cannot finish."""
+def dry_run(schedule: Schedule, overlapped: frozenset[str] = frozenset()) -> DryRun:
+    """Run the contract with unit compute time; raise DeadlockError if it cannot finish.
+    `overlapped`: intra-layer groups that run alongside compute (schedules.contract)."""
     lowered = add_p2p(schedule)
     programs, ranks = lowered.programs, lowered.stage_ranks
-    contracts = [program_contract(p) for p in programs]
+    contracts = [program_contract(p, overlapped) for p in programs]
     done: dict[Key, int] = {}      # key -> step at which its product is available
     posted: dict[Key, int] = {}    # p2p key -> step at which it was posted
     finished = [[0] * len(p) for p in programs]  # step at which op i's product exists
@@ -170,15 +172,16 @@ def dry_run(schedule: Schedule) -> DryRun:
 
 def positional(op: Op) -> bool:
     """Ops the contract places by position (may repeat a key): DP collectives, copies,
-    optimizer steps."""
+    optimizer steps, intra-layer (TP/CP/EP) collectives."""
     if op.kind not in _MAYBE_POSITIONAL:
         return False
     return (op.kind is OpKind.OPT_STEP or op.kind.is_copy or is_gradient_collective(op)
-            or is_parameter_gather(op))
+            or is_parameter_gather(op) or is_intra_layer(op))
 
 
 _MAYBE_POSITIONAL = frozenset({OpKind.OPT_STEP, OpKind.COPY_D2H, OpKind.COPY_H2D,
-                               OpKind.ALL_REDUCE, OpKind.REDUCE_SCATTER, OpKind.ALL_GATHER})
+                               OpKind.ALL_REDUCE, OpKind.REDUCE_SCATTER, OpKind.ALL_GATHER,
+                               OpKind.ALL_TO_ALL})
 
 
 def _describe_wait(key: Key, posted: dict[Key, int]) -> str:

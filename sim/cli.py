@@ -49,6 +49,10 @@ def _add_parallel_flags(p: argparse.ArgumentParser, with_schedule: bool = True,
                    help="model chunks per rank (interleaved; default 2 there, else 1)")
     g.add_argument("--dp", "--data-parallel-size", type=int, default=1)
     g.add_argument("--tp", "--tensor-model-parallel-size", type=int, default=1)
+    g.add_argument("--cp", "--context-parallel-size", type=int, default=1,
+                   help="context-parallel ranks (the sequence split over them)")
+    g.add_argument("--ep", "--expert-model-parallel-size", type=int, default=1,
+                   help="expert-parallel ranks (MoE models; folds into dp * cp)")
     g.add_argument("--sequence-parallel", action="store_true", default=None,
                    help="Megatron sequence parallelism (activations split by tp)")
     g.add_argument("--microbatches", "--num-microbatches", type=int,
@@ -102,6 +106,23 @@ def _add_sharding_flags(p: argparse.ArgumentParser) -> None:
                    help="Megatron: with full recompute granularity")
 
 
+def _add_intra_layer_flags(p: argparse.ArgumentParser) -> None:
+    """How TP/CP/EP communication runs (schedules.intra_layer.IntraLayerOptions)."""
+    g = p.add_argument_group("intra-layer communication (TP, CP, EP)")
+    g.add_argument("--tp-comm-overlap", action="store_true", default=False,
+                   help="Megatron --tp-comm-overlap: TP collectives run alongside the GEMMs "
+                        "instead of between them")
+    g.add_argument("--cp-comm", choices=["ring", "ulysses"], default="ring",
+                   help="context parallelism: ring attention (KV passed around the ring, "
+                        "overlapped; default) or DeepSpeed-Ulysses all-to-alls")
+    g.add_argument("--moe-imbalance", type=float, default=1.0, metavar="FACTOR",
+                   help="busiest expert's tokens over the balanced share (>= 1; default 1)")
+    g.add_argument("--scatter-gather-tensors-in-pipeline", dest="scatter_gather",
+                   action="store_true", default=False,
+                   help="SC21's scatter/gather: each TP rank sends 1/tp of a pipeline "
+                        "transfer, the receivers all-gather it (tp > 1, no SP)")
+
+
 def _add_cluster_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("cluster and costs")
     g.add_argument("--topology", default=commands.DEFAULT_TOPOLOGY,
@@ -128,6 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim = sub.add_parser("simulate", help="simulate one iteration to a Gantt HTML",
                          description="Simulate one training iteration and write a Gantt chart.")
     _add_parallel_flags(sim)
+    _add_intra_layer_flags(sim)
     _add_model_flags(sim)
     _add_cluster_flags(sim)
     out = sim.add_argument_group("outputs")
@@ -162,6 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--schedules", default="gpipe,1f1b,interleaved-1f1b",
                      help="comma-separated; NAME:V sets vpp, e.g. interleaved-1f1b:4")
     _add_parallel_flags(cmp, with_schedule=False)
+    _add_intra_layer_flags(cmp)
     _add_model_flags(cmp)
     _add_cluster_flags(cmp)
     cmp.add_argument("-o", "--output", help="HTML with the Gantt charts stacked")

@@ -160,6 +160,15 @@ class CollectiveRun:
         return self.end - self.start
 
 
+def repeated(phases: Sequence[Phase], count: int) -> list[Phase]:
+    """`count` back-to-back runs of `phases` as one: steps and bytes times count. Exact
+    for the alpha-beta cost of an uncontended run; under contention the bytes share
+    links as one longer collective would."""
+    if count == 1:
+        return list(phases)
+    return [Phase(p.steps * count, [(a, b, n * count) for a, b, n in p.flows]) for p in phases]
+
+
 def run_collective(env: simpy.Environment, network: FlowNetwork,
                    op: str | Collective | OpKind | Op, gpus: Sequence[str],
                    nbytes: float | None = None, algorithm: str | None = None, *,
@@ -169,13 +178,16 @@ def run_collective(env: simpy.Environment, network: FlowNetwork,
     CollectiveRun when the last flow has arrived.
 
     `op` may be a schedule's Op (its `nbytes` and `group` then default the size and the
-    lane, and the spans carry it), else the lane is 'coll'. One Span per member, on rank
+    lane, and the spans carry it), else the lane is 'coll'. An Op with `count` k > 1 runs
+    k back-to-back collectives of nbytes/k each (`repeated`). One Span per member, on rank
     `ranks[i]` (default: the GPU's global index), is appended to `spans` if given; its
     `info` holds algorithm, steps, bytes, algbw_GBps and busbw_GBps."""
     coll = parse_collective(op)
     schedule_op = op if isinstance(op, Op) else None
     size = float(schedule_op.nbytes if nbytes is None and schedule_op else nbytes or 0)
-    name, phases = collective_phases(coll, gpus, size, network.graph, algorithm)
+    count = schedule_op.count if schedule_op else 1
+    name, phases = collective_phases(coll, gpus, size / count, network.graph, algorithm)
+    phases = repeated(phases, count)
     record = CollectiveRun(coll, name, size, sum(p.steps for p in phases),
                            sum(len(p.flows) for p in phases), env.now)
     done = env.event()

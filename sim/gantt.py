@@ -85,6 +85,8 @@ def hover_text(span: Span, origin: float = 0.0) -> str:
         lines.append(f"flops: {op.flops:.3g}")
     if op.group:
         lines.append(f"group: {op.group}")
+    if op.count != 1:
+        lines.append(f"collectives: {op.count} back-to-back")
     for key, value in (span.info or {}).items():
         lines.append(f"{key}: {value:.4g}" if isinstance(value, float) else f"{key}: {value}")
     return "<br>".join(lines)

@@ -3,14 +3,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from schedules.timeline import Timeline
+from schedules.timeline import CATEGORIES, Timeline
 
 from .units import format_seconds
 
 
 def format_summary(timeline: Timeline) -> str:
     meta = timeline.meta
-    head = (f"{meta.get('schedule', '?')}: pp={meta.get('pp')} vpp={meta.get('vpp')} "
+    axes = "".join(f" {axis}={meta[axis]}" for axis in ("dp", "tp", "cp", "ep")
+                   if meta.get(axis, 1) != 1)
+    head = (f"{meta.get('schedule', '?')}: pp={meta.get('pp')} vpp={meta.get('vpp')}{axes} "
             f"microbatches={meta.get('microbatches')} model={meta.get('model')} "
             f"topology={meta.get('topology')} costs={meta.get('cost_model')}")
     lines = [head,
@@ -25,9 +27,30 @@ def format_summary(timeline: Timeline) -> str:
         lines.append(f"{r:>4} {format_seconds(busy[r]):>12} {format_seconds(idle[r]):>12} "
                      f"{bubble[r]:>7.4f} {flight.get(r, 0):>9} "
                      f"{memory.get(r, 0) / 1e9:>6.1f} GB")
+    lines += format_breakdown(timeline)
     lines += [f"warning: {w}" for w in meta.get("warnings", ())]
     lines += [format_oom(entry) for entry in meta.get("oom", ())]
     return "\n".join(lines)
+
+
+def format_breakdown(timeline: Timeline) -> list[str]:
+    """Per rank and in total: compute, exposed communication by group, bubble (seconds;
+    schedules.timeline.time_breakdown). Categories that are zero everywhere are left out."""
+    breakdown = timeline.time_breakdown()
+    if not breakdown:
+        return []
+    total = {c: sum(row[c] for row in breakdown.values()) for c in CATEGORIES}
+    shown = [c for c in CATEGORIES if total[c] > 0 or c in ("compute", "bubble")]
+    names = {"tp": "TP", "cp": "CP", "ep": "EP", "pp": "PP", "dp": "DP"}
+    lines = ["time breakdown: compute, exposed communication (not overlapped by compute), "
+             "bubble (nothing in flight)",
+             f"{'rank':>4} " + " ".join(f"{names.get(c, c):>10}" for c in shown)]
+    for rank, row in sorted(breakdown.items()):
+        lines.append(f"{rank:>4} " + " ".join(f"{format_seconds(row[c]):>10}" for c in shown))
+    ranks = len(breakdown)
+    lines.append(f"{'mean':>4} " + " ".join(f"{format_seconds(total[c] / ranks):>10}"
+                                             for c in shown))
+    return lines
 
 
 def format_oom(entry: dict) -> str:

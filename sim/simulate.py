@@ -3,10 +3,12 @@
 Steps: build or take the schedule -> check its structure -> add the data-parallel
 communication the config asks for (schedules.data_parallel: DDP buckets, ZeRO 1-3,
 FSDP/HSDP, ZeRO++, offload) -> cost every op from the ModelSpec (layer groups from
-schedules.layer_groups) -> place pipeline ranks on GPUs in the config's rank order ->
-replay it in SimPy with a cost model (optimizer steps: sim.optimizer) and the network seam
-(DP sub-groups: sim.dp_groups; host copies over the GPU's PCIe link to its host CPU). A deadlock found by the replay
-is re-reported through the unit-time dry run, whose rank x step grid marks the stuck ops.
+schedules.layer_groups) -> add the intra-layer TP/SP/CP/EP collectives
+(schedules.intra_layer, with IntraLayerOptions) -> place pipeline ranks on GPUs in the
+config's rank order -> replay it in SimPy with a cost model (optimizer steps:
+sim.optimizer) and the network seam (collectives: sim.collective_model; host copies over
+the GPU's PCIe link to its host CPU). A deadlock found by the replay is re-reported
+through the unit-time dry run, whose rank x step grid marks the stuck ops.
 """
 from __future__ import annotations
 
@@ -23,18 +25,18 @@ from schedules.layer_groups import group_costs
 from schedules.costs import stage_costs
 from schedules.errors import ConfigError, DeadlockError
 from schedules.generators import build_schedule
+from schedules.intra_layer import IntraLayerOptions, add_intra_layer
 from schedules.model import ModelSpec
 from schedules.ops import Op, OpKind
 from schedules.parallel import ParallelConfig
 from schedules.profile import Profile
-from schedules.sharding import group_ranks
 from schedules.schedule import Schedule
 from schedules.timeline import Timeline
 from schedules.validate import check_structure, dry_run
 from topologies import device_of, gpu_nodes
 
 from .cost import DEFAULT_COMPUTE_EFFICIENCY, DEFAULT_MEMORY_EFFICIENCY, RooflineCost, UniformCost
-from .collectives import collective_phases, run_collective
+from .collective_model import collective_model
 from .dp_groups import group_size, shard_size
 from .offload import host_cpus, with_host_links
 from .optimizer import with_optimizer_steps
@@ -84,47 +86,6 @@ def tp_groups_spanning_hosts(parallel: ParallelConfig, topology: nx.DiGraph) -> 
     return spanning
 
 
-def collective_model(env: simpy.Environment, network, parallel: ParallelConfig,
-                     topology: nx.DiGraph, shard: int | None = None
-                     ) -> Callable[[Op, int], simpy.Event]:
-    """How the replay runs a collective of pipeline rank r: over the GPUs of r's group
-    (`op.group` axis of the rank grid, DP sub-groups by sim.dp_groups with `shard`) on
-    the flow network; instant on InstantNetwork. A 'dp_replicate' collective runs with
-    the replica groups of the rank's other shard members at once (one per GPU of a node,
-    the traffic that shares the inter-node links); the span is the rank's own group's."""
-    gpus = gpu_nodes(topology)
-    chosen: dict[tuple, str] = {}  # the default choice is a pure function of these
-
-    def members(axis: str, rank: int) -> list[int]:
-        if axis.startswith("dp_"):
-            return group_ranks(parallel, axis, rank, shard)
-        return parallel.group(axis, rank)
-
-    def start(op: Op, ranks: list[int]) -> simpy.Event:
-        devices = [gpus[g] for g in ranks]
-        key = (op.kind, tuple(devices), op.nbytes)
-        if key not in chosen:  # bucketed ops repeat sizes: pick each algorithm once
-            chosen[key] = collective_phases(op, devices, op.nbytes, network.graph)[0]
-        return run_collective(env, network, op, devices, algorithm=chosen[key], ranks=ranks)
-
-    def run(op: Op, pp_rank: int) -> simpy.Event:
-        if not isinstance(network, FlowNetwork):
-            return env.timeout(0, value=None)
-        rank = parallel.rank(pp=pp_rank)
-        group = members(op.group, rank)
-        me = group.index(rank)
-        if op.group == "dp_replicate":
-            for other in members("dp_shard", rank):
-                if other != rank:
-                    start(op, members("dp_replicate", other))
-        result = env.event()
-        running = start(op, group)
-        running.callbacks.append(lambda ev: result.succeed(dict(ev.value.spans[me].info)))
-        return result
-
-    return run
-
-
 def gathered_bytes(model: ModelSpec, parallel: ParallelConfig) -> Callable[[Op], int]:
     """Bytes a ZeRO-3 / FSDP parameter gather (chunk set) holds until its last user ends:
     the layer group's unsharded 16-bit parameters, i.e. its nbytes, or for a ZeRO++ qwZ
@@ -141,8 +102,10 @@ def gathered_bytes(model: ModelSpec, parallel: ParallelConfig) -> Callable[[Op],
 
 
 def simulate(model: ModelSpec, parallel: ParallelConfig, topology: nx.DiGraph,
-             schedule: Schedule | None = None, costs: CostOptions = CostOptions()) -> Timeline:
-    """Simulate one training iteration; `schedule` overrides the one `parallel` names."""
+             schedule: Schedule | None = None, costs: CostOptions = CostOptions(),
+             intra: IntraLayerOptions = IntraLayerOptions()) -> Timeline:
+    """Simulate one training iteration; `schedule` overrides the one `parallel` names;
+    `intra` says how TP/CP/EP communication runs (schedules.intra_layer)."""
     parallel.check_model(model)
     if schedule is None:
         schedule = build_schedule(parallel.schedule, parallel.pp, parallel.num_microbatches,
@@ -157,7 +120,8 @@ def simulate(model: ModelSpec, parallel: ParallelConfig, topology: nx.DiGraph,
     per_stage = stage_costs(model, parallel, schedule.num_stages)
     chunk_costs = (group_costs(model, parallel, schedule.num_stages, schedule.layer_groups)
                    if schedule.layer_groups > 1 else None)
-    lowered = annotate(schedule, per_stage, chunk_costs)
+    lowered = add_intra_layer(annotate(schedule, per_stage, chunk_costs), model, parallel,
+                              intra)
     host_warning = None
     if parallel.offload:
         topology, host_warning = with_host_links(topology)
@@ -191,11 +155,12 @@ def simulate(model: ModelSpec, parallel: ParallelConfig, topology: nx.DiGraph,
                           gpus_per_node=gpus_per_node(topology),
                           gathered=(gathered_bytes(model, parallel)
                                     if schedule.count(OpKind.ALL_GATHER) else None))
-    replay = Replay(env, lowered, devices, compute_time, network, memory, collective, hosts)
+    replay = Replay(env, lowered, devices, compute_time, network, memory, collective, hosts,
+                    overlapped=intra.overlapped_groups())
     try:
         timeline = replay.run()
     except DeadlockError:
-        dry_run(schedule)  # re-raises with the rank x step grid
+        dry_run(schedule, intra.overlapped_groups())  # re-raises with the rank x step grid
         raise
 
     warnings = [host_warning] if host_warning else []
@@ -206,12 +171,17 @@ def simulate(model: ModelSpec, parallel: ParallelConfig, topology: nx.DiGraph,
     spanning = tp_groups_spanning_hosts(parallel, topology)
     if spanning:
         warnings.append(f"{len(spanning)} TP group(s) span several nodes, e.g. ranks "
-                        f"{spanning[0]}: TP traffic would cross the inter-node network")
+                        f"{spanning[0]}: TP collectives cross the inter-node network "
+                        "(simulated as flows)")
     for warning in warnings:
         log.info(warning)
     timeline.meta.update({
         "schedule": schedule.name, "pp": parallel.pp, "vpp": schedule.stages_per_rank,
-        "dp": parallel.dp, "tp": parallel.tp, "microbatches": schedule.num_microbatches,
+        "dp": parallel.dp, "tp": parallel.tp, "cp": parallel.cp, "ep": parallel.ep,
+        "sequence_parallel": parallel.sequence_parallel,
+        "tp_comm_overlap": intra.tp_comm_overlap, "cp_comm": intra.cp_comm,
+        "moe_imbalance": intra.moe_imbalance, "scatter_gather": intra.scatter_gather,
+        "microbatches": schedule.num_microbatches,
         "model": model.name or "custom", "topology": topology.graph.get("name", "custom"),
         "devices": devices, "device_memory_bytes": capacity, "oom_ranks": over,
         "warnings": warnings,

@@ -82,6 +82,8 @@ def test_compare_table_and_html(tmp_path):
     (["show", "1f1b", "--pp", "0", "--microbatches", "4"], ["pp"]),
     (["simulate", "--pp", "abc"], ["--pp", "invalid int"]),
     (["show", "1f1b"], ["--microbatches", "required"]),
+    (["simulate", "--pp", "1", "--moe-imbalance", "0.5"], ["moe_imbalance", ">= 1"]),
+    (["simulate", "--pp", "1", "--cp", "3"], ["seq_length", "2*cp"]),
 ])
 def test_user_errors_are_one_clear_line(args, words):
     result = clustersim(*args, check=False)
@@ -202,3 +204,18 @@ def test_simulate_accepts_sharding_flags_and_reports_oom(tmp_path):
     assert oom["activations_bytes"] > 0 and oom["optimizer_states_bytes"] > 0
     assert "OOM: rank 0 peaks at" in out
     assert set(data["per_rank"]["peak_memory_time"]) == {"0"}
+
+
+def test_simulate_tp_cp_ep_flags_and_the_time_breakdown(tmp_path):
+    metrics = tmp_path / "m.json"
+    out = clustersim("simulate", "--model", "mixtral-8x7b", "--num-layers", "4", "--pp", "2",
+                     "--tp", "2", "--cp", "2", "--dp", "2", "--ep", "2", "--sequence-parallel",
+                     "--cp-comm", "ulysses", "--tp-comm-overlap", "--moe-imbalance", "1.2",
+                     "--microbatches", "4", "--topology", "dgx-h100-x16-ndr",
+                     "-o", str(tmp_path / "g.html"), "--metrics-json", str(metrics))
+    assert "tp=2 cp=2 ep=2" in out.stdout and "time breakdown" in out.stdout
+    data = json.loads(metrics.read_text())
+    assert data["meta"]["cp_comm"] == "ulysses" and data["meta"]["tp_comm_overlap"]
+    for rank, row in data["time_breakdown"]["per_rank"].items():
+        assert sum(row.values()) == pytest.approx(data["iteration_time"], rel=1e-9)
+        assert row["cp"] > 0 and row["ep"] > 0  # Ulysses and MoE all-to-alls block

@@ -76,3 +76,40 @@ def test_deadlock_with_data_parallel_ops_is_reported():
     with pytest.raises(DeadlockError) as err:
         validate(schedule)
     assert ">1REDUCE_SCATTER<" in err.value.report
+
+
+def _intra(text):
+    """ops() with the group after '@' ('0ALL_REDUCE0@tp'), 'pp' on P2P ops."""
+    out = []
+    for token in text.split():
+        name, _, group = token.partition("@")
+        op = parse_op(name)
+        group = group or ("pp" if op.kind.is_p2p else None)
+        out.append(Op(op.kind, op.stage, op.microbatch, group))
+    return out
+
+
+def test_blocking_intra_layer_collectives_gate_the_next_compute_and_send():
+    program = _intra("1RECV_F0 1F0 1ALL_REDUCE0@tp 1ALL_REDUCE0@tp 1SEND_F0 1RECV_B0 1B0 "
+                     "1ALL_REDUCE0@tp 1SEND_B0")
+    waits = local_waits(program)
+    assert waits[1] == ()  # F waits for nothing local (its RECV is a keyed wait)
+    assert waits[3] == (2,)  # one compute op's collectives run one after another
+    assert waits[4] == (2, 3)  # SEND_F ships the reduced activation
+    assert waits[6] == (2, 3)  # the next compute op waits for the previous op's collectives
+    assert waits[8] == (7,)
+
+
+def test_overlapped_collectives_run_alongside_their_compute_op():
+    program = _intra("1RECV_F0 1ALL_GATHER0@cp 1F0 1ALL_REDUCE0@tp 1SEND_F0 1B0")
+    waits = local_waits(program, overlapped={"cp"})
+    assert waits[1] == (0,)  # after its compute op's inputs arrive
+    assert waits[2] == ()  # F does not wait for its own ring
+    assert set(waits[4]) == {1, 3} and set(waits[5]) == {1, 3}
+    assert local_waits(program)[2] == (1,)  # not overlapped: a blocking op of nothing before
+
+
+def test_intra_layer_ops_with_repeated_keys_validate():
+    programs = [_intra("0F0 0ALL_REDUCE0@tp 0B0 0ALL_REDUCE0@tp")]
+    schedule = Schedule("tp", 1, programs, 1)
+    assert validate(schedule).makespan == 2

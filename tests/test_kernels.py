@@ -80,7 +80,7 @@ def test_tensor_parallel_shards_recombine_to_the_full_linear():
     for r in range(2):
         init_parameters(cols[r], seed=1, tp_rank=r)
         init_parameters(rows[r], seed=1, tp_rank=r)
-    linear = torch.nn.functional.linear  # the shards' math; TP communication is not in yet
+    linear = torch.nn.functional.linear  # the shards' math (communication: kernels.tensor_parallel)
     h = full_col(x)
     torch.testing.assert_close(torch.cat([linear(x, c.weight, c.bias) for c in cols], -1), h)
     parts = h.chunk(2, dim=-1)  # row-parallel: partial sums, bias added once
@@ -215,8 +215,8 @@ def test_rank_that_raises_ends_the_run_naming_rank_and_op():
 
 
 def test_unsupported_configurations_fail_clearly(monkeypatch):
-    with pytest.raises(KernelsError, match="tp=2"):
-        run_schedule(build_schedule("1f1b", 1, 1), GPT, parallel(tp=2, num_microbatches=1))
+    with pytest.raises(KernelsError, match="cp=2"):  # tp runs: tests/test_kernels_tp.py
+        run_schedule(build_schedule("1f1b", 1, 1), GPT, parallel(cp=2, num_microbatches=1))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     with pytest.raises(KernelsError, match="one GPU cannot run NCCL between ranks"):

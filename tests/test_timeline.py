@@ -127,3 +127,50 @@ def test_save_load_round_trip(tmp_path):
     back = Timeline.load(path)
     assert back == t
     assert back.metrics() == t.metrics()
+
+
+def test_time_breakdown_priorities_on_a_hand_timeline():
+    """rank 0 over [0, 10]: compute 0-4; TP 3-5 (1 s exposed); DP 4-7 (TP has priority
+    4-5, so DP 2 s exposed); PP 8-9; nothing 7-8 and 9-10 = bubble 2 s."""
+    spans = [compute(0, F, 0, 0, 0.0, 4.0),
+             Span(0, "tp", Op(OpKind.ALL_REDUCE, 0, 0, "tp"), 3.0, 5.0),
+             Span(0, "dp", Op(OpKind.ALL_REDUCE, 0, None, "dp_replicate"), 4.0, 7.0),
+             Span(0, "send", Op(OpKind.SEND_F, 0, 0, "pp"), 8.0, 9.0),
+             compute(0, B, 0, 0, 9.99, 10.0)]
+    row = Timeline(spans).time_breakdown()[0]
+    assert row["compute"] == pytest.approx(4.01) and row["tp"] == pytest.approx(1.0)
+    assert row["dp"] == pytest.approx(2.0) and row["pp"] == pytest.approx(1.0)
+    assert row["bubble"] == pytest.approx(1.99)
+    assert sum(row.values()) == pytest.approx(10.0)
+
+
+def test_time_breakdown_sums_to_the_iteration_time_of_every_rank():
+    from schedules.model import get_model
+    from schedules.parallel import ParallelConfig
+    from sim.simulate import simulate
+    from topologies import fat_tree
+
+    parallel = ParallelConfig(pp=2, tp=4, dp=2, num_microbatches=4, sequence_parallel=True)
+    timeline = simulate(get_model("gpt3-1.3b"), parallel, fat_tree("dgx-h100", num_nodes=2))
+    breakdown = timeline.time_breakdown()
+    for rank, row in breakdown.items():
+        assert sum(row.values()) == pytest.approx(timeline.iteration_time, rel=1e-9)
+        assert row["compute"] == pytest.approx(timeline.compute_busy()[rank])
+        assert row["tp"] > 0 and row["pp"] > 0
+    metrics = timeline.metrics()["time_breakdown"]
+    assert set(metrics["per_rank"]) == {"0", "1"} and "bubble" in metrics["total"]
+
+
+def test_time_breakdown_bubble_is_the_closed_form_with_free_communication():
+    from schedules.model import get_model
+    from schedules.parallel import ParallelConfig
+    from sim.cost import UniformCost
+    from sim.simulate import CostOptions, simulate
+    from topologies import fat_tree
+
+    parallel = ParallelConfig(pp=4, tp=2, num_microbatches=8)
+    timeline = simulate(get_model("gpt3-1.3b"), parallel, fat_tree("dgx-h100", num_nodes=1),
+                        costs=CostOptions(uniform=UniformCost(1.0, 2.0)))
+    assert timeline.iteration_time == pytest.approx(33.0)
+    for row in timeline.time_breakdown().values():
+        assert row["bubble"] == pytest.approx(9.0) and row["compute"] == pytest.approx(24.0)

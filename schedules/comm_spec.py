@@ -1,0 +1,56 @@
+"""What one compute op covers, and one aggregated intra-layer collective it posts.
+
+Shared by the intra-layer passes (schedules.tensor_parallel, context_parallel,
+expert_parallel; put together by schedules.intra_layer). Units: bytes, counts.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .ops import OpKind
+
+
+@dataclass(frozen=True)
+class Covered:
+    """The part of the model one compute op runs: its kind (F, B, I or W), its transformer
+    layers (`moe_layers` of them MoE layers), whether it holds the embedding (first layer
+    group of stage 0) and the head (final norm, output layer, cross-entropy: last layer
+    group of the last stage), and the run's activation recompute ('none', 'selective',
+    'full'). Full recompute re-runs the layers' forward, and its communication, in B / I."""
+
+    kind: OpKind
+    layers: int
+    moe_layers: int = 0
+    embedding: bool = False
+    head: bool = False
+    recompute: str = "none"
+
+    @property
+    def forward_passes(self) -> int:
+        """How many times the op runs its layers' forward: 1 for F, 1 for B / I under full
+        recompute, else 0."""
+        if self.kind is OpKind.F:
+            return 1
+        return int(self.kind in (OpKind.B, OpKind.I) and self.recompute == "full")
+
+    @property
+    def backward(self) -> bool:
+        """Whether the op runs the input-gradient backward (B or I; W runs none)."""
+        return self.kind in (OpKind.B, OpKind.I)
+
+
+@dataclass(frozen=True)
+class Comm:
+    """`count` back-to-back collectives `kind` on group axis `group`, `nbytes` in total
+    (nbytes / count each, nccl-tests' size S): one Op with this count and nbytes."""
+
+    kind: OpKind
+    group: str
+    nbytes: int
+    count: int
+
+
+def comms(kind: OpKind, group: str, nbytes: float, count: int) -> list[Comm]:
+    """[Comm] of `nbytes` in total when count > 0 and nbytes > 0, else [] (so callers can
+    add terms freely)."""
+    return [Comm(kind, group, max(1, round(nbytes)), count)] if count > 0 and nbytes > 0 else []

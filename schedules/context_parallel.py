@@ -1,0 +1,69 @@
+"""Context-parallel communication of one compute op: ring attention or Ulysses.
+
+Context parallelism splits the sequence over the cp ranks (Megatron splits it into 2*cp
+chunks for load balance; costs already divide FLOPs and activations by cp). Attention
+needs every token's K and V; two ways (`cp_comm`):
+
+- 'ring': ring attention (Liu, Zaharia & Abbeel 2023, "Ring Attention with Blockwise
+  Transformers"; Megatron-Core `AttnFuncWithCPAndKVP2P`). Each rank passes its K and V
+  block to the next rank, cp-1 steps, each overlapped with the attention of the block it
+  holds. Per layer per rank, one KV block is 2 * b*(s/cp)*h_kv*dtype / t bytes (t: the TP
+  heads split). Forward moves (cp-1) blocks; backward passes the KV blocks again and the
+  dK/dV blocks the other way round the ring, 2(cp-1) blocks. That pattern is a ring
+  all-gather of the cp blocks (forward; the KV pass of backward) and a ring reduce-scatter
+  (the dKV pass), so the ops are ALL_GATHER / REDUCE_SCATTER on 'cp' of S = cp * block,
+  whose ring moves (cp-1)/cp * S = (cp-1) blocks per rank: the closed form. They run
+  alongside their compute op (schedules.contract: 'cp' is overlapped), which is
+  optimistic where one layer's KV transfer outlasts that layer's attention (it may hide
+  behind the MLP of the aggregated op here).
+- 'ulysses': DeepSpeed-Ulysses (Jacobs et al. 2023, "DeepSpeed Ulysses"): an all-to-all
+  turns the sequence-split Q, K, V into head-split ones before attention, and one turns
+  the output back after it: per layer, forward an all-to-all of Q,K,V, S = b*(s/cp)*
+  (h + 2h_kv)*dtype / t, and one of the output, S = b*(s/cp)*h*dtype / t; backward the
+  same two on the gradients. A rank sends (cp-1)/cp * S of each (the paper's 4Nh/P per
+  layer for MHA, N = s*b tokens, P = cp). Blocking. Needs heads / t divisible by cp.
+Full recompute repeats the forward's communication in the backward; W needs none.
+"""
+from __future__ import annotations
+
+from .comm_spec import Comm, Covered, comms
+from .errors import ConfigError
+from .model import ModelSpec
+from .ops import OpKind
+from .parallel import ParallelConfig
+
+CP_COMM = ("ring", "ulysses")
+
+
+def check_cp_comm(cp_comm: str, model: ModelSpec | None = None,
+                  parallel: ParallelConfig | None = None) -> str:
+    """`cp_comm`, checked: one of CP_COMM, and Ulysses' head split possible."""
+    if cp_comm not in CP_COMM:
+        raise ConfigError(f"cp_comm={cp_comm!r} must be one of {', '.join(CP_COMM)}")
+    if cp_comm == "ulysses" and model is not None and parallel is not None and parallel.cp > 1:
+        heads = model.num_attention_heads // parallel.tp
+        if heads % parallel.cp:
+            raise ConfigError(f"cp_comm='ulysses' splits the {heads} attention heads of a TP "
+                              f"rank over cp={parallel.cp} ranks: heads / tp must be "
+                              f"divisible by cp (use cp_comm='ring')")
+    return cp_comm
+
+
+def cp_comms(model: ModelSpec, parallel: ParallelConfig, cov: Covered,
+             cp_comm: str = "ring") -> list[Comm]:
+    """The CP collectives of the compute op `cov` describes (module docstring)."""
+    cp, t = parallel.cp, parallel.tp
+    if cp == 1 or cov.layers == 0:
+        return []
+    tokens = model.micro_batch_size * model.seq_length / cp
+    d, h, hkv = model.dtype_bytes, model.hidden_size, model.kv_hidden_size
+    forward, backward = cov.layers * cov.forward_passes, cov.layers * cov.backward
+    if cp_comm == "ring":
+        ring = cp * 2 * tokens * hkv * d / t  # S: all cp KV blocks
+        passes = forward + backward
+        return (comms(OpKind.ALL_GATHER, "cp", passes * ring, passes)
+                + comms(OpKind.REDUCE_SCATTER, "cp", backward * ring, backward))
+    qkv, out = tokens * (h + 2 * hkv) * d / t, tokens * h * d / t
+    n = forward + backward
+    return (comms(OpKind.ALL_TO_ALL, "cp", n * qkv, n)
+            + comms(OpKind.ALL_TO_ALL, "cp", n * out, n))

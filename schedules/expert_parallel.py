@@ -1,0 +1,71 @@
+"""Expert-parallel communication of one compute op, and the cost of imbalanced experts.
+
+Mixture-of-experts layers (Megatron-Core's MoE with the all-to-all token dispatcher;
+Lepikhin et al. 2020, "GShard"; Fedus et al. 2021, "Switch Transformer"): the router sends
+each token to its top-k experts, spread over the ep ranks of the EP group, with an
+all-to-all (dispatch) before the experts and another (combine) after them; backward runs
+the same two on the gradients. A rank's send buffer holds tokens * k copies of h values:
+S = tokens * h * k * dtype with tokens = b*s/cp (/t under sequence parallelism, where
+each TP rank dispatches its own sequence shard), and a rank sends (e-1)/e of it to the
+other e-1 ranks (balanced routing): tokens * h * k * (e-1)/e * dtype bytes per all-to-all
+(issue 6's closed form). Blocking. Full recompute repeats the forward's two in backward.
+
+Imbalance (`moe_imbalance` f >= 1): with balanced routing each expert gets tokens*k/E
+tokens; the busiest expert of a step gets f times that, and every rank waits for it, so
+the expert MLP FLOPs of each MoE layer are scaled by f (router, attention, shared experts
+are not). Expert-tensor parallelism is not modelled (the experts split by t as the dense
+MLP does: schedules.costs).
+"""
+from __future__ import annotations
+
+from .comm_spec import Comm, Covered, comms
+from .errors import ConfigError
+from .model import ModelSpec
+from .ops import OpKind
+from .parallel import ParallelConfig
+
+
+def check_imbalance(factor: float) -> float:
+    if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not factor >= 1:
+        raise ConfigError(f"moe_imbalance must be a number >= 1 (the busiest expert's tokens "
+                          f"over the balanced share), got {factor!r}")
+    return float(factor)
+
+
+def dispatch_bytes(model: ModelSpec, parallel: ParallelConfig) -> float:
+    """S of one dispatch (or combine) all-to-all: tokens * h * k * dtype (module docstring)."""
+    tokens = model.micro_batch_size * model.seq_length / parallel.cp
+    if parallel.sequence_parallel:
+        tokens /= parallel.tp
+    return tokens * model.hidden_size * model.moe_router_topk * model.dtype_bytes
+
+
+def ep_comms(model: ModelSpec, parallel: ParallelConfig, cov: Covered) -> list[Comm]:
+    """The EP all-to-alls of the compute op `cov` describes (module docstring)."""
+    if parallel.ep == 1 or not cov.moe_layers:
+        return []
+    n = 2 * cov.moe_layers * (cov.forward_passes + cov.backward)
+    return comms(OpKind.ALL_TO_ALL, "ep", n * dispatch_bytes(model, parallel), n)
+
+
+def expert_forward_flops(model: ModelSpec, parallel: ParallelConfig) -> float:
+    """Forward FLOPs of one MoE layer's routed experts on one rank, balanced:
+    2*b*s*h*k*f_e per matrix (3 matrices with SwiGLU, else 2) / (tp * cp)."""
+    matrices = 3 if model.swiglu else 2
+    b, s, h = model.micro_batch_size, model.seq_length, model.hidden_size
+    flops = 2 * b * s * h * model.moe_router_topk * model.moe_ffn_hidden_size * matrices
+    return flops / (parallel.tp * parallel.cp)
+
+
+def imbalance_flops(model: ModelSpec, parallel: ParallelConfig, cov: Covered,
+                    factor: float) -> float:
+    """FLOPs the busiest expert adds to the compute op over the balanced cost:
+    (f - 1) * expert FLOPs of its MoE layers, x1 for F, x2 for B (+1 with full
+    recompute), half of B's for I and for W (as schedules.annotate splits B)."""
+    if factor == 1 or not cov.moe_layers:
+        return 0.0
+    extra = (factor - 1) * cov.moe_layers * expert_forward_flops(model, parallel)
+    if cov.kind is OpKind.F:
+        return extra
+    backward = 2 * extra + (extra if cov.recompute == "full" else 0.0)
+    return backward if cov.kind is OpKind.B else backward / 2

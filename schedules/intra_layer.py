@@ -1,0 +1,140 @@
+"""The intra-layer communication pass: TP, SP, CP and EP collectives as ops (issue 6).
+
+`add_intra_layer(schedule, model, parallel, options)` takes a lowered, costed schedule
+(schedules.annotate; layer groups allowed) and, for every compute op, adds the
+collectives of the layers it covers (schedules.comm_spec.Covered), aggregated per op and
+kind (`Op.count` back-to-back collectives, `nbytes` their total; stage, microbatch and
+chunk those of the compute op):
+- tensor / sequence parallelism: schedules.tensor_parallel ('tp');
+- context parallelism: schedules.context_parallel ('cp', ring attention or Ulysses);
+- expert parallelism: schedules.expert_parallel ('ep'), and the busiest expert's extra
+  FLOPs added to the compute op under `moe_imbalance`.
+- scatter/gather of pipeline transfers (SC21 section 4.1; Megatron-LM's default
+  `scatter_gather_tensors_in_pipeline` when tp > 1 without sequence parallelism), with
+  `scatter_gather`: each TP rank sends 1/t of the stage boundary over its own NIC (SEND /
+  RECV nbytes / t) and the receivers all-gather the pieces over 'tp' (one ALL_GATHER of
+  the whole boundary, right after each RECV). Off by default.
+Placement (the contract's rule, schedules.contract): collectives of a blocking group go
+right after their compute op, those of an overlapped group (`options.overlapped_groups()`:
+'cp' with ring attention, 'tp' with tp_comm_overlap) right before it, after its RECVs.
+The sim and kernels backends must pass the same overlapped groups to program_contract.
+
+Aggregation keeps time exact on the critical path when the collectives run uncontended:
+k sequential collectives of S bytes cost k*(steps*alpha) + k*S/bandwidth, which is what
+the replay charges one op of count k and k*S bytes (sim.collectives). What it gives up:
+the interleaving of each collective between the GEMMs of one op (only the sums matter on
+one compute stream), and, for overlapped groups, the per-layer pairing of communication
+with the compute it hides behind (the op's communication hides behind its whole compute).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .comm_spec import Comm, Covered
+from .context_parallel import check_cp_comm, cp_comms
+from .expert_parallel import check_imbalance, ep_comms, imbalance_flops
+from .layer_groups import chunk_layers
+from .model import ModelSpec
+from .ops import Op, OpKind
+from .parallel import ParallelConfig
+from .schedule import Schedule
+from .tensor_parallel import tp_comms
+
+_WORK = (OpKind.F, OpKind.B, OpKind.I, OpKind.W)
+
+
+@dataclass(frozen=True)
+class IntraLayerOptions:
+    """How intra-layer communication runs (CLI-only flags; not ParallelConfig fields):
+    `tp_comm_overlap` (Megatron's --tp-comm-overlap: TP collectives run alongside the
+    GEMMs instead of between them), `cp_comm` ('ring' or 'ulysses'), `moe_imbalance`
+    (busiest expert's tokens over the balanced share, >= 1), `scatter_gather` (pipeline
+    transfers split over the TP ranks and all-gathered: module docstring)."""
+
+    tp_comm_overlap: bool = False
+    cp_comm: str = "ring"
+    moe_imbalance: float = 1.0
+    scatter_gather: bool = False
+
+    def __post_init__(self) -> None:
+        check_cp_comm(self.cp_comm)
+        object.__setattr__(self, "moe_imbalance", check_imbalance(self.moe_imbalance))
+
+    def overlapped_groups(self) -> frozenset[str]:
+        """Intra-layer groups whose collectives run alongside their compute op."""
+        return frozenset({"tp"} if self.tp_comm_overlap else set()) | frozenset(
+            {"cp"} if self.cp_comm == "ring" else set())
+
+
+def covered(op: Op, model: ModelSpec, parallel: ParallelConfig, num_stages: int,
+            groups: int) -> Covered:
+    """The layers, embedding and head compute op `op` runs (schedules.layer_groups)."""
+    per_stage = model.num_layers // num_stages
+    layers = [op.stage * per_stage + i for i in chunk_layers(per_stage, groups, op.chunk)]
+    moe = sum(1 for layer in layers if model.is_moe_layer(layer)) if model.is_moe else 0
+    return Covered(op.kind, len(layers), moe,
+                   embedding=op.stage == 0 and op.chunk in (None, 0),
+                   head=op.stage == num_stages - 1 and op.chunk in (None, groups - 1),
+                   recompute=parallel.recompute)
+
+
+def op_comms(model: ModelSpec, parallel: ParallelConfig, cov: Covered,
+             options: IntraLayerOptions) -> list[Comm]:
+    """All intra-layer collectives of one compute op: TP, then CP, then EP."""
+    return (tp_comms(model, parallel, cov) + cp_comms(model, parallel, cov, options.cp_comm)
+            + ep_comms(model, parallel, cov))
+
+
+def needs_intra_layer(parallel: ParallelConfig, options: IntraLayerOptions) -> bool:
+    return parallel.tp > 1 or parallel.cp > 1 or parallel.ep > 1 or options.moe_imbalance != 1
+
+
+def scatters_p2p(parallel: ParallelConfig, options: IntraLayerOptions) -> bool:
+    """Whether pipeline transfers are scattered over the TP ranks (module docstring)."""
+    return options.scatter_gather and parallel.tp > 1 and not parallel.sequence_parallel
+
+
+def _scattered(op: Op, tp: int) -> list[Op]:
+    """A P2P op carrying 1/tp of the boundary, and after a RECV the all-gather."""
+    piece = op.with_costs(nbytes=-(-op.nbytes // tp))
+    if op.kind in (OpKind.RECV_F, OpKind.RECV_B):
+        return [piece, Op(OpKind.ALL_GATHER, op.stage, op.microbatch, "tp", op.nbytes)]
+    return [piece]
+
+
+def add_intra_layer(schedule: Schedule, model: ModelSpec, parallel: ParallelConfig,
+                    options: IntraLayerOptions = IntraLayerOptions()) -> Schedule:
+    """`schedule` with the intra-layer collectives of every compute op (module docstring);
+    `schedule` itself when tp = cp = ep = 1 and experts are balanced."""
+    if not needs_intra_layer(parallel, options):
+        return schedule
+    check_cp_comm(options.cp_comm, model, parallel)
+    overlapped = options.overlapped_groups()
+    scatter = scatters_p2p(parallel, options)
+    stages, groups = schedule.num_stages, schedule.layer_groups
+    memo: dict[tuple, tuple[list[Op], list[Op], float]] = {}
+    programs = []
+    for program in schedule.programs:
+        out: list[Op] = []
+        for op in program:
+            if op.kind not in _WORK:
+                out += _scattered(op, parallel.tp) if scatter and op.kind.is_p2p else [op]
+                continue
+            shape = (op.kind, op.stage, op.chunk)
+            if shape not in memo:  # ops of one shape differ only by microbatch
+                cov = covered(op, model, parallel, stages, groups)
+                comm = op_comms(model, parallel, cov, options)
+                proto = [Op(c.kind, op.stage, None, c.group, c.nbytes, chunk=op.chunk,
+                            count=c.count) for c in comm]
+                memo[shape] = ([p for p in proto if p.group in overlapped],
+                               [p for p in proto if p.group not in overlapped],
+                               imbalance_flops(model, parallel, cov, options.moe_imbalance))
+            before, after, extra = memo[shape]
+            m = op.microbatch
+            out += [Op(p.kind, p.stage, m, p.group, p.nbytes, chunk=p.chunk, count=p.count)
+                    for p in before]
+            out.append(op.with_costs(flops=op.flops + extra) if extra else op)
+            out += [Op(p.kind, p.stage, m, p.group, p.nbytes, chunk=p.chunk, count=p.count)
+                    for p in after]
+        programs.append(out)
+    return schedule.with_programs(programs)

@@ -1,0 +1,57 @@
+"""Tensor (and sequence) parallel communication of one compute op (Megatron-LM).
+
+Megatron-LM (Shoeybi et al. 2019, "Megatron-LM", section 3; SC21 section 2.3): attention
+and MLP are each a column-parallel then a row-parallel linear, so a transformer layer
+all-reduces its b*s*h activation twice in forward (after the attention and MLP
+row-parallel linears: `g`) and twice in backward (the input gradients of the QKV and fc1
+column-parallel linears: `f`). Per device per microbatch per layer, a ring moves
+4 * 2(t-1)/t * b*s*h*dtype bytes = 8bsh(t-1)/t * dtype (Korthikanti et al. 2022, 4.2.2).
+Sequence parallelism (Korthikanti et al. 2022, section 4.2.2): every all-reduce becomes an
+all-gather (before the column-parallel linear) and a reduce-scatter (after the
+row-parallel one): forward 2 AG + 2 RS per layer, backward 2 RS + 2 AG; the ring volume
+is the same (AG + RS = AR). Sizes are nccl-tests' S: b*s*h*dtype / cp (the all-gathered
+output, the reduce-scattered input; context parallelism splits the sequence).
+Outside the layers:
+- vocabulary-parallel embedding: forward all-reduce of its b*s*h output (SP:
+  reduce-scatter); backward nothing (SP: all-gather of the gradient);
+- output layer (column parallel, vocabulary sharded): forward nothing (SP: all-gather of
+  the final norm's output); backward all-reduce of its input gradient (SP: reduce-scatter);
+- vocabulary-parallel cross-entropy (Megatron's `_VocabParallelCrossEntropy`): three
+  all-reduces of b*s fp32 values in forward (max logit, target logit, sum of exps), none
+  in backward. They are latency-bound: 3 alphas each microbatch.
+Full recompute repeats the layers' forward communication in the backward. W (weight
+gradient) needs no TP communication: dW = x^T dy on local shards.
+"""
+from __future__ import annotations
+
+from .comm_spec import Comm, Covered, comms
+from .model import ModelSpec
+from .ops import OpKind
+from .parallel import ParallelConfig
+
+CROSS_ENTROPY_ALL_REDUCES = 3
+CROSS_ENTROPY_BYTES = 4  # fp32 per token
+
+
+def tp_comms(model: ModelSpec, parallel: ParallelConfig, cov: Covered) -> list[Comm]:
+    """The TP collectives of the compute op `cov` describes (module docstring)."""
+    t = parallel.tp
+    if t == 1:
+        return []
+    tokens = model.micro_batch_size * model.seq_length / parallel.cp
+    x = tokens * model.hidden_size * model.dtype_bytes
+    layer = 2 * cov.layers * cov.forward_passes + (2 * cov.layers if cov.backward else 0)
+    forward = cov.kind is OpKind.F
+    out = []
+    if parallel.sequence_parallel:
+        gathers = layer + (forward and cov.head) + (cov.backward and cov.embedding)
+        scatters = layer + (forward and cov.embedding) + (cov.backward and cov.head)
+        out += comms(OpKind.ALL_GATHER, "tp", gathers * x, gathers)
+        out += comms(OpKind.REDUCE_SCATTER, "tp", scatters * x, scatters)
+    else:
+        reduces = layer + (forward and cov.embedding) + (cov.backward and cov.head)
+        out += comms(OpKind.ALL_REDUCE, "tp", reduces * x, reduces)
+    if forward and cov.head:
+        n = CROSS_ENTROPY_ALL_REDUCES
+        out += comms(OpKind.ALL_REDUCE, "tp", n * tokens * CROSS_ENTROPY_BYTES, n)
+    return out

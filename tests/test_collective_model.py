@@ -1,0 +1,94 @@
+"""sim.collective_model: intra-node TP collectives at their uncontended time (cached),
+groups across nodes as flows; a TP group split over two nodes is slower."""
+import pytest
+import simpy
+
+from schedules.model import get_model
+from schedules.ops import Op, OpKind
+from schedules.parallel import ParallelConfig
+from sim.collective_model import collective_model
+from sim.collectives import run_collective
+from sim.flows import FlowNetwork
+from sim.simulate import simulate, tp_groups_spanning_hosts
+from topologies import fat_tree
+
+GPT = get_model("gpt3-1.3b")
+
+
+
+@pytest.mark.parametrize("kind", [OpKind.ALL_REDUCE, OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER])
+def test_cached_intra_node_time_equals_the_flow_simulation(kind):
+    """On one NVSwitch node, k back-to-back ring collectives: the cached alpha-beta time
+    equals k runs of the flows, k * (steps * alpha + bytes / bandwidth)."""
+    graph = fat_tree("dgx-h100", num_nodes=1)
+    parallel = ParallelConfig(tp=8, num_microbatches=1)
+    op = Op(kind, 0, 0, "tp", nbytes=6 * (64 << 20), count=6)
+    env = simpy.Environment()
+    network = FlowNetwork(env, graph)
+    done = collective_model(env, network, parallel, graph)(op, 0)
+    env.run()
+    cached = env.now
+    assert done.value["model"].startswith("uncontended")
+
+    env = simpy.Environment()
+    network = FlowNetwork(env, graph)
+    gpus = [f"gpu{i}" for i in range(8)]
+    single = Op(kind, 0, 0, "tp", nbytes=64 << 20)
+    for _ in range(6):
+        run_collective(env, network, single, gpus, algorithm=done.value["algorithm"])
+        env.run()
+    assert cached == pytest.approx(env.now, rel=1e-9)
+
+
+def test_tp_group_across_two_nodes_is_slower_than_inside_one():
+    """Same job, tp=8 x dp=2 on two DGX H100 nodes: Megatron's order keeps each TP group
+    in a node (NVLink); dp innermost strides TP over both nodes (NDR 50 GB/s per GPU)."""
+    graph = fat_tree("dgx-h100", num_nodes=2)
+    inside = ParallelConfig(tp=8, dp=2, num_microbatches=2)
+    across = ParallelConfig(tp=8, dp=2, num_microbatches=2, rank_order="dp-tp-cp-ep-pp")
+    assert tp_groups_spanning_hosts(inside, graph) == []
+    assert tp_groups_spanning_hosts(across, graph)
+    fast, slow = simulate(GPT, inside, graph), simulate(GPT, across, graph)
+
+    def tp_time(timeline):
+        return sum(s.duration for s in timeline.spans if s.lane == "tp" and s.rank == 0)
+
+    assert slow.iteration_time > 1.2 * fast.iteration_time
+    assert tp_time(slow) > 1.5 * tp_time(fast)  # 4 NICs x 50 GB/s vs NVLink
+    crossing = [s for s in slow.spans if s.lane == "tp"]
+    assert all(not (s.info or {}).get("model") for s in crossing)  # flows, not cached
+
+
+def test_next_compute_waits_for_tp_collectives_unless_overlapped():
+    """Blocking TP all-reduces sit on the critical path: compute + TP time; with
+    --tp-comm-overlap they run alongside the compute and the iteration is shorter."""
+    from schedules.intra_layer import IntraLayerOptions
+
+    graph = fat_tree("dgx-h100", num_nodes=1)
+    parallel = ParallelConfig(tp=8, num_microbatches=2)
+    blocking = simulate(GPT, parallel, graph)
+    overlapped = simulate(GPT, parallel, graph, intra=IntraLayerOptions(tp_comm_overlap=True))
+    compute = [s for s in blocking.spans if s.rank == 0 and s.lane == "compute"]
+    tp = [s for s in blocking.spans if s.rank == 0 and s.lane == "tp"]
+    for prev, nxt in zip(compute, compute[1:]):
+        between = [s for s in tp if prev.end <= s.start < nxt.start]
+        assert between and nxt.start >= max(s.end for s in between) - 1e-15
+    assert overlapped.iteration_time < blocking.iteration_time
+
+
+def test_cross_node_group_runs_with_the_other_replicas_groups_on_its_hosts():
+    """tp=8 strided over two nodes (dp innermost): replica 0's TP group and replica 1's
+    share the two hosts, so both groups' flows load the network; replica 0's span only."""
+    graph = fat_tree("dgx-h100", num_nodes=2)
+    parallel = ParallelConfig(tp=8, dp=2, num_microbatches=1, rank_order="dp-tp-cp-ep-pp")
+    env = simpy.Environment()
+    network = FlowNetwork(env, graph)
+    op = Op(OpKind.ALL_REDUCE, 0, 0, "tp", nbytes=64 << 20)
+    done = collective_model(env, network, parallel, graph)(op, 0)
+    env.run()
+    alone = FlowNetwork(simpy.Environment(), graph)
+    run = run_collective(alone.env, alone, op, [f"gpu{i}" for i in range(0, 16, 2)],
+                         algorithm=done.value["algorithm"])
+    alone.env.run()
+    assert network.completed_flows == 2 * alone.completed_flows
+    assert run.value.spans[0].info["algorithm"] == done.value["algorithm"]

@@ -29,6 +29,7 @@ from schedules.annotate import annotate
 from schedules.contract import DP_GROUPS
 from schedules.costs import stage_costs
 from schedules.errors import ConfigError
+from schedules.intra_layer import IntraLayerOptions, add_intra_layer
 from schedules.layer_groups import group_costs
 from schedules.model import ModelSpec
 from schedules.ops import OpKind
@@ -162,7 +163,8 @@ def run_schedule(schedule: Schedule, model: ModelSpec, parallel: ParallelConfig,
                  device: str = "cpu", seed: int = 0, timeout: float = 120.0,
                  warmup_iterations: int = 1, iterations: int = 1, return_grads: bool = False,
                  check: bool = True, replay: bool = False, return_params: bool = False,
-                 overlapped: frozenset[str] = frozenset()) -> Timeline | tuple:
+                 overlapped: frozenset[str] = frozenset(),
+                 intra: IntraLayerOptions | None = None) -> Timeline | tuple:
     """Execute `schedule` for real and return its measured Timeline; with `return_grads`
     also the gradients by parameter name, (timeline, grads); with `return_params` also
     the parameters after the run, (timeline, grads, params) (grads {} unless asked).
@@ -182,10 +184,10 @@ def run_schedule(schedule: Schedule, model: ModelSpec, parallel: ParallelConfig,
 
     Tensor (and sequence) parallelism: parallel.tp ranks per (pp, dp) coordinate run one
     program on their shards (kernels.tensor_parallel). The schedule may carry the TP ops
-    of schedules.intra_layer.add_intra_layer (apply it to the annotated schedule, as the
-    simulator does; `overlapped` = the options' overlapped_groups()) or none: the
-    collectives run inside the compute ops either way, and TP ops become 'tp' spans
-    (kernels.tp_ops).
+    of schedules.intra_layer.add_intra_layer (given `intra`, run_schedule adds them after
+    costing, as the simulator does, and takes `overlapped` from intra.overlapped_groups())
+    or none: the collectives run inside the compute ops either way, and TP ops become 'tp'
+    spans (kernels.tp_ops).
 
     Like torch.multiprocessing.spawn, rank processes import the caller's main module, so
     a script calling this needs an `if __name__ == '__main__':` guard.
@@ -201,6 +203,9 @@ def run_schedule(schedule: Schedule, model: ModelSpec, parallel: ParallelConfig,
     chunks = (group_costs(model, parallel, schedule.num_stages, schedule.layer_groups)
               if schedule.layer_groups > 1 else None)
     lowered = annotate(schedule, stage_costs(model, parallel, schedule.num_stages), chunks)
+    if intra is not None:
+        lowered = add_intra_layer(lowered, model, parallel, intra)
+        overlapped = intra.overlapped_groups()
     job = Job(lowered, model, parallel, device, seed, float(timeout), warmup_iterations,
               iterations, return_grads, _free_port(), replay, return_params,
               frozenset(overlapped))

@@ -161,7 +161,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from schedules.data_parallel import add_data_parallel
     from schedules.generators import build_schedule
 
-    from .commands import model_from_args, schedule_and_parallel, write_outputs
+    from .commands import (intra_layer_options, model_from_args, schedule_and_parallel,
+                           write_outputs)
     from .report import format_summary
 
     model = model_from_args(args)
@@ -189,7 +190,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     timeline = launch.run_schedule(schedule, model, parallel, device=args.device, seed=args.seed,
                                    timeout=args.timeout,
                                    warmup_iterations=args.warmup_iterations,
-                                   iterations=args.iterations, replay=args.replay)
+                                   iterations=args.iterations, replay=args.replay,
+                                   intra=intra_layer_options(args))
     timeline.meta.setdefault("topology", f"this host ({args.device})")
     timeline.meta.setdefault("cost_model", "measured")
     print(format_summary(timeline))

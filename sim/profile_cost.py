@@ -146,13 +146,15 @@ def profile_collective_model(env: simpy.Environment, profile: Profile,
                              ) -> Callable[[Op, int], simpy.Event]:
     """The replay's collective hook (sim.engine.Replay): a collective of pipeline rank r
     over axis `op.group` takes profile_collective_time over that axis' degree
-    (`sub_groups[name]` for the DP sub-groups 'dp_shard' / 'dp_replicate')."""
+    (`sub_groups[name]` for the DP sub-groups 'dp_shard' / 'dp_replicate'); an op standing
+    for `count` back-to-back collectives pays count of them, nbytes / count each."""
     sizes = dict(sub_groups or {})
 
     def run(op: Op, pp_rank: int) -> simpy.Event:
         size = (getattr(parallel, op.group) if op.group in ("tp", "cp", "dp", "ep", "pp")
                 else sizes.get(op.group, 1))
-        seconds = profile_collective_time(profile, op.kind, size, op.nbytes)
+        seconds = op.count * profile_collective_time(profile, op.kind, size,
+                                                     op.nbytes // op.count)
         return env.timeout(seconds, value={"model": "measured alpha-beta", "group_size": size})
 
     return run

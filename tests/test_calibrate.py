@@ -72,6 +72,18 @@ def test_cli_run_simulate_with_calibrated_profile_and_compare(tmp_path):
     assert (tmp_path / "cmp.html").exists()
 
 
+def test_cli_run_with_tensor_parallelism_records_the_tp_ops_it_simulates(tmp_path):
+    flags = ("--schedule", "gpipe", "--pp", "1", "--tp", "2", "--microbatches", "2",
+             *TINY_FLAGS)
+    clustersim("run", *flags, "--iterations", "1", "--warmup-iterations", "0", cwd=tmp_path)
+    clustersim("simulate", *flags, "--timeline-json", "sim.json", "-o", "sim.html",
+               cwd=tmp_path)
+    measured, simulated = (Timeline.load(tmp_path / f) for f in ("measured.json", "sim.json"))
+    tp_ops = {str(s.op) for s in simulated.spans if s.lane == "tp"}
+    assert tp_ops and {str(s.op) for s in measured.spans
+                       if s.lane == "tp" and s.rank == 0} == tp_ops
+
+
 def test_cli_run_nproc_must_equal_world_size(tmp_path):
     out = clustersim("run", "--pp", "2", "--microbatches", "2", *TINY_FLAGS, "--nproc", "3",
                      cwd=tmp_path, check=False)

@@ -274,3 +274,15 @@ def test_simulate_with_profile_costs_the_dp_allreduce_from_the_fit():
     assert timeline.iteration_time == pytest.approx(compute + 2e-3 + 4e-9 * grad_bytes)
     [span] = [s for s in timeline.spans if s.op.kind is OpKind.ALL_REDUCE]
     assert span.info["group_size"] == 2
+
+
+def test_profile_costs_an_op_of_count_collectives_as_count_latencies():
+    """An op standing for 4 back-to-back all-reduces of 1 MB each pays 4 alphas."""
+    import simpy
+
+    from sim.profile_cost import profile_collective_model
+    env = simpy.Environment()
+    run = profile_collective_model(env, make_profile(), ParallelConfig(dp=2, micro_batch_size=2))
+    op = Op(OpKind.ALL_REDUCE, 0, None, "dp", 4_000_000, count=4)
+    env.run(run(op, 0))
+    assert env.now == pytest.approx(4 * (2e-3 + 4e-9 * 1_000_000))

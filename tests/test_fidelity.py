@@ -1,0 +1,146 @@
+"""benchmarks/fidelity.py's harness logic on tiny inputs: the throughput it reports is the
+paper's formula over the simulated time, each published row maps to its layout, the
+summary and targets count right, slow rows are reported as skipped, and the efficiency
+bisection solves the layer equation. No benchmark row is simulated here."""
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import fidelity as fb  # noqa: E402  (benchmarks/ is scripts, not a package)
+import fidelity_data as fd  # noqa: E402
+from fidelity_report import render  # noqa: E402
+
+from sim.simulate import CostOptions  # noqa: E402
+from topologies import single_node  # noqa: E402
+
+# A 2-stage, 2-GPU cut of SC21's 1.7B run: same shape, tiny batch.
+TINY = replace(fd.SC21_TABLE_1[0], label="tiny", tp=1, pp=2, dp=1, gpus=2,
+               global_batch_size=2, micro_batch_size=1, virtual_stages=1,
+               tflops_per_gpu=100.0)
+
+
+def test_tiny_row_throughput_is_sc21_eq3_over_the_simulated_time():
+    row = fb.simulate_row(TINY, single_node("a100", num_gpus=2), CostOptions())
+    b, s, l, h, v = 2, 2048, 24, 2304, 51200
+    eq3 = 96 * b * s * l * h ** 2 * (1 + s / (6 * h) + v / (16 * l * h))
+    assert row["formula"] == "SC21 eq. 3"
+    assert row["tflops_per_gpu"] == pytest.approx(eq3 / (row["iteration_time_s"] * 2) / 1e12)
+    assert row["iteration_time_s"] > 0 and row["wall_s"] > 0
+
+
+def test_k22_rows_use_eq7_and_the_published_time():
+    run = fd.K22_TABLE_5[1]  # 22B, SP + selective
+    b, s, l, h, v = 4, 2048, 48, 6144, 51200
+    eq7 = 72 * b * l * s * h ** 2 * (1 + s / (6 * h) + v / (12 * h * l))
+    flops, name = fb.paper_flops(run)
+    assert name == "K22 eq. 7" and flops == pytest.approx(eq7)
+    assert fb.published_tflops(run) == pytest.approx(eq7 / (1.10 * 8) / 1e12)
+    assert fb.published_tflops(fd.SC21_TABLE_1[3]) == 135  # SC21: the printed column
+
+
+@pytest.mark.parametrize("run", fd.PUBLISHED_RUNS,
+                         ids=[f"{r.source}:{r.label}:{r.recompute}" for r in fd.PUBLISHED_RUNS])
+def test_each_published_row_maps_to_its_layout(run):
+    p = fb.parallel_config(run)
+    assert (p.tp, p.pp, p.dp, p.vpp, p.world_size) == (run.tp, run.pp, run.dp,
+                                                       run.virtual_stages, run.gpus)
+    assert (p.global_batch_size, p.micro_batch_size) == (run.global_batch_size,
+                                                         run.micro_batch_size)
+    assert p.num_microbatches == run.num_microbatches
+    assert (p.recompute, p.sequence_parallel) == (run.recompute, run.sequence_parallel)
+    assert p.schedule == ("interleaved-1f1b" if run.virtual_stages > 1 else "1f1b")
+    torch_ddp = run.source.startswith("SC21") and run.pp == 1  # run_table_1.sh's DDP=torch
+    assert p.overlap_grad_reduce is torch_ddp
+    assert f"--tp {run.tp} --pp {run.pp} --dp {run.dp}" in fb.cli_command(run, CostOptions())
+
+
+def _row(error, status="ok"):
+    return {"status": status, "error": error}
+
+
+def test_summary_counts_errors_and_the_targets():
+    good = fb.summary([_row(0.05), _row(-0.10), _row(0.0)])
+    assert good["mae"] == pytest.approx(0.05) and good["max_abs_error"] == pytest.approx(0.10)
+    assert good["within_15"] == 3 and good["targets_met"]
+    assert not fb.summary([_row(0.05), _row(-0.16)])["targets_met"]  # one row past 15%
+    assert not fb.summary([_row(0.09), _row(-0.09)])["targets_met"]  # MAE not below 8%
+    skipped = fb.summary([_row(0.01), {"status": "skipped"}])
+    assert skipped["simulated"] == 1 and not skipped["targets_met"]  # a skip is no pass
+
+
+def test_a_row_over_its_time_limit_is_reported_skipped(monkeypatch):
+    monkeypatch.setattr(fb, "simulate_row", lambda *a: time.sleep(30))
+    row = fb.run_with_limit(TINY, None, CostOptions(), limit_s=0.3)
+    assert row["status"] == "skipped" and "0 s row limit" in row["reason"]
+    assert 0.3 <= row["wall_s"] < 10
+
+
+def test_a_failing_row_is_reported_with_its_error(monkeypatch):
+    def fail(*a):
+        raise ValueError("no such layout")
+    monkeypatch.setattr(fb, "simulate_row", fail)
+    row = fb.run_with_limit(TINY, None, CostOptions(), limit_s=10)
+    assert row["status"] == "error" and "ValueError: no such layout" in row["reason"]
+
+
+@pytest.mark.parametrize("comm_s", [0.0, 3e-3])
+def test_layer_efficiency_solves_the_k22_layer_time(monkeypatch, comm_s):
+    """Window(layers, e) = layers * (C / e + X): the bisection returns C / (19.6 ms - X)."""
+    compute = 9e-3
+    monkeypatch.setattr(fb, "layer_window",
+                        lambda topo, layers, e, m, intra=None: layers * (compute / e + comm_s))
+    got = fb.k22_layer_efficiency(None, 0.88)
+    assert got["efficiency"] == pytest.approx(compute / (fb.K22_LAYER_SECONDS - comm_s),
+                                              rel=1e-6)
+    assert got["layer_ms"] == pytest.approx(19.6, rel=1e-6)
+
+
+def test_report_marks_skips_and_unmet_targets():
+    rows = []
+    for run, status in ((fd.SC21_TABLE_1[0], "ok"), (fd.SC21_TABLE_1[-1], "skipped")):
+        row = {"source": run.source, "label": run.label, "gpus": run.gpus, "tp": run.tp,
+               "pp": run.pp, "dp": run.dp, "vpp": 1, "microbatches": 1,
+               "micro_batch_size": run.micro_batch_size, "recompute": "full",
+               "sequence_parallel": False, "ddp": "torch", "published_tflops": 137.0,
+               "published_iteration_s": None, "status": status, "wall_s": 1.0,
+               "command": "clustersim simulate", "reason": "over the 1 s row limit"}
+        if status == "ok":
+            row.update(formula="SC21 eq. 3", tflops_per_gpu=140.0, error=140 / 137 - 1,
+                       iteration_time_s=3.0, bubble_fraction=0.1, peak_memory_gb=30.0,
+                       oom_ranks=[], comm=["ALL_REDUCE:tp"])
+        rows.append(row)
+    data = {"rows": rows, "summary": fb.summary(rows), "sensitivity": [],
+            "environment": {"date": "today"}, "command": "python benchmarks/fidelity.py",
+            "total_wall_s": 2.0, "simulator": {"commit": "abc", "changed_files": [],
+                                               "source_sha256": "0", "note": ""},
+            "constants": {"peak_tflops": 312.0, "hbm_tb_s": 2.039, "compute_efficiency": 0.5,
+                          "compute_efficiency_source": "option", "memory_efficiency": 0.88,
+                          "mamf_efficiency": 0.859,
+                          "k22_layer": {"efficiency": 0.5, "layer_ms": 19.6, "compute_ms": 18.0,
+                                        "layer_ms_at_peak": 10.0, "efficiency_with_comm": 0.48}}}
+    page = render(data)
+    assert "NOT MET" in page and "SKIPPED: over the 1 s row limit" in page
+    assert "**+2.2%**" in page and "TP communication charged by this version: **yes**" in page
+
+
+def test_megatron_intra_layer_options_and_the_cli_command_parse():
+    import shlex
+
+    from sim.cli import build_parser
+    intra = fb.intra_layer_kwargs()
+    options = intra.get("intra")
+    if options is not None:  # a simulator with intra-layer communication
+        assert options.tp_comm_overlap is False
+        assert getattr(options, "scatter_gather", True) is True
+    for run in (fd.SC21_TABLE_1[6], fd.K22_TABLE_5[3]):  # 145.6B full; 175B SP + selective
+        words = shlex.split(fb.cli_command(run, CostOptions(compute_efficiency=0.5), intra))
+        args = build_parser().parse_args(words[1:])
+        assert (args.tp, args.pp, args.dp, args.vpp) == (run.tp, run.pp, run.dp,
+                                                         run.virtual_stages)
+        assert args.global_batch_size == run.global_batch_size
+        scatter = "--scatter-gather-tensors-in-pipeline" in words
+        assert scatter == (options is not None and not run.sequence_parallel)

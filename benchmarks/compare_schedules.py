@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from environment import environment_markdown
-from schedules.model import get_model
+from schedules.model_presets import get_model
 from schedules.parallel import ParallelConfig
 from sim.simulate import simulate
 from topologies import load_topology

@@ -36,7 +36,7 @@ import fidelity_data as fd
 from environment import environment
 from fidelity_report import render, simulator_version
 from run_cli import command
-from schedules.model import get_model
+from schedules.model_presets import get_model
 from schedules.ops import OpKind
 from schedules.parallel import ParallelConfig
 from sim.simulate import CostOptions, simulate

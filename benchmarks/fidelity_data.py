@@ -46,7 +46,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from schedules.model import ModelSpec, get_model
+from schedules.model import ModelSpec
+from schedules.model_presets import get_model
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from environment import environment_markdown
-from schedules.model import get_model
+from schedules.model_presets import get_model
 from schedules.parallel import ParallelConfig
 from sim.simulate import simulate
 from topologies import load_topology, single_node

@@ -10,7 +10,8 @@ from schedules.errors import ConfigError
 from schedules.generators import build_schedule, canonical_schedule_name
 from schedules.intra_layer import IntraLayerOptions
 from schedules.memory_model import rank_memory
-from schedules.model import MODEL_PRESETS, ModelSpec, get_model
+from schedules.model import ModelSpec
+from schedules.model_presets import MODEL_PRESETS, get_model
 from schedules.parallel import CUSTOM_SCHEDULE, ParallelConfig
 from schedules.schedule import Schedule
 from schedules.profile import Profile

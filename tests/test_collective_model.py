@@ -3,7 +3,7 @@ groups across nodes as flows; a TP group split over two nodes is slower."""
 import pytest
 import simpy
 
-from schedules.model import get_model
+from schedules.model_presets import get_model
 from schedules.ops import Op, OpKind
 from schedules.parallel import ParallelConfig
 from sim.collective_model import collective_model

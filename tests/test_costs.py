@@ -5,7 +5,8 @@ import pytest
 
 from schedules.costs import output_activation_bytes, stage_costs
 from schedules.errors import ConfigError
-from schedules.model import ModelSpec, get_model
+from schedules.model import ModelSpec
+from schedules.model_presets import get_model
 from schedules.parallel import ParallelConfig
 
 GPT = ModelSpec(num_layers=8, hidden_size=256, num_attention_heads=8, seq_length=128,

@@ -43,7 +43,7 @@ from schedules.costs import stage_costs  # noqa: E402
 from schedules.data_parallel import (ADAM_BYTES_PER_PARAM, add_data_parallel,  # noqa: E402
                                      bucket_groups)
 from schedules.errors import ConfigError  # noqa: E402
-from schedules.model import get_model  # noqa: E402
+from schedules.model_presets import get_model  # noqa: E402
 from schedules.parallel import ParallelConfig  # noqa: E402
 from schedules.dp_sizes import EXTRA_TENSORS, TENSORS_PER_LAYER  # noqa: E402
 from schedules.sharding import DEFAULT_BUCKET_BYTES  # noqa: E402

@@ -4,7 +4,7 @@ import pytest
 from schedules.costs import stage_costs
 from schedules.data_parallel import ADAM_BYTES_PER_PARAM
 from schedules.errors import ConfigError
-from schedules.model import get_model
+from schedules.model_presets import get_model
 from schedules.ops import Op, OpKind
 from schedules.parallel import ParallelConfig
 from schedules.sharding import group_ranks

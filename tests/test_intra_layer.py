@@ -8,7 +8,7 @@ from schedules.costs import stage_costs
 from schedules.errors import ConfigError
 from schedules.generators import build_schedule
 from schedules.intra_layer import IntraLayerOptions, add_intra_layer
-from schedules.model import get_model
+from schedules.model_presets import get_model
 from schedules.ops import OpKind
 from schedules.parallel import ParallelConfig
 from schedules.validate import check_structure, dry_run

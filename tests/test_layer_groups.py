@@ -5,7 +5,7 @@ from schedules.annotate import annotate
 from schedules.costs import stage_costs
 from schedules.errors import ConfigError
 from schedules.layer_groups import chunk_layers, group_costs
-from schedules.model import get_model
+from schedules.model_presets import get_model
 from schedules.ops import Op, OpKind, parse_op
 from schedules.parallel import ParallelConfig
 from schedules.schedule import Schedule

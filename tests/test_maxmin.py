@@ -1,7 +1,6 @@
 """Max-min fair rates against hand-solved cases and the bottleneck characterisation
 (Bertsekas & Gallager, Data Networks, 6.5.2: rates are max-min fair iff feasible and every
 flow crosses a saturated link on which no other flow gets more)."""
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -180,7 +180,7 @@ TINY_FLAGS = ("--model", "gpt3-1.3b", "--num-layers", "4", "--hidden-size", "64"
 
 
 def tiny_model():
-    from schedules.model import get_model
+    from schedules.model_presets import get_model
     return get_model("gpt3-1.3b", num_layers=4, hidden_size=64, num_attention_heads=4,
                      seq_length=32, vocab_size=128, micro_batch_size=2, dtype="fp32")
 

@@ -1,7 +1,7 @@
 """simulate(): placement on the topology and what the network costs the pipeline."""
 import pytest
 
-from schedules.model import get_model
+from schedules.model_presets import get_model
 from schedules.ops import OpKind
 from schedules.parallel import ParallelConfig
 from sim.simulate import pipeline_devices, simulate, tp_groups_spanning_hosts

@@ -145,7 +145,7 @@ def test_time_breakdown_priorities_on_a_hand_timeline():
 
 
 def test_time_breakdown_sums_to_the_iteration_time_of_every_rank():
-    from schedules.model import get_model
+    from schedules.model_presets import get_model
     from schedules.parallel import ParallelConfig
     from sim.simulate import simulate
     from topologies import fat_tree
@@ -162,7 +162,7 @@ def test_time_breakdown_sums_to_the_iteration_time_of_every_rank():
 
 
 def test_time_breakdown_bubble_is_the_closed_form_with_free_communication():
-    from schedules.model import get_model
+    from schedules.model_presets import get_model
     from schedules.parallel import ParallelConfig
     from sim.cost import UniformCost
     from sim.simulate import CostOptions, simulate

@@ -6,7 +6,7 @@ from schedules.data_parallel import add_data_parallel
 from schedules.errors import ConfigError
 from schedules.generators import build_schedule
 from schedules.layer_groups import group_costs
-from schedules.model import get_model
+from schedules.model_presets import get_model
 from schedules.ops import OpKind
 from schedules.parallel import ParallelConfig
 from schedules.validate import validate

@@ -23,12 +23,11 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
 from environment import environment
-from run_cli import ROOT, clustersim, command
+from run_cli import ROOT, clustersim, command, measured_or_saved
 
 TARGET_PCT = 5.0
 ITERATIONS, WARMUP = 5, 2
@@ -129,6 +128,8 @@ def markdown(data: dict) -> str:
                       f"{cmp['iteration_time_error_pct']:+.2f}%{note}.", ""]
     verdict = "met" if worst <= TARGET_PCT else "NOT met"
     lines += [f"Largest per-op error: {worst:.2f}% (target {TARGET_PCT:g}%: {verdict}).", "",
+              "Earlier runs, and the change to calibrate's timing between them: "
+              "[calibration_gpu_runs.md](calibration_gpu_runs.md).", "",
               "Environment:", "", *[f"- {k}: {v}" for k, v in env.items()], ""]
     return "\n".join(lines)
 
@@ -138,15 +139,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("--render", action="store_true", help="rewrite the .md from the .json")
     args = parser.parse_args()
-    raw = args.out / "calibration_gpu.json"
-    if args.render:
-        data = json.loads(raw.read_text())
-    else:
-        with tempfile.TemporaryDirectory() as tmp:
-            data = measure(Path(tmp))
-        data["environment"] = gpu_environment()
-        args.out.mkdir(parents=True, exist_ok=True)
-        raw.write_text(json.dumps(data, indent=1) + "\n")
+    data = measured_or_saved(args.out / "calibration_gpu.json", args.render, measure,
+                             gpu_environment)
     (args.out / "calibration_gpu.md").write_text(markdown(data))
     print(markdown(data))
 

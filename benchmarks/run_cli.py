@@ -1,11 +1,14 @@
 """Run the clustersim CLI from a benchmark as a user would (`python -m sim ...` on this
-checkout), and spell the command for the results page."""
+checkout), spell the command for the results page, and keep the raw results beside it."""
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
 import sys
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -23,3 +26,17 @@ def clustersim(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 def command(*args: str) -> str:
     return "clustersim " + " ".join(shlex.quote(a) for a in args)
+
+
+def measured_or_saved(raw: Path, render: bool, measure: Callable[[Path], dict],
+                      environment: Callable[[], dict]) -> dict:
+    """With `render`, the raw results saved in `raw`; else `measure(workdir)` in a temporary
+    folder, stamped with `environment()` and saved to `raw` (JSON)."""
+    if render:
+        return json.loads(raw.read_text())
+    with tempfile.TemporaryDirectory() as tmp:
+        data = measure(Path(tmp))
+    data["environment"] = environment()
+    raw.parent.mkdir(parents=True, exist_ok=True)
+    raw.write_text(json.dumps(data, indent=1) + "\n")
+    return data

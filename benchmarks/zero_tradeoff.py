@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 import time
 from pathlib import Path
 
 from environment import environment
-from run_cli import ROOT, clustersim, command
+from run_cli import ROOT, clustersim, command, measured_or_saved
 
 RESULTS = ROOT / "benchmarks" / "results"
 CHOICES = {
@@ -133,14 +132,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--render", action="store_true", help="rewrite .md/.html from .json")
     args = parser.parse_args()
-    raw = RESULTS / "zero_tradeoff.json"
-    if args.render:
-        data = json.loads(raw.read_text())
-    else:
-        with tempfile.TemporaryDirectory() as tmp:
-            data = measure(Path(tmp))
-        data["environment"] = environment()
-        raw.write_text(json.dumps(data, indent=1) + "\n")
+    data = measured_or_saved(RESULTS / "zero_tradeoff.json", args.render, measure, environment)
     (RESULTS / "zero_tradeoff.md").write_text(markdown(data))
     plot(data, RESULTS / "zero_tradeoff.html")
     print(markdown(data))

@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass
 
 from .errors import ConfigError, require_positive_int
+from .layer_kernels import (Kernel, embedding_forward, head_backward, head_forward,
+                            layer_backward, layer_forward, merge, recompute_forward)
 from .model import ModelSpec
 from .parallel import ParallelConfig
 
@@ -34,9 +36,10 @@ class StageCost:
       in the parameter dtype).
     - boundary_bytes: the activation sent to the next stage, b*s*h*dtype_bytes / cp
       (/ tp with sequence parallelism); 0 on the last stage.
-    - forward_bytes / backward_bytes: an ESTIMATE of HBM traffic for a roofline: F reads
-      the weights once and writes the activations it produces; B reads weights and saved
-      activations and writes weight and input gradients (2x each); full recompute adds F.
+    - forward_kernels / backward_kernels: the kernels F and B run (schedules.layer_kernels,
+      merged by name over the stage's layers; B includes recomputation), whose FLOPs sum
+      to forward_flops / backward_flops; forward_bytes / backward_bytes are their HBM
+      bytes, summed.
     """
 
     layers: int
@@ -49,6 +52,8 @@ class StageCost:
     backward_bytes: int
     tied_param_count: int = 0
     grad_bytes: int = 0
+    forward_kernels: tuple[Kernel, ...] = ()
+    backward_kernels: tuple[Kernel, ...] = ()
 
 
 def _check(model: ModelSpec, parallel: ParallelConfig, num_stages: int) -> None:
@@ -89,8 +94,9 @@ def stage_costs(model: ModelSpec, parallel: ParallelConfig, num_stages: int) -> 
     recompute_flops = {"none": 0.0, "full": layer_fwd,
                        "selective": model.attention_core_flops() / shard}[parallel.recompute]
     stored = model.layer_activation_bytes(tp, parallel.sequence_parallel, parallel.recompute) / cp
-    produced = model.layer_activation_bytes(tp, parallel.sequence_parallel, "none") / cp
     layer_params = model.layer_param_count(tp, parallel.ep)
+    layer_kernels_f = layer_forward(model, parallel)
+    layer_kernels_b = layer_backward(model, parallel) + recompute_forward(model, parallel)
     word = model.vocab_size * model.hidden_size / tp  # vocab-parallel embedding / output
     position = model.embedding_param_count() - model.vocab_size * model.hidden_size
     boundary = model.micro_batch_size * model.seq_length * model.hidden_size * d / cp
@@ -105,10 +111,16 @@ def stage_costs(model: ModelSpec, parallel: ParallelConfig, num_stages: int) -> 
         act = layers * stored
         params = layers * layer_params
         tied = 0.0
+        kernels_f = [k.scaled(layers) for k in layer_kernels_f]
+        kernels_b = [k.scaled(layers) for k in layer_kernels_b]
         if first:
             act += embedding_activation_bytes(model, parallel)
             params += word + position
+            kernels_f += embedding_forward(model, parallel)
+            kernels_b += embedding_forward(model, parallel)  # dropout and scatter-add grads
         if last:
+            kernels_f += head_forward(model, parallel)
+            kernels_b += head_backward(model, parallel)
             logits = model.logits_forward_flops() / shard
             fwd, bwd = fwd + logits, bwd + 2 * logits
             act += output_activation_bytes(model, parallel)
@@ -118,14 +130,13 @@ def stage_costs(model: ModelSpec, parallel: ParallelConfig, num_stages: int) -> 
             elif not first:
                 tied = word
         weight_bytes = (params + tied) * d
-        fwd_bytes = weight_bytes + layers * produced
-        bwd_bytes = 2 * weight_bytes + 2 * act
-        if parallel.recompute == "full":
-            bwd_bytes += fwd_bytes
+        kernels_f, kernels_b = merge(kernels_f), merge(kernels_b)
         costs.append(StageCost(
             layers=layers, forward_flops=fwd, backward_flops=bwd,
             activation_bytes=math.ceil(act), param_count=math.ceil(params),
             boundary_bytes=0 if last else math.ceil(boundary),
-            forward_bytes=math.ceil(fwd_bytes), backward_bytes=math.ceil(bwd_bytes),
-            tied_param_count=math.ceil(tied), grad_bytes=math.ceil(weight_bytes)))
+            forward_bytes=math.ceil(sum(k.nbytes for k in kernels_f)),
+            backward_bytes=math.ceil(sum(k.nbytes for k in kernels_b)),
+            tied_param_count=math.ceil(tied), grad_bytes=math.ceil(weight_bytes),
+            forward_kernels=kernels_f, backward_kernels=kernels_b))
     return costs

@@ -35,7 +35,8 @@ from schedules.timeline import Timeline
 from schedules.validate import check_structure, dry_run
 from topologies import device_of, gpu_nodes
 
-from .cost import DEFAULT_COMPUTE_EFFICIENCY, DEFAULT_MEMORY_EFFICIENCY, RooflineCost, UniformCost
+from .cost import (DEFAULT_COMPUTE_EFFICIENCY, DEFAULT_MEMORY_EFFICIENCY, RooflineCost,
+                   StageKernelCost, UniformCost)
 from .collective_model import collective_model
 from .dp_groups import group_size, shard_size
 from .offload import host_cpus, with_host_links
@@ -137,10 +138,8 @@ def simulate(model: ModelSpec, parallel: ParallelConfig, topology: nx.DiGraph,
     else:
         rooflines = [RooflineCost(device_of(topology, d), model.dtype, costs.compute_efficiency,
                                   costs.memory_efficiency) for d in devices]
-        ranks = schedule.stage_ranks
-
-        def compute_time(op):
-            return rooflines[ranks[op.stage]](op)
+        compute_time = StageKernelCost([rooflines[r] for r in schedule.stage_ranks], per_stage,
+                                       chunk_costs)
 
         network = FlowNetwork(env, topology)
     if schedule.count(OpKind.OPT_STEP):  # (a wrapper per compute op costs replay time)

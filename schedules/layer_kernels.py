@@ -1,0 +1,179 @@
+"""The kernels of a transformer layer, embedding and head: FLOPs and HBM bytes of each.
+
+A roofline of a whole layer (its FLOPs at one efficiency) cannot represent a layer's
+memory-bound work: softmax and dropout over the b*a*s^2 attention scores, norms, GeLU,
+bias-dropout-add. Their share grows like a*s/h^2 as layers narrow, so one whole-layer
+efficiency over-predicts narrow models and under-predicts wide ones. Here a layer is the
+kernel sequence Megatron-LM runs (fused scale-mask-softmax, fused bias-GeLU,
+fused bias-dropout-add, batched GEMMs for the core attention; flash attention as one
+kernel), each with its FLOPs and the bytes it moves, so a cost model can charge each
+kernel its own roofline, max(FLOPs / peak, bytes / bandwidth), and sum them.
+
+Units: FLOPs and bytes for one micro-batch on one rank (a TP/CP shard). FLOPs are the
+GEMM FLOPs of `ModelSpec` (SC21): the kernels of a layer's forward sum to exactly
+`layer_forward_flops() / (tp * cp)`, elementwise kernels count 0 FLOPs. Bytes are the
+tensors each kernel reads and writes once (elements of `dtype_bytes`, dropout masks 1
+byte, cross-entropy in fp32), counted from the kernel's inputs and outputs, not measured.
+Notation (per rank): T = b*s/cp tokens, R = T*h residual-stream elements (/t with sequence
+parallelism), S = b*(a/t)*s^2/cp attention scores, F = T*f/t MLP elements, d = dtype bytes.
+Backward: each GEMM runs twice (input and weight gradient: 2x FLOPs and bytes, SC21);
+elementwise backward kernels read the forward's saved tensor and the incoming gradient
+and write the outgoing one.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from .model import ModelSpec
+from .parallel import ParallelConfig
+
+CROSS_ENTROPY_FP32 = 4  # vocab-parallel cross-entropy runs in fp32 (K22 section 4.3)
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One kernel (or `count`-fold repeat, summed): FLOPs and HBM bytes."""
+
+    name: str
+    flops: float
+    nbytes: float
+
+    def scaled(self, factor: float) -> Kernel:
+        return Kernel(self.name, self.flops * factor, self.nbytes * factor)
+
+
+def merge(kernels: Iterable[Kernel]) -> tuple[Kernel, ...]:
+    """Sum kernels of the same name (exact for a roofline: equal shapes, equal ratio)."""
+    total: dict[str, list[float]] = {}
+    for k in kernels:
+        entry = total.setdefault(k.name, [0.0, 0.0])
+        entry[0] += k.flops
+        entry[1] += k.nbytes
+    return tuple(Kernel(name, f, b) for name, (f, b) in total.items())
+
+
+class _Shape:
+    """Per-rank element counts of one layer (module docstring's notation)."""
+
+    def __init__(self, model: ModelSpec, parallel: ParallelConfig):
+        t, cp = parallel.tp, parallel.cp
+        self.d = model.dtype_bytes
+        self.h, self.t = model.hidden_size, t
+        self.tokens = model.micro_batch_size * model.seq_length / cp
+        self.residual = self.tokens * self.h / (t if parallel.sequence_parallel else 1)
+        self.full = self.tokens * self.h  # a GEMM's input after the SP all-gather
+        self.scores = (model.micro_batch_size * model.num_attention_heads / t
+                       * model.seq_length ** 2 / cp)
+        self.head_dim = self.h / model.num_attention_heads
+        self.q = self.tokens * self.h / t
+        self.kv = self.tokens * model.kv_hidden_size / t
+
+    def gemm(self, name: str, in_elems: float, out_elems: float, weights: float) -> Kernel:
+        """A (T x in) @ (in x out) GEMM: 2 * T * in * out FLOPs; reads input and weights,
+        writes output. `weights` is the per-rank weight element count."""
+        flops = 2 * in_elems * out_elems / self.tokens
+        return Kernel(name, flops, self.d * (in_elems + out_elems + weights))
+
+
+def attention_core_forward(model: ModelSpec, parallel: ParallelConfig) -> list[Kernel]:
+    """QK^T, scale-mask-softmax, dropout, attention-over-V (4bs^2h/(t*cp) FLOPs); with
+    flash attention one kernel reading Q, K, V and writing the output."""
+    x = _Shape(model, parallel)
+    flops = 2 * x.scores * x.head_dim
+    if model.use_flash_attn:
+        return [Kernel("flash_attention", 2 * flops, x.d * (2 * x.q + 2 * x.kv))]
+    return [Kernel("scores_bmm", flops, x.d * (x.scores + x.q + x.kv)),
+            Kernel("softmax", 0.0, 2 * x.d * x.scores),
+            Kernel("attention_dropout", 0.0, 2 * x.d * x.scores + x.scores),
+            Kernel("context_bmm", flops, x.d * (x.scores + x.kv + x.q))]
+
+
+def layer_forward(model: ModelSpec, parallel: ParallelConfig,
+                  layer: int | None = None) -> list[Kernel]:
+    """The forward kernels of one layer (`layer` as ModelSpec: None = the repeating one)."""
+    x = _Shape(model, parallel)
+    h, t, d, hkv = x.h, x.t, x.d, model.kv_hidden_size
+    width = model._mlp_widths(layer)
+    mlp = x.tokens * width / t
+    up = 2 if model.swiglu else 1
+    norm = Kernel("norm", 0.0, 2 * d * x.residual)
+    residual_add = Kernel("bias_dropout_add", 0.0, 3 * d * x.residual + x.residual)
+    kernels = [norm,
+               x.gemm("qkv_gemm", x.full, x.q + 2 * x.kv, h * (h + 2 * hkv) / t),
+               *attention_core_forward(model, parallel),
+               x.gemm("proj_gemm", x.q, x.full, h * h / t),
+               residual_add, norm,
+               x.gemm("fc1_gemm", x.full, up * mlp, up * h * width / t),
+               Kernel("activation", 0.0, d * (up + 1) * mlp),
+               x.gemm("fc2_gemm", mlp, x.full, h * width / t),
+               residual_add]
+    if model.is_moe_layer(layer):
+        k = model.moe_router_topk
+        kernels += [x.gemm("router_gemm", x.full, x.tokens * model.num_experts / t,
+                           h * model.num_experts / t),
+                    Kernel("token_permute", 0.0, 4 * d * k * x.full)]
+    return kernels
+
+
+def layer_backward(model: ModelSpec, parallel: ParallelConfig,
+                   layer: int | None = None) -> list[Kernel]:
+    """The backward kernels of one layer, without recomputation: GEMMs twice; softmax,
+    GeLU, norm backward read the saved tensor and the gradient and write a gradient
+    (3 tensors); dropout backward reads gradient and mask; the residual gradients add."""
+    x = _Shape(model, parallel)
+    d = x.d
+    elementwise = {
+        "norm": 3 * d * x.residual,
+        "softmax": 3 * d * x.scores,
+        "attention_dropout": 2 * d * x.scores + x.scores,
+        "bias_dropout_add": 3 * d * x.residual + x.residual,  # dropout grad + residual add
+    }
+    out = []
+    for k in layer_forward(model, parallel, layer):
+        if k.flops or k.name == "token_permute":
+            out.append(k.scaled(2))
+        elif k.name == "activation":
+            out.append(Kernel(k.name, 0.0, k.nbytes * 5 / 3 if model.swiglu else k.nbytes * 3 / 2))
+        else:
+            out.append(Kernel(k.name, 0.0, elementwise[k.name]))
+    return out
+
+
+def recompute_forward(model: ModelSpec, parallel: ParallelConfig,
+                      layer: int | None = None) -> list[Kernel]:
+    """What recomputation adds to a layer's backward: its whole forward (full) or the
+    attention core (selective, K22), none otherwise."""
+    if parallel.recompute == "full":
+        return layer_forward(model, parallel, layer)
+    if parallel.recompute == "selective":
+        return attention_core_forward(model, parallel)
+    return []
+
+
+def embedding_forward(model: ModelSpec, parallel: ParallelConfig) -> list[Kernel]:
+    """Vocab-parallel lookup (reads and writes T*h) and the embedding dropout."""
+    x = _Shape(model, parallel)
+    return [Kernel("embedding", 0.0, 2 * x.d * x.full),
+            Kernel("embedding_dropout", 0.0, 2 * x.d * x.residual + x.residual)]
+
+
+def head_forward(model: ModelSpec, parallel: ParallelConfig) -> list[Kernel]:
+    """Final norm, the output GEMM 2bshV/(t*cp) (vocab-parallel) and fp32 cross-entropy
+    (cast, max, exp-sum, loss: the T*V/t logits read in dtype, written and read twice in
+    fp32)."""
+    x = _Shape(model, parallel)
+    logits = x.tokens * model.vocab_size / x.t
+    return [Kernel("norm", 0.0, 2 * x.d * x.residual),
+            x.gemm("logits_gemm", x.full, logits, model.vocab_size * x.h / x.t),
+            Kernel("cross_entropy", 0.0, logits * (x.d + 3 * CROSS_ENTROPY_FP32))]
+
+
+def head_backward(model: ModelSpec, parallel: ParallelConfig) -> list[Kernel]:
+    """Cross-entropy gradient (softmax read in fp32, gradient written in fp32 and cast),
+    the output GEMM twice, the final norm's backward."""
+    x = _Shape(model, parallel)
+    logits = x.tokens * model.vocab_size / x.t
+    norm, gemm, _ = head_forward(model, parallel)
+    return [Kernel("cross_entropy", 0.0, logits * (2 * CROSS_ENTROPY_FP32 + x.d)),
+            gemm.scaled(2), Kernel("norm", 0.0, 3 * x.d * x.residual)]

@@ -1,0 +1,140 @@
+"""Per-kernel costs of a layer: FLOPs sum to SC21's formulas, bytes follow the shapes, the
+per-kernel roofline predicts K22 Table 4's measured 22B layer experiments."""
+from dataclasses import replace
+
+import pytest
+
+from schedules import layer_kernels as lk
+from schedules.costs import stage_costs
+from schedules.model import ModelSpec
+from schedules.model_presets import get_model
+from schedules.parallel import ParallelConfig
+from schedules.ops import Op, OpKind
+from sim.cost import RooflineCost, StageKernelCost
+from sim.simulate import CostOptions, simulate
+from topologies import get_device, load_topology
+
+GPT = ModelSpec(num_layers=8, hidden_size=256, num_attention_heads=8, seq_length=128,
+                vocab_size=1024, micro_batch_size=2)
+LLAMA = replace(get_model("llama3-8b"), num_layers=8)
+MOE = get_model("mixtral-8x7b", num_layers=4)
+
+
+def _flops(kernels):
+    return sum(k.flops for k in kernels)
+
+
+def _bytes(kernels, *names):
+    return sum(k.nbytes for k in kernels if k.name in names)
+
+
+@pytest.mark.parametrize("model", [GPT, LLAMA, MOE])
+@pytest.mark.parametrize("tp,cp,sp", [(1, 1, False), (2, 1, False), (2, 1, True), (1, 2, False)])
+def test_kernel_flops_sum_to_the_layer_formula(model, tp, cp, sp):
+    par = ParallelConfig(tp=tp, cp=cp, sequence_parallel=sp)
+    shard = tp * cp
+    assert _flops(lk.layer_forward(model, par)) == pytest.approx(
+        model.layer_forward_flops() / shard, rel=1e-12)
+    assert _flops(lk.layer_backward(model, par)) == pytest.approx(
+        model.layer_backward_flops() / shard, rel=1e-12)
+    assert _flops(lk.head_forward(model, par)) == pytest.approx(
+        model.logits_forward_flops() / shard, rel=1e-12)
+
+
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_stage_kernels_carry_the_stage_flops(recompute):
+    par = ParallelConfig(tp=2, recompute=recompute, micro_batch_size=2)
+    for c in stage_costs(GPT, par, 4):
+        assert _flops(c.forward_kernels) == pytest.approx(c.forward_flops, rel=1e-12)
+        assert _flops(c.backward_kernels) == pytest.approx(c.backward_flops, rel=1e-12)
+        assert sum(k.nbytes for k in c.forward_kernels) == pytest.approx(c.forward_bytes, abs=1)
+        assert len({k.name for k in c.forward_kernels}) == len(c.forward_kernels)  # merged
+
+
+def test_sequence_parallel_divides_only_the_residual_stream_kernels():
+    t = 4
+    plain = lk.layer_forward(GPT, ParallelConfig(tp=t))
+    sp = lk.layer_forward(GPT, ParallelConfig(tp=t, sequence_parallel=True))
+    residual = ("norm", "bias_dropout_add")
+    assert _bytes(sp, *residual) == pytest.approx(_bytes(plain, *residual) / t)
+    others = {k.name for k in plain} - set(residual)
+    assert _bytes(sp, *others) == pytest.approx(_bytes(plain, *others))
+
+
+def test_attention_bytes_grow_with_s_squared_unless_flash():
+    """Doubling s doubles every O(sbh) tensor and quadruples the b*a*s^2 scores that
+    softmax and dropout stream; flash attention never writes the scores."""
+    core = ("softmax", "attention_dropout")
+    one, two = (lk.layer_forward(replace(GPT, seq_length=s), ParallelConfig()) for s in (128, 256))
+    assert _bytes(two, *core) == pytest.approx(4 * _bytes(one, *core))
+    assert _bytes(two, "norm") == pytest.approx(2 * _bytes(one, "norm"))
+    flash = [lk.attention_core_forward(replace(GPT, seq_length=s, use_flash_attn=True),
+                                       ParallelConfig()) for s in (128, 256)]
+    assert [k.name for k in flash[0]] == ["flash_attention"]
+    assert flash[1][0].nbytes == pytest.approx(2 * flash[0][0].nbytes)
+    assert flash[1][0].flops == pytest.approx(4 * flash[0][0].flops)
+
+
+def test_softmax_streams_the_scores_of_its_heads():
+    """b * (a/t) * s^2 scores, read and written once in 16 bit (2 x 2 bytes each)."""
+    par = ParallelConfig(tp=2)
+    softmax = next(k for k in lk.layer_forward(GPT, par) if k.name == "softmax")
+    assert softmax.nbytes == 2 * 2 * GPT.micro_batch_size * (8 / 2) * 128 ** 2
+
+
+def test_op_time_is_the_sum_of_kernel_rooflines_and_at_least_the_op_roofline():
+    par = ParallelConfig(num_microbatches=1, micro_batch_size=2)
+    costs = stage_costs(GPT, par, 1)
+    roofline = RooflineCost(get_device("a100-80gb-sxm"), compute_efficiency=0.7,
+                            memory_efficiency=0.8)
+    cost = StageKernelCost([roofline], costs)
+    forward = Op(OpKind.F, 0, 0).with_costs(flops=costs[0].forward_flops,
+                                            nbytes=costs[0].forward_bytes)
+    expected = sum(max(k.flops / (312e12 * 0.7), k.nbytes / (2.039e12 * 0.8))
+                   for k in costs[0].forward_kernels)
+    assert cost(forward) == pytest.approx(expected, rel=1e-12)
+    assert cost(forward) >= roofline(forward) * (1 - 1e-12)  # sum of max >= max of sums
+    w = Op(OpKind.W, 0, 0)
+    assert cost(w) == pytest.approx(roofline.kernels_time(costs[0].backward_kernels) / 2)
+
+
+# K22 Table 4 (Korthikanti et al. 2022): one 22B layer, t=8, micro-batch 4, s=2048 on
+# Selene; forward and backward ms: baseline 7.7/11.9, sequence parallelism 7.2/11.8, full
+# recompute 7.7/19.5, selective 7.7/13.2, selective + SP 7.2/13.1.
+K22_TABLE_4 = {(False, "none"): (7.7, 11.9), (True, "none"): (7.2, 11.8),
+               (False, "full"): (7.7, 19.5), (False, "selective"): (7.7, 13.2),
+               (True, "selective"): (7.2, 13.1)}
+MATMUL_CEILING, HBM_CEILING = 267.9 / 312, 0.88  # measured A100 ceilings (benchmarks/fidelity)
+
+
+def _one_layer(topology, attainment, sp, recompute):
+    """(F, B) seconds of one 22B layer: 2 layers minus 1 (embedding, logits, step cancel)."""
+    costs = CostOptions(compute_efficiency=MATMUL_CEILING * attainment,
+                        memory_efficiency=HBM_CEILING * attainment)
+    out = []
+    for layers in (2, 1):
+        model = get_model("k22-22b", num_layers=layers, micro_batch_size=4)
+        par = ParallelConfig(tp=8, micro_batch_size=4, num_microbatches=1,
+                             sequence_parallel=sp, recompute=recompute)
+        spans = [s for s in simulate(model, par, topology, costs=costs).spans
+                 if s.rank == 0 and s.op.kind is not OpKind.OPT_STEP]
+        start = min(s.start for s in spans)
+        backward = min(s.start for s in spans if s.op.kind is OpKind.B)
+        out.append((backward - start, max(s.end for s in spans) - backward))
+    return out[0][0] - out[1][0], out[0][1] - out[1][1]
+
+
+def test_k22_table_4_layer_experiments_from_one_attainment_factor():
+    """The baseline's F + B (19.6 ms) fixes one attainment factor for both measured
+    ceilings; the nine other published numbers (F and B apart; SP, full and selective
+    recompute) must then come out within 8%."""
+    topology = load_topology("selene-a100")
+    low, high = 0.3, 1.0
+    for _ in range(20):
+        mid = (low + high) / 2
+        low, high = ((mid, high) if sum(_one_layer(topology, mid, False, "none")) > 19.6e-3
+                     else (low, mid))
+    for (sp, recompute), published in K22_TABLE_4.items():
+        predicted = _one_layer(topology, low, sp, recompute)
+        for p, q in zip(published, predicted):
+            assert q * 1e3 == pytest.approx(p, rel=0.08), (sp, recompute, published, predicted)

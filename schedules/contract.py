@@ -47,8 +47,9 @@ Intra-layer communication (issue 6): collectives on a group of INTRA_LAYER_GROUP
 ('tp', 'cp', 'ep': schedules.intra_layer) inside the layers a compute op covers, aggregated
 per compute op (`Op.count`). Each belongs to ONE compute op, by position:
 - a blocking op (group not in `overlapped`) is posted right AFTER its compute op; the
-  next compute op of the program, and every P2P SEND before that, wait for it (the next
-  layer needs the reduced activation; a SEND ships it). The blocking ops of one compute
+  next compute op of the program, and every P2P SEND and OPT_STEP before that, wait for
+  it (the next layer needs the reduced activation; a SEND ships it; a step follows the
+  whole backward). The blocking ops of one compute
   op run one after another (each waits for the previous one): inside a layer they
   alternate with its GEMMs, so their times add up on the critical path even on
   different groups. TP all-reduces (Megatron), SP all-gathers / reduce-scatters, Ulysses
@@ -213,7 +214,8 @@ def local_waits(program: Sequence[Op], overlapped: frozenset[str] | set[str] = f
             waits[index] = _newest(_covering(reduced, s, g) or _covering(grads, s, g))
             pending.setdefault(s, []).append(index)
         elif kind is OpKind.OPT_STEP:
-            waits[index] = tuple(pending.pop(s, [])) + _newest(_covering(grads, s, None))
+            waits[index] = (waits[index] + tuple(pending.pop(s, []))
+                            + _newest(_covering(grads, s, None)))
             steps[s] = index
         elif kind is OpKind.COPY_H2D:
             waits[index] = (steps[s],) if s in steps else ()
@@ -237,7 +239,7 @@ def _intra_layer_waits(program: Sequence[Op], waits: list[tuple[int, ...]],
         if kind in _WORK_KINDS:
             waits[index] = tuple(blocking)
             blocking, alongside, recvs, chain = alongside, [], [], ()
-        elif kind in (OpKind.SEND_F, OpKind.SEND_B):
+        elif kind in (OpKind.SEND_F, OpKind.SEND_B, OpKind.OPT_STEP):
             waits[index] = tuple(blocking)
         elif kind in (OpKind.RECV_F, OpKind.RECV_B):
             recvs.append(index)

@@ -25,7 +25,8 @@ ParallelConfig (its sharding fields are canonical, schedules.sharding):
   bucket's shard goes to the host (COPY_D2H on lane 'pcie'), the step runs on the host CPU
   (OPT_STEP with group 'host', costed by sim.optimizer), the updated 16-bit shard comes
   back (COPY_H2D) before the parameter all-gather (ZeRO-3: per layer group, and the next
-  iteration's gathers fetch it). With dp = 1 there is nothing to reduce: copies only.
+  iteration's gathers fetch it). With dp = 1 there is nothing to reduce: copies only, and
+  without offload only the OPT_STEPs (every iteration steps its optimizer).
 
 Sizes (bytes) follow nccl-tests (sim.collective_algorithms): ALL_REDUCE and
 REDUCE_SCATTER carry the full gradient bucket, ALL_GATHER the full gathered parameters.
@@ -91,8 +92,9 @@ def gradient_ops(sizes: DPSizes, parallel: ParallelConfig, stage: int, chunk: in
     hybrid = parallel.fsdp == "hybrid"
     ops = []
     for bucket in sizes.buckets(nbytes, layers):
-        if sizes.dp == 1:  # nothing to reduce (offload on one rank)
-            ops.append(Op(OpKind.COPY_D2H, stage, microbatch, "pcie", bucket, chunk=chunk))
+        if sizes.dp == 1:  # nothing to reduce (offload on one rank: copy to the host)
+            if parallel.offload:
+                ops.append(Op(OpKind.COPY_D2H, stage, microbatch, "pcie", bucket, chunk=chunk))
             continue
         if parallel.zero_stage == 0:
             ops.append(Op(OpKind.ALL_REDUCE, stage, microbatch, "dp", bucket, chunk=chunk))
@@ -135,7 +137,8 @@ def gather_ops(sizes: DPSizes, parallel: ParallelConfig, stage: int) -> list[Op]
 def add_sharded_optimizer(schedule: Schedule, sizes: DPSizes, parallel: ParallelConfig
                           ) -> Schedule:
     """DDP and ZeRO-1/2 (module docstring)."""
-    overlap = parallel.overlap_grad_reduce and parallel.zero_stage != 1
+    reduces = sizes.dp > 1 or parallel.offload
+    overlap = parallel.overlap_grad_reduce and parallel.zero_stage != 1 and reduces
     groups = sizes.groups if overlap else 1
     programs = []
     for program in schedule.programs:
@@ -165,9 +168,7 @@ def add_data_parallel(schedule: Schedule, model: ModelSpec, parallel: ParallelCo
     """`schedule` with the data-parallel communication `parallel` asks for (module
     docstring). `shard_size`: ranks of a hybrid shard group or of the hpZ secondary shard
     (sim.dp_groups resolves it from the topology); needed for fsdp='hybrid' and hpz.
-    Returns `schedule` itself when there is nothing to add (dp = 1 without offload)."""
-    if parallel.dp == 1 and not parallel.offload:
-        return schedule
+    With dp = 1 (and no offload) only the optimizer steps are added."""
     if any(op.kind is OpKind.OPT_STEP for op in schedule.ops()):
         raise ConfigError(f"schedule {schedule.name!r} already has optimizer steps: the "
                           "data-parallel pass runs once, on a pipeline schedule")
@@ -178,7 +179,7 @@ def add_data_parallel(schedule: Schedule, model: ModelSpec, parallel: ParallelCo
         raise ConfigError(f"fsdp={parallel.fsdp!r} hpz={parallel.hpz}: give shard_size (the "
                           "ranks of one node's shard group; sim.dp_groups.shard_size)")
     shard = shard_size if hybrid else parallel.dp
-    if parallel.zero_stage == 3:
+    if parallel.zero_stage == 3 and (parallel.dp > 1 or parallel.offload):
         groups = model.num_layers // schedule.num_stages  # one FSDP unit per layer
         sizes = dp_sizes(model, parallel, schedule.num_stages, groups, shard)
         return add_zero3(schedule, sizes, parallel)

@@ -119,9 +119,12 @@ def test_zero_1_and_2_reduce_scatter_step_then_gather(stage):
     validate(schedule)
 
 
-def test_nothing_to_add_on_one_rank_and_the_pass_runs_once():
+def test_one_rank_gets_only_its_optimizer_steps_and_the_pass_runs_once():
     schedule = build_schedule("1f1b", 2, 4)
-    assert add_data_parallel(schedule, MODEL, ParallelConfig(pp=2, num_microbatches=4)) is schedule
+    added = add_data_parallel(schedule, MODEL, ParallelConfig(pp=2, num_microbatches=4))
+    for before, after in zip(schedule.programs, added.programs):
+        assert after[:len(before)] == before
+        assert [(op.kind, op.group) for op in after[len(before):]] == [(OpKind.OPT_STEP, None)]
     parallel, once = _pass(pp=2)
     with pytest.raises(ConfigError, match="already has optimizer steps"):
         add_data_parallel(once, MODEL, parallel)

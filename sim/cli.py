@@ -131,9 +131,9 @@ def _add_cluster_flags(p: argparse.ArgumentParser) -> None:
                    help="fixed seconds per forward/backward of one virtual stage on one "
                         "microbatch; communication then costs zero")
     g.add_argument("--compute-efficiency", type=float,
-                   help="fraction of dense peak FLOP/s reached by compute (default 0.6)")
+                   help="fraction of dense peak FLOP/s each kernel reaches (default 0.6)")
     g.add_argument("--memory-efficiency", type=float,
-                   help="fraction of HBM bandwidth reached (default 0.8)")
+                   help="fraction of HBM bandwidth each kernel reaches (default 0.8)")
     g.add_argument("--profile", metavar="PATH",
                    help="measured compute and P2P times from `clustersim calibrate` instead "
                         "of the roofline (the topology then only places ranks)")

@@ -1,6 +1,6 @@
 """benchmarks/fidelity.py's harness logic on tiny inputs: the throughput it reports is the
 paper's formula over the simulated time, each published row maps to its layout, the
-summary and targets count right, slow rows are reported as skipped, and the efficiency
+summary and targets count right, slow rows are reported as skipped, and the attainment
 bisection solves the layer equation. No benchmark row is simulated here."""
 import sys
 import time
@@ -88,15 +88,31 @@ def test_a_failing_row_is_reported_with_its_error(monkeypatch):
 
 
 @pytest.mark.parametrize("comm_s", [0.0, 3e-3])
-def test_layer_efficiency_solves_the_k22_layer_time(monkeypatch, comm_s):
-    """Window(layers, e) = layers * (C / e + X): the bisection returns C / (19.6 ms - X)."""
+def test_attainment_solves_the_k22_layer_time(monkeypatch, comm_s):
+    """One layer = (F, B) with kernel time C / a + X: the bisection on the attainment a
+    returns C / (19.6 ms - X); both efficiencies are the ceilings x a (4 decimals)."""
     compute = 9e-3
-    monkeypatch.setattr(fb, "layer_window",
-                        lambda topo, layers, e, m, intra=None: layers * (compute / e + comm_s))
-    got = fb.k22_layer_efficiency(None, 0.88)
-    assert got["efficiency"] == pytest.approx(compute / (fb.K22_LAYER_SECONDS - comm_s),
-                                              rel=1e-6)
-    assert got["layer_ms"] == pytest.approx(19.6, rel=1e-6)
+
+    def one_layer(topo, costs, intra=None, **config):
+        a = costs.compute_efficiency / fb.MAMF_EFFICIENCY
+        return compute / a / 3, 2 * compute / a / 3 + comm_s
+
+    monkeypatch.setattr(fb, "one_layer", one_layer)
+    got = fb.k22_layer_attainment(None)
+    assert got["attainment"] == pytest.approx(compute / (fb.K22_LAYER_SECONDS - comm_s), rel=1e-3)
+    assert got["compute_efficiency"] == round(fb.MAMF_EFFICIENCY * got["attainment"], 4)
+    assert got["memory_efficiency"] == round(fb.MEMORY_EFFICIENCY * got["attainment"], 4)
+    assert got["layer_ms"] == pytest.approx(19.6, rel=1e-3)
+
+
+def test_table_4_rows_carry_published_and_predicted_ms(monkeypatch):
+    monkeypatch.setattr(fb, "one_layer", lambda topo, costs, intra=None, sequence_parallel=False,
+                        recompute="none": (7e-3, 12e-3 if recompute == "none" else 20e-3))
+    rows = fb.k22_table_4(None, CostOptions())
+    assert [r["experiment"] for r in rows] == [e[0] for e in fd.K22_TABLE_4_LAYER_MS]
+    assert rows[0]["published_ms"] == [7.7, 11.9, 19.6]
+    assert rows[0]["predicted_ms"] == pytest.approx([7.0, 12.0, 19.0])
+    assert rows[2]["predicted_ms"] == pytest.approx([7.0, 20.0, 27.0])  # full recompute
 
 
 def test_report_marks_skips_and_unmet_targets():
@@ -118,10 +134,10 @@ def test_report_marks_skips_and_unmet_targets():
             "total_wall_s": 2.0, "simulator": {"commit": "abc", "changed_files": [],
                                                "source_sha256": "0", "note": ""},
             "constants": {"peak_tflops": 312.0, "hbm_tb_s": 2.039, "compute_efficiency": 0.5,
-                          "compute_efficiency_source": "option", "memory_efficiency": 0.88,
-                          "mamf_efficiency": 0.859,
-                          "k22_layer": {"efficiency": 0.5, "layer_ms": 19.6, "compute_ms": 18.0,
-                                        "layer_ms_at_peak": 10.0, "efficiency_with_comm": 0.48}}}
+                          "efficiency_source": "option", "memory_efficiency": 0.5,
+                          "mamf_efficiency": 0.859, "memory_ceiling": 0.88,
+                          "k22_layer": {"attainment": 0.6, "layer_ms": 19.6,
+                                        "layer_ms_at_ceilings": 12.0}}}
     page = render(data)
     assert "NOT MET" in page and "SKIPPED: over the 1 s row limit" in page
     assert "**+2.2%**" in page and "TP communication charged by this version: **yes**" in page

@@ -30,9 +30,7 @@ from .comm_spec import Comm, Covered, comms
 from .errors import ConfigError
 from .model import ModelSpec
 from .ops import OpKind
-from .parallel import ParallelConfig
-
-CP_COMM = ("ring", "ulysses")
+from .parallel import CP_COMM, ParallelConfig
 
 
 def check_cp_comm(cp_comm: str, model: ModelSpec | None = None,

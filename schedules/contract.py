@@ -44,7 +44,7 @@ An op that is not compute (collectives, copies, an OPT_STEP with group 'host') i
 in program order and starts once its waits are met and the previous op on its lane ends.
 
 Intra-layer communication (issue 6): collectives on a group of INTRA_LAYER_GROUPS
-('tp', 'cp', 'ep': schedules.intra_layer) inside the layers a compute op covers, aggregated
+('tp', 'cp', 'ep', 'etp': schedules.intra_layer) inside the layers a compute op covers, aggregated
 per compute op (`Op.count`). Each belongs to ONE compute op, by position:
 - a blocking op (group not in `overlapped`) is posted right AFTER its compute op; the
   next compute op of the program, and every P2P SEND and OPT_STEP before that, wait for
@@ -53,7 +53,7 @@ per compute op (`Op.count`). Each belongs to ONE compute op, by position:
   op run one after another (each waits for the previous one): inside a layer they
   alternate with its GEMMs, so their times add up on the critical path even on
   different groups. TP all-reduces (Megatron), SP all-gathers / reduce-scatters, Ulysses
-  and MoE all-to-alls are blocking;
+  and MoE all-to-alls (and expert-TP gathers / scatters) are blocking;
 - an overlapped op (group in `overlapped`: ring attention's KV passes, or TP with
   --tp-comm-overlap) is posted right BEFORE its compute op and runs alongside it: it waits
   for the P2P RECVs posted since the previous compute op (its compute op's inputs), its
@@ -83,7 +83,7 @@ _POSITIONAL_KINDS = frozenset({OpKind.ALL_REDUCE, OpKind.REDUCE_SCATTER, OpKind.
                                OpKind.ALL_TO_ALL, OpKind.OPT_STEP, OpKind.COPY_D2H,
                                OpKind.COPY_H2D})
 
-INTRA_LAYER_GROUPS = frozenset({"tp", "cp", "ep"})
+INTRA_LAYER_GROUPS = frozenset({"tp", "cp", "ep", "etp"})
 """Group axes of communication inside a layer (tensor, context, expert parallelism)."""
 
 

@@ -27,7 +27,8 @@ class StageCost:
       layer forward, selective the core attention 4bs^2h per layer).
     - activation_bytes: kept from F until B of the same micro-batch.
     - param_count: parameters this rank holds for the stage (unique: the stages of a
-      model sum to ModelSpec.param_count() at tp = ep = 1).
+      model sum to ModelSpec.param_count() at tp = ep = etp = 1); routed experts are
+      E/ep per rank, each split over etp ranks (ModelSpec.layer_param_count).
     - tied_param_count: the copy of the word embedding the last stage keeps for the output
       layer when embeddings are tied and there is more than one stage (Megatron-LM keeps
       it and all-reduces its gradient with stage 0); count it for memory, not for totals.
@@ -94,7 +95,7 @@ def stage_costs(model: ModelSpec, parallel: ParallelConfig, num_stages: int) -> 
     recompute_flops = {"none": 0.0, "full": layer_fwd,
                        "selective": model.attention_core_flops() / shard}[parallel.recompute]
     stored = model.layer_activation_bytes(tp, parallel.sequence_parallel, parallel.recompute) / cp
-    layer_params = model.layer_param_count(tp, parallel.ep)
+    layer_params = model.layer_param_count(tp, parallel.ep, etp=parallel.etp)
     layer_kernels_f = layer_forward(model, parallel)
     layer_kernels_b = layer_backward(model, parallel) + recompute_forward(model, parallel)
     word = model.vocab_size * model.hidden_size / tp  # vocab-parallel embedding / output

@@ -33,7 +33,9 @@ REDUCE_SCATTER carry the full gradient bucket, ALL_GATHER the full gathered para
 OPT_STEP.nbytes is the Adam update's memory traffic on the rank's shard,
 ADAM_BYTES_PER_PARAM per parameter. Groups name axes: 'dp', 'dp_shard', 'dp_replicate'
 (schedules.contract.DP_GROUPS; sim.dp_groups maps them to ranks). Communication runs
-over the 'dp' axis only (cp = 1 is assumed for the collectives).
+over the 'dp' axis only (cp = 1 is assumed for the collectives); MoE expert gradients too,
+not over Megatron-Core's expert data-parallel group ('edp', tp*cp*dp / (etp*ep) ranks):
+a simplification (their bytes per rank do follow ep and etp: schedules.costs).
 """
 from __future__ import annotations
 

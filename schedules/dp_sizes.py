@@ -74,7 +74,8 @@ def bucket_groups(model: ModelSpec, parallel: ParallelConfig, num_stages: int) -
     """Layer groups per stage for bucketed reduction: the most groups (dividing the
     stage's layers) whose layers still fill at least one bucket each."""
     layers = model.num_layers // num_stages
-    per_layer = model.layer_param_count(parallel.tp, parallel.ep) * model.dtype_bytes
+    per_layer = (model.layer_param_count(parallel.tp, parallel.ep, etp=parallel.etp)
+                 * model.dtype_bytes)
     bucket = parallel.bucket_bytes or DEFAULT_BUCKET_BYTES
     for size in range(1, layers + 1):
         if layers % size == 0 and size * per_layer >= bucket:

@@ -10,26 +10,45 @@ each TP rank dispatches its own sequence shard), and a rank sends (e-1)/e of it 
 other e-1 ranks (balanced routing): tokens * h * k * (e-1)/e * dtype bytes per all-to-all
 (issue 6's closed form). Blocking. Full recompute repeats the forward's two in backward.
 
+Expert tensor parallelism (Megatron-Core's --expert-tensor-parallel-size, etp, default
+tp; the groups: schedules.parallel's expert grid etp x ep x edp). Each expert's weights
+are split over etp ranks (column-parallel fc1, row-parallel fc2: ModelSpec.
+layer_param_count). Two cases:
+- tokens replicated over the TP ranks (tp > 1 without sequence parallelism, where
+  ParallelConfig.check_model requires etp = tp): each TP rank runs 1/t of every expert on
+  all its tokens, as the dense MLP does, and the MLP's TP all-reduce follows
+  (schedules.tensor_parallel); no 'etp' ops. Megatron-Core refuses this layout in
+  training (MoE with tp > 1 needs --sequence-parallel); it is kept as the dense analogue.
+- each rank's tokens are its own (sequence parallelism, or tp = 1): the dispatcher
+  all-gathers the dispatched tokens over the etp group after the dispatch all-to-all and
+  reduce-scatters the expert output before the combine (MoEAlltoAllTokenDispatcher:
+  A2A(EP) -> AG(ETP) -> experts -> RS(ETP) -> A2A(EP)); backward the reverse, again one
+  all-gather and one reduce-scatter. nccl-tests sizes: S = etp * tokens * h * k * dtype
+  (the gathered output; the reduce-scattered input: the tokens dispatched to the etp
+  group), so a rank moves (etp-1)/etp * S = (etp-1) * tokens * h * k * dtype per
+  collective (balanced routing). Blocking, on group axis 'etp'. The MoE layer's MLP then
+  posts no TP collective except for its shared experts, a TP-split dense MLP
+  (schedules.tensor_parallel).
+The experts' FLOPs per rank are the same either way: the rank runs 1/(t*cp) of the
+layer's token-expert work (1/etp of the width for etp/t of the tokens).
+
 Imbalance (`moe_imbalance` f >= 1): with balanced routing each expert gets tokens*k/E
 tokens; the busiest expert of a step gets f times that, and every rank waits for it, so
 the expert MLP FLOPs of each MoE layer are scaled by f (router, attention, shared experts
-are not). Expert-tensor parallelism is not modelled (the experts split by t as the dense
-MLP does: schedules.costs).
+are not; nor are the collectives' sizes).
 """
 from __future__ import annotations
 
 from .comm_spec import Comm, Covered, comms
-from .errors import ConfigError
 from .model import ModelSpec
 from .ops import OpKind
 from .parallel import ParallelConfig
 
 
-def check_imbalance(factor: float) -> float:
-    if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not factor >= 1:
-        raise ConfigError(f"moe_imbalance must be a number >= 1 (the busiest expert's tokens "
-                          f"over the balanced share), got {factor!r}")
-    return float(factor)
+def experts_split_by_tp(parallel: ParallelConfig) -> bool:
+    """Whether MoE layers run their experts as the dense MLP runs: tokens replicated over
+    tp > 1 ranks, without sequence parallelism (module docstring)."""
+    return parallel.tp > 1 and not parallel.sequence_parallel
 
 
 def dispatch_bytes(model: ModelSpec, parallel: ParallelConfig) -> float:
@@ -46,6 +65,18 @@ def ep_comms(model: ModelSpec, parallel: ParallelConfig, cov: Covered) -> list[C
         return []
     n = 2 * cov.moe_layers * (cov.forward_passes + cov.backward)
     return comms(OpKind.ALL_TO_ALL, "ep", n * dispatch_bytes(model, parallel), n)
+
+
+def etp_comms(model: ModelSpec, parallel: ParallelConfig, cov: Covered) -> list[Comm]:
+    """The expert-TP all-gathers and reduce-scatters of the compute op `cov` describes:
+    per MoE layer one of each per forward pass and per backward, S = etp * dispatch_bytes
+    (module docstring)."""
+    if parallel.etp == 1 or not cov.moe_layers or experts_split_by_tp(parallel):
+        return []
+    n = cov.moe_layers * (cov.forward_passes + cov.backward)
+    size = n * parallel.etp * dispatch_bytes(model, parallel)
+    return (comms(OpKind.ALL_GATHER, "etp", size, n)
+            + comms(OpKind.REDUCE_SCATTER, "etp", size, n))
 
 
 def expert_forward_flops(model: ModelSpec, parallel: ParallelConfig) -> float:

@@ -7,13 +7,19 @@ kind (`Op.count` back-to-back collectives, `nbytes` their total; stage, microbat
 chunk those of the compute op):
 - tensor / sequence parallelism: schedules.tensor_parallel ('tp');
 - context parallelism: schedules.context_parallel ('cp', ring attention or Ulysses);
-- expert parallelism: schedules.expert_parallel ('ep'), and the busiest expert's extra
-  FLOPs added to the compute op under `moe_imbalance`.
+- expert parallelism: schedules.expert_parallel ('ep' dispatch/combine all-to-alls, and
+  with expert tensor parallelism the 'etp' all-gather / reduce-scatter of the dispatched
+  tokens), and the busiest expert's extra FLOPs added to the compute op under
+  `moe_imbalance`.
 - scatter/gather of pipeline transfers (SC21 section 4.1; Megatron-LM's default
   `scatter_gather_tensors_in_pipeline` when tp > 1 without sequence parallelism), with
   `scatter_gather`: each TP rank sends 1/t of the stage boundary over its own NIC (SEND /
   RECV nbytes / t) and the receivers all-gather the pieces over 'tp' (one ALL_GATHER of
   the whole boundary, right after each RECV). Off by default.
+The options are ParallelConfig fields (tp_comm_overlap, cp_comm, moe_imbalance,
+scatter_gather; Megatron aliases in schedules.parallel_aliases); IntraLayerOptions carries
+them, `IntraLayerOptions.from_parallel(parallel)` when a caller gives none, and an explicit
+IntraLayerOptions overrides the config's fields (benchmarks pin Megatron-2021 behaviour).
 Placement (the contract's rule, schedules.contract): collectives of a blocking group go
 right after their compute op, those of an overlapped group (`options.overlapped_groups()`:
 'cp' with ring attention, 'tp' with tp_comm_overlap) right before it, after its RECVs.
@@ -32,11 +38,11 @@ from dataclasses import dataclass
 
 from .comm_spec import Comm, Covered
 from .context_parallel import check_cp_comm, cp_comms
-from .expert_parallel import check_imbalance, ep_comms, imbalance_flops
+from .expert_parallel import ep_comms, etp_comms, imbalance_flops
 from .layer_groups import chunk_layers
 from .model import ModelSpec
 from .ops import Op, OpKind
-from .parallel import ParallelConfig
+from .parallel import ParallelConfig, check_moe_imbalance
 from .schedule import Schedule
 from .tensor_parallel import tp_comms
 
@@ -45,7 +51,7 @@ _WORK = (OpKind.F, OpKind.B, OpKind.I, OpKind.W)
 
 @dataclass(frozen=True)
 class IntraLayerOptions:
-    """How intra-layer communication runs (CLI-only flags; not ParallelConfig fields):
+    """How intra-layer communication runs, the ParallelConfig fields of the same names:
     `tp_comm_overlap` (Megatron's --tp-comm-overlap: TP collectives run alongside the
     GEMMs instead of between them), `cp_comm` ('ring' or 'ulysses'), `moe_imbalance`
     (busiest expert's tokens over the balanced share, >= 1), `scatter_gather` (pipeline
@@ -58,7 +64,13 @@ class IntraLayerOptions:
 
     def __post_init__(self) -> None:
         check_cp_comm(self.cp_comm)
-        object.__setattr__(self, "moe_imbalance", check_imbalance(self.moe_imbalance))
+        object.__setattr__(self, "moe_imbalance", check_moe_imbalance(self.moe_imbalance))
+
+    @classmethod
+    def from_parallel(cls, parallel: ParallelConfig) -> IntraLayerOptions:
+        """The options a ParallelConfig's intra-layer fields set."""
+        return cls(parallel.tp_comm_overlap, parallel.cp_comm, parallel.moe_imbalance,
+                   parallel.scatter_gather)
 
     def overlapped_groups(self) -> frozenset[str]:
         """Intra-layer groups whose collectives run alongside their compute op."""
@@ -80,13 +92,14 @@ def covered(op: Op, model: ModelSpec, parallel: ParallelConfig, num_stages: int,
 
 def op_comms(model: ModelSpec, parallel: ParallelConfig, cov: Covered,
              options: IntraLayerOptions) -> list[Comm]:
-    """All intra-layer collectives of one compute op: TP, then CP, then EP."""
+    """All intra-layer collectives of one compute op: TP, then CP, then EP and ETP."""
     return (tp_comms(model, parallel, cov) + cp_comms(model, parallel, cov, options.cp_comm)
-            + ep_comms(model, parallel, cov))
+            + ep_comms(model, parallel, cov) + etp_comms(model, parallel, cov))
 
 
 def needs_intra_layer(parallel: ParallelConfig, options: IntraLayerOptions) -> bool:
-    return parallel.tp > 1 or parallel.cp > 1 or parallel.ep > 1 or options.moe_imbalance != 1
+    return (max(parallel.tp, parallel.cp, parallel.ep, parallel.etp) > 1
+            or options.moe_imbalance != 1)
 
 
 def scatters_p2p(parallel: ParallelConfig, options: IntraLayerOptions) -> bool:
@@ -103,9 +116,12 @@ def _scattered(op: Op, tp: int) -> list[Op]:
 
 
 def add_intra_layer(schedule: Schedule, model: ModelSpec, parallel: ParallelConfig,
-                    options: IntraLayerOptions = IntraLayerOptions()) -> Schedule:
+                    options: IntraLayerOptions | None = None) -> Schedule:
     """`schedule` with the intra-layer collectives of every compute op (module docstring);
-    `schedule` itself when tp = cp = ep = 1 and experts are balanced."""
+    `schedule` itself when tp = cp = ep = etp = 1 and experts are balanced. `options`
+    default to the config's fields (IntraLayerOptions.from_parallel)."""
+    if options is None:
+        options = IntraLayerOptions.from_parallel(parallel)
     if not needs_intra_layer(parallel, options):
         return schedule
     check_cp_comm(options.cp_comm, model, parallel)

@@ -16,6 +16,9 @@ tensors each kernel reads and writes once (elements of `dtype_bytes`, dropout ma
 byte, cross-entropy in fp32), counted from the kernel's inputs and outputs, not measured.
 Notation (per rank): T = b*s/cp tokens, R = T*h residual-stream elements (/t with sequence
 parallelism), S = b*(a/t)*s^2/cp attention scores, F = T*f/t MLP elements, d = dtype bytes.
+MLP weights read per GEMM: h*f/t per matrix; in an MoE layer the k routed experts a token
+runs, each split over etp ranks (expert tensor parallelism), h*k*f_e/etp, and the shared
+experts h*f_sh/t (an approximation: a rank's grouped GEMM reads all its E/ep experts).
 Backward: each GEMM runs twice (input and weight gradient: 2x FLOPs and bytes, SC21);
 elementwise backward kernels read the forward's saved tensor and the incoming gradient
 and write the outgoing one.
@@ -97,6 +100,10 @@ def layer_forward(model: ModelSpec, parallel: ParallelConfig,
     width = model._mlp_widths(layer)
     mlp = x.tokens * width / t
     up = 2 if model.swiglu else 1
+    held = width / t  # weight columns per MLP matrix on this rank (module docstring)
+    if model.is_moe_layer(layer):
+        held = (model.moe_router_topk * model.moe_ffn_hidden_size / parallel.etp
+                + (model.moe_shared_expert_intermediate_size or 0) / t)
     norm = Kernel("norm", 0.0, 2 * d * x.residual)
     residual_add = Kernel("bias_dropout_add", 0.0, 3 * d * x.residual + x.residual)
     kernels = [norm,
@@ -104,9 +111,9 @@ def layer_forward(model: ModelSpec, parallel: ParallelConfig,
                *attention_core_forward(model, parallel),
                x.gemm("proj_gemm", x.q, x.full, h * h / t),
                residual_add, norm,
-               x.gemm("fc1_gemm", x.full, up * mlp, up * h * width / t),
+               x.gemm("fc1_gemm", x.full, up * mlp, up * h * held),
                Kernel("activation", 0.0, d * (up + 1) * mlp),
-               x.gemm("fc2_gemm", mlp, x.full, h * width / t),
+               x.gemm("fc2_gemm", mlp, x.full, h * held),
                residual_add]
     if model.is_moe_layer(layer):
         k = model.moe_router_topk

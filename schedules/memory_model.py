@@ -11,10 +11,13 @@ the state is sharded over, K = optimizer bytes per parameter):
 Mixed-precision Adam: 16-bit weights and gradients (2 + 2 bytes) and K = 12 (fp32 master
 weights, momentum, variance). An fp32 model keeps 4-byte weights and gradients and K = 8
 (no master copy). Psi of a rank = its pipeline stages' parameters on one TP shard
-(schedules.costs: layers / tp, the embedding on the first stage, the output layer or the
-tied embedding copy on the last). N = dp * cp, or the hybrid shard group (schedules.sharding).
-MoE expert parameters are sharded over N as well (not over the expert data-parallel group:
-a simplification). A bare parameter count splits evenly over pp * tp ranks.
+(schedules.costs: layers / tp, routed experts E/ep per rank split over etp ranks, the
+embedding on the first stage, the output layer or the tied embedding copy on the last).
+N = dp * cp, or the hybrid shard group (schedules.sharding). MoE expert parameters are
+sharded over N as well, not over the expert data-parallel group of Megatron-Core
+(edp = tp*cp*dp / (etp*ep) ranks): a simplification, as the data-parallel passes reduce
+every gradient over 'dp' (schedules.data_parallel). A bare parameter count splits evenly
+over pp * tp ranks.
 
 Extras:
 - ZeRO++ hpZ keeps a secondary 16-bit parameter shard inside the node: 2 Psi / n_node
@@ -131,7 +134,7 @@ def _buffers(model: ModelSpec, parallel: ParallelConfig, rank_params: float,
     if parallel.dp * parallel.cp > 1:
         buckets = min(BUCKETS_IN_FLIGHT * parallel.grad_bucket_bytes, weight * rank_params)
     if parallel.zero_stage == 3:
-        unit = weight * model.layer_param_count(parallel.tp, parallel.ep)
+        unit = weight * model.layer_param_count(parallel.tp, parallel.ep, etp=parallel.etp)
         units = PREFETCHED_UNITS if parallel.reshard_after_forward else layers_here
         gathered = unit * min(units, layers_here)
     return {"communication_buffers": buckets, "gathered_parameters": gathered}

@@ -264,13 +264,16 @@ class ModelSpec:
         fc1_bias = (2 * f if self.swiglu else f) if bias else 0
         return self._mlp_matrices * h * f + fc1_bias, (h if bias else 0)
 
-    def layer_param_count(self, tp: int = 1, ep: int = 1,
-                          layer: int | None = None) -> int | float:
+    def layer_param_count(self, tp: int = 1, ep: int = 1, layer: int | None = None,
+                          etp: int | None = None) -> int | float:
         """Parameters of one layer on one rank: QKV h(h+2h_kv) + out proj h^2 +
         MLP (3 if swiglu else 2)hf + biases + norms (2*2h LayerNorm, 2h RMSNorm); for GPT
         SC21's 12h^2 + 13h. An MoE layer holds E experts of width f_e (each of ep ranks
         num_experts/ep of them), the shared experts f_sh (on every EP rank) and the router
-        hE (replicated). Sharded parts divide by tp. An int when tp = ep = 1."""
+        hE (replicated). Sharded parts divide by tp, the routed experts' by the expert
+        tensor-parallel degree `etp` (Megatron-Core's --expert-tensor-parallel-size;
+        None: tp): E/ep * (expert/etp + its replicated fc2 bias). An int when
+        tp = ep = etp = 1."""
         attention, replicated = self._attention_param_parts()
         if not self.is_moe_layer(layer):
             mlp, mlp_replicated = self._mlp_param_parts(self.ffn_hidden_size)
@@ -281,10 +284,11 @@ class ModelSpec:
         shared, shared_replicated = (self._mlp_param_parts(self.moe_shared_expert_intermediate_size)
                                      if self.moe_shared_expert_intermediate_size else (0, 0))
         replicated += self.hidden_size * self.num_experts + shared_replicated
-        if tp == 1 and ep == 1:
+        etp = tp if etp is None else etp
+        if tp == 1 and ep == 1 and etp == 1:
             return attention + replicated + shared + self.num_experts * (expert + expert_replicated)
         return ((attention + shared) / tp + replicated
-                + self.num_experts / ep * (expert / tp + expert_replicated))
+                + self.num_experts / ep * (expert / etp + expert_replicated))
 
     def embedding_param_count(self) -> int:
         """Word embedding Vh, plus position embedding sh when learned_absolute. Vocab

@@ -1,12 +1,22 @@
 """ParallelConfig: how one training iteration is split over ranks (Megatron-LM semantics).
 
 Grid: world_size = tp * cp * dp * pp ranks. Expert parallelism does not add ranks: as in
-Megatron-LM (`parallel_state.RankGenerator`), the ep experts groups are carved out of the
-dp * cp ranks of one (tp, pp) slice, which must therefore be divisible by ep. Rank order
-follows Megatron's `--order` string, first name innermost: with the default
-'tp-cp-ep-dp-pp', TP neighbours have consecutive ranks and pipeline stages are farthest
-apart. The dense grid uses every axis but ep; the expert grid uses tp, ep,
-dp * cp / ep (expert data parallel) and pp in the same order.
+Megatron-Core (`parallel_state.initialize_model_parallel`, two `RankGenerator`s), the
+tp * cp * dp ranks of one pipeline stage are split a second time for the MoE experts, into
+etp x ep x edp: expert tensor parallel (`expert_tensor_parallel`, Megatron-Core's
+--expert-tensor-parallel-size, default tp), expert parallel and expert data parallel
+edp = tp * cp * dp / (etp * ep); so etp * ep must divide tp * cp * dp (with etp = tp: ep
+divides dp * cp). Rank order follows Megatron's `--order` string, first name innermost:
+with the default 'tp-cp-ep-dp-pp', TP neighbours have consecutive ranks and pipeline
+stages are farthest apart. The dense grid uses every axis but ep; the expert grid uses
+etp (in the 'tp' place), ep, edp (in the 'dp' place) and pp in the same order, cp = 1.
+Group axes (`group`): the dense tp, cp, dp, pp and the expert ep, etp, edp.
+
+Intra-layer options (schedules.intra_layer; Megatron names where Megatron has the flag):
+`tp_comm_overlap` (--tp-comm-overlap), `cp_comm` ('ring' | 'ulysses'; Megatron-Core's
+--cp-comm-type p2p | a2a), `moe_imbalance` (busiest expert's tokens over the balanced
+share, >= 1; no Megatron flag) and `scatter_gather` (SC21's scatter/gather of pipeline
+transfers; Megatron's scatter_gather_tensors_in_pipeline).
 """
 from __future__ import annotations
 
@@ -18,13 +28,24 @@ from .generators import canonical_schedule_name
 from .parallel_aliases import ALIASES, resolve_kwargs
 from .sharding import DEFAULT_BUCKET_BYTES, normalised_sharding
 
-__all__ = ["ALIASES", "AXES", "CUSTOM_SCHEDULE", "FSDP", "RECOMPUTE", "ParallelConfig"]
+__all__ = ["ALIASES", "AXES", "CP_COMM", "CUSTOM_SCHEDULE", "EXPERT_AXES", "FSDP",
+           "RECOMPUTE", "ParallelConfig", "check_moe_imbalance"]
 
 AXES = ("tp", "cp", "ep", "dp", "pp")
+EXPERT_AXES = {"ep": "ep", "etp": "tp", "edp": "dp"}  # group axis -> its expert-grid place
 RECOMPUTE = ("none", "selective", "full")
 FSDP = ("none", "full", "hybrid")
+CP_COMM = ("ring", "ulysses")  # schedules.context_parallel
 
 CUSTOM_SCHEDULE = "custom"
+
+
+def check_moe_imbalance(factor: Any) -> float:
+    """`moe_imbalance` as a float, or ConfigError unless it is a number >= 1."""
+    if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not factor >= 1:
+        raise ConfigError(f"moe_imbalance must be a number >= 1 (the busiest expert's tokens "
+                          f"over the balanced share), got {factor!r}")
+    return float(factor)
 
 
 @dataclass(frozen=True)
@@ -35,6 +56,9 @@ class ParallelConfig:
     or pp by default; __post_init__ fills both M and global_batch_size in. The sharding
     fields are put in one canonical form and checked by schedules.sharding (fsdp='full'
     is zero_stage=3; ZeRO-2/3 refuse pp > 1; ZeRO++ and offload need their stages).
+    `expert_tensor_parallel` stays None when not given; `etp` reads it resolved (= tp).
+    The intra-layer fields are what schedules.intra_layer.IntraLayerOptions.from_parallel
+    reads (module docstring).
     """
 
     pp: int = 1
@@ -43,6 +67,7 @@ class ParallelConfig:
     tp: int = 1
     cp: int = 1
     ep: int = 1
+    expert_tensor_parallel: int | None = None  # etp; None = tp (Megatron-Core's default)
     sequence_parallel: bool = False
     zero_stage: int = 0
     num_microbatches: int | None = None
@@ -62,6 +87,11 @@ class ParallelConfig:
     hpz_partition_size: int | None = None  # hpZ secondary shard size; None = GPUs per node
     rank_order: str = "tp-cp-ep-dp-pp"
     schedule: str = "1f1b"  # or CUSTOM_SCHEDULE for a schedule given as data (torch CSV)
+    # intra-layer communication (issue 6); see schedules.intra_layer
+    tp_comm_overlap: bool = False  # TP collectives run alongside the GEMMs
+    cp_comm: str = "ring"  # context parallelism: 'ring' attention or 'ulysses' all-to-alls
+    moe_imbalance: float = 1.0  # busiest expert's tokens over the balanced share
+    scatter_gather: bool = False  # SC21 scatter/gather of pipeline transfers over TP
 
     def __post_init__(self) -> None:
         for name in ("pp", "vpp", "dp", "tp", "cp", "ep", "micro_batch_size"):
@@ -75,10 +105,15 @@ class ParallelConfig:
         if self.fsdp not in FSDP:
             raise ConfigError(f"fsdp={self.fsdp!r} must be one of {', '.join(FSDP)}")
         for name in ("offload", "overlap_grad_reduce", "reshard_after_forward",
-                     "quantized_weights", "hpz", "quantized_gradients"):
+                     "quantized_weights", "hpz", "quantized_gradients", "tp_comm_overlap",
+                     "scatter_gather"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
-        for name in ("shard_size", "bucket_bytes", "hpz_partition_size"):
+        if self.cp_comm not in CP_COMM:
+            raise ConfigError(f"cp_comm={self.cp_comm!r} must be one of {', '.join(CP_COMM)}")
+        object.__setattr__(self, "moe_imbalance", check_moe_imbalance(self.moe_imbalance))
+        for name in ("shard_size", "bucket_bytes", "hpz_partition_size",
+                     "expert_tensor_parallel"):
             if getattr(self, name) is not None:
                 require_positive_int(name, getattr(self, name))
         order = str(self.rank_order).strip().lower().split("-")
@@ -88,11 +123,21 @@ class ParallelConfig:
         object.__setattr__(self, "rank_order", "-".join(order))
         for name, value in normalised_sharding(self).items():  # rules: schedules.sharding
             object.__setattr__(self, name, value)
-        if (self.dp * self.cp) % self.ep:
-            raise ConfigError(f"ep={self.ep} must divide dp*cp={self.dp}*{self.cp}: expert "
-                              f"parallelism folds into data/context parallelism (Megatron-LM)")
+        self._check_expert_grid()
         self._resolve_microbatches()
         self._check_schedule()
+
+    def _check_expert_grid(self) -> None:
+        if self.expert_tensor_parallel is None:
+            if (self.dp * self.cp) % self.ep:
+                raise ConfigError(f"ep={self.ep} must divide dp*cp={self.dp}*{self.cp}: expert "
+                                  f"parallelism folds into data/context parallelism "
+                                  f"(Megatron-LM)")
+        elif (self.tp * self.cp * self.dp) % (self.etp * self.ep):
+            raise ConfigError(
+                f"expert_tensor_parallel*ep={self.etp}*{self.ep} must divide tp*cp*dp="
+                f"{self.tp}*{self.cp}*{self.dp}: the expert grid etp x ep x edp re-splits "
+                f"the tp*cp*dp ranks of a pipeline stage (Megatron-Core)")
 
     def _resolve_microbatches(self) -> None:
         m, gbs, per_mb = self.num_microbatches, self.global_batch_size, self.micro_batch_size * self.dp
@@ -140,8 +185,18 @@ class ParallelConfig:
     # --- derived sizes -------------------------------------------------------------------
     @property
     def world_size(self) -> int:
-        """tp * cp * pp * dp (ep folds into dp * cp)."""
+        """tp * cp * pp * dp (etp * ep * edp re-split tp * cp * dp)."""
         return self.tp * self.cp * self.pp * self.dp
+
+    @property
+    def etp(self) -> int:
+        """Expert tensor-parallel degree: expert_tensor_parallel, or tp when unset."""
+        return self.expert_tensor_parallel or self.tp
+
+    @property
+    def edp(self) -> int:
+        """Expert data-parallel degree: tp * cp * dp / (etp * ep)."""
+        return self.tp * self.cp * self.dp // (self.etp * self.ep)
 
     @property
     def grad_bucket_bytes(self) -> int:
@@ -154,8 +209,7 @@ class ParallelConfig:
 
     def _sizes(self, expert: bool) -> dict[str, int]:
         if expert:
-            return {"tp": self.tp, "cp": 1, "ep": self.ep, "dp": self.dp * self.cp // self.ep,
-                    "pp": self.pp}
+            return {"tp": self.etp, "cp": 1, "ep": self.ep, "dp": self.edp, "pp": self.pp}
         return {"tp": self.tp, "cp": self.cp, "ep": 1, "dp": self.dp, "pp": self.pp}
 
     def _encode(self, coords: dict[str, int], sizes: dict[str, int]) -> int:
@@ -196,13 +250,16 @@ class ParallelConfig:
         return {axis: dense[axis] for axis in self.rank_order.split("-")}
 
     def group(self, axis: str, rank: int) -> list[int]:
-        """Ranks of `rank`'s process group along `axis`, in axis-coordinate order."""
-        if axis not in AXES:
-            raise ConfigError(f"unknown grid axis {axis!r}: axes are {', '.join(AXES)}")
+        """Ranks of `rank`'s process group along `axis`, in axis-coordinate order: a dense
+        axis (tp, cp, dp, pp) or an expert-grid one (ep, etp, edp: module docstring)."""
+        if axis not in AXES and axis not in EXPERT_AXES:
+            raise ConfigError(f"unknown grid axis {axis!r}: axes are "
+                              f"{', '.join(dict.fromkeys((*AXES, *EXPERT_AXES)))}")
         self.coords(rank)  # range check
-        sizes = self._sizes(expert=axis == "ep")
+        sizes = self._sizes(expert=axis in EXPERT_AXES)
+        place = EXPERT_AXES.get(axis, axis)
         base = self._decode(rank, sizes)
-        return [self._encode({**base, axis: i}, sizes) for i in range(sizes[axis])]
+        return [self._encode({**base, place: i}, sizes) for i in range(sizes[place])]
 
     # --- model compatibility -------------------------------------------------------------
     def check_model(self, model: Any) -> None:
@@ -226,6 +283,12 @@ class ParallelConfig:
         if self.ep > 1 and (model.num_experts is None or model.num_experts % self.ep):
             raise ConfigError(f"ep={self.ep} needs num_experts divisible by ep, got "
                               f"num_experts={model.num_experts}")
+        if (model.is_moe and self.etp != self.tp and self.tp > 1
+                and not self.sequence_parallel):
+            raise ConfigError(
+                f"expert_tensor_parallel={self.etp} differs from tp={self.tp}: needs "
+                f"sequence_parallel (Megatron-Core's MoE layer refuses tp > 1 without it in "
+                f"training; without it the experts are split by tp as the dense MLP is)")
         if model.micro_batch_size != self.micro_batch_size:
             raise ConfigError(f"micro_batch_size differs: model has {model.micro_batch_size}, "
                               f"parallel config has {self.micro_batch_size}")

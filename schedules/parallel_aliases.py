@@ -19,6 +19,13 @@ the sources of each mapping:
   `--recompute-method {uniform,block}` (only with full granularity), and Megatron-FSDP's
   `--data-parallel-sharding-strategy {no_shard,optim,optim_grads,optim_grads_params}`
   = ZeRO 0/1/2/3.
+- Megatron-LM / Megatron-Core arguments.py, intra-layer: `--expert-tensor-parallel-size`
+  (default None = tp; torchtitan's `expert_tensor_parallel_degree`), `--tp-comm-overlap`
+  (the field's own name), `--cp-comm-type` (nargs='+', one value per layer or one for
+  all: 'p2p' = ring attention -> cp_comm 'ring', 'a2a' = Ulysses -> 'ulysses'; 'allgather'
+  and 'a2a+p2p' are not modelled), `--no-scatter-gather-tensors-in-pipeline` (dest
+  `scatter_gather_tensors_in_pipeline`, Megatron's default True; here scatter_gather is
+  False unless given: True, or the `no_` flag False, turns it on).
 - PyTorch: FSDP `sharding_strategy` (torch.distributed.fsdp.ShardingStrategy:
   NO_SHARD = DDP, SHARD_GRAD_OP = ZeRO-2, FULL_SHARD = ZeRO-3, HYBRID_SHARD = ZeRO-3
   inside a shard group, replicated across groups, _HYBRID_SHARD_ZERO2 = ZeRO-2 likewise),
@@ -39,6 +46,10 @@ RENAMES: dict[str, str] = {
     "data_parallel_size": "dp", "data_parallel_replicate_degree": "dp",
     "context_parallel_size": "cp", "context_parallel_degree": "cp",
     "expert_model_parallel_size": "ep", "expert_parallel_degree": "ep",
+    "expert_tensor_parallel_size": "expert_tensor_parallel",
+    "expert_tensor_parallel_degree": "expert_tensor_parallel",
+    "etp": "expert_tensor_parallel",
+    "scatter_gather_tensors_in_pipeline": "scatter_gather",
     "num_micro_batches": "num_microbatches", "microbatches": "num_microbatches",
     "pipeline_parallel_microbatches": "num_microbatches",
     "train_batch_size": "global_batch_size",
@@ -60,6 +71,7 @@ FSDP_STRATEGIES = {  # torch.distributed.fsdp.ShardingStrategy -> (zero_stage, f
     "no_shard": (0, "none"), "shard_grad_op": (2, "none"), "full_shard": (3, "full"),
     "hybrid_shard": (3, "hybrid"), "_hybrid_shard_zero2": (2, "hybrid")}
 RECOMPUTE_METHODS = ("uniform", "block")
+CP_COMM_TYPES = {"p2p": "ring", "a2a": "ulysses"}  # Megatron-Core --cp-comm-type
 
 
 def _choice(key: str, value: Any, table: Mapping[str, Any]) -> Any:
@@ -107,6 +119,19 @@ def _recompute_method(key: str, value: Any) -> dict[str, Any]:
     return {"recompute": "full"}  # Megatron: a method only applies to full granularity
 
 
+def _cp_comm_type(key: str, value: Any) -> dict[str, Any]:
+    """Megatron-Core's --cp-comm-type: a value, or a list of one value per layer."""
+    values = {value} if isinstance(value, str) else set(value)
+    if len(values) != 1:
+        raise ConfigError(f"{key}={value!r}: one communication type for every layer is "
+                          f"modelled, not one per layer")
+    (name,) = values
+    if str(name).strip().lower() in ("allgather", "a2a+p2p"):
+        raise ConfigError(f"{key}={value!r}: 'allgather' and 'a2a+p2p' context parallelism "
+                          f"are not modelled; use one of {', '.join(CP_COMM_TYPES)}")
+    return {"cp_comm": _choice(key, name, CP_COMM_TYPES)}
+
+
 VALUE_ALIASES: dict[str, Callable[[str, Any], dict[str, Any]]] = {
     "use_distributed_optimizer":
         lambda k, v: {"zero_stage": 1} if _flag(k, v) else {},
@@ -125,6 +150,8 @@ VALUE_ALIASES: dict[str, Callable[[str, Any], dict[str, Any]]] = {
                                                   "none": "none"})},
     "recompute_activations": lambda k, v: {"recompute": "selective"} if _flag(k, v) else {},
     "recompute_method": _recompute_method,
+    "cp_comm_type": _cp_comm_type,
+    "no_scatter_gather_tensors_in_pipeline": lambda k, v: {"scatter_gather": not _flag(k, v)},
 }
 
 ALIASES: dict[str, str] = {**RENAMES, **{k: k for k in VALUE_ALIASES}}

@@ -21,10 +21,17 @@ Outside the layers:
   in backward. They are latency-bound: 3 alphas each microbatch.
 Full recompute repeats the layers' forward communication in the backward. W (weight
 gradient) needs no TP communication: dW = x^T dy on local shards.
+MoE layers (schedules.expert_parallel): without sequence parallelism the experts are split
+by t as the dense MLP is, so the layer posts the same two all-reduces. With it, Megatron-
+Core's MoE layer takes the sequence-sharded tokens to the dispatcher, whose expert-TP
+gather and scatter run on 'etp' (schedules.expert_parallel); on 'tp' the layer then posts
+the attention's all-gather and reduce-scatter only, plus the shared experts' pair (a
+TP-split dense MLP, Megatron-Core's SharedExpertMLP) when the model has shared experts.
 """
 from __future__ import annotations
 
 from .comm_spec import Comm, Covered, comms
+from .expert_parallel import experts_split_by_tp
 from .model import ModelSpec
 from .ops import OpKind
 from .parallel import ParallelConfig
@@ -40,7 +47,11 @@ def tp_comms(model: ModelSpec, parallel: ParallelConfig, cov: Covered) -> list[C
         return []
     tokens = model.micro_batch_size * model.seq_length / parallel.cp
     x = tokens * model.hidden_size * model.dtype_bytes
-    layer = 2 * cov.layers * cov.forward_passes + (2 * cov.layers if cov.backward else 0)
+    mlps = cov.layers  # layers whose MLP posts TP collectives (module docstring)
+    if not experts_split_by_tp(parallel) and not model.moe_shared_expert_intermediate_size:
+        mlps -= cov.moe_layers
+    blocks = cov.layers + mlps  # attention + MLP blocks, one AR (or AG + RS) each per pass
+    layer = blocks * cov.forward_passes + (blocks if cov.backward else 0)
     forward = cov.kind is OpKind.F
     out = []
     if parallel.sequence_parallel:

@@ -16,7 +16,8 @@ Metrics (per rank r, T = iteration time = last end - first start):
   EXPOSED_ORDER ('tp', 'cp', 'ep', 'pp', 'dp', 'other'), with a span of r in flight at
   that instant: that communication is EXPOSED (not overlapped by compute on that rank);
   'bubble' when nothing of r runs at all (idle, waiting with nothing in flight). A
-  span's category is its op's group axis ('tp', 'cp', 'ep'; 'pp' and every SEND/RECV;
+  span's category is its op's group axis ('tp', 'cp', 'ep', with the expert-TP 'etp' as
+  'ep': MoE-layer communication; 'pp' and every SEND/RECV;
   'dp', 'dp_shard', 'dp_replicate' are 'dp'); host copies and a host optimizer step are
   'other'. Priority: intra-layer groups first (the compute stream waits on them
   directly), then pipeline, then data-parallel traffic. A RECV's span starts when both
@@ -36,7 +37,7 @@ from .ops import Op, OpKind, parse_op
 COMPUTE_LANE = "compute"
 EXPOSED_ORDER = ("tp", "cp", "ep", "pp", "dp", "other")
 CATEGORIES = ("compute", *EXPOSED_ORDER, "bubble")
-_GROUP_CATEGORY = {"tp": "tp", "cp": "cp", "ep": "ep", "pp": "pp", "dp": "dp",
+_GROUP_CATEGORY = {"tp": "tp", "cp": "cp", "ep": "ep", "etp": "ep", "pp": "pp", "dp": "dp",
                    "dp_shard": "dp", "dp_replicate": "dp"}
 
 

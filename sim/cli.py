@@ -53,6 +53,9 @@ def _add_parallel_flags(p: argparse.ArgumentParser, with_schedule: bool = True,
                    help="context-parallel ranks (the sequence split over them)")
     g.add_argument("--ep", "--expert-model-parallel-size", type=int, default=1,
                    help="expert-parallel ranks (MoE models; folds into dp * cp)")
+    g.add_argument("--etp", "--expert-tensor-parallel-size", type=int,
+                   help="expert tensor-parallel ranks: each MoE expert split over them "
+                        "(default tp; etp * ep must divide tp * cp * dp)")
     g.add_argument("--sequence-parallel", action="store_true", default=None,
                    help="Megatron sequence parallelism (activations split by tp)")
     g.add_argument("--microbatches", "--num-microbatches", type=int,
@@ -107,18 +110,21 @@ def _add_sharding_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _add_intra_layer_flags(p: argparse.ArgumentParser) -> None:
-    """How TP/CP/EP communication runs (schedules.intra_layer.IntraLayerOptions)."""
+    """How TP/CP/EP communication runs: ParallelConfig's intra-layer fields
+    (schedules.intra_layer)."""
     g = p.add_argument_group("intra-layer communication (TP, CP, EP)")
-    g.add_argument("--tp-comm-overlap", action="store_true", default=False,
+    g.add_argument("--tp-comm-overlap", action="store_true", default=None,
                    help="Megatron --tp-comm-overlap: TP collectives run alongside the GEMMs "
                         "instead of between them")
-    g.add_argument("--cp-comm", choices=["ring", "ulysses"], default="ring",
+    g.add_argument("--cp-comm", choices=["ring", "ulysses"],
                    help="context parallelism: ring attention (KV passed around the ring, "
                         "overlapped; default) or DeepSpeed-Ulysses all-to-alls")
-    g.add_argument("--moe-imbalance", type=float, default=1.0, metavar="FACTOR",
+    g.add_argument("--cp-comm-type", choices=["p2p", "a2a"],
+                   help="Megatron-Core spelling of --cp-comm: p2p = ring, a2a = ulysses")
+    g.add_argument("--moe-imbalance", type=float, metavar="FACTOR",
                    help="busiest expert's tokens over the balanced share (>= 1; default 1)")
     g.add_argument("--scatter-gather-tensors-in-pipeline", dest="scatter_gather",
-                   action="store_true", default=False,
+                   action="store_true", default=None,
                    help="SC21's scatter/gather: each TP rank sends 1/tp of a pipeline "
                         "transfer, the receivers all-gather it (tp > 1, no SP)")
 

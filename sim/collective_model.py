@@ -11,8 +11,8 @@ Two ways to run it:
   (sim.collectives), sharing links with all other traffic. A 'dp_replicate' collective
   also starts the replica groups of the rank's other shard members (the traffic that
   shares the inter-node links); the span is the rank's own group's.
-- cached, for intra-layer groups (INTRA_LAYER_GROUPS: tp, cp, ep) whose GPUs all sit on
-  one host: the collective takes its algorithm's uncontended alpha-beta time
+- cached, for intra-layer groups (INTRA_LAYER_GROUPS: tp, cp, ep, etp) whose GPUs all
+  sit on one host: the collective takes its algorithm's uncontended alpha-beta time
   (sim.collective_algorithms.estimate_time, NCCL-style choice of the fastest), times
   `op.count`, computed once per (kind, bytes, count, member GPUs) and replayed as one
   timeout. APPROXIMATION: such a collective does not share the node's NVLink/NVSwitch

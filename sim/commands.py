@@ -8,7 +8,6 @@ from pathlib import Path
 
 from schedules.errors import ConfigError
 from schedules.generators import build_schedule, canonical_schedule_name
-from schedules.intra_layer import IntraLayerOptions
 from schedules.memory_model import rank_memory
 from schedules.model import ModelSpec
 from schedules.model_presets import MODEL_PRESETS, get_model
@@ -62,6 +61,10 @@ SHARDING_ARGS = {
     "recompute": "recompute", "recompute_granularity": "recompute_granularity",
     "recompute_method": "recompute_method",
 }
+INTRA_LAYER_ARGS = {  # schedules.intra_layer: the fields' own names, or Megatron's
+    "tp_comm_overlap": "tp_comm_overlap", "cp_comm": "cp_comm", "cp_comm_type": "cp_comm_type",
+    "moe_imbalance": "moe_imbalance", "scatter_gather": "scatter_gather",
+}
 
 
 def parallel_from_args(args: argparse.Namespace, schedule: str, vpp: int | None = None,
@@ -71,12 +74,14 @@ def parallel_from_args(args: argparse.Namespace, schedule: str, vpp: int | None 
     microbatches = args.microbatches
     if microbatches is None and args.global_batch_size is None:
         microbatches = DEFAULT_MICROBATCHES
-    sharding = {key: getattr(args, dest, None) for dest, key in SHARDING_ARGS.items()}
+    options = {key: getattr(args, dest, None)
+               for dest, key in {**SHARDING_ARGS, **INTRA_LAYER_ARGS}.items()}
     return ParallelConfig.from_kwargs(
         pp=args.pp, vpp=vpp, dp=args.dp, tp=args.tp, cp=getattr(args, "cp", 1),
-        ep=getattr(args, "ep", 1), schedule=name,
+        ep=getattr(args, "ep", 1), expert_tensor_parallel=getattr(args, "etp", None),
+        schedule=name,
         num_microbatches=microbatches, global_batch_size=args.global_batch_size,
-        micro_batch_size=micro_batch_size, rank_order=args.rank_order, **sharding)
+        micro_batch_size=micro_batch_size, rank_order=args.rank_order, **options)
 
 
 def cost_options(args: argparse.Namespace) -> CostOptions:
@@ -92,15 +97,6 @@ def cost_options(args: argparse.Namespace) -> CostOptions:
             raise ConfigError("--profile and --uniform-costs both set compute times: give one")
         options["profile"] = Profile.load(args.profile)
     return CostOptions(**options)
-
-
-def intra_layer_options(args: argparse.Namespace) -> IntraLayerOptions:
-    """--tp-comm-overlap, --cp-comm, --moe-imbalance, --scatter-gather-tensors-in-pipeline
-    (CLI-only: not ParallelConfig fields)."""
-    return IntraLayerOptions(tp_comm_overlap=getattr(args, "tp_comm_overlap", False),
-                             cp_comm=getattr(args, "cp_comm", "ring"),
-                             moe_imbalance=getattr(args, "moe_imbalance", 1.0),
-                             scatter_gather=getattr(args, "scatter_gather", False))
 
 
 def _write_json(path: str, data: object) -> None:
@@ -140,8 +136,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     model = model_from_args(args)
     custom, parallel = schedule_and_parallel(args, model)
     topology = load_topology(args.topology)
-    timeline = simulate(model, parallel, topology, custom, cost_options(args),
-                        intra_layer_options(args))
+    timeline = simulate(model, parallel, topology, custom, cost_options(args))
     add_oom_report(timeline, model, parallel, custom, topology)
     print(format_summary(timeline))
     write_outputs(timeline, args)
@@ -198,8 +193,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     for name, vpp in _parse_schedule_list(args.schedules):
         parallel = parallel_from_args(args, name, vpp, model.micro_batch_size)
         label = name if parallel.vpp == 1 else f"{name} (vpp={parallel.vpp})"
-        results.append((label, simulate(model, parallel, topology, None, costs,
-                                        intra_layer_options(args))))
+        results.append((label, simulate(model, parallel, topology, None, costs)))
     rows = [{"schedule": label, **_compare_row(t)} for label, t in results]
     print(json.dumps(rows, indent=2) if args.json else format_table(rows))
     if args.output:

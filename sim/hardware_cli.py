@@ -160,9 +160,9 @@ def _bandwidth(beta: float) -> str:
 def cmd_run(args: argparse.Namespace) -> int:
     from schedules.data_parallel import add_data_parallel
     from schedules.generators import build_schedule
+    from schedules.intra_layer import IntraLayerOptions
 
-    from .commands import (intra_layer_options, model_from_args, schedule_and_parallel,
-                           write_outputs)
+    from .commands import model_from_args, schedule_and_parallel, write_outputs
     from .report import format_summary
 
     model = model_from_args(args)
@@ -191,7 +191,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                                    timeout=args.timeout,
                                    warmup_iterations=args.warmup_iterations,
                                    iterations=args.iterations, replay=args.replay,
-                                   intra=intra_layer_options(args))
+                                   intra=IntraLayerOptions.from_parallel(parallel))
     timeline.meta.setdefault("topology", f"this host ({args.device})")
     timeline.meta.setdefault("cost_model", "measured")
     print(format_summary(timeline))

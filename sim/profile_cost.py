@@ -151,7 +151,7 @@ def profile_collective_model(env: simpy.Environment, profile: Profile,
     sizes = dict(sub_groups or {})
 
     def run(op: Op, pp_rank: int) -> simpy.Event:
-        size = (getattr(parallel, op.group) if op.group in ("tp", "cp", "dp", "ep", "pp")
+        size = (getattr(parallel, op.group) if op.group in ("tp", "cp", "dp", "ep", "etp", "pp")
                 else sizes.get(op.group, 1))
         seconds = op.count * profile_collective_time(profile, op.kind, size,
                                                      op.nbytes // op.count)

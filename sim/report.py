@@ -12,6 +12,8 @@ def format_summary(timeline: Timeline) -> str:
     meta = timeline.meta
     axes = "".join(f" {axis}={meta[axis]}" for axis in ("dp", "tp", "cp", "ep")
                    if meta.get(axis, 1) != 1)
+    if meta.get("etp", meta.get("tp")) != meta.get("tp"):
+        axes += f" etp={meta['etp']}"
     head = (f"{meta.get('schedule', '?')}: pp={meta.get('pp')} vpp={meta.get('vpp')}{axes} "
             f"microbatches={meta.get('microbatches')} model={meta.get('model')} "
             f"topology={meta.get('topology')} costs={meta.get('cost_model')}")

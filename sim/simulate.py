@@ -3,12 +3,13 @@
 Steps: build or take the schedule -> check its structure -> add the data-parallel
 communication the config asks for (schedules.data_parallel: DDP buckets, ZeRO 1-3,
 FSDP/HSDP, ZeRO++, offload) -> cost every op from the ModelSpec (layer groups from
-schedules.layer_groups) -> add the intra-layer TP/SP/CP/EP collectives
-(schedules.intra_layer, with IntraLayerOptions) -> place pipeline ranks on GPUs in the
-config's rank order -> replay it in SimPy with a cost model (optimizer steps:
-sim.optimizer) and the network seam (collectives: sim.collective_model; host copies over
-the GPU's PCIe link to its host CPU). A deadlock found by the replay is re-reported
-through the unit-time dry run, whose rank x step grid marks the stuck ops.
+schedules.layer_groups) -> add the intra-layer TP/SP/CP/EP/ETP collectives
+(schedules.intra_layer: the config's intra-layer fields, or an explicit IntraLayerOptions)
+-> place pipeline ranks on GPUs in the config's rank order -> replay it in SimPy with a
+cost model (optimizer steps: sim.optimizer) and the network seam (collectives:
+sim.collective_model; host copies over the GPU's PCIe link to its host CPU). A deadlock
+found by the replay is re-reported through the unit-time dry run, whose rank x step grid
+marks the stuck ops.
 """
 from __future__ import annotations
 
@@ -104,10 +105,13 @@ def gathered_bytes(model: ModelSpec, parallel: ParallelConfig) -> Callable[[Op],
 
 def simulate(model: ModelSpec, parallel: ParallelConfig, topology: nx.DiGraph,
              schedule: Schedule | None = None, costs: CostOptions = CostOptions(),
-             intra: IntraLayerOptions = IntraLayerOptions()) -> Timeline:
+             intra: IntraLayerOptions | None = None) -> Timeline:
     """Simulate one training iteration; `schedule` overrides the one `parallel` names;
-    `intra` says how TP/CP/EP communication runs (schedules.intra_layer)."""
+    `intra` says how TP/CP/EP communication runs (schedules.intra_layer), overriding the
+    config's intra-layer fields (default: IntraLayerOptions.from_parallel(parallel))."""
     parallel.check_model(model)
+    if intra is None:
+        intra = IntraLayerOptions.from_parallel(parallel)
     if schedule is None:
         schedule = build_schedule(parallel.schedule, parallel.pp, parallel.num_microbatches,
                                   parallel.vpp)
@@ -177,6 +181,7 @@ def simulate(model: ModelSpec, parallel: ParallelConfig, topology: nx.DiGraph,
     timeline.meta.update({
         "schedule": schedule.name, "pp": parallel.pp, "vpp": schedule.stages_per_rank,
         "dp": parallel.dp, "tp": parallel.tp, "cp": parallel.cp, "ep": parallel.ep,
+        "etp": parallel.etp,
         "sequence_parallel": parallel.sequence_parallel,
         "tp_comm_overlap": intra.tp_comm_overlap, "cp_comm": intra.cp_comm,
         "moe_imbalance": intra.moe_imbalance, "scatter_gather": intra.scatter_gather,

@@ -21,8 +21,8 @@ from schedules.ops import OpKind
 from schedules.timeline import Span, Timeline
 
 US_PER_S = 1e6
-LANE_ORDER = ("compute", "send", "recv", "pp", "tp", "cp", "ep", "dp", "dp_shard", "dp_replicate",
-              "pcie", "host")
+LANE_ORDER = ("compute", "send", "recv", "pp", "tp", "cp", "ep", "etp", "dp", "dp_shard",
+              "dp_replicate", "pcie", "host")
 
 # A send's receiver holds the next stage for activations, the previous one for gradients.
 _RECEIVER = {OpKind.SEND_F: (OpKind.RECV_F, +1), OpKind.SEND_B: (OpKind.RECV_B, -1)}

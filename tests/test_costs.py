@@ -93,6 +93,24 @@ def test_tp_and_ep_shard_params():
     assert sharded[0].param_count < one[0].param_count / 2
 
 
+def test_etp_shards_the_routed_experts_in_params_and_grad_bytes():
+    """Per rank: E/ep experts of (2hf + f) sharded weights, each over etp ranks (plus its
+    replicated fc2 bias h); FLOPs per rank do not change."""
+    moe = replace(GPT, num_experts=4)
+    h, f, layers = 256, 1024, 4
+    sharded = 2 * h * f + f
+
+    def stage(etp):
+        return stage_costs(moe, ParallelConfig(dp=4, ep=2, tp=2, expert_tensor_parallel=etp,
+                                               sequence_parallel=True, micro_batch_size=2), 2)[1]
+
+    one, two = stage(1), stage(2)
+    assert one.param_count - two.param_count == layers * 4 / 2 * sharded * (1 - 1 / 2)
+    assert one.grad_bytes - two.grad_bytes == 2 * (one.param_count - two.param_count)
+    assert (one.forward_flops, one.backward_flops) == (two.forward_flops, two.backward_flops)
+    assert two == stage(None)  # etp unset = tp
+
+
 def test_errors():
     with pytest.raises(ConfigError, match="num_layers=8 is not divisible by num_stages=3"):
         stage_costs(GPT, ParallelConfig(micro_batch_size=2), 3)

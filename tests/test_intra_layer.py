@@ -1,5 +1,7 @@
 """TP / SP / CP / EP communication ops: volumes per layer against their closed forms,
 measured from simulated spans with the nccl ring factors (what one device sends)."""
+from dataclasses import replace
+
 import pytest
 
 from schedules.annotate import annotate
@@ -11,6 +13,7 @@ from schedules.intra_layer import IntraLayerOptions, add_intra_layer
 from schedules.model_presets import get_model
 from schedules.ops import OpKind
 from schedules.parallel import ParallelConfig
+from schedules.timeline import span_category
 from schedules.validate import check_structure, dry_run
 from sim.simulate import simulate
 from topologies import fat_tree
@@ -151,3 +154,94 @@ def test_scatter_gather_sends_a_tp_slice_and_all_gathers_it_after_the_recv():
                    if (rank, stage, mb) == (g.rank, g.op.stage, g.op.microbatch))
     exposed = [sum(row["pp"] for row in t.time_breakdown().values()) for t in (plain, split)]
     assert exposed[1] < exposed[0] / 4
+
+
+def lowered_ops(model, parallel, options=None):
+    """The 1F1B programs of `parallel`, costed, with the intra-layer ops."""
+    costs = stage_costs(model, parallel, parallel.pp)
+    schedule = build_schedule("1f1b", parallel.pp, parallel.num_microbatches)
+    return add_intra_layer(annotate(schedule, costs), model, parallel, options).programs
+
+
+# --- the options as ParallelConfig fields ------------------------------------------------
+@pytest.mark.parametrize("model,base,field", [
+    (GPT, dict(pp=2, tp=2), dict(tp_comm_overlap=True)),
+    (GPT, dict(pp=2, cp=2), dict(cp_comm="ulysses")),
+    (MIXTRAL, dict(pp=2, dp=2, ep=2), dict(moe_imbalance=1.5)),
+    (GPT, dict(pp=2, tp=2), dict(scatter_gather=True)),
+])
+def test_a_config_field_changes_the_ops_as_the_option_does(model, base, field):
+    plain = ParallelConfig(num_microbatches=4, **base)
+    configured = lowered_ops(model, ParallelConfig(num_microbatches=4, **base, **field))
+    assert configured == lowered_ops(model, plain, IntraLayerOptions(**field))
+    assert configured != lowered_ops(model, plain)
+    assert IntraLayerOptions.from_parallel(replace(plain, **field)) == IntraLayerOptions(**field)
+
+
+def test_simulate_reads_the_fields_and_an_explicit_intra_wins():
+    graph = fat_tree("dgx-h100", num_nodes=2)
+    base = dict(pp=2, tp=8, num_microbatches=4)
+    field = simulate(GPT, ParallelConfig(scatter_gather=True, **base), graph)
+    option = simulate(GPT, ParallelConfig(**base), graph,
+                      intra=IntraLayerOptions(scatter_gather=True))
+    assert field.iteration_time == option.iteration_time and field.meta["scatter_gather"]
+    pinned = simulate(GPT, ParallelConfig(scatter_gather=True, **base), graph,
+                      intra=IntraLayerOptions())
+    assert pinned.iteration_time == simulate(GPT, ParallelConfig(**base), graph).iteration_time
+    assert pinned.iteration_time > field.iteration_time
+
+
+# --- expert tensor parallelism ('etp') -----------------------------------------------------
+@pytest.mark.parametrize("tp,etp,ep,dp,sp", [
+    (4, 2, 2, 1, True), (4, 4, 2, 2, True), (4, 1, 4, 1, True), (1, 2, 2, 4, False)])
+def test_etp_gathers_and_scatters_the_dispatched_tokens(tp, etp, ep, dp, sp):
+    """Per MoE layer and microbatch: forward one all-gather (before the experts) and one
+    reduce-scatter (after them) on 'etp', backward one of each, each S = etp * D with
+    D = (b*s/tp) * h * k * dtype a rank's dispatched tokens (sequence-sharded by tp), so a
+    rank sends (etp-1)/etp * S = (etp-1) * D; the EP all-to-alls stay D each. On 'tp'
+    only the attention's all-gather and reduce-scatter per layer and pass remain (plus the
+    embedding's and the head's), not the MLP's."""
+    m, layers = 2, MIXTRAL.num_layers
+    parallel = ParallelConfig(pp=1, tp=tp, dp=dp, ep=ep, expert_tensor_parallel=etp,
+                              sequence_parallel=sp, num_microbatches=m)
+    timeline = simulate(MIXTRAL, parallel, fat_tree("dgx-h100", num_nodes=1))
+    tokens = MIXTRAL.micro_batch_size * MIXTRAL.seq_length / tp
+    d = tokens * MIXTRAL.hidden_size * MIXTRAL.moe_router_topk * MIXTRAL.dtype_bytes
+    n = 2 * layers * m if etp > 1 else 0  # of each kind
+    for kind in (OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER):
+        spans = [s for s in timeline.spans if s.lane == "etp" and s.op.kind is kind]
+        assert sum(s.op.count for s in spans) == n
+        assert sum(s.op.nbytes for s in spans) == pytest.approx(n * etp * d, rel=1e-9)
+        assert sum(sent_per_device(s.op, etp) for s in spans) == pytest.approx(
+            n * (etp - 1) * d, rel=1e-9)
+    a2a = [s for s in timeline.spans if s.lane == "ep"]
+    assert sum(s.op.count for s in a2a) == 4 * layers * m
+    assert sum(s.op.nbytes for s in a2a) == pytest.approx(4 * layers * m * d, rel=1e-9)
+    gathers = [s for s in timeline.spans if s.lane == "tp" and s.op.kind is OpKind.ALL_GATHER]
+    assert sum(s.op.count for s in gathers) == ((2 * layers + 2) * m if tp > 1 else 0)
+    # the time breakdown counts expert-TP traffic as MoE ('ep') communication
+    assert {span_category(s) for s in timeline.spans if s.lane == "etp"} <= {"ep"}
+
+
+def test_etp_equal_to_tp_without_sp_is_todays_dense_like_split():
+    """No sequence parallelism: tokens are replicated over the TP ranks, each runs 1/t of
+    every expert, and the MLP's all-reduce follows, as for a dense layer: two all-reduces
+    per layer and pass (8 layers over pp=4: 2 per stage), no 'etp' ops."""
+    base = dict(pp=4, tp=2, dp=2, ep=2, num_microbatches=4)
+    unset = lowered_ops(MIXTRAL, ParallelConfig(**base))
+    assert unset == lowered_ops(MIXTRAL, ParallelConfig(expert_tensor_parallel=2, **base))
+    assert not [op for program in unset for op in program if op.group == "etp"]
+    reduces = [op for op in unset[1] if op.group == "tp" and op.kind is OpKind.ALL_REDUCE]
+    assert sum(op.count for op in reduces) == 4 * 2 * 4  # 4 per layer (F 2, B 2) x 2 x M
+
+
+def test_shared_experts_keep_their_tp_gather_and_scatter_under_sp():
+    """Megatron-Core's shared experts are a TP-split dense MLP: with them an MoE layer posts
+    the MLP's all-gather and reduce-scatter on 'tp' again (2 + 2 per layer per pass)."""
+    shared = replace(MIXTRAL, moe_shared_expert_intermediate_size=4096)
+    parallel = ParallelConfig(pp=4, tp=2, dp=2, ep=2, sequence_parallel=True,
+                              num_microbatches=1)
+    for model, per_layer in ((MIXTRAL, 1), (shared, 2)):
+        gathers = [op for op in lowered_ops(model, parallel)[1]
+                   if op.group == "tp" and op.kind is OpKind.ALL_GATHER]
+        assert sum(op.count for op in gathers) == 2 * per_layer * 2  # F and B, 2 layers

@@ -61,6 +61,21 @@ def test_sequence_parallel_divides_only_the_residual_stream_kernels():
     assert _bytes(sp, *others) == pytest.approx(_bytes(plain, *others))
 
 
+def test_moe_expert_weights_read_divide_by_etp_flops_do_not():
+    """Mixtral (SwiGLU): fc1 reads 2*h*k*f_e/etp routed-expert weights, fc2 h*k*f_e/etp,
+    in 16 bit; the layer's FLOPs are the same for every etp."""
+    h, k, f_e = MOE.hidden_size, MOE.moe_router_topk, MOE.moe_ffn_hidden_size
+    kw = dict(tp=4, dp=2, ep=2, sequence_parallel=True)
+    one, four = (lk.layer_forward(MOE, ParallelConfig(expert_tensor_parallel=etp, **kw))
+                 for etp in (1, 4))
+    assert _bytes(one, "fc1_gemm") - _bytes(four, "fc1_gemm") == pytest.approx(
+        2 * 2 * h * k * f_e * (1 - 1 / 4))
+    assert _bytes(one, "fc2_gemm") - _bytes(four, "fc2_gemm") == pytest.approx(
+        2 * h * k * f_e * (1 - 1 / 4))
+    assert _flops(one) == _flops(four) == pytest.approx(MOE.layer_forward_flops() / 4)
+    assert four == lk.layer_forward(MOE, ParallelConfig(**kw))  # etp unset = tp
+
+
 def test_attention_bytes_grow_with_s_squared_unless_flash():
     """Doubling s doubles every O(sbh) tensor and quadruples the b*a*s^2 scores that
     softmax and dropout stream; flash attention never writes the scores."""

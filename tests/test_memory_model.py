@@ -74,6 +74,21 @@ def test_model_params_per_rank_are_the_stages_params_over_tp():
     assert ranks[0].params > ranks[1].params - costs[1].tied_param_count  # embedding on 0
 
 
+def test_expert_weights_per_rank_follow_etp():
+    """Mixed-precision Adam, ZeRO-0: 16 bytes per parameter; the routed experts of a rank
+    are E/ep * (2hf + f) / etp sharded parameters per layer (4 layers per pipeline rank)."""
+    moe = replace(GPT, num_experts=4)
+    h, f = 256, 1024
+
+    def rank0(etp):
+        return rank_memory(moe, ParallelConfig(pp=2, tp=2, dp=4, ep=2, sequence_parallel=True,
+                                               expert_tensor_parallel=etp, micro_batch_size=2))[0]
+
+    extra = 4 * 4 / 2 * (2 * h * f + f) * (1 - 1 / 2)
+    assert rank0(1).params - rank0(2).params == extra
+    assert rank0(1).model_states_bytes - rank0(2).model_states_bytes == 16 * extra
+
+
 @pytest.mark.parametrize("recompute", ["none", "selective", "full"])
 @pytest.mark.parametrize("tp,sp", [(1, False), (2, False), (2, True)])
 def test_activations_are_korthikanti_bytes_per_layer_times_in_flight(recompute, tp, sp):

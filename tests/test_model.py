@@ -124,6 +124,14 @@ def test_moe_expert_width_shared_experts_and_dense_leading_layers():
     assert m.layer_param_count(tp=2, ep=4) == pytest.approx(
         (attention - 5 * h) / 2 + 5 * h + h * E + 2 * (expert - h) / 2 + 2 * h
         + (shared - h) / 2 + h)
+    # expert tensor parallelism: the routed experts split over etp ranks instead of tp,
+    # E/ep * (expert/etp + fc2 bias) per rank; attention and shared experts stay /tp
+    for etp in (1, 2, 4):
+        assert m.layer_param_count(tp=4, ep=2, etp=etp) - m.layer_param_count(tp=4, ep=2, etp=4) \
+            == pytest.approx(E / 2 * (expert - h) * (1 / etp - 1 / 4))
+    assert m.layer_param_count(tp=2, ep=4, etp=2) == m.layer_param_count(tp=2, ep=4)
+    assert m.layer_param_count(tp=1, ep=4, etp=2) == pytest.approx(
+        attention + h * E + shared + E / 4 * ((expert - h) / 2 + h))
     dense_mlp = 2 * b * s * h * f * 2
     moe_mlp = 2 * b * s * h * (2 * 64 + 128) * 2 + 2 * b * s * h * E
     assert m.layer_forward_flops(0) == GPT.layer_forward_flops()

@@ -218,3 +218,116 @@ def test_sharding_alias_errors(kw, match):
 def test_sharding_rules(kw, match):
     with pytest.raises(ConfigError, match=match):
         ParallelConfig(**kw)
+
+
+# --- intra-layer options as fields (schedules.intra_layer) ------------------------------------
+def test_intra_layer_fields_default_as_before():
+    p = ParallelConfig()
+    assert (p.tp_comm_overlap, p.cp_comm, p.moe_imbalance, p.scatter_gather) == (
+        False, "ring", 1.0, False)
+    assert ParallelConfig(moe_imbalance=2).moe_imbalance == 2.0
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(cp_comm="allgather"), "cp_comm='allgather' must be one of ring, ulysses"),
+    (dict(moe_imbalance=0.5), "moe_imbalance must be a number >= 1"),
+    (dict(moe_imbalance=True), "moe_imbalance must be a number >= 1"),
+    (dict(tp_comm_overlap=1), "tp_comm_overlap must be a bool"),
+    (dict(scatter_gather="yes"), "scatter_gather must be a bool"),
+])
+def test_intra_layer_field_errors_name_the_field(kw, match):
+    with pytest.raises(ConfigError, match=match):
+        ParallelConfig(**kw)
+
+
+@pytest.mark.parametrize("kw,expected", [
+    ({"--tp-comm-overlap": True}, dict(tp_comm_overlap=True)),
+    ({"--cp-comm-type": "p2p"}, dict(cp_comm="ring")),
+    ({"--cp-comm-type": "a2a"}, dict(cp_comm="ulysses")),
+    ({"cp_comm_type": ["a2a", "a2a"]}, dict(cp_comm="ulysses")),  # one per layer, all equal
+    ({"--scatter-gather-tensors-in-pipeline": True}, dict(scatter_gather=True)),
+    ({"--no-scatter-gather-tensors-in-pipeline": True}, dict(scatter_gather=False)),
+    ({"--no-scatter-gather-tensors-in-pipeline": False}, dict(scatter_gather=True)),
+    ({"moe_imbalance": 1.5}, dict(moe_imbalance=1.5)),
+])
+def test_intra_layer_aliases_map_values(kw, expected):
+    p = ParallelConfig.from_kwargs(tp=2, **kw)
+    assert {k: getattr(p, k) for k in expected} == expected
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"--cp-comm-type": "allgather"}, "cp-comm-type='allgather'.*not modelled"),
+    ({"--cp-comm-type": "a2a+p2p"}, "not modelled"),
+    ({"--cp-comm-type": "ring"}, "cp-comm-type='ring' must be one of p2p, a2a"),
+    ({"cp_comm_type": ["p2p", "a2a"]}, "one communication type for every layer"),
+    ({"cp_comm": "ring", "cp_comm_type": "p2p"}, "cp_comm given twice"),
+    ({"scatter_gather": True, "scatter_gather_tensors_in_pipeline": True},
+     "scatter_gather given twice"),
+])
+def test_intra_layer_alias_errors(kw, match):
+    with pytest.raises(ConfigError, match=match):
+        ParallelConfig.from_kwargs(**kw)
+
+
+# --- expert tensor parallelism: the expert grid etp x ep x edp ------------------------------
+def test_etp_defaults_to_tp_and_its_aliases():
+    assert ParallelConfig(tp=4).expert_tensor_parallel is None
+    assert ParallelConfig(tp=4).etp == 4 and ParallelConfig(tp=4, dp=2, ep=2).edp == 1
+    for key in ("--expert-tensor-parallel-size", "expert_tensor_parallel_degree", "etp"):
+        p = ParallelConfig.from_kwargs(tp=4, dp=2, ep=2, **{key: 2})
+        assert (p.expert_tensor_parallel, p.etp, p.edp) == (2, 2, 2)
+
+
+def test_expert_grid_groups_partition_the_ranks():
+    """tp=4 x dp=2 re-split as etp=2 x ep=2 x edp=2 (Megatron-Core's expert RankGenerator:
+    same order string, etp in tp's place, edp in dp's): rank = etp_i + 2 ep_i + 4 edp_i
+    within a stage, the stage stride 8."""
+    p = ParallelConfig(tp=4, dp=2, pp=2, ep=2, expert_tensor_parallel=2)
+    assert (p.etp, p.ep, p.edp, p.world_size) == (2, 2, 2, 16)
+    assert p.group("etp", 0) == [0, 1] and p.group("ep", 0) == [0, 2]
+    assert p.group("edp", 0) == [0, 4] and p.group("tp", 0) == [0, 1, 2, 3]
+    assert p.group("ep", 13) == [13, 15] and p.group("edp", 13) == [9, 13]
+    sizes = {"etp": 2, "ep": 2, "edp": 2, "pp": 2}
+    for axis, size in sizes.items():
+        groups = {tuple(p.group(axis, r)) for r in range(p.world_size)}
+        assert sorted(r for g in groups for r in g) == list(range(16))  # a partition
+        assert {len(g) for g in groups} == {size}
+    for r in range(p.world_size):  # the axes form a grid: two groups through r meet in r
+        for a in sizes:
+            for b in sizes:
+                if a != b:
+                    assert set(p.group(a, r)) & set(p.group(b, r)) == {r}
+
+
+def test_expert_grid_with_etp_equal_to_tp_is_the_old_one():
+    old, new = ParallelConfig(tp=2, dp=4, ep=2), ParallelConfig(tp=2, dp=4, ep=2,
+                                                                expert_tensor_parallel=2)
+    for r in range(8):
+        assert old.group("ep", r) == new.group("ep", r)
+        assert old.group("etp", r) == old.group("tp", r) == new.group("etp", r)
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(tp=2, dp=2, ep=2, expert_tensor_parallel=3),
+     r"expert_tensor_parallel\*ep=3\*2 must divide tp\*cp\*dp=2\*1\*2"),
+    (dict(tp=2, dp=2, ep=4, expert_tensor_parallel=2), r"expert_tensor_parallel\*ep=2\*4"),
+    (dict(tp=2, expert_tensor_parallel=0), "expert_tensor_parallel must be an integer >= 1"),
+    (dict(tp=2, expert_tensor_parallel=1.5), "expert_tensor_parallel must be an integer >= 1"),
+])
+def test_etp_errors_name_the_field(kw, match):
+    with pytest.raises(ConfigError, match=match):
+        ParallelConfig(**kw)
+
+
+def test_etp_rules_against_the_model():
+    moe = ModelSpec(num_layers=8, hidden_size=256, num_attention_heads=8, seq_length=128,
+                    vocab_size=1000, num_experts=4)
+    with pytest.raises(ConfigError, match="expert_tensor_parallel=1 differs from tp=2: needs "
+                                          "sequence_parallel"):
+        ParallelConfig(tp=2, dp=2, ep=2, expert_tensor_parallel=1).check_model(moe)
+    ParallelConfig(tp=2, dp=2, ep=2, expert_tensor_parallel=1,
+                   sequence_parallel=True).check_model(moe)
+    ParallelConfig(tp=1, dp=4, ep=2, expert_tensor_parallel=2).check_model(moe)
+    ParallelConfig(tp=2, expert_tensor_parallel=1).check_model(MODEL)  # dense: no experts
+    with pytest.raises(ConfigError, match="unknown grid axis 'xp': axes are .*etp, edp"):
+        ParallelConfig().group("xp", 0)

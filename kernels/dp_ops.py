@@ -16,7 +16,10 @@ What each op does to one rank's parameter units (kernels.param_units):
   moves up to N x its size; `info.wire_bytes` says what moved).
 - OPT_STEP(s): Adam (kernels.optimizer) on each unit's owned elements: the gradient shard
   (sharded units) or the full `.grad` (replicated units); the updated owned elements are
-  written into the parameters. Non-owned elements stay as they were until a gather.
+  written into the parameters. Non-owned elements stay as they were until a gather. With
+  tied embeddings on two pipeline ranks, the OPT_STEP of the first and of the last stage
+  first sums the word-embedding gradient over the embedding group (kernels.tied_embedding,
+  Megatron's embedding all-reduce; outside the step's span).
 - ZeRO-3 reshard: after the last compute op that uses a gather (the rule sim.engine's
   memory follows), a unit sharded at rest is resharded: its non-owned elements become NaN,
   and a compute op using a unit with such elements raises KernelsError (a missing gather).
@@ -37,6 +40,7 @@ from schedules.ops import Op, OpKind
 from .errors import KernelsError
 from .optimizer import FlatAdam
 from .param_units import ParamUnit, build_units, intersect, op_ranges, owned_ranges
+from .tied_embedding import AXIS, WORD_EMBEDDING, sum_tied_grad, tied_pipeline_ranks
 
 
 class DataParallelOps:
@@ -54,6 +58,11 @@ class DataParallelOps:
         for unit in self.units.values():
             if unit.sharded_at_rest:
                 unit.poison()
+        spec = next(iter(self.modules.values())).spec
+        ends = {0, self.schedule.num_stages - 1} & set(self.modules)
+        tied = tied_pipeline_ranks(self.schedule, spec) and not self.setup.loopback
+        self._tied_stages = ends if tied else set()
+        self.summed_grads: set[str] = set()  # names whose gradient is summed over copies
 
     def _rank_in(self, axis: str) -> tuple[int, int]:
         if self.setup.loopback:
@@ -185,6 +194,9 @@ class DataParallelOps:
     # --- optimizer step -------------------------------------------------------------
     def _opt_step(self, op: Op, state: Any) -> None:
         units = [u for u in self.units.values() if u.stage == op.stage]
+        if op.stage in self._tied_stages:
+            sum_tied_grad(self.modules[op.stage], self._group(AXIS))
+            self.summed_grads.add(WORD_EMBEDDING)
         start = self.clock.mark()
         for unit in units:
             if unit.group is None:
@@ -206,7 +218,8 @@ class DataParallelOps:
     # --- results --------------------------------------------------------------------
     def export_grads(self) -> dict[str, torch.Tensor]:
         """Reduced gradients by name: a sharded unit's owned elements (NaN elsewhere:
-        kernels.results.gather_state merges a DP group's shards), else `.grad`."""
+        kernels.results.gather_state merges a DP group's shards), else `.grad` (a tied
+        copy's: the sum over both copies once stepped, `summed_grads`)."""
         out = {}
         for unit in self.units.values():
             if unit.grad_shard is None:

@@ -10,6 +10,12 @@ was on, and every rank process is killed — never a hang.
 Processes come from a forkserver that has imported torch once, so a run after the first
 starts in well under a second instead of paying torch's import per rank.
 
+Tied embeddings (Megatron's default) with optimizer steps: when the first and the last
+stage are on two pipeline ranks, their OPT_STEPs first sum the two word-embedding copies'
+gradients over those ranks (Megatron's embedding all-reduce, kernels.tied_embedding), with
+DDP (zero_stage 0) or dp = 1; ZeRO sharding of those stages, and both stages on one rank,
+are refused with a KernelsError naming the rule.
+
 `run_reference` / `run_reference_steps` (kernels.reference) compute the same model's
 gradients (and Adam steps) in one process: what every distributed run must reproduce.
 kernels.results merges the ranks' payloads into the Timeline, gradients and parameters.
@@ -41,6 +47,7 @@ from schedules.validate import validate
 from .errors import KernelsError
 from .reference import run_reference, run_reference_steps
 from .results import gather_grads, gather_state, merge_timeline
+from .tied_embedding import check_tied_embeddings
 from .worker import STARTUP, Job, describe_progress, run_rank
 
 __all__ = ["gather_grads", "gather_state", "merge_timeline", "run_reference",
@@ -78,6 +85,10 @@ def _check(schedule: Schedule, model: ModelSpec, parallel: ParallelConfig, devic
             raise KernelsError(f"{axis}={getattr(parallel, axis)}: the kernels backend runs "
                                f"pipeline, data and tensor parallelism only so far ({axis} "
                                f"must be 1)")
+    if parallel.etp != parallel.tp:
+        raise KernelsError(f"expert_tensor_parallel={parallel.etp} differs from tp="
+                           f"{parallel.tp}: the kernels backend runs no MoE experts (leave it "
+                           f"unset)")
     _check_tensor_parallel(model, parallel, replay)
     _check_data_parallel(schedule, model, parallel)
     if replay and parallel.dp != 1:
@@ -131,20 +142,7 @@ def _check_data_parallel(schedule: Schedule, model: ModelSpec, parallel: Paralle
     if parallel.fsdp == "hybrid" and not parallel.shard_size:
         raise KernelsError("fsdp='hybrid' needs shard_size in the kernels backend (there is "
                            "no topology to take the GPUs per node from)")
-    tied = not model.untie_embeddings_and_output_weights and schedule.num_stages > 1
-    kinds = {op.kind for op in schedule.ops()}
-    first, last = (schedule.rank_of_stage(s) for s in (0, schedule.num_stages - 1))
-    if tied and OpKind.OPT_STEP in kinds and first != last:
-        raise KernelsError("OPT_STEP with tied embeddings on different pipeline ranks: the "
-                           "IR has no embedding-gradient all-reduce between the first and last "
-                           "stage (Megatron's), so the two copies would step apart; set "
-                           "untie_embeddings_and_output_weights")
-    if tied and first == last and kinds & {OpKind.OPT_STEP, OpKind.REDUCE_SCATTER,
-                                           OpKind.ALL_GATHER}:
-        raise KernelsError("tied embeddings with the first and last stage on one rank: the "
-                           "IR counts a word-embedding copy per stage, the rank holds one "
-                           "shared weight, which two stages' steps or shards would update "
-                           "twice; set untie_embeddings_and_output_weights")
+    check_tied_embeddings(schedule, model, parallel)
 
 
 def _free_port() -> int:

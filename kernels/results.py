@@ -14,6 +14,7 @@ from schedules.parallel import ParallelConfig
 from schedules.timeline import Timeline
 
 from .split_backward import EXACT_SPLIT
+from .tied_embedding import tied_pipeline_ranks
 
 TP_INSIDE = ("TP collectives run inside their compute op (autograd); each TP op's span is "
              "the measured time of its collectives, laid out after the op's compute, whose "
@@ -23,6 +24,10 @@ TP_INSIDE = ("TP collectives run inside their compute op (autograd); each TP op'
 GLOO_REDUCE_SCATTER = ("REDUCE_SCATTER runs as an all-reduce of the bucket and a slice (gloo "
                        "has no reduce-scatter; one code path on NCCL too): its times are "
                        "all-reduce times")
+
+TIED_SUM = ("tied embeddings: the word-embedding gradients of the first and last stage are "
+            "summed over their two ranks (Megatron's embedding all-reduce, not an op of the "
+            "IR) right before those stages' OPT_STEP, outside any span")
 
 
 def merge_timeline(payloads: dict[int, dict], job: Any) -> Timeline:
@@ -65,7 +70,9 @@ def merge_timeline(payloads: dict[int, dict], job: Any) -> Timeline:
         + (["gloo: CPU timings calibrate only this CPU and gloo"] if job.device == "cpu" else [])
         + ([GLOO_REDUCE_SCATTER] if any(op.kind is OpKind.REDUCE_SCATTER
                                         for op in s.ops()) or p.sequence_parallel else [])
-        + ([TP_INSIDE] if p.tp > 1 else []),
+        + ([TP_INSIDE] if p.tp > 1 else [])
+        + ([TIED_SUM] if tied_pipeline_ranks(s, job.model) and not job.replay
+           and any(op.kind is OpKind.OPT_STEP for op in s.ops()) else []),
     }
     return Timeline.from_dict({"source": source, "meta": meta, "spans": spans,
                                "memory": memory})
@@ -73,8 +80,8 @@ def merge_timeline(payloads: dict[int, dict], job: Any) -> Timeline:
 
 def gather_grads(payloads: dict[int, dict], parallel: ParallelConfig) -> dict[str, torch.Tensor]:
     """Gradients by parameter name (gather_state): shards merged over each DP group, then
-    copies of a tied embedding on the first and last stage summed (Megatron's embedding
-    all-reduce)."""
+    the copies of a tied embedding on the first and last stage summed (Megatron's
+    embedding all-reduce), unless the run's OPT_STEP summed them already."""
     return gather_state(payloads, parallel, "grads")
 
 
@@ -83,9 +90,10 @@ def gather_state(payloads: dict[int, dict], parallel: ParallelConfig,
     """`what` ('grads' or 'params') by name, full (unsharded) tensors. Per TP rank: per
     pipeline rank, DP replica 0's tensors, their NaN elements (not held: a shard of
     another rank) filled from the other DP ranks in DP order; then across pipeline ranks,
-    tied copies summed ('grads') or the first kept ('params'). Then the TP shards are
-    concatenated along each tensor's shard dim (payload 'shard_dims'); a replicated
-    tensor is TP rank 0's (every TP rank holds the same)."""
+    tied copies summed ('grads') or the first kept ('params', and the 'grads' a payload
+    lists in 'summed_grads': summed before the optimizer step, kernels.tied_embedding).
+    Then the TP shards are concatenated along each tensor's shard dim (payload
+    'shard_dims'); a replicated tensor is TP rank 0's (every TP rank holds the same)."""
     by_tp: dict[int, dict[int, dict]] = {}
     for rank, payload in payloads.items():
         by_tp.setdefault(parallel.coords(rank)["tp"], {})[rank] = payload
@@ -101,6 +109,7 @@ def gather_state(payloads: dict[int, dict], parallel: ParallelConfig,
 def _merge_tp_rank(payloads: dict[int, dict], parallel: ParallelConfig,
                    what: str) -> dict[str, torch.Tensor]:
     per_pp: dict[int, dict[str, torch.Tensor]] = {}
+    summed = {n for p in payloads.values() for n in p.get("summed_grads", ())}
     for rank, payload in sorted(payloads.items(), key=lambda kv: parallel.coords(kv[0])["dp"]):
         if payload.get(what) is None:
             continue
@@ -114,5 +123,6 @@ def _merge_tp_rank(payloads: dict[int, dict], parallel: ParallelConfig,
     out: dict[str, torch.Tensor] = {}
     for pp in sorted(per_pp):
         for name, t in per_pp[pp].items():
-            out[name] = out[name] + t if name in out and what == "grads" else out.get(name, t)
+            add = name in out and what == "grads" and name not in summed
+            out[name] = out[name] + t if add else out.get(name, t)
     return out

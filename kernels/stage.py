@@ -6,7 +6,8 @@ positions), the last stage the final norm, the output layer and the cross-entrop
 With tied embeddings (Megatron's default) the last stage keeps its own copy of the word
 embedding under the same name, `word_embeddings.weight`; the true gradient of the shared
 weight is the sum of the copies' gradients (Megatron all-reduces them over its embedding
-group; `kernels.results.gather_grads` sums them by name).
+group: kernels.tied_embedding, before an OPT_STEP; without a step
+`kernels.results.gather_grads` sums them by name).
 
 Layer groups (`Op.chunk`, schedules.layer_groups): `forward(x, labels, chunk, groups)`
 runs one group of the stage's layers, the embedding with group 0 of stage 0 and the head

@@ -7,7 +7,8 @@ Messages to the parent (one per rank, on a multiprocessing queue):
   'grads': bytes of torch.save({name: grad}) or None (a sharded gradient: the rank's
   shard, NaN elsewhere), 'params': the same for the parameters as the rank holds them
   after its last iteration (NaN where resharded) or None, 'shard_dims': {name: the dim
-  its TP shard splits, or None}, 'device_name': str};
+  its TP shard splits, or None}, 'summed_grads': [names whose gradient already is the sum
+  over a tied weight's copies (kernels.tied_embedding)], 'device_name': str};
 - ('error', rank, op text or phase, message, traceback).
 `progress[2*rank : 2*rank+2]` = (iteration, op index) says where a rank is, so the parent
 can name a stuck op: iteration -1 = starting up, N = at the final barrier; index -1 =
@@ -32,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from schedules.model import ModelSpec
+from schedules.ops import OpKind
 from schedules.parallel import ParallelConfig
 from schedules.schedule import Schedule
 from schedules.sharding import group_ranks
@@ -39,6 +41,8 @@ from schedules.sharding import group_ranks
 from .executor import RankExecutor, RankSetup
 from .stage import build_stages, named_parameters, token_batch
 from .tensor_parallel import TensorParallel
+from .tied_embedding import AXIS as EMBEDDING
+from .tied_embedding import embedding_group, tied_pipeline_ranks
 from .timing import make_clock
 
 BEFORE_PROGRAM = -1
@@ -100,21 +104,32 @@ def group_axes(parallel: ParallelConfig, rank: int) -> dict[str, list[int]]:
     return axes
 
 
-def _groups(parallel: ParallelConfig, rank: int, timeout: datetime.timedelta) -> dict[str, Any]:
-    """Process groups: one per DP group and sub-group and per TP group (every rank creates
-    every group, in the same order, as torch.distributed requires), and one world group
-    per P2P direction."""
+def _groups(job: Job, rank: int, timeout: datetime.timedelta) -> dict[str, Any]:
+    """Process groups: one per DP group and sub-group, per TP group and, with tied
+    embeddings on two pipeline ranks and an optimizer step, per embedding group
+    (kernels.tied_embedding) — every rank creates every group, in the same order, as
+    torch.distributed requires — and one world group per P2P direction."""
+    parallel = job.parallel
+    pair = tied_pipeline_ranks(job.schedule, job.model)
+    stepped = any(op.kind is OpKind.OPT_STEP for op in job.schedule.ops())
+
+    def axes(r: int) -> dict[str, list[int]]:
+        out = group_axes(parallel, r)
+        if pair and stepped:
+            out[EMBEDDING] = embedding_group(parallel, r, pair)
+        return out
+
     groups: dict[str, Any] = {}
     seen: list[tuple[int, ...]] = []
+    mine = axes(rank)
     for r in range(parallel.world_size):
-        for axis, members in group_axes(parallel, r).items():
+        for members in axes(r).values():
             if tuple(members) in seen:
                 continue
             seen.append(tuple(members))
             group = dist.new_group(list(members), timeout=timeout)
-            for name, mine in group_axes(parallel, rank).items():
-                if tuple(mine) == tuple(members):
-                    groups[name] = group
+            groups.update({name: group for name, ranks in mine.items()
+                           if tuple(ranks) == tuple(members)})
     world = list(range(parallel.world_size))
     groups["p2p_f"] = dist.new_group(world, timeout=timeout) if parallel.pp > 1 else None
     groups["p2p_b"] = dist.new_group(world, timeout=timeout) if parallel.pp > 1 else None
@@ -142,7 +157,7 @@ def run_rank(rank: int, job: Job, results: Any, progress: Any) -> None:
         where = "joining the process group"
         dist.init_process_group("nccl" if job.device == "cuda" else "gloo", rank=rank,
                                 world_size=job.world_size, timeout=timeout)
-        groups = {} if job.replay else _groups(job.parallel, rank, timeout)
+        groups = {} if job.replay else _groups(job, rank, timeout)
         where = "building its stages"
         payload = _replay(job, device, progress) if job.replay else _run(
             rank, job, device, groups, progress)
@@ -237,7 +252,8 @@ def _iterate(rank: int, job: Job, device: torch.device, setup: RankSetup,
     return iterations, {
         "grads": _serialise(executor.export_grads()) if job.return_grads else None,
         "params": _serialise(executor.export_params()) if job.return_params else None,
-        "shard_dims": {n: getattr(p, "shard_dim", None) for n, p in params.items()}}
+        "shard_dims": {n: getattr(p, "shard_dim", None) for n, p in params.items()},
+        "summed_grads": sorted(executor.summed_grads)}
 
 
 def _tensor_parallel(parallel: ParallelConfig, setup: RankSetup, clock: Any) -> TensorParallel:

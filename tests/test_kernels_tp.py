@@ -170,6 +170,9 @@ def test_tensor_parallel_refusals_name_the_field():
     with pytest.raises(KernelsError, match="replay"):
         run_schedule(build_schedule("1f1b", 1, 1), GPT, parallel(tp=2, num_microbatches=1),
                      replay=True)
+    with pytest.raises(KernelsError, match="expert_tensor_parallel=1 differs from tp=2"):
+        run_schedule(build_schedule("1f1b", 1, 1), GPT,
+                     parallel(tp=2, expert_tensor_parallel=1, num_microbatches=1))
 
 
 @pytest.mark.parametrize("zero_stage", [0, 1], ids=["ddp", "zero1"])

@@ -4,8 +4,9 @@ collectives on their groups' lanes with the IR's sizes, and a ZeRO-3 schedule th
 forgets a parameter gather fails (resharded parameters are NaN) instead of passing.
 
 Schedules come from schedules.data_parallel.add_data_parallel (helper C's passes). Models
-are tiny fp32 ones, untied (ZeRO-3 at pp=1 and OPT_STEP across pipeline ranks need
-untied embeddings: see test_tied_embeddings_*). Gradients are compared at fp32 round-off;
+are tiny fp32 ones, mostly untied (ZeRO-3 at pp=1 and ZeRO across pipeline ranks need
+untied embeddings; with DDP tied copies on two pipeline ranks are summed before the step:
+see test_tied_embedding*). Gradients are compared at fp32 round-off;
 parameters after Adam to 1e-4: Adam's first step moves each weight by about lr * sign(g)
 (lr = 1e-3), and where |g| is near eps = 1e-8 that step depends on g's last bits."""
 import pytest
@@ -193,10 +194,44 @@ def test_adam_on_shards_equals_torch_adam_on_the_whole():
                                rtol=0, atol=0)
 
 
+# --- tied embeddings on two pipeline ranks: Megatron's embedding all-reduce ---------------
+def capture_payloads(monkeypatch):
+    """The rank payloads of the next run_schedule (each rank's own tensors, unmerged)."""
+    import kernels.launch as launch
+    payloads, launch_ranks = {}, launch._launch
+    monkeypatch.setattr(launch, "_launch", lambda job: payloads.update(launch_ranks(job))
+                        or payloads)
+    return payloads
+
+
+@pytest.mark.parametrize("dp,schedule_name,steps", [
+    (1, "1f1b", 1), (1, "1f1b", 2), (2, "1f1b", 1), (2, "1f1b", 2),
+    (1, "interleaved-1f1b", 2)])
+def test_tied_embedding_copies_step_as_one_weight(monkeypatch, dp, schedule_name, steps):
+    """pp=2, DDP: the OPT_STEPs of the first and last stage sum the two word-embedding
+    copies' gradients first, so both equal the reference's one weight after each step."""
+    import io
+    vpp = 2 if schedule_name == "interleaved-1f1b" else 1
+    par = ParallelConfig(pp=2, vpp=vpp, dp=dp, micro_batch_size=2, num_microbatches=2,
+                         bucket_bytes=BUCKET, schedule=schedule_name)
+    schedule = add_data_parallel(build_schedule(schedule_name, 2, 2, vpp), GPT, par)
+    payloads = capture_payloads(monkeypatch)
+    timeline, grads, params = run(schedule, par, model=GPT, warmup=steps - 1)
+    assert_matches_reference(grads, params, par, model=GPT, steps=steps)
+    assert any("embedding all-reduce" in x for x in timeline.meta["limits"])
+    copies = {}
+    for rank, payload in payloads.items():
+        held = torch.load(io.BytesIO(payload["params"]))
+        copies.setdefault(par.coords(rank)["dp"], []).append(held["word_embeddings.weight"])
+    assert all(len(c) == 2 and torch.equal(*c) for c in copies.values())
+
+
 # --- what the backend refuses -------------------------------------------------------------
-def test_tied_embeddings_across_pipeline_ranks_with_a_step_are_refused():
+def test_tied_embeddings_across_pipeline_ranks_with_zero_are_refused():
     schedule, par = setup(model=GPT, pp=2, zero_stage=1)
-    with pytest.raises(KernelsError, match="embedding-gradient all-reduce"):
+    with pytest.raises(KernelsError, match=r"zero_stage=1 with tied embeddings on different "
+                       r"pipeline ranks: .*embedding all-reduce.* only where each copy's "
+                       r"gradient is whole .*shard-aligned"):
         run(schedule, par, model=GPT)
 
 

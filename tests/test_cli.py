@@ -84,6 +84,10 @@ def test_compare_table_and_html(tmp_path):
     (["show", "1f1b"], ["--microbatches", "required"]),
     (["simulate", "--pp", "1", "--moe-imbalance", "0.5"], ["moe_imbalance", ">= 1"]),
     (["simulate", "--pp", "1", "--cp", "3"], ["seq_length", "2*cp"]),
+    (["simulate", "--pp", "1", "--tp", "2", "--etp", "3"],
+     ["expert_tensor_parallel*ep=3*1", "tp*cp*dp"]),
+    (["simulate", "--pp", "1", "--cp-comm", "ring", "--cp-comm-type", "a2a"],
+     ["cp_comm given twice"]),
 ])
 def test_user_errors_are_one_clear_line(args, words):
     result = clustersim(*args, check=False)
@@ -94,6 +98,23 @@ def test_user_errors_are_one_clear_line(args, words):
     assert lines[0].startswith("clustersim") and ": error: " in lines[0]
     for word in words:
         assert word in lines[0]
+
+
+def test_intra_layer_and_etp_flags_set_parallel_config_fields():
+    from schedules.parallel import ParallelConfig
+    from sim.cli import build_parser
+    from sim.commands import parallel_from_args
+
+    args = build_parser().parse_args([
+        "simulate", "--tp", "2", "--dp", "2", "--ep", "2", "--expert-tensor-parallel-size", "1",
+        "--sequence-parallel", "--tp-comm-overlap", "--cp-comm-type", "a2a",
+        "--moe-imbalance", "1.5", "--scatter-gather-tensors-in-pipeline"])
+    p = parallel_from_args(args, args.schedule)
+    assert (p.tp_comm_overlap, p.cp_comm, p.moe_imbalance, p.scatter_gather) == (
+        True, "ulysses", 1.5, True)
+    assert (p.expert_tensor_parallel, p.etp, p.edp) == (1, 1, 2)
+    plain = build_parser().parse_args(["simulate"])
+    assert parallel_from_args(plain, plain.schedule) == ParallelConfig(pp=8, num_microbatches=16)
 
 
 def test_deadlocked_csv_is_reported_with_stuck_ops(tmp_path):

@@ -25,6 +25,8 @@ activation is this rank's sequence shard (b, s/t, h), as Megatron sends it betwe
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -38,13 +40,20 @@ from .tensor_parallel import TensorParallel, replicated_in_sequence
 from .vocab_parallel import cross_entropy, embedding_partial
 
 
-def layer_range(spec: ModelSpec, stage: int, num_stages: int) -> range:
-    """Global indices of the layers of `stage` (contiguous, num_layers / num_stages each)."""
-    if spec.num_layers % num_stages:
-        raise ValueError(f"num_layers={spec.num_layers} is not divisible by "
-                         f"num_stages={num_stages}")
-    per = spec.num_layers // num_stages
-    return range(stage * per, (stage + 1) * per)
+def layer_range(spec: ModelSpec, stage: int, num_stages: int,
+                split: Sequence[int] | None = None) -> range:
+    """Global indices of the layers of `stage` (contiguous): `split[s]` layers per stage
+    (schedules.pipeline_split), or num_layers / num_stages each when None."""
+    if split is None:
+        if spec.num_layers % num_stages:
+            raise ValueError(f"num_layers={spec.num_layers} is not divisible by "
+                             f"num_stages={num_stages}")
+        split = [spec.num_layers // num_stages] * num_stages
+    if len(split) != num_stages or sum(split) != spec.num_layers:
+        raise ValueError(f"split {list(split)} must give {num_stages} stages "
+                         f"{spec.num_layers} layers")
+    start = sum(split[:stage])
+    return range(start, start + split[stage])
 
 
 class Embedding(nn.Module):
@@ -63,7 +72,7 @@ class StageModule(nn.Module):
     stage, to the scalar mean loss over the micro-batch."""
 
     def __init__(self, spec: ModelSpec, stage: int, num_stages: int,
-                 tp: TensorParallel | None = None):
+                 tp: TensorParallel | None = None, split: Sequence[int] | None = None):
         super().__init__()
         self.tp = tp = tp if tp is not None else TensorParallel()
         if not 0 <= stage < num_stages:
@@ -79,7 +88,7 @@ class StageModule(nn.Module):
             replicated_in_sequence(self.position_embeddings.weight)
         self.layers = nn.ModuleDict({
             str(i): TransformerLayer(spec, tp)
-            for i in layer_range(spec, stage, num_stages)})
+            for i in layer_range(spec, stage, num_stages, split)})
         if self.last:
             self.final_norm = Norm(spec)
             if not tied:
@@ -139,15 +148,16 @@ class StageModule(nn.Module):
 
 
 def build_stages(spec: ModelSpec, stages: list[int], num_stages: int, seed: int,
-                 device: torch.device | str = "cpu", tp: TensorParallel | None = None
-                 ) -> dict[int, StageModule]:
-    """The modules of the stages one rank holds (its TP shard: `tp`), initialised from
-    `seed` and placed on `device` in the model dtype. When the rank holds both the first
+                 device: torch.device | str = "cpu", tp: TensorParallel | None = None,
+                 split: Sequence[int] | None = None) -> dict[int, StageModule]:
+    """The modules of the stages one rank holds (its TP shard: `tp`; layers per stage:
+    `split`, see layer_range), initialised from `seed` and placed on `device` in the
+    model dtype. When the rank holds both the first
     and the last stage of a tied model, the two share one word-embedding module (as one
     model would)."""
     modules = {}
     for s in stages:
-        module = StageModule(spec, s, num_stages, tp)
+        module = StageModule(spec, s, num_stages, tp, split)
         init_parameters(module, seed, module.tp.rank)
         modules[s] = module.to(device=device, dtype=torch_dtype(spec))
     first, last = 0, num_stages - 1

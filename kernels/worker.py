@@ -36,6 +36,7 @@ from schedules.model import ModelSpec
 from schedules.ops import OpKind
 from schedules.parallel import ParallelConfig
 from schedules.schedule import Schedule
+from schedules.pipeline_split import stage_layers
 from schedules.sharding import group_ranks
 
 from .executor import RankExecutor, RankSetup
@@ -223,7 +224,8 @@ def _iterate(rank: int, job: Job, device: torch.device, setup: RankSetup,
               if schedule.rank_of_stage(s) == setup.pipeline_rank]
     clock = make_clock(device)
     tp = _tensor_parallel(job.parallel, setup, clock)
-    modules = build_stages(job.model, stages, schedule.num_stages, job.seed, device, tp)
+    split = stage_layers(job.model.num_layers, job.parallel, schedule.num_stages)
+    modules = build_stages(job.model, stages, schedule.num_stages, job.seed, device, tp, split)
     tokens, labels = token_batch(job.model, job.parallel.global_batch_size, job.seed, device)
 
     def on_op(index: int) -> None:

@@ -1,13 +1,14 @@
 """Per-stage costs of a pipeline split: FLOPs, bytes and parameters of one rank's stage.
 
 Units: FLOPs, bytes and parameter counts for ONE micro-batch on ONE rank (a TP/CP shard of
-the stage). Layers split evenly over stages (Megatron-LM's default); stage 0 also holds
+the stage). Layers split as schedules.pipeline_split says (evenly by default); stage 0 also holds
 the embedding, the last stage the final norm, the output layer and the logits.
 FLOP and activation formulas come from `ModelSpec` (SC21, Korthikanti et al. 2022).
 """
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .errors import ConfigError, require_positive_int
@@ -15,6 +16,7 @@ from .layer_kernels import (Kernel, embedding_forward, head_backward, head_forwa
                             layer_backward, layer_forward, merge, recompute_forward)
 from .model import ModelSpec
 from .parallel import ParallelConfig
+from .pipeline_split import stage_layers
 
 LOGITS_BYTES = 4  # cross-entropy keeps fp32 logits (Korthikanti et al. 2022, section 4.3)
 
@@ -57,14 +59,6 @@ class StageCost:
     backward_kernels: tuple[Kernel, ...] = ()
 
 
-def _check(model: ModelSpec, parallel: ParallelConfig, num_stages: int) -> None:
-    require_positive_int("num_stages", num_stages)
-    if model.num_layers % num_stages:
-        raise ConfigError(f"num_layers={model.num_layers} is not divisible by "
-                          f"num_stages={num_stages}")
-    parallel.check_model(model)
-
-
 def embedding_activation_bytes(model: ModelSpec, parallel: ParallelConfig) -> float:
     """Embedding dropout mask, sbh bytes (/t with SP) — Korthikanti et al. 2022, 4.3."""
     sp = parallel.tp if parallel.sequence_parallel else 1
@@ -81,16 +75,28 @@ def output_activation_bytes(model: ModelSpec, parallel: ParallelConfig) -> float
 
 
 def stage_costs(model: ModelSpec, parallel: ParallelConfig, num_stages: int) -> list[StageCost]:
-    """Costs of each of `num_stages` stages (usually parallel.pp * parallel.vpp).
+    """Costs of each of `num_stages` stages (usually parallel.pp * parallel.vpp), with the
+    layers schedules.pipeline_split gives each."""
+    require_positive_int("num_stages", num_stages)
+    parallel.check_model(model)
+    return costs_for_layers(model, parallel, stage_layers(model.num_layers, parallel, num_stages))
+
+
+def costs_for_layers(model: ModelSpec, parallel: ParallelConfig,
+                     counts: Sequence[int]) -> list[StageCost]:
+    """Costs of consecutive stages holding `counts[i]` layers each (summing to the model's
+    layers): the first also holds the embedding, the last the head.
 
     Per-layer FLOPs divide by tp * cp (TP shards every GEMM; CP splits the sequence, and
     each CP rank's queries attend to the whole sequence, so the s^2 term divides by cp too).
     Logits FLOPs divide likewise (vocab-parallel output layer). Activations divide by cp.
     """
-    _check(model, parallel, num_stages)
+    if sum(counts) != model.num_layers:
+        raise ConfigError(f"stage layer counts {list(counts)} must sum to num_layers="
+                          f"{model.num_layers}")
+    num_stages = len(counts)
     tp, cp, d = parallel.tp, parallel.cp, model.dtype_bytes
     shard = tp * cp
-    layers = model.num_layers // num_stages
     layer_fwd = model.layer_forward_flops() / shard
     recompute_flops = {"none": 0.0, "full": layer_fwd,
                        "selective": model.attention_core_flops() / shard}[parallel.recompute]
@@ -105,7 +111,7 @@ def stage_costs(model: ModelSpec, parallel: ParallelConfig, num_stages: int) -> 
         boundary /= tp
 
     costs = []
-    for stage in range(num_stages):
+    for stage, layers in enumerate(counts):
         first, last = stage == 0, stage == num_stages - 1
         fwd = layers * layer_fwd
         bwd = 2 * fwd + layers * recompute_flops

@@ -90,7 +90,7 @@ def gradient_ops(sizes: DPSizes, parallel: ParallelConfig, stage: int, chunk: in
     """The bucketed reduction of the gradients of (stage, chunk) for ZeRO 0-2, with the
     offload copies of the reduced shards."""
     nbytes = sum(sizes.grads[stage]) if chunk is None else sizes.grads[stage][chunk]
-    layers = sizes.layers * (sizes.groups if chunk is None else 1)
+    layers = sizes.layers[stage] * (sizes.groups if chunk is None else 1)
     hybrid = parallel.fsdp == "hybrid"
     ops = []
     for bucket in sizes.buckets(nbytes, layers):
@@ -130,7 +130,7 @@ def gather_ops(sizes: DPSizes, parallel: ParallelConfig, stage: int) -> list[Op]
         ops.append(Op(OpKind.COPY_H2D, stage, None, "pcie", math.ceil(full / sizes.shard)))
     group = "dp_shard" if parallel.fsdp == "hybrid" else "dp"
     if sizes.shard > 1:
-        layers = sizes.layers * sizes.groups
+        layers = sizes.layers[stage] * sizes.groups
         ops += [Op(OpKind.ALL_GATHER, stage, None, group, b)
                 for b in sizes.buckets(full, layers)]
     return ops

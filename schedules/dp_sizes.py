@@ -11,6 +11,7 @@ from .layer_groups import group_costs
 from .model import ModelSpec
 from .ops import Op, OpKind
 from .parallel import ParallelConfig
+from .pipeline_split import stage_layers
 from .sharding import DEFAULT_BUCKET_BYTES
 
 ADAM_BYTES_PER_PARAM = 28
@@ -36,7 +37,7 @@ class DPSizes:
     dp: int
     shard: int  # ranks one copy of the sharded state is split over (N)
     bucket: int
-    layers: int  # layers per layer group
+    layers: list[int]  # layers per layer group, per stage
 
     @property
     def groups(self) -> int:
@@ -66,14 +67,14 @@ def dp_sizes(model: ModelSpec, parallel: ParallelConfig, num_stages: int, groups
     grads = [[c.grad_bytes for c in row] for row in costs]
     params = [[c.param_count + c.tied_param_count for c in row] for row in costs]
     bucket = parallel.bucket_bytes or DEFAULT_BUCKET_BYTES
-    layers = model.num_layers // num_stages // groups
+    layers = [c // groups for c in stage_layers(model.num_layers, parallel, num_stages)]
     return DPSizes(grads, params, model.dtype_bytes, parallel.dp, shard, bucket, layers)
 
 
 def bucket_groups(model: ModelSpec, parallel: ParallelConfig, num_stages: int) -> int:
-    """Layer groups per stage for bucketed reduction: the most groups (dividing the
+    """Layer groups per stage for bucketed reduction: the most groups (dividing every
     stage's layers) whose layers still fill at least one bucket each."""
-    layers = model.num_layers // num_stages
+    layers = math.gcd(*stage_layers(model.num_layers, parallel, num_stages))
     per_layer = (model.layer_param_count(parallel.tp, parallel.ep, etp=parallel.etp)
                  * model.dtype_bytes)
     bucket = parallel.bucket_bytes or DEFAULT_BUCKET_BYTES

@@ -43,6 +43,7 @@ from .layer_groups import chunk_layers
 from .model import ModelSpec
 from .ops import Op, OpKind
 from .parallel import ParallelConfig, check_moe_imbalance
+from .pipeline_split import stage_layers, stage_offsets
 from .schedule import Schedule
 from .tensor_parallel import tp_comms
 
@@ -81,8 +82,9 @@ class IntraLayerOptions:
 def covered(op: Op, model: ModelSpec, parallel: ParallelConfig, num_stages: int,
             groups: int) -> Covered:
     """The layers, embedding and head compute op `op` runs (schedules.layer_groups)."""
-    per_stage = model.num_layers // num_stages
-    layers = [op.stage * per_stage + i for i in chunk_layers(per_stage, groups, op.chunk)]
+    counts = stage_layers(model.num_layers, parallel, num_stages)
+    first = stage_offsets(counts)[op.stage]
+    layers = [first + i for i in chunk_layers(counts[op.stage], groups, op.chunk)]
     moe = sum(1 for layer in layers if model.is_moe_layer(layer)) if model.is_moe else 0
     return Covered(op.kind, len(layers), moe,
                    embedding=op.stage == 0 and op.chunk in (None, 0),

@@ -5,7 +5,8 @@ layers (G must divide L: data-parallel passes pick G that way); group g covers l
 g*L/G .. (g+1)*L/G - 1 of the stage, chunk None the whole stage. A group costs the layers
 it covers, plus the embedding if it is group 0 of stage 0 and the head (final norm,
 output layer, logits) if it is the last group of the last stage: exactly the costs of
-stage s*G+g of the same model split into S*G stages (schedules.costs), except that the
+stage s*G+g of the same model split into S*G stages of 1/G of each stage's layers
+(schedules.costs.costs_for_layers), except that the
 tied output-embedding copy that schedules.costs gives a last stage of a multi-stage split
 belongs to a group only when the real split has more than one stage.
 
@@ -15,10 +16,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from .costs import StageCost, stage_costs
+from .costs import StageCost, costs_for_layers, stage_costs
 from .errors import ConfigError
 from .model import ModelSpec
 from .parallel import ParallelConfig
+from .pipeline_split import stage_layers
 
 
 def check_groups(layers: int, groups: int) -> None:
@@ -46,8 +48,10 @@ def group_costs(model: ModelSpec, parallel: ParallelConfig, num_stages: int,
     """`costs[s][g]`: the cost of layer group g of stage s (module docstring)."""
     if groups == 1:
         return [[c] for c in stage_costs(model, parallel, num_stages)]
-    check_groups(model.num_layers // num_stages, groups)
-    fine = stage_costs(model, parallel, num_stages * groups)
+    counts = stage_layers(model.num_layers, parallel, num_stages)
+    for layers in counts:
+        check_groups(layers, groups)
+    fine = costs_for_layers(model, parallel, [c // groups for c in counts for _ in range(groups)])
     if num_stages == 1 and fine[-1].tied_param_count:
         last = fine[-1]
         dtype = model.dtype_bytes

@@ -12,6 +12,11 @@ stages are farthest apart. The dense grid uses every axis but ep; the expert gri
 etp (in the 'tp' place), ep, edp (in the 'dp' place) and pp in the same order, cp = 1.
 Group axes (`group`): the dense tp, cp, dp, pp and the expert ep, etp, edp.
 
+Pipeline split (schedules.pipeline_split): even by default; `first_stage_layers` /
+`last_stage_layers` (Megatron-Core's --decoder-first/last-pipeline-num-layers) or
+`account_for_embedding` / `account_for_loss` (--account-for-embedding/loss-in-pipeline-
+split) make the first and last stages lighter.
+
 Intra-layer options (schedules.intra_layer; Megatron names where Megatron has the flag):
 `tp_comm_overlap` (--tp-comm-overlap), `cp_comm` ('ring' | 'ulysses'; Megatron-Core's
 --cp-comm-type p2p | a2a), `moe_imbalance` (busiest expert's tokens over the balanced
@@ -26,6 +31,7 @@ from typing import Any
 from .errors import ConfigError, require_positive_int
 from .generators import canonical_schedule_name
 from .parallel_aliases import ALIASES, resolve_kwargs
+from .pipeline_split import stage_layers
 from .sharding import DEFAULT_BUCKET_BYTES, normalised_sharding
 
 __all__ = ["ALIASES", "AXES", "CP_COMM", "CUSTOM_SCHEDULE", "EXPERT_AXES", "FSDP",
@@ -86,6 +92,11 @@ class ParallelConfig:
     quantized_gradients: bool = False  # ZeRO++ qgZ: int4 gradient reduce-scatter
     hpz_partition_size: int | None = None  # hpZ secondary shard size; None = GPUs per node
     rank_order: str = "tp-cp-ep-dp-pp"
+    # uneven pipeline split (schedules.pipeline_split; Megatron-Core's flags)
+    first_stage_layers: int | None = None  # layers on the first pipeline rank
+    last_stage_layers: int | None = None  # layers on the last pipeline rank
+    account_for_embedding: bool = False  # the embedding takes one layer's slot
+    account_for_loss: bool = False  # the output layer + loss take one layer's slot
     schedule: str = "1f1b"  # or CUSTOM_SCHEDULE for a schedule given as data (torch CSV)
     # intra-layer communication (issue 6); see schedules.intra_layer
     tp_comm_overlap: bool = False  # TP collectives run alongside the GEMMs
@@ -106,14 +117,14 @@ class ParallelConfig:
             raise ConfigError(f"fsdp={self.fsdp!r} must be one of {', '.join(FSDP)}")
         for name in ("offload", "overlap_grad_reduce", "reshard_after_forward",
                      "quantized_weights", "hpz", "quantized_gradients", "tp_comm_overlap",
-                     "scatter_gather"):
+                     "scatter_gather", "account_for_embedding", "account_for_loss"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.cp_comm not in CP_COMM:
             raise ConfigError(f"cp_comm={self.cp_comm!r} must be one of {', '.join(CP_COMM)}")
         object.__setattr__(self, "moe_imbalance", check_moe_imbalance(self.moe_imbalance))
         for name in ("shard_size", "bucket_bytes", "hpz_partition_size",
-                     "expert_tensor_parallel"):
+                     "expert_tensor_parallel", "first_stage_layers", "last_stage_layers"):
             if getattr(self, name) is not None:
                 require_positive_int(name, getattr(self, name))
         order = str(self.rank_order).strip().lower().split("-")
@@ -264,10 +275,7 @@ class ParallelConfig:
     # --- model compatibility -------------------------------------------------------------
     def check_model(self, model: Any) -> None:
         """Raise ConfigError when `model` (a ModelSpec) cannot be split this way."""
-        stages = self.pp * self.vpp
-        if model.num_layers % stages:
-            raise ConfigError(f"num_layers={model.num_layers} is not divisible by pp*vpp="
-                              f"{self.pp}*{self.vpp}={stages}")
+        stage_layers(model.num_layers, self, self.pp * self.vpp)  # raises on a bad split
         if model.num_attention_heads % self.tp:
             raise ConfigError(f"num_attention_heads={model.num_attention_heads} is not "
                               f"divisible by tp={self.tp}")

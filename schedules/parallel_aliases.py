@@ -26,6 +26,9 @@ the sources of each mapping:
   and 'a2a+p2p' are not modelled), `--no-scatter-gather-tensors-in-pipeline` (dest
   `scatter_gather_tensors_in_pipeline`, Megatron's default True; here scatter_gather is
   False unless given: True, or the `no_` flag False, turns it on).
+- Megatron-Core pipeline split: `--decoder-first-pipeline-num-layers`,
+  `--decoder-last-pipeline-num-layers`, `--account-for-embedding-in-pipeline-split`,
+  `--account-for-loss-in-pipeline-split` (schedules.pipeline_split).
 - PyTorch: FSDP `sharding_strategy` (torch.distributed.fsdp.ShardingStrategy:
   NO_SHARD = DDP, SHARD_GRAD_OP = ZeRO-2, FULL_SHARD = ZeRO-3, HYBRID_SHARD = ZeRO-3
   inside a shard group, replicated across groups, _HYBRID_SHARD_ZERO2 = ZeRO-2 likewise),
@@ -49,6 +52,10 @@ RENAMES: dict[str, str] = {
     "expert_tensor_parallel_size": "expert_tensor_parallel",
     "expert_tensor_parallel_degree": "expert_tensor_parallel",
     "etp": "expert_tensor_parallel",
+    "decoder_first_pipeline_num_layers": "first_stage_layers",
+    "decoder_last_pipeline_num_layers": "last_stage_layers",
+    "account_for_embedding_in_pipeline_split": "account_for_embedding",
+    "account_for_loss_in_pipeline_split": "account_for_loss",
     "scatter_gather_tensors_in_pipeline": "scatter_gather",
     "num_micro_batches": "num_microbatches", "microbatches": "num_microbatches",
     "pipeline_parallel_microbatches": "num_microbatches",

@@ -65,6 +65,18 @@ def _add_parallel_flags(p: argparse.ArgumentParser, with_schedule: bool = True,
     g.add_argument("--rank-order", "--order", default="tp-cp-ep-dp-pp",
                    help="how the parallel grid maps to GPU indices, innermost first "
                         "(default Megatron's tp-cp-ep-dp-pp)")
+    g.add_argument("--first-stage-layers", "--decoder-first-pipeline-num-layers", type=int,
+                   help="layers on the first pipeline rank (the rest split evenly; "
+                        "default: an even split)")
+    g.add_argument("--last-stage-layers", "--decoder-last-pipeline-num-layers", type=int,
+                   help="layers on the last pipeline rank, which also runs the output "
+                        "layer and the loss")
+    g.add_argument("--account-for-embedding", "--account-for-embedding-in-pipeline-split",
+                   action="store_true", default=None,
+                   help="count the embedding as one layer when splitting the pipeline")
+    g.add_argument("--account-for-loss", "--account-for-loss-in-pipeline-split",
+                   action="store_true", default=None,
+                   help="count the output layer and loss as one layer when splitting")
     _add_sharding_flags(p)
 
 

@@ -65,6 +65,10 @@ INTRA_LAYER_ARGS = {  # schedules.intra_layer: the fields' own names, or Megatro
     "tp_comm_overlap": "tp_comm_overlap", "cp_comm": "cp_comm", "cp_comm_type": "cp_comm_type",
     "moe_imbalance": "moe_imbalance", "scatter_gather": "scatter_gather",
 }
+SPLIT_ARGS = {  # schedules.pipeline_split
+    "first_stage_layers": "first_stage_layers", "last_stage_layers": "last_stage_layers",
+    "account_for_embedding": "account_for_embedding", "account_for_loss": "account_for_loss",
+}
 
 
 def parallel_from_args(args: argparse.Namespace, schedule: str, vpp: int | None = None,
@@ -75,7 +79,7 @@ def parallel_from_args(args: argparse.Namespace, schedule: str, vpp: int | None 
     if microbatches is None and args.global_batch_size is None:
         microbatches = DEFAULT_MICROBATCHES
     options = {key: getattr(args, dest, None)
-               for dest, key in {**SHARDING_ARGS, **INTRA_LAYER_ARGS}.items()}
+               for dest, key in {**SHARDING_ARGS, **INTRA_LAYER_ARGS, **SPLIT_ARGS}.items()}
     return ParallelConfig.from_kwargs(
         pp=args.pp, vpp=vpp, dp=args.dp, tp=args.tp, cp=getattr(args, "cp", 1),
         ep=getattr(args, "ep", 1), expert_tensor_parallel=getattr(args, "etp", None),

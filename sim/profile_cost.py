@@ -33,6 +33,7 @@ from schedules.layer_groups import chunk_layers
 from schedules.model import ModelSpec
 from schedules.ops import Op, OpKind
 from schedules.parallel import ParallelConfig
+from schedules.pipeline_split import stage_layers
 from schedules.profile import Profile, shape_mismatch
 
 # OpKind -> the profile's collectives key
@@ -97,10 +98,7 @@ class ProfileCost:
     def for_model(profile: Profile, model: ModelSpec, parallel: ParallelConfig,
                   num_stages: int, groups: int = 1) -> ProfileCost:
         check_profile(profile, model, parallel)
-        if model.num_layers % num_stages:
-            raise ConfigError(f"num_layers={model.num_layers} is not divisible by "
-                              f"num_stages={num_stages}")
-        return ProfileCost(profile, [model.num_layers // num_stages] * num_stages, groups)
+        return ProfileCost(profile, stage_layers(model.num_layers, parallel, num_stages), groups)
 
     def __call__(self, op: Op) -> float:
         time = self.table.get((op.stage, op.kind, op.chunk))

@@ -111,7 +111,7 @@ def test_check_model():
     ParallelConfig(pp=4, tp=8).check_model(MODEL)
     m30 = ModelSpec(num_layers=30, hidden_size=256, num_attention_heads=8, seq_length=128,
                     vocab_size=1000)
-    with pytest.raises(ConfigError, match=r"num_layers=30 is not divisible by pp\*vpp=4\*2=8"):
+    with pytest.raises(ConfigError, match=r"num_layers=30 is not divisible by num_stages=8 \(pp\*vpp\)"):
         ParallelConfig(pp=4, vpp=2, schedule="interleaved-1f1b").check_model(m30)
     with pytest.raises(ConfigError, match="num_attention_heads=8 is not divisible by tp=3"):
         ParallelConfig(tp=3).check_model(MODEL)

@@ -9,7 +9,9 @@ Routes: the fewest-hop paths of the topology graph; where several exist (fat-tre
 spines, rails) each new flow takes the one whose links carry the fewest unfinished flows
 (routed or running), ties in per-pair round-robin order: an adaptive-routing model,
 deterministic. (Per-pair round-robin alone sent the first flow of every pair over the
-first spine, so a non-blocking fat-tree behaved oversubscribed.)
+first spine, so a non-blocking fat-tree behaved oversubscribed.) Routes are found once
+per pair; the choice sums the load over only the links that not all of the pair's routes
+share (a shared link adds the same count to every route, so it cannot change the choice).
 
 Bookkeeping: only the *component* of flows linked to a change through shared links is
 re-rated (pipeline P2P flows rarely share links, so most changes touch one flow). Each
@@ -21,10 +23,12 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from operator import add, itemgetter
 
 import networkx as nx
+import numpy as np
 import simpy
 
 from topologies import routes
@@ -34,7 +38,7 @@ from .maxmin import max_min_rates
 _EPS_BYTES = 1e-6  # remaining bytes below this count as delivered (float rounding)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Flow:
     """One flow: `remaining` bytes as of time `last`, moving at `rate` bytes/s."""
 
@@ -61,10 +65,10 @@ class FlowNetwork:
         self.env, self.graph, self.ecmp = env, graph, ecmp
         self.link_index = {edge: i for i, edge in enumerate(graph.edges)}
         self.capacity = [graph.edges[e]["bandwidth"] for e in graph.edges]
+        self._capacity_array = np.array(self.capacity, dtype=float)  # for max_min_rates
         self.latency = [graph.edges[e]["latency"] for e in graph.edges]
         self.flows_on: dict[int, set[Flow]] = defaultdict(set)
-        self._routes: dict[tuple[str, str], list[tuple[int, ...]]] = {}
-        self._next_path: dict[tuple[str, str], int] = defaultdict(int)
+        self._routes: dict[tuple[str, str], _PairRoutes] = {}
         self._routed = [0] * len(self.capacity)  # unfinished flows routed over each link
         self._heap: list[tuple[float, int, int, Flow]] = []
         self._order = itertools.count()
@@ -76,23 +80,13 @@ class FlowNetwork:
     def path_links(self, src: str, dst: str) -> tuple[int, ...]:
         """Link ids of the route the next flow from src to dst takes (module docstring);
         the flow is counted on them until it finishes."""
-        key = (src, dst)
-        paths = self._routes.get(key)
-        if paths is None:
+        pair = self._routes.get((src, dst))
+        if pair is None:
             found = routes(self.graph, src, dst)
-            if not self.ecmp:
-                found = found[:1]
-            paths = self._routes[key] = [
-                tuple(self.link_index[(a, b)] for a, b in zip(p, p[1:])) for p in found]
-        choice = paths[0]
-        if len(paths) > 1:
-            start, n, best = self._next_path[key], len(paths), float("inf")
-            self._next_path[key] += 1
-            routed = self._routed
-            for i in range(start, start + n):
-                load = sum([routed[l] for l in paths[i % n]])
-                if load < best:
-                    choice, best = paths[i % n], load
+            pair = self._routes[(src, dst)] = _PairRoutes(
+                [tuple(self.link_index[(a, b)] for a, b in zip(p, p[1:]))
+                 for p in (found if self.ecmp else found[:1])])
+        choice = pair.least_loaded(self._routed)
         for link in choice:
             self._routed[link] += 1
         return choice
@@ -148,21 +142,26 @@ class FlowNetwork:
             self._rerate({link for flow in live for link in flow.links})
 
     def _unroute(self, flow: Flow) -> None:
+        routed = self._routed
         for link in flow.links:  # floor at 0: links given to start_flows, not path_links
-            self._routed[link] = max(self._routed[link] - 1, 0)
+            if routed[link]:
+                routed[link] -= 1
 
     def _component(self, seed_links: set[int]) -> list[Flow]:
-        """Flows connected to `seed_links` through shared links."""
-        seen_links, seen_flows, stack = set(seed_links), set(), list(seed_links)
-        while stack:
-            for flow in self.flows_on.get(stack.pop(), ()):
-                if flow not in seen_flows:
-                    seen_flows.add(flow)
-                    for link in flow.links:
-                        if link not in seen_links:
-                            seen_links.add(link)
-                            stack.append(link)
-        return list(seen_flows)
+        """Flows connected to `seed_links` through shared links (breadth-first, a layer
+        of links and then of flows at a time, so the set operations run in C)."""
+        flows_on = self.flows_on
+        seen_links = set(seed_links)
+        flows = set().union(*[flows_on[l] for l in seed_links])
+        frontier = flows
+        while frontier:
+            links = {l for flow in frontier for l in flow.links} - seen_links
+            if not links:
+                break
+            seen_links |= links
+            frontier = set().union(*[flows_on[l] for l in links]) - flows
+            flows |= frontier
+        return list(flows)
 
     def _rerate(self, seed_links: set[int]) -> None:
         flows = self._component(seed_links)
@@ -173,7 +172,7 @@ class FlowNetwork:
         if len(flows) == 1:
             rates = [min(self.capacity[l] for l in flows[0].links)]
         else:
-            rates = max_min_rates([f.links for f in flows], self.capacity)
+            rates = max_min_rates([f.links for f in flows], self._capacity_array)
         for flow, rate in zip(flows, rates):
             flow.advance(now)
             flow.rate = float(rate)
@@ -225,3 +224,32 @@ class FlowNetwork:
         """Current total rate (bytes/s) on every link that carries a flow."""
         return {link: sum(f.rate for f in flows)
                 for link, flows in self.flows_on.items() if flows}
+
+
+class _PairRoutes:
+    """The equal-cost routes (link-id tuples, best first) of one (src, dst) pair."""
+
+    def __init__(self, paths: list[tuple[int, ...]]):
+        self.paths, self.turn = paths, 0  # turn: where the next round-robin scan starts
+        shared = set(paths[0]).intersection(*paths[1:])
+        varying = [[l for l in path if l not in shared] for path in paths]
+        # Distinct simple paths of equal length each have the same number (>= 1) of
+        # unshared links; `_varying(routed)[c * n + i]` is the count on route i's c-th.
+        self._columns = len(varying[0])
+        self._varying: Callable | None = None
+        if len(paths) > 1:
+            self._varying = itemgetter(*(row[c] for c in range(self._columns) for row in varying))
+
+    def least_loaded(self, routed: list[int]) -> tuple[int, ...]:
+        """The route whose links carry the fewest of `routed`, first in round-robin order
+        from this pair's turn (which advances by one per call)."""
+        n = len(self.paths)
+        if n == 1:
+            return self.paths[0]
+        start, self.turn = self.turn % n, self.turn + 1
+        values = self._varying(routed)
+        loads = list(values[:n])
+        for c in range(1, self._columns):
+            loads = list(map(add, loads, values[c * n:(c + 1) * n]))
+        rotated = loads[start:] + loads[:start]
+        return self.paths[(start + rotated.index(min(rotated))) % n]

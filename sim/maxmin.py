@@ -17,14 +17,15 @@ _TOLERANCE = 1e-9
 
 def max_min_rates(flow_links: Sequence[Sequence[int]], capacity: Sequence[float]) -> np.ndarray:
     """Rate of each flow; `flow_links[f]` lists the link ids flow f crosses (non-empty),
-    `capacity[l]` is link l's bandwidth."""
+    `capacity[l]` is link l's bandwidth (pass a float array when calling often: a list
+    of a large topology's links costs a conversion per call)."""
     n_flows = len(flow_links)
     lengths = np.fromiter((len(links) for links in flow_links), dtype=np.int64, count=n_flows)
     flow_of = np.repeat(np.arange(n_flows), lengths)
     link_ids = np.fromiter((l for links in flow_links for l in links), dtype=np.int64,
                            count=int(lengths.sum()))
     used, link_of = np.unique(link_ids, return_inverse=True)
-    free = np.asarray(capacity, dtype=float)[used].copy()
+    free = np.asarray(capacity, dtype=float)[used]  # fancy indexing copies
     rates = np.zeros(n_flows)
     active = np.ones(n_flows, dtype=bool)
     while active.any():

@@ -1,8 +1,10 @@
 """FlowNetwork: transfers as max-min fair flows, checked against hand-derived times."""
 import pytest
 import simpy
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from sim.flows import FlowNetwork
+from sim.flows import FlowNetwork, _PairRoutes
 from topologies import single_node
 
 BW, LAT = 100e9, 1e-6  # bytes/s per direction, seconds per hop
@@ -61,3 +63,24 @@ def test_late_flow_slows_a_running_one():
 def test_zero_bytes_cost_only_latency():
     (end,), _ = finish_times([("gpu0", "gpu3", 0)])
     assert end == pytest.approx(2 * LAT)
+
+
+# Routes as a fat-tree gives them: shared first and last hops, k distinct middle links each.
+route_sets = st.tuples(st.integers(2, 8), st.integers(1, 3), st.integers(0, 3)).flatmap(
+    lambda nkt: st.tuples(
+        st.just([(0, *range(10 + i * nkt[1], 10 + (i + 1) * nkt[1]), 1)
+                 for i in range(nkt[0])]),
+        st.lists(st.integers(0, 3), min_size=40, max_size=40), st.just(nkt[2])))
+
+
+@settings(max_examples=200, deadline=None)
+@given(route_sets)
+def test_route_choice_is_the_least_loaded_in_round_robin_order(instance):
+    """The choice, which sums only the links not all routes share, is the rule's: the
+    fewest flows over all of a route's links, ties to the first from the pair's turn."""
+    paths, routed, turns = instance
+    pair, n = _PairRoutes(paths), len(paths)
+    for turn in range(turns + 1):
+        order = [paths[(turn + i) % n] for i in range(n)]
+        expected = min(order, key=lambda path: sum(routed[l] for l in path))  # first minimum
+        assert pair.least_loaded(routed) == expected

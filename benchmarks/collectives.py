@@ -138,8 +138,9 @@ def profile_rows(ranks: int) -> list[str]:
         path = file.replace("\\", "/")
         if "topologies/routing" in path:
             key = "routing: topologies.routes (equal-cost path search)"
-        elif "sim/flows" in path and name in ("path_links", "<listcomp>", "<genexpr>"):
-            key = "sim.flows path choice + path -> link ids (path_links, start_flows)"
+        elif "sim/flows" in path and name in ("path_links", "least_loaded", "<listcomp>",
+                                              "<genexpr>"):
+            key = "sim.flows path choice + path -> link ids (path_links, least_loaded)"
         elif "sim/flows" in path:
             key = "sim.flows bookkeeping (components, heap, timers)"
         elif "sim/maxmin" in path or "numpy" in path:

@@ -11,16 +11,28 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from sim.cli import EXIT_USAGE
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
+class Refused(SystemExit):
+    """clustersim rejected the input with its clear error (exit status EXIT_USAGE, last
+    line 'clustersim: error: ...'), as opposed to crashing."""
+
+
 def clustersim(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    """Run `clustersim ARGS` in `cwd`; a failure ends the benchmark with its stderr."""
+    """Run `clustersim ARGS` in `cwd`; a failure ends the benchmark with its stderr
+    (`Refused` when clustersim rejected the input, which a benchmark may record)."""
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     result = subprocess.run([sys.executable, "-m", "sim", *args], cwd=cwd, text=True,
                             capture_output=True, env={**os.environ, "PYTHONPATH": path})
     if result.returncode:
-        raise SystemExit(f"clustersim {' '.join(args)} failed:\n{result.stderr}")
+        message = f"clustersim {' '.join(args)} failed:\n{result.stderr}"
+        lines = result.stderr.strip().splitlines()
+        if result.returncode == EXIT_USAGE and lines and lines[-1].startswith("clustersim: error:"):
+            raise Refused(message)
+        raise SystemExit(message)
     return result
 
 

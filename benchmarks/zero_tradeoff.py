@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from environment import environment
-from run_cli import ROOT, clustersim, command, measured_or_saved
+from run_cli import ROOT, Refused, clustersim, command, measured_or_saved
 
 RESULTS = ROOT / "benchmarks" / "results"
 CHOICES = {
@@ -59,7 +59,7 @@ def measure(work: Path) -> dict:
                            "--timeline-json", "t.json", "-o", "g.html", cwd=work)
                 memory = json.loads(clustersim("memory", *common, *flags, "--json",
                                                cwd=work).stdout)
-            except SystemExit as failed:  # a refused combination: keep its reason
+            except Refused as failed:  # a refused combination: keep its reason
                 row["error"] = str(failed).strip().splitlines()[-1]
                 rows[title].append(row)
                 continue

@@ -29,6 +29,10 @@ or a posted RECV) and the positional waits of data-parallel ops (`program_contra
   and the program's TP ops (group 'tp', schedules.intra_layer) become spans on the 'tp'
   lane from the times measured there (kernels.tp_ops). With sequence parallelism the
   activation between stages is the sequence shard (b, s/t, h).
+- Activation recomputation lives in the modules (kernels.stage): under 'full' a B (or
+  a chunked B of layer groups) first reruns its layers' forward, TP collectives included,
+  which kernels.tp_ops attributes to that B as the IR does; 'full' with I/W ops is
+  refused before the run (kernels.split_backward.check_recompute_split).
 
 Spans (`kernels.timing` markers) go on lanes `compute`, `send`, `recv` and the collective's
 group; comm spans run from post to completion. Units: seconds (perf_counter), bytes.

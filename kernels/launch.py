@@ -16,6 +16,11 @@ gradients over those ranks (Megatron's embedding all-reduce, kernels.tied_embedd
 DDP (zero_stage 0) or dp = 1; ZeRO sharding of those stages, and both stages on one rank,
 are refused with a KernelsError naming the rule.
 
+Activation recomputation: parallel.recompute ('selective' or 'full') runs as in Megatron
+(kernels.stage), and the backward reruns the recomputed forward, TP collectives
+included, as the simulator charges it; 'full' with a schedule of I/W ops is refused
+(kernels.split_backward.check_recompute_split).
+
 `run_reference` / `run_reference_steps` (kernels.reference) compute the same model's
 gradients (and Adam steps) in one process: what every distributed run must reproduce.
 kernels.results merges the ranks' payloads into the Timeline, gradients and parameters.
@@ -47,6 +52,7 @@ from schedules.validate import validate
 from .errors import KernelsError
 from .reference import run_reference, run_reference_steps
 from .results import gather_grads, gather_state, merge_timeline
+from .split_backward import check_recompute_split
 from .tied_embedding import check_tied_embeddings
 from .worker import STARTUP, Job, describe_progress, run_rank
 
@@ -90,6 +96,7 @@ def _check(schedule: Schedule, model: ModelSpec, parallel: ParallelConfig, devic
                            f"{parallel.tp}: the kernels backend runs no MoE experts (leave it "
                            f"unset)")
     _check_tensor_parallel(model, parallel, replay)
+    check_recompute_split(schedule, parallel)
     _check_data_parallel(schedule, model, parallel)
     if replay and parallel.dp != 1:
         raise ConfigError(f"replay runs one pipeline replica's compute on one device: dp must "

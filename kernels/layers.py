@@ -4,7 +4,19 @@ Activations are batch-first `(b, s, h)`: b micro-batch, s sequence, h hidden (el
 the model dtype). A layer is pre-norm attention (QKV projection with grouped-query
 attention, causal `scaled_dot_product_attention`, output projection) then a pre-norm MLP
 (GeLU, or SwiGLU), each with a residual connection, as in Megatron-LM's
-`TransformerLayer`. There is no dropout, so runs are deterministic.
+`TransformerLayer`. There is no dropout (no RNG in the forward), so runs are
+deterministic; torch's checkpoint would restore the RNG state for a recompute anyway.
+
+Activation recomputation (Korthikanti et al. 2022, "Reducing Activation Recomputation in
+Large Transformer Models", section 5; Megatron-LM's --recompute-granularity): with
+'selective' each layer's `CoreAttention` (from Q, K, V to the attention output before
+the output projection: GQA expansion, QK^T, softmax, attention over V; Megatron-Core's
+`_checkpointed_attention_forward`) runs under `checkpointed`, so its activations are not
+kept and the backward recomputes it; with 'full' kernels.stage checkpoints every layer.
+`checkpointed` is torch.utils.checkpoint (use_reentrant=False, RNG state preserved) with
+early stop off: the recompute runs the whole function, including a trailing TP
+collective that saves no tensor (the MLP's all-reduce / reduce-scatter), as Megatron's
+CheckpointFunction does and schedules.tensor_parallel charges.
 
 Tensor parallelism (Shoeybi et al. 2019, "Megatron-LM"): `ColumnParallelLinear` splits
 the output features over the TP group's ranks, `RowParallelLinear` the input features;
@@ -28,8 +40,9 @@ import zlib
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
-from schedules.model import ModelSpec
+from schedules.model import RECOMPUTE, ModelSpec
 
 from .tensor_parallel import TensorParallel, replicated_in_sequence
 
@@ -46,6 +59,22 @@ def torch_dtype(spec: ModelSpec) -> torch.dtype:
         raise ValueError(f"dtype={spec.dtype!r} is not supported by the kernels backend: "
                          f"use one of {', '.join(TORCH_DTYPES)}")
     return TORCH_DTYPES[spec.dtype]
+
+
+def check_recompute(recompute: str) -> str:
+    """`recompute` if it is one of RECOMPUTE ('none', 'selective', 'full'), else ValueError."""
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"recompute={recompute!r} must be one of {', '.join(RECOMPUTE)}")
+    return recompute
+
+
+def checkpointed(fn: nn.Module, *args: torch.Tensor) -> torch.Tensor:
+    """fn(*args) without keeping its activations: the backward runs it again (module
+    docstring); a plain call when autograd records nothing (no_grad)."""
+    if not torch.is_grad_enabled():
+        return fn(*args)
+    with set_checkpoint_early_stop(False):
+        return checkpoint(fn, *args, use_reentrant=False)
 
 
 def sharded_parameter(full_shape: tuple[int, ...], init: str, tp_size: int = 1,
@@ -129,10 +158,30 @@ def rotary(x: torch.Tensor) -> torch.Tensor:
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
-class Attention(nn.Module):
-    """Causal self-attention with num_query_groups K/V heads (GQA), heads split over TP."""
+class CoreAttention(nn.Module):
+    """Q (b, heads, s, d), K and V (b, groups, s, d) -> the attention output (b, s,
+    heads*d) before the output projection: K/V expanded to the heads (GQA), causal
+    softmax(QK^T / sqrt(d)) V. No parameters; what selective recompute recomputes."""
 
-    def __init__(self, spec: ModelSpec, tp: TensorParallel | None = None):
+    def __init__(self, heads: int, groups: int):
+        super().__init__()
+        self.heads, self.groups = heads, groups
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if self.groups != self.heads:
+            k = k.repeat_interleave(self.heads // self.groups, dim=1)
+            v = v.repeat_interleave(self.heads // self.groups, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        b, _, s, d = out.shape
+        return out.transpose(1, 2).reshape(b, s, self.heads * d)
+
+
+class Attention(nn.Module):
+    """Causal self-attention with num_query_groups K/V heads (GQA), heads split over TP;
+    `recompute='selective'` checkpoints its CoreAttention."""
+
+    def __init__(self, spec: ModelSpec, tp: TensorParallel | None = None,
+                 recompute: str = "none"):
         super().__init__()
         h, a, g = spec.hidden_size, spec.num_attention_heads, spec.num_query_groups
         self.tp = tp = _tp_of(tp, 1, 0)
@@ -147,6 +196,8 @@ class Attention(nn.Module):
         self.key = ColumnParallelLinear(h, spec.kv_hidden_size, bias, tp=tp)
         self.value = ColumnParallelLinear(h, spec.kv_hidden_size, bias, tp=tp)
         self.proj = RowParallelLinear(h, h, bias, tp=tp)
+        self.core = CoreAttention(self.heads, self.groups)
+        self.selective = check_recompute(recompute) == "selective"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.tp.enter(x)  # (b, s, h) on every TP rank, also with SP
@@ -156,11 +207,8 @@ class Attention(nn.Module):
         v = self.value(x).view(b, s, self.groups, self.head_dim).transpose(1, 2)
         if self.rope:
             q, k = rotary(q), rotary(k)
-        if self.groups != self.heads:
-            k = k.repeat_interleave(self.heads // self.groups, dim=1)
-            v = v.repeat_interleave(self.heads // self.groups, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(out.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))
+        out = checkpointed(self.core, q, k, v) if self.selective else self.core(q, k, v)
+        return self.proj(out)
 
 
 class MLP(nn.Module):
@@ -182,15 +230,18 @@ class MLP(nn.Module):
 
 
 class TransformerLayer(nn.Module):
-    """x + attn(norm(x)), then + mlp(norm(.)): one decoder layer (dense; MoE unsupported)."""
+    """x + attn(norm(x)), then + mlp(norm(.)): one decoder layer (dense; MoE unsupported).
+    `recompute='selective'` checkpoints its core attention; 'full' is the caller's
+    (kernels.stage checkpoints the whole layer)."""
 
-    def __init__(self, spec: ModelSpec, tp: TensorParallel | None = None):
+    def __init__(self, spec: ModelSpec, tp: TensorParallel | None = None,
+                 recompute: str = "none"):
         super().__init__()
         if spec.is_moe:
             raise ValueError("mixture-of-experts layers are not implemented in the kernels "
                              "backend (num_experts is set)")
         self.input_norm = Norm(spec)
-        self.attention = Attention(spec, tp)
+        self.attention = Attention(spec, tp, recompute)
         self.mlp_norm = Norm(spec)
         self.mlp = MLP(spec, tp)
 

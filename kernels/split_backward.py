@@ -10,6 +10,16 @@ the activation-gradient chain (exact gradients, W's time overstated).
 
 A stage whose input needs no gradient (stage 0: token ids) has an empty I, and its W is
 the full backward — as in torch.distributed.pipelining.
+
+Activation recomputation (kernels.stage): torch's checkpoint recomputes a checkpointed
+region once per autograd pass that unpacks its saved tensors. Selective recompute
+checkpoints the core attention, which has no weights, so I recomputes it and W does not:
+the split is exact (the older-torch fallback's W re-traverses the graph and recomputes
+it again: exact gradients, W's time overstated further). Full recompute checkpoints whole layers: I recomputes them, and
+then every weight group of W unpacks the layer's saved inputs in its own pass and
+recomputes the layer again (measured: 8 more forwards per layer of the GPT test model),
+TP collectives included, where the IR (schedules.comm_spec.Covered.forward_passes)
+charges one recompute to I and none to W. `check_recompute_split` refuses that pairing.
 """
 from __future__ import annotations
 
@@ -17,6 +27,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+
+from schedules.ops import OpKind
+from schedules.parallel import ParallelConfig
+from schedules.schedule import Schedule
+
+from .errors import KernelsError
 
 try:  # private but stable since torch 2.5; the fallback keeps older torch working
     from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
@@ -52,3 +68,19 @@ def backward_weight(params: Sequence[torch.nn.Parameter], state: Any) -> None:
         for p, g in zip(params, grads):
             if g is not None:
                 p.grad = g if p.grad is None else p.grad.add_(g)
+
+
+def check_recompute_split(schedule: Schedule, parallel: ParallelConfig) -> None:
+    """KernelsError when recompute='full' meets a schedule with I/W ops (module docstring)."""
+    if parallel.recompute != "full":
+        return
+    split = next((op for op in schedule.ops() if op.kind in (OpKind.I, OpKind.W)), None)
+    if split is not None:
+        raise KernelsError(
+            f"recompute='full' with schedule {schedule.name!r}, which splits the backward "
+            f"into I and W ops ({split}): the kernels checkpoint every layer with torch's "
+            f"checkpoint, which reruns the layer's forward in each backward pass over it, "
+            f"so W would recompute the layers again (and their TP collectives), where the "
+            f"simulator charges the recompute to I only; use recompute='selective' or "
+            f"'none' with a zero-bubble schedule, or a schedule with B ops (1f1b, "
+            f"interleaved-1f1b, gpipe) with recompute='full'", op=str(split))

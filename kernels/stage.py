@@ -22,6 +22,15 @@ layer are split by vocabulary rows (kernels.vocab_parallel: masked lookup then a
 or reduce-scatter along the sequence with SP; vocab-parallel cross-entropy), the layers
 by heads and FFN columns. With sequence parallelism a stage's input and output
 activation is this rank's sequence shard (b, s/t, h), as Megatron sends it between stages.
+
+Activation recomputation (`recompute`, ParallelConfig.recompute; kernels.layers
+`checkpointed`): 'full' runs every transformer layer under a checkpoint of its own
+(Megatron's --recompute-method uniform with --recompute-num-layers 1), so the layer keeps
+only its input and the backward reruns its forward, TP/SP collectives included; 'selective'
+checkpoints the core attention of each layer (kernels.layers.CoreAttention). The
+embedding, the final norm, the output layer and the loss are never recomputed (as in
+Megatron). The single-process reference runs 'none': recomputation must not change a
+gradient.
 """
 from __future__ import annotations
 
@@ -34,8 +43,8 @@ from torch import nn
 from schedules.layer_groups import chunk_layers
 from schedules.model import ModelSpec
 
-from .layers import (Norm, TransformerLayer, init_parameters, seed_for, sharded_parameter,
-                     torch_dtype)
+from .layers import (Norm, TransformerLayer, check_recompute, checkpointed, init_parameters,
+                     seed_for, sharded_parameter, torch_dtype)
 from .tensor_parallel import TensorParallel, replicated_in_sequence
 from .vocab_parallel import cross_entropy, embedding_partial
 
@@ -69,16 +78,19 @@ class Embedding(nn.Module):
 class StageModule(nn.Module):
     """Stage `stage` of `num_stages`: forward(x, labels) maps token ids (stage 0) or the
     previous stage's activation (b, s, h) to this stage's activation, or, on the last
-    stage, to the scalar mean loss over the micro-batch."""
+    stage, to the scalar mean loss over the micro-batch. `recompute`: 'none', 'selective'
+    or 'full' (module docstring)."""
 
     def __init__(self, spec: ModelSpec, stage: int, num_stages: int,
-                 tp: TensorParallel | None = None, split: Sequence[int] | None = None):
+                 tp: TensorParallel | None = None, split: Sequence[int] | None = None,
+                 recompute: str = "none"):
         super().__init__()
         self.tp = tp = tp if tp is not None else TensorParallel()
         if not 0 <= stage < num_stages:
             raise ValueError(f"stage={stage} out of range 0..{num_stages - 1}")
         self.spec, self.stage, self.num_stages = spec, stage, num_stages
         self.first, self.last = stage == 0, stage == num_stages - 1
+        self.recompute = check_recompute(recompute)
         h, v = spec.hidden_size, spec.vocab_size
         tied = not spec.untie_embeddings_and_output_weights
         if self.first or (self.last and tied):
@@ -87,7 +99,7 @@ class StageModule(nn.Module):
             self.position_embeddings = Embedding(spec.seq_length, h)
             replicated_in_sequence(self.position_embeddings.weight)
         self.layers = nn.ModuleDict({
-            str(i): TransformerLayer(spec, tp)
+            str(i): TransformerLayer(spec, tp, recompute)
             for i in layer_range(spec, stage, num_stages, split)})
         if self.last:
             self.final_norm = Norm(spec)
@@ -109,8 +121,9 @@ class StageModule(nn.Module):
         embed, keys, head = self._parts(chunk, groups)
         if embed:
             x = self._embed(x)
+        full = self.recompute == "full"
         for key in keys:
-            x = self.layers[key](x)
+            x = checkpointed(self.layers[key], x) if full else self.layers[key](x)
         if not head:
             return x
         if labels is None:
@@ -149,15 +162,16 @@ class StageModule(nn.Module):
 
 def build_stages(spec: ModelSpec, stages: list[int], num_stages: int, seed: int,
                  device: torch.device | str = "cpu", tp: TensorParallel | None = None,
-                 split: Sequence[int] | None = None) -> dict[int, StageModule]:
+                 split: Sequence[int] | None = None, recompute: str = "none"
+                 ) -> dict[int, StageModule]:
     """The modules of the stages one rank holds (its TP shard: `tp`; layers per stage:
-    `split`, see layer_range), initialised from `seed` and placed on `device` in the
-    model dtype. When the rank holds both the first
+    `split`, see layer_range; activation `recompute`), initialised from `seed` and placed
+    on `device` in the model dtype. When the rank holds both the first
     and the last stage of a tied model, the two share one word-embedding module (as one
     model would)."""
     modules = {}
     for s in stages:
-        module = StageModule(spec, s, num_stages, tp, split)
+        module = StageModule(spec, s, num_stages, tp, split, recompute)
         init_parameters(module, seed, module.tp.rank)
         modules[s] = module.to(device=device, dtype=torch_dtype(spec))
     first, last = 0, num_stages - 1

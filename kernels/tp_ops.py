@@ -21,6 +21,9 @@ when the iteration's markers are resolved:
 A TP op that finds fewer measured collectives than its count says so in its info
 ('measured' < 'count'); so does the I of stage 0, which computes no input gradient
 (kernels.split_backward: its W runs the whole backward, and the collectives with it).
+With full recompute (kernels.stage) a B op's measured collectives include those of its
+layers' rerun forward, the MLP's trailing one too (checkpoint early stop is off: kernels.
+layers.checkpointed), as the IR's B ops count them (schedules.comm_spec.Covered).
 With sequence parallelism each B and W op ends by summing over TP the gradients it added
 to the SP-replicated parameters (kernels.tensor_parallel.SequenceGradients), inside its
 compute span. Units: seconds, bytes.

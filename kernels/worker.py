@@ -225,7 +225,8 @@ def _iterate(rank: int, job: Job, device: torch.device, setup: RankSetup,
     clock = make_clock(device)
     tp = _tensor_parallel(job.parallel, setup, clock)
     split = stage_layers(job.model.num_layers, job.parallel, schedule.num_stages)
-    modules = build_stages(job.model, stages, schedule.num_stages, job.seed, device, tp, split)
+    modules = build_stages(job.model, stages, schedule.num_stages, job.seed, device, tp, split,
+                           job.parallel.recompute)
     tokens, labels = token_batch(job.model, job.parallel.global_batch_size, job.seed, device)
 
     def on_op(index: int) -> None:

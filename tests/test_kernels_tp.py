@@ -105,44 +105,49 @@ def test_tensor_and_pipeline_parallel_equal_reference(name, sp):
 
 
 # --- the collectives move Megatron's bytes ----------------------------------------------
-def test_forward_all_reduce_bytes_per_layer_are_two_bsh():
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_forward_all_reduce_bytes_per_layer_are_two_bsh(recompute):
     """Per microbatch per layer, the forward all-reduces 2*b*s*h*dtype bytes and the
     backward as much (counted on the collectives that ran): 4 all-reduces, ring volume
-    4 * 2(t-1)/t * bsh = 8bsh(t-1)/t per device (Korthikanti et al. 2022, 4.2.2)."""
+    4 * 2(t-1)/t * bsh = 8bsh(t-1)/t per device (Korthikanti et al. 2022, 4.2.2). Full
+    recompute reruns the forward's 2 in the backward: 6 all-reduces, 12bsh(t-1)/t."""
     t, layers = 2, GPT.num_layers
-    par = parallel(tp=t, num_microbatches=2)
+    par = parallel(tp=t, num_microbatches=2, recompute=recompute)
     schedule = with_tp_ops(build_schedule("gpipe", 1, 2), GPT, par)
     timeline = run_schedule(schedule, GPT, par, timeout=TIMEOUT, warmup_iterations=0)
     bsh = B * S * H * FP32
+    rerun = 2 if recompute == "full" else 0  # forward all-reduces rerun per layer in B
     for span in (s for s in timeline.spans if s.lane == "compute"):
         measured = span.info["tp_collectives"]
         count, nbytes, _ = measured["ALL_REDUCE:layer"]
-        assert (count, nbytes) == (2 * layers, 2 * layers * bsh), span.op
-        ring = nbytes * 2 * (t - 1) / t
-        assert ring == 2 * layers * bsh * 2 * (t - 1) / t
+        per = 2 + (rerun if span.op.kind is OpKind.B else 0)
+        assert (count, nbytes) == (per * layers, per * layers * bsh), span.op
     per_layer = sum(s.info["tp_collectives"]["ALL_REDUCE:layer"][1]
                     for s in timeline.spans if s.lane == "compute" and s.rank == 0
                     ) / (layers * par.num_microbatches)
-    assert per_layer * 2 * (t - 1) / t == 8 * bsh * (t - 1) / t
+    assert per_layer * 2 * (t - 1) / t == (8 + 2 * rerun) * bsh * (t - 1) / t
     # the IR's op sizes equal what ran: the measured bytes land on the TP spans
     for span in (s for s in timeline.spans if s.lane == "tp"):
         assert span.info["measured"] == span.info["count"]  # Op.count: not in the text form
         assert span.info["measured_bytes"] == span.op.nbytes, span.op
 
 
-def test_sequence_parallel_moves_the_same_bytes_as_gathers_and_scatters():
-    par = parallel(tp=2, sequence_parallel=True, num_microbatches=1)
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_sequence_parallel_moves_the_same_bytes_as_gathers_and_scatters(recompute):
+    """With full recompute the backward reruns the forward's gathers and scatters."""
+    par = parallel(tp=2, sequence_parallel=True, num_microbatches=1, recompute=recompute)
     schedule = with_tp_ops(build_schedule("gpipe", 1, 1), GPT, par)
     timeline = run_schedule(schedule, GPT, par, timeout=TIMEOUT, warmup_iterations=0)
     bsh, layers = B * S * H * FP32, GPT.num_layers
     forward = next(s for s in timeline.spans if s.op.kind is OpKind.F and s.rank == 0)
     backward = next(s for s in timeline.spans if s.op.kind is OpKind.B and s.rank == 0)
-    for span in (forward, backward):
+    for span, per in ((forward, 2), (backward, 4 if recompute == "full" else 2)):
         measured = span.info["tp_collectives"]
-        assert measured["ALL_GATHER:layer"][:2] == [2 * layers, 2 * layers * bsh]
-        assert measured["REDUCE_SCATTER:layer"][:2] == [2 * layers, 2 * layers * bsh]
+        assert measured["ALL_GATHER:layer"][:2] == [per * layers, per * layers * bsh]
+        assert measured["REDUCE_SCATTER:layer"][:2] == [per * layers, per * layers * bsh]
     assert "ALL_REDUCE:layer" not in forward.info["tp_collectives"]
     for span in (s for s in timeline.spans if s.lane == "tp"):
+        assert span.info["measured"] == span.info["count"], span.op
         assert span.info["measured_bytes"] == span.op.nbytes, span.op
     assert any("inside their compute op" in x for x in timeline.meta["limits"])
 

@@ -203,8 +203,8 @@ def analysis_section(rows: list[dict], layer: dict) -> list[str]:
         "about as much. SC21 and K22 ran two models with the same layout, micro-batches "
         "and full recompute, K22 with one data-parallel replica and a year newer "
         f"Megatron: {_same_runs(rows)}. Per GPU the work is the same (SC21 adds a "
-        "data-parallel gradient all-reduce of ~0.3 s), so SC21's software was ~8-10% "
-        "slower than K22's on identical runs. Our efficiencies come from K22's layer, so "
+        "data-parallel gradient all-reduce, 0.3-0.5% of the iteration as simulated), so "
+        "SC21's software was ~8-10% slower than K22's on the same per-GPU work. Our efficiencies come from K22's layer, so "
         "SC21 rows come out high by about that much; no one constant can fit both papers "
         "closer than about half that gap.",
         "- Not modelled (each small; together a few percent): kernel launch gaps between "

@@ -57,20 +57,25 @@ def check_profile(profile: Profile, model: ModelSpec, parallel: ParallelConfig |
                           f"tp={parallel.tp}: a TP shard's layer time differs")
     if parallel.cp != 1:
         raise ConfigError(f"profile times are for a whole sequence; cp={parallel.cp} splits it")
-    if parallel.recompute != "none":
-        raise ConfigError(f"profile backward times exclude recomputation; the run has "
-                          f"recompute={parallel.recompute!r}")
+    if parallel.recompute == "selective":
+        raise ConfigError("recompute='selective': the profile has no time for the core "
+                          "attention a selective recompute repeats (full recompute is "
+                          "priced as one more layer forward)")
 
 
 class ProfileCost:
     """compute_time(op) from a profile for a pipeline of `layers_per_stage[s]` layers on
     virtual stage s (stage 0 holds the embedding, the last stage the head), each stage
-    split into `groups` layer groups for chunked ops."""
+    split into `groups` layer groups for chunked ops. `recompute_full`: the backward of
+    each layer also reruns its forward (one measured layer F more in B, and in I of a
+    split backward, which reaches the layers first); K22 Table 4 measured exactly that
+    (19.5 ms = 11.9 + 7.7 ms less 0.1 for a 22B layer)."""
 
-    def __init__(self, profile: Profile, layers_per_stage: Sequence[int], groups: int = 1):
+    def __init__(self, profile: Profile, layers_per_stage: Sequence[int], groups: int = 1,
+                 recompute_full: bool = False):
         if not layers_per_stage:
             raise ConfigError("ProfileCost needs at least one stage")
-        self.profile = profile
+        self.profile, self.recompute_full = profile, recompute_full
         self.layers = list(layers_per_stage)
         self.table: dict[tuple[int, OpKind, int | None], float] = {}
         last = len(self.layers) - 1
@@ -93,12 +98,17 @@ class ProfileCost:
             self.table[(s, OpKind.W, chunk)] = (
                 layers * time("layer", "B") + time("embedding", "W")
                 + (time("head", "B") if head else 0.0))
+        if self.recompute_full:
+            redo = layers * time("layer", "F")
+            for k in ("B", "W" if embedding else "I"):
+                self.table[(s, OpKind(k), chunk)] += redo
 
     @staticmethod
     def for_model(profile: Profile, model: ModelSpec, parallel: ParallelConfig,
                   num_stages: int, groups: int = 1) -> ProfileCost:
         check_profile(profile, model, parallel)
-        return ProfileCost(profile, stage_layers(model.num_layers, parallel, num_stages), groups)
+        return ProfileCost(profile, stage_layers(model.num_layers, parallel, num_stages), groups,
+                           recompute_full=parallel.recompute == "full")
 
     def __call__(self, op: Op) -> float:
         time = self.table.get((op.stage, op.kind, op.chunk))

@@ -11,6 +11,11 @@ What is measured (medians over `repeats` after `warmup` untimed runs):
   executor runs them; the embedding's input (token ids) needs no gradient, so its I is
   empty and its W is its whole backward. On CPU the compute runs in every rank process at
   once (`concurrent`), so each core is as busy as in a run with that many ranks.
+- optimizer step: kernels.optimizer.FlatAdam.step, the kernels' OPT_STEP, on a flat fp32
+  vector of microbench.OPTIMIZER_PARAMS (2^24) elements, large enough to be memory-bound
+  as a real rank's step is; stored as seconds per parameter (the profile's
+  optimizer_seconds_per_param; sim.optimizer prices a GPU OPT_STEP with it). Timed like
+  the compute, in the same processes.
 - P2P: ping-pong between ranks 0 and 1 with `dist.isend`/`dist.irecv` (as the executor);
   one-way time = half the round trip timed on rank 0 (no cross-process clock needed).
 - collectives: each op over the first n ranks for every n in `group_sizes`, started
@@ -47,8 +52,9 @@ from schedules.profile import COLLECTIVE_OPS, AlphaBeta, Profile
 
 from .errors import KernelsError
 from .layers import torch_dtype
-from .microbench import (KINDS, PARTS, BenchPlan, default_collective_sizes, default_p2p_sizes,
-                         measure_collectives, measure_compute, measure_p2p)
+from .microbench import (KINDS, OPTIMIZER_PARAMS, PARTS, BenchPlan, default_collective_sizes,
+                         default_p2p_sizes, measure_collectives, measure_compute,
+                         measure_optimizer, measure_p2p)
 
 Progress = Callable[[int, int, str], None]
 """progress(done, total, label): called in the parent as steps complete."""
@@ -78,8 +84,12 @@ def _rank_main(rank: int, plan: BenchPlan, results: Any) -> None:
                 results.put(("step", rank, label))
 
         payload: dict[str, Any] = {}
-        if rank == 0 or plan.concurrent:
+        measures = rank == 0 or plan.concurrent
+        if measures:
             payload["compute"] = measure_compute(plan, device, step)
+        dist.barrier()  # the concurrent optimizer steps start together
+        if measures:
+            payload["optimizer"] = measure_optimizer(plan, device, step)
         dist.barrier()
         if plan.nproc >= 2:
             payload["p2p"] = measure_p2p(plan, rank, device, step)
@@ -158,6 +168,11 @@ def _median_compute(payloads: dict[int, dict]) -> dict[str, dict[str, float]]:
     return out
 
 
+def _median_optimizer(payloads: dict[int, dict]) -> float:
+    """Median seconds per parameter over the optimizer steps of every measuring rank."""
+    return statistics.median(t for p in payloads.values() for t in p.get("optimizer", ()))
+
+
 def calibrate(model: ModelSpec, device: str = "cpu", repeats: int = 7, warmup: int = 2,
               p2p_sizes: Sequence[int] | None = None,
               collective_sizes: Sequence[int] | None = None,
@@ -210,7 +225,8 @@ def calibrate(model: ModelSpec, device: str = "cpu", repeats: int = 7, warmup: i
     profile = Profile(
         device="cpu" if device == "cpu" else f"cuda:{name}",
         source=f"kernels.calibrate: medians of {repeats} after {warmup} warm-up; P2P one-way "
-               f"= half the isend/irecv round trip on rank 0; {nproc} rank processes, "
+               f"= half the isend/irecv round trip on rank 0; optimizer = FlatAdam.step "
+               f"on {OPTIMIZER_PARAMS} fp32 parameters; {nproc} rank processes, "
                f"{'gloo' if device == 'cpu' else 'nccl'}; "
                f"{time.perf_counter() - started:.1f} s",
         versions={"torch": torch.__version__, "python": platform.python_version(),
@@ -218,5 +234,6 @@ def calibrate(model: ModelSpec, device: str = "cpu", repeats: int = 7, warmup: i
         date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         threads=1, model=asdict(model), tp=1,
         compute=_median_compute(payloads), p2p=p2p,
+        optimizer_seconds_per_param=_median_optimizer(payloads),
         collectives={op: f for op, f in fits.items() if f}, notes=tuple(notes))
     return profile.to_dict()

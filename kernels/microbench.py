@@ -1,5 +1,6 @@
 """Calibration micro-benchmarks, run inside each rank process of kernels.calibrate:
-a model's layer ops at its shapes, P2P ping-pong and collective size sweeps.
+a model's layer ops at its shapes, the optimizer step (kernels.optimizer.FlatAdam, the
+kernels' OPT_STEP), P2P ping-pong and collective size sweeps.
 
 See kernels.calibrate for what is measured and how the profile is fitted. Units: seconds,
 bytes. Functions return raw samples; `step(label)` is called after each unit of work.
@@ -19,6 +20,7 @@ from torch import nn
 from schedules.model import ModelSpec
 
 from .layers import torch_dtype
+from .optimizer import FlatAdam
 from .split_backward import backward_input, backward_weight
 from .stage import build_stages
 
@@ -64,12 +66,13 @@ class BenchPlan:
     def total_steps(self) -> int:
         p2p = len(self.p2p_sizes) if self.nproc >= 2 else 0
         groups = [n for n in self.group_sizes if 2 <= n <= self.nproc]
-        return self.compute_steps + p2p + len(groups) * len(self.collectives) * len(
+        optimizer = self.warmup + self.repeats
+        return self.compute_steps + optimizer + p2p + len(groups) * len(self.collectives) * len(
             self.collective_sizes)
 
 
 # --- compute --------------------------------------------------------------------------
-BACK_TO_BACK = 4  # calls per CUDA compute measurement (time_part)
+BACK_TO_BACK = 4  # calls per CUDA compute measurement (time_part, measure_optimizer)
 
 
 class Timer:
@@ -148,6 +151,36 @@ def measure_compute(plan: BenchPlan, device: torch.device, step: Callable[[str],
                 for k, t in times.items():
                     samples[part][k].append(t)
             step(f"{part} F/B/I/W")
+    return samples
+
+
+# --- optimizer step -------------------------------------------------------------------
+OPTIMIZER_PARAMS = 2**24
+"""fp32 elements of the optimizer-step benchmark, fixed rather than one layer's parameters
+(a small model's layer fits in cache): 64 MiB a vector, master/m/v/gradient touched by
+every step, far past a CPU's last-level cache and a GPU's L2 (50 MiB on an H100), so the
+step is memory-bound like a real rank's step of millions of parameters. FlatAdam.step on
+this 2-core CPU, one thread: 2.1 ns/param at 2^18 elements (in cache), 8.5 at 2^20, 10.1
+at 2^22, 10.0 at 2^24."""
+
+
+def measure_optimizer(plan: BenchPlan, device: torch.device, step: Callable[[str], None]
+                      ) -> list[float]:
+    """Seconds per parameter of FlatAdam.step (the kernels' OPT_STEP) on OPTIMIZER_PARAMS
+    fp32 elements, the gradient in the model's dtype as the executor hands it over; timed
+    like time_part (on CUDA the mean of BACK_TO_BACK steps queued back to back)."""
+    gen = torch.Generator().manual_seed(plan.seed)
+    adam = FlatAdam(torch.randn(OPTIMIZER_PARAMS, generator=gen).to(device))
+    grad = (torch.randn(OPTIMIZER_PARAMS, generator=gen) * 1e-3).to(device,
+                                                                     torch_dtype(plan.model))
+    timer = Timer(device)
+    count = BACK_TO_BACK if timer.cuda else 1
+    samples = []
+    for i in range(plan.warmup + plan.repeats):
+        seconds, _ = _timed(timer, count, lambda _: adam.step(grad))
+        if i >= plan.warmup:
+            samples.append(seconds / OPTIMIZER_PARAMS)
+        step("optimizer step")
     return samples
 
 

@@ -24,13 +24,17 @@ JSON format (all keys required unless marked optional):
       "collectives": {                       # per op, per group size (a string key)
         "all_reduce": {"2": {"alpha": s, "beta": s/byte, "points": [[bytes, s], ...]}}
       },
-      "notes": ["gloo reduce-scatter is an all-reduce underneath", ...]   # optional
+      "notes": ["gloo reduce-scatter is an all-reduce underneath", ...],  # optional
+      "optimizer_seconds_per_param": s       # optional; fp32 Adam step, s per parameter
     }
 
 Compute times of a pipeline stage of L layers are L * layer[kind], plus embedding[kind]
 on the first stage and head[kind] on the last (sim.profile_cost). P2P and collective
 times are alpha + beta * bytes, fitted by least squares to the measured points
 (`fit_alpha_beta`); for collectives `bytes` is the per-rank buffer (nccl-tests' size).
+`optimizer_seconds_per_param` (> 0) is the Adam step per parameter that kernels.calibrate
+measured: sim.optimizer prices an on-GPU OPT_STEP as its parameters times it; without it
+(older profiles) OPT_STEP is priced from the topology's HBM bandwidth.
 """
 from __future__ import annotations
 
@@ -88,11 +92,11 @@ def fit_alpha_beta(points: Iterable[Sequence[float]], relative: bool = True
     return alpha, beta
 
 
-def _seconds(where: str, value: Any) -> float:
+def _seconds(where: str, value: Any, positive: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-            not math.isfinite(value) or value < 0:
-        raise ConfigError(f"profile field {where} must be a number of seconds >= 0, "
-                          f"got {value!r}")
+            not math.isfinite(value) or value < 0 or (positive and value == 0):
+        raise ConfigError(f"profile field {where} must be a number of seconds "
+                          f"{'> 0' if positive else '>= 0'}, got {value!r}")
     return float(value)
 
 
@@ -153,6 +157,7 @@ class Profile:
     threads: int = 1
     tp: int = 1
     notes: tuple[str, ...] = ()
+    optimizer_seconds_per_param: float | None = None  # s per parameter; None: not measured
 
     def __post_init__(self) -> None:
         if not isinstance(self.device, str) or not self.device:
@@ -172,6 +177,8 @@ class Profile:
                                   f"use {', '.join(COLLECTIVE_OPS)}")
         for name in ("threads", "tp"):
             require_positive_int(f"profile field {name}", getattr(self, name))
+        if self.optimizer_seconds_per_param is not None:
+            _seconds("optimizer_seconds_per_param", self.optimizer_seconds_per_param, True)
 
     def compute_time(self, part: str, kind: str) -> float:
         return float(self.compute[part][kind])
@@ -201,6 +208,8 @@ class Profile:
             "collectives": {op: {str(n): ab.to_dict() for n, ab in sorted(sizes.items())}
                             for op, sizes in self.collectives.items()},
             "notes": list(self.notes),
+            **({} if self.optimizer_seconds_per_param is None else
+               {"optimizer_seconds_per_param": float(self.optimizer_seconds_per_param)}),
         }
 
     def to_json(self) -> str:
@@ -234,7 +243,8 @@ class Profile:
             model=dict(_mapping("model", d.get("model", {}))), tp=d.get("tp", 1),
             compute={p: dict(_mapping(f"compute.{p}", v)) for p, v in compute.items()},
             p2p=AlphaBeta.from_dict("p2p", d["p2p"]), collectives=collectives,
-            notes=tuple(str(n) for n in notes))
+            notes=tuple(str(n) for n in notes),
+            optimizer_seconds_per_param=d.get("optimizer_seconds_per_param"))
 
     @staticmethod
     def from_json(text: str) -> Profile:

@@ -146,8 +146,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     layer = profile["compute"]["layer"]
     print(f"{profile['device']}: one layer F {format_seconds(layer['F'])}, "
           f"B {format_seconds(layer['B'])}, I {format_seconds(layer['I'])}, "
-          f"W {format_seconds(layer['W'])}; P2P alpha {format_seconds(profile['p2p']['alpha'])}"
-          f", {_bandwidth(profile['p2p']['beta'])}")
+          f"W {format_seconds(layer['W'])}; optimizer step "
+          f"{profile['optimizer_seconds_per_param'] * 1e9:.3g} ns/parameter; P2P alpha "
+          f"{format_seconds(profile['p2p']['alpha'])}, {_bandwidth(profile['p2p']['beta'])}")
     print(f"wrote {args.output}")
     return 0
 

@@ -4,6 +4,9 @@
   OPT_STEP.nbytes = schedules.dp_sizes.ADAM_BYTES_PER_PARAM (28) bytes per parameter
   of the rank's shard, at the device's HBM bandwidth times the memory efficiency (the
   roofline's; sim.cost). Its FLOPs (~10 per parameter) are negligible beside that.
+  With a calibrated profile that measured it (schedules.profile
+  optimizer_seconds_per_param: kernels.optimizer.FlatAdam.step timed on the calibrating
+  device), a GPU step is instead parameters x those seconds per parameter.
 - On the host (group 'host', ZeRO-Offload): CPU_ADAM_SECONDS_PER_PARAM per parameter.
   Source: Ren et al., "ZeRO-Offload: Democratizing Billion-Scale Model Training", USENIX
   ATC 2021, section 5 / the Adam-latency table, which (as we read it) times DeepSpeed's
@@ -24,24 +27,36 @@ from topologies import DeviceSpec
 CPU_ADAM_SECONDS_PER_PARAM = 0.22e-9
 
 
+def step_params(op: Op) -> float:
+    """Parameters an OPT_STEP updates: its nbytes / ADAM_BYTES_PER_PARAM."""
+    return op.nbytes / ADAM_BYTES_PER_PARAM
+
+
 def optimizer_step_time(op: Op, device: DeviceSpec, memory_efficiency: float,
-                        cpu_seconds_per_param: float = CPU_ADAM_SECONDS_PER_PARAM) -> float:
-    params = op.nbytes / ADAM_BYTES_PER_PARAM
+                        cpu_seconds_per_param: float = CPU_ADAM_SECONDS_PER_PARAM,
+                        gpu_seconds_per_param: float | None = None) -> float:
+    """Seconds of OPT_STEP `op`: on the host at `cpu_seconds_per_param`; on the GPU at
+    `gpu_seconds_per_param` (measured) when given, else its bytes at the HBM roofline."""
     if op.group == "host":
-        return params * cpu_seconds_per_param
+        return step_params(op) * cpu_seconds_per_param
+    if gpu_seconds_per_param is not None:
+        return step_params(op) * gpu_seconds_per_param
     return op.nbytes / (device.hbm_bandwidth * memory_efficiency)
 
 
 def with_optimizer_steps(compute_time: Callable[[Op], float], device_of_stage,
-                         memory_efficiency: float, uniform: bool = False
+                         memory_efficiency: float, uniform: bool = False,
+                         gpu_seconds_per_param: float | None = None
                          ) -> Callable[[Op], float]:
     """`compute_time` with OPT_STEP costed here (0 under uniform costs, whose
-    closed forms count F and B only); `device_of_stage(s)` is the DeviceSpec of stage s."""
+    closed forms count F and B only); `device_of_stage(s)` is the DeviceSpec of stage s;
+    `gpu_seconds_per_param`: a profile's measured step (None: the HBM roofline)."""
     def timed(op: Op) -> float:
         if op.kind is OpKind.OPT_STEP:
             if uniform:
                 return 0.0
-            return optimizer_step_time(op, device_of_stage(op.stage), memory_efficiency)
+            return optimizer_step_time(op, device_of_stage(op.stage), memory_efficiency,
+                                       gpu_seconds_per_param=gpu_seconds_per_param)
         return compute_time(op)
 
     return timed

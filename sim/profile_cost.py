@@ -11,7 +11,8 @@
   schedules.layer_groups) costs the layers its group covers, plus the embedding on group
   0 of the first stage and the head on the last group of the last stage; the first-stage
   exception applies to group 0 of stage 0 only (later groups have an input gradient).
-  The profile measures no optimizer step: OPT_STEP is refused (sim.optimizer costs it).
+  OPT_STEP is refused here: sim.optimizer costs it (from the profile's
+  optimizer_seconds_per_param when it has one, wired in sim.simulate).
 - `AlphaBetaNetwork`: the transfer seam (sim.network) with every transfer taking
   alpha + beta * bytes, as measured between two ranks. No contention model: concurrent
   transfers do not slow each other, which holds for the two-rank pipelines it was fitted

@@ -6,10 +6,10 @@ FSDP/HSDP, ZeRO++, offload) -> cost every op from the ModelSpec (layer groups fr
 schedules.layer_groups) -> add the intra-layer TP/SP/CP/EP/ETP collectives
 (schedules.intra_layer: the config's intra-layer fields, or an explicit IntraLayerOptions)
 -> place pipeline ranks on GPUs in the config's rank order -> replay it in SimPy with a
-cost model (optimizer steps: sim.optimizer) and the network seam (collectives:
-sim.collective_model; host copies over the GPU's PCIe link to its host CPU). A deadlock
-found by the replay is re-reported through the unit-time dry run, whose rank x step grid
-marks the stuck ops.
+cost model (optimizer steps: sim.optimizer, per measured parameter when the profile has
+it) and the network seam (collectives: sim.collective_model; host copies over the GPU's
+PCIe link to its host CPU). A deadlock found by the replay is re-reported through the
+unit-time dry run, whose rank x step grid marks the stuck ops.
 """
 from __future__ import annotations
 
@@ -149,7 +149,9 @@ def simulate(model: ModelSpec, parallel: ParallelConfig, topology: nx.DiGraph,
     if schedule.count(OpKind.OPT_STEP):  # (a wrapper per compute op costs replay time)
         compute_time = with_optimizer_steps(
             compute_time, lambda s: device_of(topology, devices[schedule.stage_ranks[s]]),
-            costs.memory_efficiency, uniform=costs.uniform is not None)
+            costs.memory_efficiency, uniform=costs.uniform is not None,
+            gpu_seconds_per_param=(costs.profile.optimizer_seconds_per_param
+                                   if costs.profile else None))
     sizes = {axis: group_size(parallel, axis, shard) for axis in ("dp_shard", "dp_replicate")
              } if shard else {}
     collective = (profile_collective_model(env, costs.profile, parallel, sizes) if costs.profile

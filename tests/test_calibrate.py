@@ -1,7 +1,9 @@
 """kernels.calibrate and the hardware commands (calibrate, run, compare measured vs
 simulated), for real on CPU with gloo and a tiny fp32 model."""
 import json
+import statistics
 import sys
+import time
 
 import pytest
 
@@ -9,6 +11,8 @@ torch = pytest.importorskip("torch", reason="the kernels backend needs torch "
                             "(pip install -e '.[kernels]')")
 
 from kernels.calibrate import calibrate  # noqa: E402
+from kernels.microbench import OPTIMIZER_PARAMS  # noqa: E402
+from kernels.optimizer import FlatAdam  # noqa: E402
 from schedules.errors import ClustersimError, ConfigError  # noqa: E402
 from schedules.model import ModelSpec  # noqa: E402
 from schedules.profile import Profile  # noqa: E402
@@ -35,8 +39,30 @@ def test_calibrate_on_cpu_gives_a_valid_profile():
     assert all(t > 0 for _, t in profile.p2p.points) and profile.p2p.time(65536) > 0
     assert sorted(profile.collectives["all_reduce"]) == [2]
     assert any("CPU timings calibrate only" in n for n in profile.notes)
+    # FlatAdam.step per parameter: ~10 ns on a 2-core CPU; a sane range, then the same
+    # step timed here (one thread, as the rank processes) within a factor of 3
+    per_param = profile.optimizer_seconds_per_param
+    assert 1e-11 < per_param < 1e-6
+    assert 1 / 3 < per_param / _flat_adam_seconds_per_param() < 3
     done, total, _ = steps[-1]
-    assert done == total == len(steps) == 3 * 4 + 2 + 2
+    assert done == total == len(steps) == 3 * 4 + 4 + 2 + 2
+
+
+def _flat_adam_seconds_per_param(repeats: int = 3) -> float:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        adam = FlatAdam(torch.randn(OPTIMIZER_PARAMS))
+        grad = torch.randn(OPTIMIZER_PARAMS) * 1e-3
+        adam.step(grad)  # warm-up
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            adam.step(grad)
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times) / OPTIMIZER_PARAMS
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_calibrate_rejects_bad_arguments():
@@ -54,7 +80,7 @@ def test_cli_run_simulate_with_calibrated_profile_and_compare(tmp_path):
                      "-o", str(tmp_path / "profile.json"), cwd=tmp_path)
     assert "wrote" in cal.stdout and "calibrate cpu [" in cal.stderr
     assert "CPU timings calibrate only this CPU" in cal.stderr
-    Profile.load(tmp_path / "profile.json")
+    assert Profile.load(tmp_path / "profile.json").optimizer_seconds_per_param > 0
 
     schedule = ("--schedule", "1f1b", "--pp", "2", "--microbatches", "4")
     run = clustersim("run", *schedule, *TINY_FLAGS, "--iterations", "2", "--nproc", "2",

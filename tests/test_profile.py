@@ -84,12 +84,24 @@ def test_profile_round_trips_through_json(tmp_path):
     (lambda d: d["collectives"].update(all_sum={}), "collectives.all_sum"),
     (lambda d: d.update(threads=0), "threads"),
     (lambda d: d.update(format="other/9"), "format"),
+    (lambda d: d.update(optimizer_seconds_per_param=0), "optimizer_seconds_per_param"),
+    (lambda d: d.update(optimizer_seconds_per_param="1e-9"), "optimizer_seconds_per_param"),
 ])
 def test_profile_validation_names_the_field(mutate, field):
     data = make_profile().to_dict()
     mutate(data)
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         Profile.from_dict(data)
+
+
+def test_profile_optimizer_seconds_per_param_round_trips_and_is_optional(tmp_path):
+    measured = make_profile(optimizer_seconds_per_param=2.5e-9)
+    measured.save(tmp_path / "p.json")
+    assert json.loads((tmp_path / "p.json").read_text())["optimizer_seconds_per_param"] == 2.5e-9
+    assert Profile.load(tmp_path / "p.json") == measured
+    old = make_profile().to_dict()  # an older profile: no such key
+    assert "optimizer_seconds_per_param" not in old
+    assert Profile.from_dict(old).optimizer_seconds_per_param is None
 
 
 def test_profile_load_errors_name_the_file(tmp_path):
@@ -188,6 +200,32 @@ def test_simulate_with_profile_matches_hand_computed_gpipe():
     expected = 17.1 + 3 * p + 4.2
     assert timeline.iteration_time == pytest.approx(expected)
     assert timeline.meta["cost_model"] == "profile(cpu)"
+
+
+def test_simulate_prices_opt_step_from_the_profile_per_parameter():
+    """The GPipe run above with a measured optimizer step of 1 us/param: each OPT_STEP
+    takes nbytes / 28 * 1e-6 s, and rank 0's (after its last B) ends the iteration."""
+    from schedules.dp_sizes import ADAM_BYTES_PER_PARAM
+    parallel = ParallelConfig(pp=2, num_microbatches=2, micro_batch_size=2, schedule="gpipe")
+    timeline = simulate(MODEL, parallel, load_topology("dgx-h100"), None,
+                        CostOptions(profile=make_profile(optimizer_seconds_per_param=1e-6)))
+    steps = {s.op.stage: s for s in timeline.spans if s.op.kind is OpKind.OPT_STEP}
+    assert sorted(steps) == [0, 1]
+    for span in steps.values():
+        assert span.end - span.start == pytest.approx(span.op.nbytes / ADAM_BYTES_PER_PARAM
+                                                      * 1e-6)
+    p = 1e-3 + 1e-9 * (2 * 32 * 64 * 4)
+    assert timeline.iteration_time == pytest.approx(
+        17.1 + 3 * p + 4.2 + steps[0].op.nbytes / ADAM_BYTES_PER_PARAM * 1e-6)
+
+
+def test_measured_optimizer_step_leaves_offloaded_steps_to_cpu_adam():
+    from sim.optimizer import CPU_ADAM_SECONDS_PER_PARAM, with_optimizer_steps
+    timed = with_optimizer_steps(lambda op: 0.0, lambda s: None, 0.8,  # no device needed
+                                 gpu_seconds_per_param=3e-9)
+    assert timed(Op(OpKind.OPT_STEP, 0, None, None, 28 * 10**6)) == pytest.approx(3e-3)
+    assert timed(Op(OpKind.OPT_STEP, 0, None, "host", 28 * 10**6)) == pytest.approx(
+        10**6 * CPU_ADAM_SECONDS_PER_PARAM)
 
 
 # --- CLI: simulate --profile and compare A.json B.json (no torch needed) -----------------

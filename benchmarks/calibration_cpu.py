@@ -2,7 +2,9 @@
 
 The issue's must-show: 2 ranks on this 2-core machine, PP=2 with GPipe and 1F1B, and
 DP=2, each run for real (gloo, one torch thread per rank), and the simulator's
-prediction from `clustersim calibrate --device cpu` within 10% of the measured median.
+prediction from `clustersim calibrate --device cpu` within 10% of the measured median;
+also PP=2 1F1B with full recompute (the kernels checkpoint every layer; the profile,
+measured without recompute, adds one layer forward to each layer's backward).
 
 Everything goes through the CLI, as a user runs it. This VM's speed drifts (a plain
 512x512 matmul varies by +-15% over half a minute), so the script runs ROUNDS rounds of
@@ -13,7 +15,7 @@ tree, a round in which they took more than MAX_FOREIGN of the CPUs is discarded 
 again (and reported), and each round waits for a quiet machine first.
 Writes benchmarks/results/calibration_cpu.md and the raw numbers beside it (.json).
 
-    python benchmarks/calibration_cpu.py            # about 7 minutes on 2 cores
+    python benchmarks/calibration_cpu.py            # about 9 minutes on 2 cores
     python benchmarks/calibration_cpu.py --render   # the .md again from the .json
 """
 from __future__ import annotations
@@ -45,6 +47,8 @@ CONFIGS = {
     "PP=2 GPipe": ("--schedule", "gpipe", "--pp", "2", "--microbatches", "4"),
     "PP=2 1F1B": ("--schedule", "1f1b", "--pp", "2", "--microbatches", "4"),
     "DP=2": ("--schedule", "1f1b", "--pp", "1", "--dp", "2", "--microbatches", "4"),
+    "PP=2 1F1B, full recompute": ("--schedule", "1f1b", "--pp", "2", "--microbatches", "4",
+                                  "--recompute", "full"),
 }
 
 
@@ -131,7 +135,7 @@ def one_round(index: int, work: Path) -> dict:
     out = {"calibrate_s": time.perf_counter() - started,
            "profile": json.loads((work / profile).read_text()), "configs": {}}
     for name, flags in CONFIGS.items():
-        tag = f"{index}-{name.replace('=', '').replace(' ', '-').lower()}"
+        tag = f"{index}-{name.replace('=', '').replace(',', '').replace(' ', '-').lower()}"
         clustersim("run", "--device", "cpu", *flags, *MODEL, "--iterations", str(ITERATIONS),
                    "--warmup-iterations", str(WARMUP), "--timeline-json", f"measured{tag}.json",
                    "-o", f"measured{tag}.html", cwd=work)

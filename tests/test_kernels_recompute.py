@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="the kernels backend needs torch "
                             "(pip install -e '.[kernels]')")
 
-from kernels import KernelsError, run_reference, run_reference_steps, run_schedule  # noqa: E402
+from kernels import KernelsError, run_reference, run_reference_steps  # noqa: E402
 from kernels.layers import MLP, CoreAttention, TransformerLayer  # noqa: E402
 from kernels.stage import build_stages, token_batch  # noqa: E402
 from schedules.annotate import annotate  # noqa: E402
@@ -27,26 +27,11 @@ from schedules.intra_layer import add_intra_layer  # noqa: E402
 from schedules.layer_groups import group_costs  # noqa: E402
 from schedules.model import ModelSpec  # noqa: E402
 from schedules.ops import Op, OpKind  # noqa: E402
-from schedules.parallel import ParallelConfig  # noqa: E402
 from schedules.schedule import Schedule  # noqa: E402
+from test_kernels import GPT, LLAMA, assert_same_grads, parallel, run  # noqa: E402
 
-GPT = ModelSpec(num_layers=4, hidden_size=64, num_attention_heads=4, seq_length=32,
-                vocab_size=128, micro_batch_size=2, dtype="fp32")
-LLAMA = ModelSpec(num_layers=4, hidden_size=64, num_attention_heads=4, num_query_groups=2,
-                  seq_length=32, vocab_size=128, micro_batch_size=2, dtype="fp32", swiglu=True,
-                  normalization="RMSNorm", add_bias_linear=False, position_embedding_type="rope",
-                  untie_embeddings_and_output_weights=True)
-TIMEOUT = 60
 RECOMPUTE = ["selective", "full"]
 
-
-def parallel(**kw):
-    return ParallelConfig(micro_batch_size=2, **kw)
-
-
-def run(schedule, model, par, **kw):
-    return run_schedule(schedule, model, par, timeout=TIMEOUT, warmup_iterations=0,
-                        return_grads=True, **kw)
 
 
 def with_tp_ops(schedule, model, par):
@@ -54,12 +39,6 @@ def with_tp_ops(schedule, model, par):
     n, g = schedule.num_stages, schedule.layer_groups
     chunks = group_costs(model, par, n, g) if g > 1 else None
     return add_intra_layer(annotate(schedule, stage_costs(model, par, n), chunks), model, par)
-
-
-def assert_same_grads(got, want):
-    assert set(got) == set(want), set(got) ^ set(want)
-    for name in want:
-        torch.testing.assert_close(got[name], want[name], msg=lambda m, n=name: f"{n}: {m}")
 
 
 # --- in one process: what runs twice, what is kept ---------------------------------------

@@ -14,7 +14,7 @@ from schedules.parallel import ParallelConfig
 from schedules.timeline import Timeline
 
 from .split_backward import EXACT_SPLIT
-from .tied_embedding import tied_pipeline_ranks
+from .tied_embedding import summing_ranks
 
 TP_INSIDE = ("TP collectives run inside their compute op (autograd); each TP op's span is "
              "the measured time of its collectives, laid out after the op's compute, whose "
@@ -71,8 +71,7 @@ def merge_timeline(payloads: dict[int, dict], job: Any) -> Timeline:
         + ([GLOO_REDUCE_SCATTER] if any(op.kind is OpKind.REDUCE_SCATTER
                                         for op in s.ops()) or p.sequence_parallel else [])
         + ([TP_INSIDE] if p.tp > 1 else [])
-        + ([TIED_SUM] if tied_pipeline_ranks(s, job.model) and not job.replay
-           and any(op.kind is OpKind.OPT_STEP for op in s.ops()) else []),
+        + ([TIED_SUM] if summing_ranks(s, job.model) and not job.replay else []),
     }
     return Timeline.from_dict({"source": source, "meta": meta, "spans": spans,
                                "memory": memory})

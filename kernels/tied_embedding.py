@@ -44,6 +44,13 @@ def tied_pipeline_ranks(schedule: Schedule, model: ModelSpec) -> tuple[int, int]
     return None if first == last else (first, last)
 
 
+def summing_ranks(schedule: Schedule, model: ModelSpec) -> tuple[int, int] | None:
+    """tied_pipeline_ranks when the schedule has an optimizer step (whose OPT_STEPs then
+    sum the tied gradient: the embedding group is needed), else None."""
+    pair = tied_pipeline_ranks(schedule, model)
+    return pair if pair and any(op.kind is OpKind.OPT_STEP for op in schedule.ops()) else None
+
+
 def embedding_group(parallel: ParallelConfig, rank: int, pair: tuple[int, int]) -> list[int]:
     """Global ranks of `rank`'s embedding group: the ranks at pipeline coordinates `pair`
     whose other coordinates are `rank`'s."""

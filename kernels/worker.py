@@ -33,7 +33,6 @@ import torch
 import torch.distributed as dist
 
 from schedules.model import ModelSpec
-from schedules.ops import OpKind
 from schedules.parallel import ParallelConfig
 from schedules.schedule import Schedule
 from schedules.pipeline_split import stage_layers
@@ -43,7 +42,7 @@ from .executor import RankExecutor, RankSetup
 from .stage import build_stages, named_parameters, token_batch
 from .tensor_parallel import TensorParallel
 from .tied_embedding import AXIS as EMBEDDING
-from .tied_embedding import embedding_group, tied_pipeline_ranks
+from .tied_embedding import embedding_group, summing_ranks
 from .timing import make_clock
 
 BEFORE_PROGRAM = -1
@@ -111,12 +110,11 @@ def _groups(job: Job, rank: int, timeout: datetime.timedelta) -> dict[str, Any]:
     (kernels.tied_embedding) — every rank creates every group, in the same order, as
     torch.distributed requires — and one world group per P2P direction."""
     parallel = job.parallel
-    pair = tied_pipeline_ranks(job.schedule, job.model)
-    stepped = any(op.kind is OpKind.OPT_STEP for op in job.schedule.ops())
+    pair = summing_ranks(job.schedule, job.model)
 
     def axes(r: int) -> dict[str, list[int]]:
         out = group_axes(parallel, r)
-        if pair and stepped:
+        if pair:
             out[EMBEDDING] = embedding_group(parallel, r, pair)
         return out
 

@@ -136,11 +136,17 @@ def gather_ops(sizes: DPSizes, parallel: ParallelConfig, stage: int) -> list[Op]
     return ops
 
 
+def moves_gradients(parallel: ParallelConfig) -> bool:
+    """Whether gradients leave the rank: to other DP ranks, or to the host (offload).
+    Otherwise (dp = 1) the pass adds only the optimizer steps."""
+    return parallel.dp > 1 or parallel.offload
+
+
 def add_sharded_optimizer(schedule: Schedule, sizes: DPSizes, parallel: ParallelConfig
                           ) -> Schedule:
     """DDP and ZeRO-1/2 (module docstring)."""
-    reduces = sizes.dp > 1 or parallel.offload
-    overlap = parallel.overlap_grad_reduce and parallel.zero_stage != 1 and reduces
+    overlap = (parallel.overlap_grad_reduce and parallel.zero_stage != 1
+               and moves_gradients(parallel))
     groups = sizes.groups if overlap else 1
     programs = []
     for program in schedule.programs:
@@ -181,7 +187,7 @@ def add_data_parallel(schedule: Schedule, model: ModelSpec, parallel: ParallelCo
         raise ConfigError(f"fsdp={parallel.fsdp!r} hpz={parallel.hpz}: give shard_size (the "
                           "ranks of one node's shard group; sim.dp_groups.shard_size)")
     shard = shard_size if hybrid else parallel.dp
-    if parallel.zero_stage == 3 and (parallel.dp > 1 or parallel.offload):
+    if parallel.zero_stage == 3 and moves_gradients(parallel):
         groups = model.num_layers // schedule.num_stages  # one FSDP unit per layer
         sizes = dp_sizes(model, parallel, schedule.num_stages, groups, shard)
         return add_zero3(schedule, sizes, parallel)

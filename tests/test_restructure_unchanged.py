@@ -1,0 +1,214 @@
+"""Issue 13's restructuring changed no answer: a fixed set of runs (schedules, ZeRO stages,
+TP/CP/EP, recompute, offload, profiles, custom schedules, topologies) through the command
+line, compared with the values recorded on the commit named in the data file, before the
+restructuring. This is the one test allowed to check the simulator against its own
+earlier output: its only purpose is to show that moving code around moved no number.
+
+Recorded (once, on the commit named in the data file, whose CLI was `python -m sim`):
+    python tests/test_restructure_unchanged.py --record sim
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "tests" / "data"
+BASELINE = DATA / "restructure_baseline.json"
+PROFILE = str(DATA / "restructure_profile.json")
+CUSTOM_CSV = str(DATA / "restructure_1f1b_pp4_m8.csv")
+TINY = ["--model", "gpt3-1.3b", "--num-layers", "4", "--hidden-size", "64",
+        "--num-attention-heads", "4", "--seq-length", "32", "--vocab-size", "128",
+        "--micro-batch-size", "2", "--dtype", "fp32"]
+GPT = ["--model", "gpt3-1.3b"]
+
+SIMULATE = {
+    "default": [],
+    "gpipe": ["--schedule", "gpipe", "--pp", "4", "--microbatches", "8", *GPT,
+              "--topology", "dgx-a100"],
+    "interleaved-v2": ["--schedule", "interleaved-1f1b", "--pp", "4", "--vpp", "2",
+                       "--microbatches", "16", *GPT, "--topology", "dgx-a100"],
+    "interleaved-v3": ["--schedule", "interleaved-1f1b", "--pp", "4", "--vpp", "3",
+                       "--microbatches", "8", *GPT],
+    "uniform-1f1b": ["--pp", "4", "--microbatches", "8", "--uniform-costs", "1,2",
+                     "--num-layers", "32"],
+    "uniform-interleaved": ["--schedule", "interleaved-1f1b", "--pp", "4", "--vpp", "2",
+                            "--microbatches", "8", "--uniform-costs", "1,2",
+                            "--num-layers", "32"],
+    "ddp": ["--pp", "2", "--dp", "2", "--microbatches", "4", *GPT],
+    "ddp-no-overlap": ["--pp", "1", "--dp", "2", "--microbatches", "2", *GPT,
+                       "--no-overlap-grad-reduce"],
+    "zero1-pp2": ["--pp", "2", "--dp", "4", "--zero", "1", "--microbatches", "4", *GPT],
+    "zero2": ["--pp", "1", "--dp", "8", "--zero", "2", "--microbatches", "2", *GPT],
+    "zero2-bucket50": ["--pp", "1", "--dp", "8", "--zero", "2", "--microbatches", "2",
+                       "--bucket-mb", "50", *GPT],
+    "fsdp-full": ["--pp", "1", "--dp", "8", "--fsdp", "full", "--microbatches", "2", *GPT],
+    "zero3-keep-gathered": ["--pp", "1", "--dp", "8", "--zero", "3", "--microbatches", "2",
+                            "--no-reshard-after-forward", *GPT],
+    "hsdp": ["--pp", "1", "--dp", "16", "--fsdp", "hybrid", "--microbatches", "1", *GPT,
+             "--topology", "dgx-h100-x16-ndr"],
+    "hsdp-zero2-shard4": ["--pp", "1", "--dp", "16", "--fsdp", "hybrid", "--zero", "2",
+                          "--shard-size", "4", "--microbatches", "1", *GPT,
+                          "--topology", "dgx-h100-x16-ndr"],
+    "zero++": ["--pp", "1", "--dp", "16", "--zero", "3", "--quantized-weights", "--hpz",
+               "--quantized-gradients", "--microbatches", "1", *GPT,
+               "--topology", "dgx-h100-x16-ndr"],
+    "offload-zero1-hgx": ["--pp", "1", "--dp", "2", "--zero", "1", "--offload",
+                          "--microbatches", "2", *GPT, "--topology", "hgx-h100"],
+    "offload-zero3-assumed-pcie": ["--pp", "1", "--dp", "8", "--zero", "3", "--offload",
+                                   "--microbatches", "1", *GPT],
+    "offload-dp1": ["--pp", "1", "--dp", "1", "--zero", "1", "--offload",
+                    "--microbatches", "2", *GPT, "--topology", "hgx-h100"],
+    "tp8-pp2-x16": ["--tp", "8", "--pp", "2", "--microbatches", "4",
+                    "--topology", "dgx-h100-x16-ndr"],
+    "tp4-sp-pp2": ["--tp", "4", "--sequence-parallel", "--pp", "2", "--microbatches", "4",
+                   *GPT],
+    "tp2-overlap": ["--tp", "2", "--tp-comm-overlap", "--pp", "4", "--microbatches", "4",
+                    *GPT],
+    "cp2-ring": ["--cp", "2", "--pp", "2", "--microbatches", "2", "--num-layers", "8"],
+    "cp2-ulysses": ["--cp", "2", "--cp-comm", "ulysses", "--pp", "2", "--microbatches", "2",
+                    "--num-layers", "8"],
+    "mixtral-ep8": ["--model", "mixtral-8x7b", "--num-layers", "4", "--pp", "1", "--dp", "8",
+                    "--ep", "8", "--zero", "1", "--microbatches", "1"],
+    "mixtral-etp-sp": ["--model", "mixtral-8x7b", "--num-layers", "4", "--pp", "1", "--tp", "2",
+                       "--sequence-parallel", "--etp", "1", "--ep", "4", "--dp", "4",
+                       "--microbatches", "1", "--topology", "dgx-h100-x16-ndr"],
+    "mixtral-imbalance": ["--model", "mixtral-8x7b", "--num-layers", "4", "--pp", "2",
+                          "--dp", "4", "--ep", "4", "--microbatches", "2",
+                          "--moe-imbalance", "2", "--recompute", "full"],
+    "deepseek-ep8": ["--model", "deepseek-v3-like", "--num-layers", "4", "--pp", "1",
+                     "--dp", "8", "--ep", "8", "--microbatches", "1"],
+    "recompute-full": ["--pp", "4", "--microbatches", "8", "--recompute", "full", *GPT],
+    "recompute-selective-interleaved": ["--schedule", "interleaved-1f1b", "--pp", "2",
+                                        "--vpp", "2", "--microbatches", "4",
+                                        "--recompute", "selective", *GPT],
+    "uneven-first-last": ["--first-stage-layers", "5", "--last-stage-layers", "3"],
+    "account-embedding-loss": ["--pp", "2", "--microbatches", "4", "--num-layers", "30",
+                               "--account-for-embedding", "--account-for-loss", *GPT],
+    "scatter-gather": ["--tp", "2", "--pp", "2", "--dp", "4", "--microbatches", "4",
+                       "--scatter-gather-tensors-in-pipeline", *GPT,
+                       "--rank-order", "tp-cp-ep-pp-dp", "--topology", "dgx-h100-x16-ndr"],
+    "tp-across-nodes": ["--tp", "8", "--pp", "2", "--rank-order", "dp-tp-cp-ep-pp",
+                        "--microbatches", "2", "--topology", "dgx-h100-x16-ndr"],
+    "pp8-dp16-x16": ["--pp", "8", "--dp", "16", "--microbatches", "16", "--num-layers", "16",
+                     "--topology", "dgx-h100-x16-ndr"],
+    "fat-tree-2to1": ["--tp", "8", "--pp", "4", "--dp", "8", "--microbatches", "4", *GPT,
+                      "--zero", "1", "--topology", "dgx-h100-x128-ndr-ft-2to1"],
+    "pcie-a100": ["--tp", "2", "--dp", "4", "--pp", "1", "--microbatches", "2", *GPT,
+                  "--topology", "pcie-a100"],
+    "selene": ["--tp", "2", "--pp", "2", "--dp", "2", "--microbatches", "4", *GPT,
+               "--topology", "selene-a100"],
+    "roce-global-batch": ["--pp", "2", "--dp", "32", "--global-batch-size", "128", *GPT,
+                          "--topology", "hgx-h100-x8-roce"],
+    "h200-efficiencies": ["--pp", "2", "--microbatches", "4", *GPT, "--topology", "dgx-h200",
+                          "--compute-efficiency", "0.7", "--memory-efficiency", "0.9"],
+    "oom-70b": ["--model", "llama3-70b", "--pp", "2", "--microbatches", "2",
+                "--num-layers", "8"],
+    "profile-gpipe": ["--schedule", "gpipe", "--pp", "2", "--microbatches", "2", *TINY,
+                      "--profile", PROFILE],
+    "profile-dp2": ["--pp", "2", "--dp", "2", "--microbatches", "2", *TINY,
+                    "--profile", PROFILE, "--recompute", "full"],
+    "custom-csv": ["--schedule-csv", CUSTOM_CSV, *GPT],
+}
+
+MEMORY = {
+    "zero-table1": ["--params", "7.5e9", "--dp", "64", "--zero", "3"],
+    "llama70b-fsdp": ["--model", "llama3-70b", "--dp", "8", "--pp", "1", "--fsdp", "full",
+                      "--recompute", "full", "--topology", "dgx-h100"],
+    "interleaved": ["--model", "gpt3-1.3b", "--pp", "4", "--vpp", "2", "--microbatches", "8",
+                    "--schedule", "interleaved-1f1b"],
+    "hpz": ["--model", "gpt3-1.3b", "--pp", "1", "--dp", "16", "--zero", "3", "--hpz",
+            "--topology", "dgx-h100-x16-ndr"],
+    "mixtral": ["--model", "mixtral-8x7b", "--pp", "2", "--dp", "8", "--ep", "8",
+                "--zero", "1", "--microbatches", "4"],
+}
+
+COMPARE = {
+    "schedules": ["--schedules", "gpipe,1f1b,interleaved-1f1b:2", "--pp", "4",
+                  "--microbatches", "8", *GPT],
+}
+
+
+def _cli(args: list[str]) -> str:
+    """Run the CLI in a subprocess (as a user does) and return its stdout."""
+    out = subprocess.run([sys.executable, "-m", ENTRY, *args], capture_output=True,
+                         text=True, cwd=ROOT, timeout=300)
+    if out.returncode != 0:
+        raise AssertionError(f"clustersim {' '.join(args)}: exit {out.returncode}: {out.stderr}")
+    return out.stdout
+
+
+def simulate_numbers(args: list[str], tmp: Path) -> dict:
+    """Iteration time, per-rank breakdown, peak memory and the OOM report of one run."""
+    metrics = tmp / "m.json"
+    _cli(["simulate", *args, "-o", str(tmp / "g.html"), "--metrics-json", str(metrics)])
+    data = json.loads(metrics.read_text())
+    per_rank = data["per_rank"]
+    oom = [{k: v for k, v in e.items() if isinstance(v, (int, float))}
+           for e in data.get("meta", {}).get("oom", [])]
+    return {"iteration_time": data["iteration_time"],
+            "time_breakdown": data["time_breakdown"]["per_rank"],
+            "peak_memory_bytes": per_rank["peak_memory_bytes"],
+            "peak_in_flight": per_rank["peak_in_flight_microbatches"],
+            "oom": oom}
+
+
+def memory_numbers(args: list[str], tmp: Path) -> dict:
+    data = json.loads(_cli(["memory", *args, "--json"]))
+    return {"ranks": [{k: v for k, v in r.items() if isinstance(v, (int, float))}
+                      for r in data["ranks"]]}
+
+
+def compare_numbers(args: list[str], tmp: Path) -> dict:
+    rows = json.loads(_cli(["compare", *args, "--json"]))
+    return {"rows": rows}
+
+
+ENTRY = "sim"  # the module `python -m` runs (the baseline was recorded with "sim")
+KINDS = {"simulate": (SIMULATE, simulate_numbers), "memory": (MEMORY, memory_numbers),
+         "compare": (COMPARE, compare_numbers)}
+CASES = [(kind, name) for kind, (table, _) in KINDS.items() for name in table]
+
+
+def _numbers(kind: str, name: str, tmp: Path) -> dict:
+    table, measure = KINDS[kind]
+    return measure(table[name], tmp)
+
+
+@pytest.fixture(scope="module")
+def baseline() -> dict:
+    return json.loads(BASELINE.read_text())
+
+
+@pytest.mark.parametrize("kind, name", CASES, ids=[f"{k}-{n}" for k, n in CASES])
+def test_numbers_unchanged_by_the_restructuring(baseline, kind, name, tmp_path):
+    recorded = baseline["cases"][f"{kind}/{name}"]
+    assert _numbers(kind, name, tmp_path) == pytest.approx(recorded, rel=1e-12, abs=1e-15)
+
+
+def test_the_baseline_covers_at_least_thirty_configurations(baseline):
+    assert len(baseline["cases"]) >= 30 and set(baseline["cases"]) == {f"{k}/{n}"
+                                                                        for k, n in CASES}
+
+
+def _record() -> None:
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                            cwd=ROOT, check=True).stdout.strip()
+    cases = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind, name in CASES:
+            print(f"{kind}/{name}", file=sys.stderr)
+            cases[f"{kind}/{name}"] = _numbers(kind, name, Path(tmp))
+    BASELINE.write_text(json.dumps({"commit": commit, "cases": cases}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["--record"]:
+        sys.exit(__doc__)
+    ENTRY = sys.argv[2] if len(sys.argv) > 2 else ENTRY
+    _record()

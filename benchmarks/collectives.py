@@ -24,8 +24,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from environment import environment_markdown
-from sim.collectives import Collective, simulate_collective, sweep_collective
-from topologies import gpu_nodes, load_topology
+from clustersim.sim.collectives import Collective, simulate_collective, sweep_collective
+from clustersim.topologies import gpu_nodes, load_topology
 
 PRESETS = ["dgx-a100", "dgx-h100", "dgx-h100-x16-ndr", "dgx-h100-x128-ndr-ft"]
 OPS = [Collective.ALL_REDUCE, Collective.ALL_GATHER, Collective.REDUCE_SCATTER,

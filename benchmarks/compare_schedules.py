@@ -16,10 +16,10 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from environment import environment_markdown
-from schedules.model_presets import get_model
-from schedules.parallel import ParallelConfig
-from sim.simulate import simulate
-from topologies import load_topology
+from clustersim.schedules.model_presets import get_model
+from clustersim.schedules.parallel import ParallelConfig
+from clustersim.sim.simulate import simulate
+from clustersim.topologies import load_topology
 
 MODEL, TOPOLOGY = "llama3-8b", "dgx-h100"
 PIPELINES = (2, 4, 8)

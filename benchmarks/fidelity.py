@@ -38,11 +38,11 @@ import fidelity_data as fd
 from environment import environment
 from fidelity_report import render, simulator_version
 from run_cli import command
-from schedules.model_presets import get_model
-from schedules.ops import OpKind
-from schedules.parallel import ParallelConfig
-from sim.simulate import CostOptions, simulate
-from topologies import load_topology
+from clustersim.schedules.model_presets import get_model
+from clustersim.schedules.ops import OpKind
+from clustersim.schedules.parallel import ParallelConfig
+from clustersim.sim.simulate import CostOptions, simulate
+from clustersim.topologies import load_topology
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -67,7 +67,7 @@ def intra_layer_kwargs(scatter_gather: bool = True) -> dict:
     scatter_gather_tensors_in_pipeline, used when tp > 1 without SP). {} for a simulator
     without intra-layer options (before TP communication)."""
     try:
-        from schedules.intra_layer import IntraLayerOptions
+        from clustersim.schedules.intra_layer import IntraLayerOptions
     except ImportError:
         return {}
     names = set(IntraLayerOptions.__dataclass_fields__)

@@ -46,8 +46,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from schedules.model import ModelSpec
-from schedules.model_presets import get_model
+from clustersim.schedules.model import ModelSpec
+from clustersim.schedules.model_presets import get_model
 
 
 @dataclass(frozen=True)

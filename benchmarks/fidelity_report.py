@@ -7,7 +7,7 @@ import os
 import subprocess
 from pathlib import Path
 
-import sim
+import clustersim
 
 SOURCE_DIRS = ("sim", "schedules", "topologies")
 
@@ -24,7 +24,7 @@ def _git(root: Path, *args: str) -> str | None:
 def simulator_version() -> dict:
     """Commit, uncommitted changes and a digest of the simulator's source (sim, schedules,
     topologies) as imported, so a page says exactly which code produced it."""
-    root = Path(sim.__file__).resolve().parent.parent
+    root = Path(clustersim.__file__).resolve().parent
     digest = hashlib.sha256()
     for folder in SOURCE_DIRS:
         for path in sorted((root / folder).rglob("*")):

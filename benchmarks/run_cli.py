@@ -1,4 +1,4 @@
-"""Run the clustersim CLI from a benchmark as a user would (`python -m sim ...` on this
+"""Run the clustersim CLI from a benchmark as a user would (`python -m clustersim ...` on this
 checkout), spell the command for the results page, and keep the raw results beside it."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from sim.cli import EXIT_USAGE
+from clustersim.sim.cli import EXIT_USAGE
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -25,7 +25,7 @@ def clustersim(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     """Run `clustersim ARGS` in `cwd`; a failure ends the benchmark with its stderr
     (`Refused` when clustersim rejected the input, which a benchmark may record)."""
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-    result = subprocess.run([sys.executable, "-m", "sim", *args], cwd=cwd, text=True,
+    result = subprocess.run([sys.executable, "-m", "clustersim", *args], cwd=cwd, text=True,
                             capture_output=True, env={**os.environ, "PYTHONPATH": path})
     if result.returncode:
         message = f"clustersim {' '.join(args)} failed:\n{result.stderr}"

@@ -28,10 +28,10 @@ import time
 from pathlib import Path
 
 from environment import environment_markdown
-from schedules.model_presets import get_model
-from schedules.parallel import ParallelConfig
-from sim.simulate import simulate
-from topologies import load_topology, single_node
+from clustersim.schedules.model_presets import get_model
+from clustersim.schedules.parallel import ParallelConfig
+from clustersim.sim.simulate import simulate
+from clustersim.topologies import load_topology, single_node
 
 CASES = [(4, 16), (8, 64), (16, 128), (16, 256), (32, 256), (64, 256), (64, 512)]
 RESULTS = Path(__file__).parent / "results" / "sim_speed.md"

@@ -46,9 +46,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from schedules.errors import ConfigError
-from schedules.model import ModelSpec
-from schedules.profile import COLLECTIVE_OPS, AlphaBeta, Profile
+from clustersim.schedules.errors import ConfigError
+from clustersim.schedules.model import ModelSpec
+from clustersim.schedules.profile import COLLECTIVE_OPS, AlphaBeta, Profile
 
 from .errors import KernelsError
 from .layers import torch_dtype

@@ -34,8 +34,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from schedules.contract import gather_releases
-from schedules.ops import Op, OpKind
+from clustersim.schedules.contract import gather_releases
+from clustersim.schedules.ops import Op, OpKind
 
 from .errors import KernelsError
 from .optimizer import FlatAdam

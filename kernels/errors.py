@@ -1,7 +1,7 @@
 """The error the kernels backend raises when a run fails: it names the rank and the op."""
 from __future__ import annotations
 
-from schedules.errors import ClustersimError
+from clustersim.schedules.errors import ClustersimError
 
 
 class KernelsError(ClustersimError, RuntimeError):

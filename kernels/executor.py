@@ -45,10 +45,10 @@ from typing import Any
 
 import torch
 
-from schedules.contract import (is_gradient_collective, is_intra_layer, is_parameter_gather,
+from clustersim.schedules.contract import (is_gradient_collective, is_intra_layer, is_parameter_gather,
                                 prerequisites, program_contract, program_products)
-from schedules.ops import Op, OpKind
-from schedules.schedule import Schedule
+from clustersim.schedules.ops import Op, OpKind
+from clustersim.schedules.schedule import Schedule
 
 from .dp_ops import DataParallelOps
 from .errors import KernelsError

@@ -36,18 +36,18 @@ from typing import Any
 
 import torch
 
-from schedules.annotate import annotate
-from schedules.contract import DP_GROUPS
-from schedules.costs import stage_costs
-from schedules.errors import ConfigError
-from schedules.intra_layer import IntraLayerOptions, add_intra_layer
-from schedules.layer_groups import group_costs
-from schedules.model import ModelSpec
-from schedules.ops import OpKind
-from schedules.parallel import ParallelConfig
-from schedules.schedule import Schedule
-from schedules.timeline import Timeline
-from schedules.validate import validate
+from clustersim.schedules.annotate import annotate
+from clustersim.schedules.contract import DP_GROUPS
+from clustersim.schedules.costs import stage_costs
+from clustersim.schedules.errors import ConfigError
+from clustersim.schedules.intra_layer import IntraLayerOptions, add_intra_layer
+from clustersim.schedules.layer_groups import group_costs
+from clustersim.schedules.model import ModelSpec
+from clustersim.schedules.ops import OpKind
+from clustersim.schedules.parallel import ParallelConfig
+from clustersim.schedules.schedule import Schedule
+from clustersim.schedules.timeline import Timeline
+from clustersim.schedules.validate import validate
 
 from .errors import KernelsError
 from .reference import run_reference, run_reference_steps
@@ -160,7 +160,7 @@ def _free_port() -> int:
 
 def _context() -> Any:
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["kernels.worker"])
+    ctx.set_forkserver_preload(["clustersim.kernels.worker"])
     return ctx
 
 

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
-from schedules.model import RECOMPUTE, ModelSpec
+from clustersim.schedules.model import RECOMPUTE, ModelSpec
 
 from .tensor_parallel import TensorParallel, replicated_in_sequence
 

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from schedules.model import ModelSpec
+from clustersim.schedules.model import ModelSpec
 
 from .layers import torch_dtype
 from .optimizer import FlatAdam

@@ -12,9 +12,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from schedules.contract import p2p_peer
-from schedules.ops import Op, OpKind
-from schedules.p2p import boundary
+from clustersim.schedules.contract import p2p_peer
+from clustersim.schedules.ops import Op, OpKind
+from clustersim.schedules.p2p import boundary
 
 
 def key_text(key: tuple) -> str:

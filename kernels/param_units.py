@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from schedules.contract import ProgramContract, is_gradient_collective, is_parameter_gather
-from schedules.ops import Op, OpKind
+from clustersim.schedules.contract import ProgramContract, is_gradient_collective, is_parameter_gather
+from clustersim.schedules.ops import Op, OpKind
 
 from .errors import KernelsError
 from .optimizer import FlatAdam

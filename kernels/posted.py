@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from schedules.ops import Op
+from clustersim.schedules.ops import Op
 
 from .errors import KernelsError
 from .timing import Completion, track_completion

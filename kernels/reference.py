@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from schedules.model import ModelSpec
-from schedules.parallel import ParallelConfig
+from clustersim.schedules.model import ModelSpec
+from clustersim.schedules.parallel import ParallelConfig
 
 from .optimizer import reference_optimizer
 from .stage import build_stages, named_parameters, token_batch

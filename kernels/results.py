@@ -9,9 +9,9 @@ from typing import Any
 
 import torch
 
-from schedules.ops import OpKind
-from schedules.parallel import ParallelConfig
-from schedules.timeline import Timeline
+from clustersim.schedules.ops import OpKind
+from clustersim.schedules.parallel import ParallelConfig
+from clustersim.schedules.timeline import Timeline
 
 from .split_backward import EXACT_SPLIT
 from .tied_embedding import summing_ranks

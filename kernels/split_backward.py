@@ -28,9 +28,9 @@ from typing import Any
 
 import torch
 
-from schedules.ops import OpKind
-from schedules.parallel import ParallelConfig
-from schedules.schedule import Schedule
+from clustersim.schedules.ops import OpKind
+from clustersim.schedules.parallel import ParallelConfig
+from clustersim.schedules.schedule import Schedule
 
 from .errors import KernelsError
 

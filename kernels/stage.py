@@ -40,8 +40,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from schedules.layer_groups import chunk_layers
-from schedules.model import ModelSpec
+from clustersim.schedules.layer_groups import chunk_layers
+from clustersim.schedules.model import ModelSpec
 
 from .layers import (Norm, TransformerLayer, check_recompute, checkpointed, init_parameters,
                      seed_for, sharded_parameter, torch_dtype)

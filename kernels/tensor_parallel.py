@@ -43,7 +43,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from schedules.ops import OpKind
+from clustersim.schedules.ops import OpKind
 
 SEQUENCE_DIM = 1
 

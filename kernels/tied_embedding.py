@@ -23,10 +23,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from schedules.model import ModelSpec
-from schedules.ops import OpKind
-from schedules.parallel import ParallelConfig
-from schedules.schedule import Schedule
+from clustersim.schedules.model import ModelSpec
+from clustersim.schedules.ops import OpKind
+from clustersim.schedules.parallel import ParallelConfig
+from clustersim.schedules.schedule import Schedule
 
 from .errors import KernelsError
 from .stage import StageModule

@@ -33,8 +33,8 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from schedules.contract import is_intra_layer
-from schedules.ops import Op, OpKind
+from clustersim.schedules.contract import is_intra_layer
+from clustersim.schedules.ops import Op, OpKind
 
 from .tensor_parallel import CollectiveRecord, SequenceGradients, TensorParallel
 

@@ -32,11 +32,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from schedules.model import ModelSpec
-from schedules.parallel import ParallelConfig
-from schedules.schedule import Schedule
-from schedules.pipeline_split import stage_layers
-from schedules.sharding import group_ranks
+from clustersim.schedules.model import ModelSpec
+from clustersim.schedules.parallel import ParallelConfig
+from clustersim.schedules.schedule import Schedule
+from clustersim.schedules.pipeline_split import stage_layers
+from clustersim.schedules.sharding import group_ranks
 
 from .executor import RankExecutor, RankSetup
 from .stage import build_stages, named_parameters, token_batch

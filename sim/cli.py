@@ -10,8 +10,9 @@ import argparse
 import logging
 import sys
 
-from schedules.errors import ClustersimError, DeadlockError
-from topologies import TopologyError
+from clustersim import __version__
+from clustersim.schedules.errors import ClustersimError, DeadlockError
+from clustersim.topologies import TopologyError
 
 from . import collective_cli, commands, hardware_cli, memory_cli
 
@@ -162,6 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="clustersim",
         description="Discrete-event simulator of distributed LLM training.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    parser.add_argument("--version", action="version", version=f"clustersim {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     sim = sub.add_parser("simulate", help="simulate one iteration to a Gantt HTML",

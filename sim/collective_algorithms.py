@@ -40,8 +40,8 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from schedules.errors import ConfigError
-from topologies import routes
+from clustersim.schedules.errors import ConfigError
+from clustersim.topologies import routes
 
 FlowSpec = tuple[str, str, float]  # (src gpu, dst gpu, bytes)
 

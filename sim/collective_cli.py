@@ -12,7 +12,7 @@ import argparse
 import json
 import re
 
-from schedules.errors import ConfigError
+from clustersim.schedules.errors import ConfigError
 
 _UNITS = {"": 1, "b": 1}
 for _i, _p in enumerate("kmgt", start=1):
@@ -86,7 +86,7 @@ def format_sweep(rows: list[dict], dtype: str) -> str:
 
 
 def cmd_collective(args: argparse.Namespace) -> int:
-    from topologies import gpu_nodes, load_topology
+    from clustersim.topologies import gpu_nodes, load_topology
 
     from .collectives import parse_collective, sweep_collective
 

@@ -37,11 +37,11 @@ from collections.abc import Callable
 import networkx as nx
 import simpy
 
-from schedules.contract import INTRA_LAYER_GROUPS
-from schedules.ops import Op
-from schedules.parallel import ParallelConfig
-from schedules.sharding import group_ranks
-from topologies import gpu_nodes
+from clustersim.schedules.contract import INTRA_LAYER_GROUPS
+from clustersim.schedules.ops import Op
+from clustersim.schedules.parallel import ParallelConfig
+from clustersim.schedules.sharding import group_ranks
+from clustersim.topologies import gpu_nodes
 
 from .collective_algorithms import estimate_time
 from .collectives import collective_phases, parse_collective, run_collective

@@ -30,10 +30,10 @@ from enum import Enum
 import networkx as nx
 import simpy
 
-from schedules.errors import ConfigError
-from schedules.ops import Op, OpKind
-from schedules.timeline import Span, Timeline
-from topologies import gpu_nodes, load_topology
+from clustersim.schedules.errors import ConfigError
+from clustersim.schedules.ops import Op, OpKind
+from clustersim.schedules.timeline import Span, Timeline
+from clustersim.topologies import gpu_nodes, load_topology
 
 from . import collective_algorithms as algos
 from .collective_algorithms import Phase, estimate_time

@@ -6,18 +6,18 @@ import json
 import logging
 from pathlib import Path
 
-from schedules.errors import ConfigError
-from schedules.generators import build_schedule, canonical_schedule_name
-from schedules.memory_model import rank_memory
-from schedules.model import ModelSpec
-from schedules.model_presets import MODEL_PRESETS, get_model
-from schedules.parallel import CUSTOM_SCHEDULE, ParallelConfig
-from schedules.schedule import Schedule
-from schedules.profile import Profile
-from schedules.timeline import Timeline
-from schedules.torch_csv import read_torch_csv, to_torch_csv
-from schedules.validate import validate
-from topologies import list_presets, load_topology
+from clustersim.schedules.errors import ConfigError
+from clustersim.schedules.generators import build_schedule, canonical_schedule_name
+from clustersim.schedules.memory_model import rank_memory
+from clustersim.schedules.model import ModelSpec
+from clustersim.schedules.model_presets import MODEL_PRESETS, get_model
+from clustersim.schedules.parallel import CUSTOM_SCHEDULE, ParallelConfig
+from clustersim.schedules.schedule import Schedule
+from clustersim.schedules.profile import Profile
+from clustersim.schedules.timeline import Timeline
+from clustersim.schedules.torch_csv import read_torch_csv, to_torch_csv
+from clustersim.schedules.validate import validate
+from clustersim.topologies import list_presets, load_topology
 
 from .collective_cli import cmd_collective
 from .cost import parse_uniform_costs
@@ -166,7 +166,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     schedule = build_schedule(name, args.pp, args.microbatches, vpp)
     dry = validate(schedule)
     if args.with_p2p:
-        from schedules.p2p import add_p2p
+        from clustersim.schedules.p2p import add_p2p
         schedule = add_p2p(schedule)
     if args.format == "grid":
         print(dry.grid())

@@ -16,11 +16,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from schedules.costs import StageCost
-from schedules.errors import ConfigError
-from schedules.layer_kernels import Kernel
-from schedules.ops import Op, OpKind
-from topologies import DeviceSpec
+from clustersim.schedules.costs import StageCost
+from clustersim.schedules.errors import ConfigError
+from clustersim.schedules.layer_kernels import Kernel
+from clustersim.schedules.ops import Op, OpKind
+from clustersim.topologies import DeviceSpec
 
 DEFAULT_COMPUTE_EFFICIENCY = 0.6
 DEFAULT_MEMORY_EFFICIENCY = 0.8

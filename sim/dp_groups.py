@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import networkx as nx
 
-from schedules.errors import ConfigError
-from schedules.parallel import ParallelConfig
-from schedules.sharding import group_ranks
-from topologies import gpu_nodes
+from clustersim.schedules.errors import ConfigError
+from clustersim.schedules.parallel import ParallelConfig
+from clustersim.schedules.sharding import group_ranks
+from clustersim.topologies import gpu_nodes
 
 
 def ranks_per_node(parallel: ParallelConfig, topology: nx.DiGraph) -> int:

@@ -24,12 +24,12 @@ from dataclasses import dataclass
 
 import simpy
 
-from schedules.contract import (Key, gather_releases, p2p_peer, prerequisites, produces,
+from clustersim.schedules.contract import (Key, gather_releases, p2p_peer, prerequisites, produces,
                                 program_contract)
-from schedules.errors import ConfigError, DeadlockError
-from schedules.ops import COMPUTE_KINDS, P2P_KINDS, Op, OpKind
-from schedules.schedule import Schedule
-from schedules.timeline import COMPUTE_LANE, MemorySample, Span, Timeline
+from clustersim.schedules.errors import ConfigError, DeadlockError
+from clustersim.schedules.ops import COMPUTE_KINDS, P2P_KINDS, Op, OpKind
+from clustersim.schedules.schedule import Schedule
+from clustersim.schedules.timeline import COMPUTE_LANE, MemorySample, Span, Timeline
 
 from .network import Network
 

@@ -31,7 +31,7 @@ import networkx as nx
 import numpy as np
 import simpy
 
-from topologies import routes
+from clustersim.topologies import routes
 
 from .maxmin import max_min_rates
 

@@ -31,8 +31,8 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from schedules.ops import OpKind
-from schedules.timeline import Span, Timeline
+from clustersim.schedules.ops import OpKind
+from clustersim.schedules.timeline import Span, Timeline
 
 from .trace import LANE_ORDER
 from .units import format_bytes, format_seconds

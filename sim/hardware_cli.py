@@ -17,8 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from schedules.errors import ClustersimError, ConfigError
-from schedules.timeline import Timeline
+from clustersim.schedules.errors import ClustersimError, ConfigError
+from clustersim.schedules.timeline import Timeline
 
 from .units import format_seconds
 
@@ -37,7 +37,7 @@ def _kernels(module: str) -> Any:
         missing = True
     if missing:
         raise ClustersimError(INSTALL_HINT)
-    return importlib.import_module(f"kernels.{module}")
+    return importlib.import_module(f"clustersim.kernels.{module}")
 
 
 def _note(text: str) -> None:
@@ -159,9 +159,9 @@ def _bandwidth(beta: float) -> str:
 
 # --- run --------------------------------------------------------------------------------
 def cmd_run(args: argparse.Namespace) -> int:
-    from schedules.data_parallel import add_data_parallel
-    from schedules.generators import build_schedule
-    from schedules.intra_layer import IntraLayerOptions
+    from clustersim.schedules.data_parallel import add_data_parallel
+    from clustersim.schedules.generators import build_schedule
+    from clustersim.schedules.intra_layer import IntraLayerOptions
 
     from .commands import model_from_args, schedule_and_parallel, write_outputs
     from .report import format_summary

@@ -14,14 +14,14 @@ from collections.abc import Callable, Sequence
 
 import networkx as nx
 
-from schedules.costs import StageCost
-from schedules.memory_model import MIXED_PRECISION_K, RankMemory, rank_memory
-from schedules.model import ModelSpec
-from schedules.ops import Op
-from schedules.parallel import ParallelConfig
-from schedules.schedule import Schedule
-from schedules.timeline import Timeline
-from topologies import gpu_nodes, host_of
+from clustersim.schedules.costs import StageCost
+from clustersim.schedules.memory_model import MIXED_PRECISION_K, RankMemory, rank_memory
+from clustersim.schedules.model import ModelSpec
+from clustersim.schedules.ops import Op
+from clustersim.schedules.parallel import ParallelConfig
+from clustersim.schedules.schedule import Schedule
+from clustersim.schedules.timeline import Timeline
+from clustersim.topologies import gpu_nodes, host_of
 
 from .engine import MemoryModel
 

@@ -13,9 +13,9 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 
-from schedules.errors import ConfigError
-from schedules.memory_model import RankMemory, precision_bytes, rank_memory
-from topologies import device_of, get_device, gpu_nodes, load_topology
+from clustersim.schedules.errors import ConfigError
+from clustersim.schedules.memory_model import RankMemory, precision_bytes, rank_memory
+from clustersim.topologies import device_of, get_device, gpu_nodes, load_topology
 
 from .commands import DEFAULT_MODEL, MODEL_DIM_FLAGS, model_from_args, parallel_from_args
 from .memory import gpus_per_node

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import networkx as nx
 
-from topologies import NODE_KINDS, canonical_device_name, gpu_nodes
-from topologies.nodes import PCIE_GEN4_X16, add_link
+from clustersim.topologies import NODE_KINDS, canonical_device_name, gpu_nodes
+from clustersim.topologies.nodes import PCIE_GEN4_X16, add_link
 
 PCIE_LATENCY = 1e-6
 

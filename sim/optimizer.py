@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from schedules.dp_sizes import ADAM_BYTES_PER_PARAM
-from schedules.ops import Op, OpKind
-from topologies import DeviceSpec
+from clustersim.schedules.dp_sizes import ADAM_BYTES_PER_PARAM
+from clustersim.schedules.ops import Op, OpKind
+from clustersim.topologies import DeviceSpec
 
 CPU_ADAM_SECONDS_PER_PARAM = 0.22e-9
 

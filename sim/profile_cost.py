@@ -29,13 +29,13 @@ from collections.abc import Callable, Sequence
 
 import simpy
 
-from schedules.errors import ConfigError
-from schedules.layer_groups import chunk_layers
-from schedules.model import ModelSpec
-from schedules.ops import Op, OpKind
-from schedules.parallel import ParallelConfig
-from schedules.pipeline_split import stage_layers
-from schedules.profile import Profile, shape_mismatch
+from clustersim.schedules.errors import ConfigError
+from clustersim.schedules.layer_groups import chunk_layers
+from clustersim.schedules.model import ModelSpec
+from clustersim.schedules.ops import Op, OpKind
+from clustersim.schedules.parallel import ParallelConfig
+from clustersim.schedules.pipeline_split import stage_layers
+from clustersim.schedules.profile import Profile, shape_mismatch
 
 # OpKind -> the profile's collectives key
 COLLECTIVE_NAMES = {OpKind.ALL_REDUCE: "all_reduce", OpKind.ALL_GATHER: "all_gather",

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from schedules.timeline import CATEGORIES, Timeline
+from clustersim.schedules.timeline import CATEGORIES, Timeline
 
 from .units import format_seconds
 

@@ -20,21 +20,21 @@ from dataclasses import dataclass
 import networkx as nx
 import simpy
 
-from schedules.annotate import annotate
-from schedules.data_parallel import add_data_parallel
-from schedules.layer_groups import group_costs
-from schedules.costs import stage_costs
-from schedules.errors import ConfigError, DeadlockError
-from schedules.generators import build_schedule
-from schedules.intra_layer import IntraLayerOptions, add_intra_layer
-from schedules.model import ModelSpec
-from schedules.ops import Op, OpKind
-from schedules.parallel import ParallelConfig
-from schedules.profile import Profile
-from schedules.schedule import Schedule
-from schedules.timeline import Timeline
-from schedules.validate import check_structure, dry_run
-from topologies import device_of, gpu_nodes
+from clustersim.schedules.annotate import annotate
+from clustersim.schedules.data_parallel import add_data_parallel
+from clustersim.schedules.layer_groups import group_costs
+from clustersim.schedules.costs import stage_costs
+from clustersim.schedules.errors import ConfigError, DeadlockError
+from clustersim.schedules.generators import build_schedule
+from clustersim.schedules.intra_layer import IntraLayerOptions, add_intra_layer
+from clustersim.schedules.model import ModelSpec
+from clustersim.schedules.ops import Op, OpKind
+from clustersim.schedules.parallel import ParallelConfig
+from clustersim.schedules.profile import Profile
+from clustersim.schedules.schedule import Schedule
+from clustersim.schedules.timeline import Timeline
+from clustersim.schedules.validate import check_structure, dry_run
+from clustersim.topologies import device_of, gpu_nodes
 
 from .cost import (DEFAULT_COMPUTE_EFFICIENCY, DEFAULT_MEMORY_EFFICIENCY, RooflineCost,
                    StageKernelCost, UniformCost)

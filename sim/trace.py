@@ -17,8 +17,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from schedules.ops import OpKind
-from schedules.timeline import Span, Timeline
+from clustersim.schedules.ops import OpKind
+from clustersim.schedules.timeline import Span, Timeline
 
 US_PER_S = 1e6
 LANE_ORDER = ("compute", "send", "recv", "pp", "tp", "cp", "ep", "etp", "dp", "dp_shard",

@@ -10,13 +10,13 @@ import pytest
 torch = pytest.importorskip("torch", reason="the kernels backend needs torch "
                             "(pip install -e '.[kernels]')")
 
-from kernels.calibrate import calibrate  # noqa: E402
-from kernels.microbench import OPTIMIZER_PARAMS  # noqa: E402
-from kernels.optimizer import FlatAdam  # noqa: E402
-from schedules.errors import ClustersimError, ConfigError  # noqa: E402
-from schedules.model import ModelSpec  # noqa: E402
-from schedules.profile import Profile  # noqa: E402
-from schedules.timeline import Timeline  # noqa: E402
+from clustersim.kernels.calibrate import calibrate  # noqa: E402
+from clustersim.kernels.microbench import OPTIMIZER_PARAMS  # noqa: E402
+from clustersim.kernels.optimizer import FlatAdam  # noqa: E402
+from clustersim.schedules.errors import ClustersimError, ConfigError  # noqa: E402
+from clustersim.schedules.model import ModelSpec  # noqa: E402
+from clustersim.schedules.profile import Profile  # noqa: E402
+from clustersim.schedules.timeline import Timeline  # noqa: E402
 from test_cli import clustersim  # noqa: E402
 from test_profile import TINY_FLAGS  # noqa: E402
 
@@ -118,7 +118,7 @@ def test_cli_run_nproc_must_equal_world_size(tmp_path):
 
 
 def test_missing_torch_is_one_clear_error(monkeypatch):
-    from sim import hardware_cli
+    from clustersim.sim import hardware_cli
     monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now raises ImportError
     with pytest.raises(ClustersimError, match=r"pip install -e '\.\[kernels\]'"):
         hardware_cli._kernels("calibrate")

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def clustersim(*args, cwd=None, check=True):
-    result = subprocess.run([sys.executable, "-m", "sim", *args], capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "clustersim", *args], capture_output=True,
                             text=True, cwd=cwd or ROOT, timeout=120)
     if check and result.returncode != 0:
         raise AssertionError(f"exit {result.returncode}: {result.stderr}")
@@ -101,9 +101,9 @@ def test_user_errors_are_one_clear_line(args, words):
 
 
 def test_intra_layer_and_etp_flags_set_parallel_config_fields():
-    from schedules.parallel import ParallelConfig
-    from sim.cli import build_parser
-    from sim.commands import parallel_from_args
+    from clustersim.schedules.parallel import ParallelConfig
+    from clustersim.sim.cli import build_parser
+    from clustersim.sim.commands import parallel_from_args
 
     args = build_parser().parse_args([
         "simulate", "--tp", "2", "--dp", "2", "--ep", "2", "--expert-tensor-parallel-size", "1",
@@ -161,7 +161,7 @@ def test_memory_reproduces_zero_table1_headline():
 def test_memory_reproduces_every_zero_table1_cell(params, capsys):
     """Every cell, compared at the table's printed precision: within one unit of its last
     digit (the table rounds 7.5B's cells and truncates the 128B/1T ones: 513.5 -> 513)."""
-    from sim.cli import main
+    from clustersim.sim.cli import main
     for dp, row in ZERO_TABLE1[params].items():
         for stage, cell in enumerate(row):
             assert main(["memory", "--params", f"{params:g}", "--dp", str(dp),

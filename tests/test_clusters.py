@@ -5,7 +5,7 @@ import json
 import networkx as nx
 import pytest
 
-from topologies import (
+from clustersim.topologies import (
     DEVICES,
     TopologyError,
     fat_tree,

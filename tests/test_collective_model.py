@@ -3,14 +3,14 @@ groups across nodes as flows; a TP group split over two nodes is slower."""
 import pytest
 import simpy
 
-from schedules.model_presets import get_model
-from schedules.ops import Op, OpKind
-from schedules.parallel import ParallelConfig
-from sim.collective_model import collective_model
-from sim.collectives import run_collective
-from sim.flows import FlowNetwork
-from sim.simulate import simulate, tp_groups_spanning_hosts
-from topologies import fat_tree
+from clustersim.schedules.model_presets import get_model
+from clustersim.schedules.ops import Op, OpKind
+from clustersim.schedules.parallel import ParallelConfig
+from clustersim.sim.collective_model import collective_model
+from clustersim.sim.collectives import run_collective
+from clustersim.sim.flows import FlowNetwork
+from clustersim.sim.simulate import simulate, tp_groups_spanning_hosts
+from clustersim.topologies import fat_tree
 
 GPT = get_model("gpt3-1.3b")
 
@@ -62,7 +62,7 @@ def test_tp_group_across_two_nodes_is_slower_than_inside_one():
 def test_next_compute_waits_for_tp_collectives_unless_overlapped():
     """Blocking TP all-reduces sit on the critical path: compute + TP time; with
     --tp-comm-overlap they run alongside the compute and the iteration is shorter."""
-    from schedules.intra_layer import IntraLayerOptions
+    from clustersim.schedules.intra_layer import IntraLayerOptions
 
     graph = fat_tree("dgx-h100", num_nodes=1)
     parallel = ParallelConfig(tp=8, num_microbatches=2)

@@ -17,15 +17,15 @@ import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schedules.errors import ConfigError
-from schedules.ops import Op, OpKind
-from sim.collective_algorithms import double_binary_tree, tree_depth
-from sim.collective_cli import parse_size, sweep_sizes
-from sim.collectives import (APPLICABLE, Collective, collective_phases, parse_collective,
+from clustersim.schedules.errors import ConfigError
+from clustersim.schedules.ops import Op, OpKind
+from clustersim.sim.collective_algorithms import double_binary_tree, tree_depth
+from clustersim.sim.collective_cli import parse_size, sweep_sizes
+from clustersim.sim.collectives import (APPLICABLE, Collective, collective_phases, parse_collective,
                              run_collective, simulate_collective)
-from sim.flows import FlowNetwork
-from sim.gantt import hover_text
-from topologies import fat_tree, gpu_nodes, load_topology, path_latency, route, single_node
+from clustersim.sim.flows import FlowNetwork
+from clustersim.sim.gantt import hover_text
+from clustersim.topologies import fat_tree, gpu_nodes, load_topology, path_latency, route, single_node
 
 ROOT = Path(__file__).resolve().parent.parent
 B, LAT = 100e9, 1e-6
@@ -391,7 +391,7 @@ def test_sweep_sizes_are_nccl_tests_doublings():
 
 
 def clustersim(*args):
-    return subprocess.run([sys.executable, "-m", "sim", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "clustersim", *args], capture_output=True, text=True,
                           cwd=ROOT, timeout=120)
 
 

@@ -1,13 +1,13 @@
 """The execution contract's positional rules (schedules.contract) and chunked ops."""
 import pytest
 
-from schedules.contract import local_waits, program_contract, program_products
-from schedules.errors import ConfigError, DeadlockError
-from schedules.generators import build_schedule
-from schedules.ops import Op, OpKind, parse_op
-from schedules.p2p import add_p2p
-from schedules.schedule import Schedule
-from schedules.validate import dry_run, validate
+from clustersim.schedules.contract import local_waits, program_contract, program_products
+from clustersim.schedules.errors import ConfigError, DeadlockError
+from clustersim.schedules.generators import build_schedule
+from clustersim.schedules.ops import Op, OpKind, parse_op
+from clustersim.schedules.p2p import add_p2p
+from clustersim.schedules.schedule import Schedule
+from clustersim.schedules.validate import dry_run, validate
 
 
 def ops(text):

@@ -3,11 +3,11 @@ from dataclasses import replace
 
 import pytest
 
-from schedules.costs import output_activation_bytes, stage_costs
-from schedules.errors import ConfigError
-from schedules.model import ModelSpec
-from schedules.model_presets import get_model
-from schedules.parallel import ParallelConfig
+from clustersim.schedules.costs import output_activation_bytes, stage_costs
+from clustersim.schedules.errors import ConfigError
+from clustersim.schedules.model import ModelSpec
+from clustersim.schedules.model_presets import get_model
+from clustersim.schedules.parallel import ParallelConfig
 
 GPT = ModelSpec(num_layers=8, hidden_size=256, num_attention_heads=8, seq_length=128,
                 vocab_size=1000, micro_batch_size=2)

@@ -1,11 +1,11 @@
 """The DP gradient all-reduce pass and its place in the execution contract."""
 import pytest
 
-from schedules.data_parallel import add_dp_allreduce
-from schedules.errors import DeadlockError
-from schedules.generators import build_schedule
-from schedules.ops import BACKWARD_KINDS, Op, OpKind
-from schedules.validate import validate
+from clustersim.schedules.data_parallel import add_dp_allreduce
+from clustersim.schedules.errors import DeadlockError
+from clustersim.schedules.generators import build_schedule
+from clustersim.schedules.ops import BACKWARD_KINDS, Op, OpKind
+from clustersim.schedules.validate import validate
 
 
 @pytest.mark.parametrize("name, pp, m, vpp", [
@@ -39,16 +39,16 @@ from collections import Counter  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from schedules.costs import stage_costs  # noqa: E402
-from schedules.data_parallel import (ADAM_BYTES_PER_PARAM, add_data_parallel,  # noqa: E402
+from clustersim.schedules.costs import stage_costs  # noqa: E402
+from clustersim.schedules.data_parallel import (ADAM_BYTES_PER_PARAM, add_data_parallel,  # noqa: E402
                                      bucket_groups)
-from schedules.errors import ConfigError  # noqa: E402
-from schedules.model_presets import get_model  # noqa: E402
-from schedules.parallel import ParallelConfig  # noqa: E402
-from schedules.dp_sizes import EXTRA_TENSORS, TENSORS_PER_LAYER  # noqa: E402
-from schedules.sharding import DEFAULT_BUCKET_BYTES  # noqa: E402
-from sim.simulate import simulate  # noqa: E402
-from topologies import load_topology  # noqa: E402
+from clustersim.schedules.errors import ConfigError  # noqa: E402
+from clustersim.schedules.model_presets import get_model  # noqa: E402
+from clustersim.schedules.parallel import ParallelConfig  # noqa: E402
+from clustersim.schedules.dp_sizes import EXTRA_TENSORS, TENSORS_PER_LAYER  # noqa: E402
+from clustersim.schedules.sharding import DEFAULT_BUCKET_BYTES  # noqa: E402
+from clustersim.sim.simulate import simulate  # noqa: E402
+from clustersim.topologies import load_topology  # noqa: E402
 
 MODEL = get_model("llama3-8b", num_layers=8)
 LAYER_BYTES = MODEL.layer_param_count(1, 1) * 2  # bf16 gradients of one layer

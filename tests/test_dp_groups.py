@@ -1,17 +1,17 @@
 """DP sub-group mapping (sim.dp_groups), optimizer-step costs (sim.optimizer), offload."""
 import pytest
 
-from schedules.costs import stage_costs
-from schedules.data_parallel import ADAM_BYTES_PER_PARAM
-from schedules.errors import ConfigError
-from schedules.model_presets import get_model
-from schedules.ops import Op, OpKind
-from schedules.parallel import ParallelConfig
-from schedules.sharding import group_ranks
-from sim.dp_groups import shard_size
-from sim.optimizer import CPU_ADAM_SECONDS_PER_PARAM, optimizer_step_time
-from sim.simulate import simulate
-from topologies import get_device, load_topology
+from clustersim.schedules.costs import stage_costs
+from clustersim.schedules.data_parallel import ADAM_BYTES_PER_PARAM
+from clustersim.schedules.errors import ConfigError
+from clustersim.schedules.model_presets import get_model
+from clustersim.schedules.ops import Op, OpKind
+from clustersim.schedules.parallel import ParallelConfig
+from clustersim.schedules.sharding import group_ranks
+from clustersim.sim.dp_groups import shard_size
+from clustersim.sim.optimizer import CPU_ADAM_SECONDS_PER_PARAM, optimizer_step_time
+from clustersim.sim.simulate import simulate
+from clustersim.topologies import get_device, load_topology
 
 MODEL = get_model("llama3-8b", num_layers=4)
 

@@ -6,16 +6,16 @@ import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schedules.errors import DeadlockError
-from schedules.generators import build_schedule
-from schedules.ops import Op, OpKind
-from schedules.p2p import add_p2p
-from schedules.timeline import COMPUTE_LANE
-from sim.cost import UniformCost
-from sim.engine import Replay
-from sim.flows import FlowNetwork
-from sim.network import InstantNetwork
-from topologies import single_node
+from clustersim.schedules.errors import DeadlockError
+from clustersim.schedules.generators import build_schedule
+from clustersim.schedules.ops import Op, OpKind
+from clustersim.schedules.p2p import add_p2p
+from clustersim.schedules.timeline import COMPUTE_LANE
+from clustersim.sim.cost import UniformCost
+from clustersim.sim.engine import Replay
+from clustersim.sim.flows import FlowNetwork
+from clustersim.sim.network import InstantNetwork
+from clustersim.topologies import single_node
 
 
 def replay(schedule, forward=1.0, backward=2.0, network=None):

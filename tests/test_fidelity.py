@@ -15,8 +15,8 @@ import fidelity as fb  # noqa: E402  (benchmarks/ is scripts, not a package)
 import fidelity_data as fd  # noqa: E402
 from fidelity_report import render  # noqa: E402
 
-from sim.simulate import CostOptions  # noqa: E402
-from topologies import load_topology, single_node  # noqa: E402
+from clustersim.sim.simulate import CostOptions  # noqa: E402
+from clustersim.topologies import load_topology, single_node  # noqa: E402
 
 # A 2-stage, 2-GPU cut of SC21's 1.7B run: same shape, tiny batch.
 TINY = replace(fd.SC21_TABLE_1[0], label="tiny", tp=1, pp=2, dp=1, gpus=2,
@@ -161,7 +161,7 @@ def test_report_marks_skips_and_unmet_targets():
 def test_megatron_intra_layer_options_and_the_cli_command_parse():
     import shlex
 
-    from sim.cli import build_parser
+    from clustersim.sim.cli import build_parser
     intra = fb.intra_layer_kwargs()
     options = intra.get("intra")
     if options is not None:  # a simulator with intra-layer communication

@@ -9,8 +9,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import fidelity_data as fd  # noqa: E402  (benchmarks/ is scripts, not a package)
 
-from schedules.model_presets import MODEL_PRESETS  # noqa: E402
-from topologies import device_of, gpu_nodes, load_topology  # noqa: E402
+from clustersim.schedules.model_presets import MODEL_PRESETS  # noqa: E402
+from clustersim.topologies import device_of, gpu_nodes, load_topology  # noqa: E402
 
 RUNS = fd.PUBLISHED_RUNS
 ids = [f"{r.source}:{r.label}:{r.recompute}" for r in RUNS]

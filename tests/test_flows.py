@@ -4,8 +4,8 @@ import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.flows import FlowNetwork, _PairRoutes
-from topologies import single_node
+from clustersim.sim.flows import FlowNetwork, _PairRoutes
+from clustersim.topologies import single_node
 
 BW, LAT = 100e9, 1e-6  # bytes/s per direction, seconds per hop
 S = 1e9

@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 
 from browser import dump_dom, png_summary, screenshot
-from schedules.generators import build_schedule
-from schedules.ops import Op, OpKind
-from schedules.timeline import MemorySample, Span, Timeline
-from schedules.validate import dry_run
-from sim import gantt
-from sim.gantt import count_bars, gantt_figure, gantt_rows, write_gantt, write_gantt_comparison
-from sim.units import format_bytes, format_seconds
+from clustersim.schedules.generators import build_schedule
+from clustersim.schedules.ops import Op, OpKind
+from clustersim.schedules.timeline import MemorySample, Span, Timeline
+from clustersim.schedules.validate import dry_run
+from clustersim.sim import gantt
+from clustersim.sim.gantt import count_bars, gantt_figure, gantt_rows, write_gantt, write_gantt_comparison
+from clustersim.sim.units import format_bytes, format_seconds
 
 STEP = 1e-3  # seconds per dry-run step
 

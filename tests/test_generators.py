@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schedules.errors import ConfigError
-from schedules.generators import build_schedule, canonical_schedule_name
-from schedules.ops import OpKind
-from schedules.validate import validate
+from clustersim.schedules.errors import ConfigError
+from clustersim.schedules.generators import build_schedule, canonical_schedule_name
+from clustersim.schedules.ops import OpKind
+from clustersim.schedules.validate import validate
 
 SETTINGS = settings(max_examples=40, deadline=None)
 

@@ -4,19 +4,19 @@ from dataclasses import replace
 
 import pytest
 
-from schedules.annotate import annotate
-from schedules.contract import is_intra_layer
-from schedules.costs import stage_costs
-from schedules.errors import ConfigError
-from schedules.generators import build_schedule
-from schedules.intra_layer import IntraLayerOptions, add_intra_layer
-from schedules.model_presets import get_model
-from schedules.ops import OpKind
-from schedules.parallel import ParallelConfig
-from schedules.timeline import span_category
-from schedules.validate import check_structure, dry_run
-from sim.simulate import simulate
-from topologies import fat_tree
+from clustersim.schedules.annotate import annotate
+from clustersim.schedules.contract import is_intra_layer
+from clustersim.schedules.costs import stage_costs
+from clustersim.schedules.errors import ConfigError
+from clustersim.schedules.generators import build_schedule
+from clustersim.schedules.intra_layer import IntraLayerOptions, add_intra_layer
+from clustersim.schedules.model_presets import get_model
+from clustersim.schedules.ops import OpKind
+from clustersim.schedules.parallel import ParallelConfig
+from clustersim.schedules.timeline import span_category
+from clustersim.schedules.validate import check_structure, dry_run
+from clustersim.sim.simulate import simulate
+from clustersim.topologies import fat_tree
 
 GPT = get_model("gpt3-1.3b")  # 24 layers, h 2048, s 2048, bf16
 MIXTRAL = get_model("mixtral-8x7b", num_layers=8)

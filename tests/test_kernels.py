@@ -14,16 +14,16 @@ import pytest
 torch = pytest.importorskip("torch", reason="the kernels backend needs torch "
                             "(pip install -e '.[kernels]')")
 
-from kernels import KernelsError, run_reference, run_schedule  # noqa: E402
-from kernels.layers import (ColumnParallelLinear, RowParallelLinear,  # noqa: E402
+from clustersim.kernels import KernelsError, run_reference, run_schedule  # noqa: E402
+from clustersim.kernels.layers import (ColumnParallelLinear, RowParallelLinear,  # noqa: E402
                             count_parameters, init_parameters)
-from kernels.stage import build_stages  # noqa: E402
-from schedules.errors import ConfigError, DeadlockError  # noqa: E402
-from schedules.generators import build_schedule  # noqa: E402
-from schedules.model import ModelSpec  # noqa: E402
-from schedules.ops import Op, OpKind  # noqa: E402
-from schedules.parallel import ParallelConfig  # noqa: E402
-from schedules.schedule import Schedule  # noqa: E402
+from clustersim.kernels.stage import build_stages  # noqa: E402
+from clustersim.schedules.errors import ConfigError, DeadlockError  # noqa: E402
+from clustersim.schedules.generators import build_schedule  # noqa: E402
+from clustersim.schedules.model import ModelSpec  # noqa: E402
+from clustersim.schedules.ops import Op, OpKind  # noqa: E402
+from clustersim.schedules.parallel import ParallelConfig  # noqa: E402
+from clustersim.schedules.schedule import Schedule  # noqa: E402
 
 GPT = ModelSpec(num_layers=4, hidden_size=64, num_attention_heads=4, seq_length=32,
                 vocab_size=128, micro_batch_size=2, dtype="fp32")

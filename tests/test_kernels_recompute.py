@@ -16,18 +16,18 @@ import pytest
 torch = pytest.importorskip("torch", reason="the kernels backend needs torch "
                             "(pip install -e '.[kernels]')")
 
-from kernels import KernelsError, run_reference, run_reference_steps  # noqa: E402
-from kernels.layers import MLP, CoreAttention, TransformerLayer  # noqa: E402
-from kernels.stage import build_stages, token_batch  # noqa: E402
-from schedules.annotate import annotate  # noqa: E402
-from schedules.costs import stage_costs  # noqa: E402
-from schedules.data_parallel import add_data_parallel  # noqa: E402
-from schedules.generators import build_schedule  # noqa: E402
-from schedules.intra_layer import add_intra_layer  # noqa: E402
-from schedules.layer_groups import group_costs  # noqa: E402
-from schedules.model import ModelSpec  # noqa: E402
-from schedules.ops import Op, OpKind  # noqa: E402
-from schedules.schedule import Schedule  # noqa: E402
+from clustersim.kernels import KernelsError, run_reference, run_reference_steps  # noqa: E402
+from clustersim.kernels.layers import MLP, CoreAttention, TransformerLayer  # noqa: E402
+from clustersim.kernels.stage import build_stages, token_batch  # noqa: E402
+from clustersim.schedules.annotate import annotate  # noqa: E402
+from clustersim.schedules.costs import stage_costs  # noqa: E402
+from clustersim.schedules.data_parallel import add_data_parallel  # noqa: E402
+from clustersim.schedules.generators import build_schedule  # noqa: E402
+from clustersim.schedules.intra_layer import add_intra_layer  # noqa: E402
+from clustersim.schedules.layer_groups import group_costs  # noqa: E402
+from clustersim.schedules.model import ModelSpec  # noqa: E402
+from clustersim.schedules.ops import Op, OpKind  # noqa: E402
+from clustersim.schedules.schedule import Schedule  # noqa: E402
 from test_kernels import GPT, LLAMA, assert_same_grads, parallel, run  # noqa: E402
 
 RECOMPUTE = ["selective", "full"]
@@ -184,8 +184,8 @@ def test_full_recompute_with_split_backward_is_refused():
 def test_measured_ops_are_the_simulated_ones_with_full_recompute():
     """tp=2 with SP and full recompute: per op one span on the same lane, the same bytes
     and (TP ops) the same count of collectives, measured as simulated."""
-    from sim.simulate import simulate
-    from topologies import load_topology
+    from clustersim.sim.simulate import simulate
+    from clustersim.topologies import load_topology
     par = parallel(tp=2, sequence_parallel=True, num_microbatches=2, recompute="full")
     simulated = simulate(LLAMA, par, load_topology("dgx-h100"), build_schedule("1f1b", 1, 2))
     schedule = with_tp_ops(add_data_parallel(build_schedule("1f1b", 1, 2), LLAMA, par), LLAMA,

@@ -7,19 +7,19 @@ import pytest
 torch = pytest.importorskip("torch", reason="the kernels backend needs torch "
                             "(pip install -e '.[kernels]')")
 
-from kernels import (KernelsError, run_reference, run_reference_steps,  # noqa: E402
+from clustersim.kernels import (KernelsError, run_reference, run_reference_steps,  # noqa: E402
                      run_schedule)
-from schedules.annotate import annotate  # noqa: E402
-from schedules.costs import stage_costs  # noqa: E402
-from schedules.data_parallel import add_data_parallel  # noqa: E402
-from schedules.errors import ConfigError  # noqa: E402
-from schedules.generators import build_schedule  # noqa: E402
-from schedules.intra_layer import add_intra_layer  # noqa: E402
-from schedules.layer_groups import group_costs  # noqa: E402
-from schedules.model import ModelSpec  # noqa: E402
-from schedules.ops import Op, OpKind  # noqa: E402
-from schedules.parallel import ParallelConfig  # noqa: E402
-from schedules.schedule import Schedule  # noqa: E402
+from clustersim.schedules.annotate import annotate  # noqa: E402
+from clustersim.schedules.costs import stage_costs  # noqa: E402
+from clustersim.schedules.data_parallel import add_data_parallel  # noqa: E402
+from clustersim.schedules.errors import ConfigError  # noqa: E402
+from clustersim.schedules.generators import build_schedule  # noqa: E402
+from clustersim.schedules.intra_layer import add_intra_layer  # noqa: E402
+from clustersim.schedules.layer_groups import group_costs  # noqa: E402
+from clustersim.schedules.model import ModelSpec  # noqa: E402
+from clustersim.schedules.ops import Op, OpKind  # noqa: E402
+from clustersim.schedules.parallel import ParallelConfig  # noqa: E402
+from clustersim.schedules.schedule import Schedule  # noqa: E402
 
 GPT = ModelSpec(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=16,
                 vocab_size=128, micro_batch_size=2, dtype="fp32")

@@ -14,15 +14,15 @@ import pytest
 torch = pytest.importorskip("torch", reason="the kernels backend needs torch "
                             "(pip install -e '.[kernels]')")
 
-from kernels import KernelsError, run_reference_steps, run_schedule  # noqa: E402
-from kernels.optimizer import FlatAdam, reference_optimizer  # noqa: E402
-from kernels.param_units import ParamUnit, owned_ranges  # noqa: E402
-from kernels.stage import build_stages, token_batch  # noqa: E402
-from schedules.data_parallel import add_data_parallel  # noqa: E402
-from schedules.generators import build_schedule  # noqa: E402
-from schedules.model import ModelSpec  # noqa: E402
-from schedules.ops import OpKind  # noqa: E402
-from schedules.parallel import ParallelConfig  # noqa: E402
+from clustersim.kernels import KernelsError, run_reference_steps, run_schedule  # noqa: E402
+from clustersim.kernels.optimizer import FlatAdam, reference_optimizer  # noqa: E402
+from clustersim.kernels.param_units import ParamUnit, owned_ranges  # noqa: E402
+from clustersim.kernels.stage import build_stages, token_batch  # noqa: E402
+from clustersim.schedules.data_parallel import add_data_parallel  # noqa: E402
+from clustersim.schedules.generators import build_schedule  # noqa: E402
+from clustersim.schedules.model import ModelSpec  # noqa: E402
+from clustersim.schedules.ops import OpKind  # noqa: E402
+from clustersim.schedules.parallel import ParallelConfig  # noqa: E402
 
 LLAMA = ModelSpec(num_layers=4, hidden_size=64, num_attention_heads=4, num_query_groups=2,
                   seq_length=32, vocab_size=128, micro_batch_size=2, dtype="fp32", swiglu=True,
@@ -114,8 +114,8 @@ def test_measured_spans_are_the_simulated_ones(kw):
     """Same schedule, both backends: per op one span on the same lane with the same bytes
     (the simulator draws one DP replica: its rank r is the kernels' pipeline rank r of
     replica 0), so the two Timelines compare op for op."""
-    from sim.simulate import simulate
-    from topologies import load_topology
+    from clustersim.sim.simulate import simulate
+    from clustersim.topologies import load_topology
     schedule, par = setup(**kw)
     simulated = simulate(LLAMA, par, load_topology("dgx-h100"), build_schedule("1f1b", 1, 2))
     measured, _, _ = run(schedule, par)
@@ -197,7 +197,7 @@ def test_adam_on_shards_equals_torch_adam_on_the_whole():
 # --- tied embeddings on two pipeline ranks: Megatron's embedding all-reduce ---------------
 def capture_payloads(monkeypatch):
     """The rank payloads of the next run_schedule (each rank's own tensors, unmerged)."""
-    import kernels.launch as launch
+    import clustersim.kernels.launch as launch
     payloads, launch_ranks = {}, launch._launch
     monkeypatch.setattr(launch, "_launch", lambda job: payloads.update(launch_ranks(job))
                         or payloads)
@@ -238,7 +238,7 @@ def test_tied_embeddings_across_pipeline_ranks_with_zero_are_refused():
 def test_tied_embedding_shared_by_two_stages_of_a_rank_reduces_once_per_stage():
     """pp=1 vpp=2: one shared weight in both stages' all-reduces (the IR's sizes) still
     gives the reference gradients (a mean of means); a step on it is refused."""
-    from schedules.data_parallel import add_dp_allreduce
+    from clustersim.schedules.data_parallel import add_dp_allreduce
     par = ParallelConfig(pp=1, vpp=2, dp=2, micro_batch_size=2, num_microbatches=2,
                          schedule="interleaved-1f1b")
     plain = add_dp_allreduce(build_schedule("interleaved-1f1b", 1, 2, 2))

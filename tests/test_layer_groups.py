@@ -1,15 +1,15 @@
 """Layer groups: the layer -> group map and group costs (annotate, profile costs)."""
 import pytest
 
-from schedules.annotate import annotate
-from schedules.costs import stage_costs
-from schedules.errors import ConfigError
-from schedules.layer_groups import chunk_layers, group_costs
-from schedules.model_presets import get_model
-from schedules.ops import Op, OpKind, parse_op
-from schedules.parallel import ParallelConfig
-from schedules.schedule import Schedule
-from schedules.torch_csv import to_torch_csv
+from clustersim.schedules.annotate import annotate
+from clustersim.schedules.costs import stage_costs
+from clustersim.schedules.errors import ConfigError
+from clustersim.schedules.layer_groups import chunk_layers, group_costs
+from clustersim.schedules.model_presets import get_model
+from clustersim.schedules.ops import Op, OpKind, parse_op
+from clustersim.schedules.parallel import ParallelConfig
+from clustersim.schedules.schedule import Schedule
+from clustersim.schedules.torch_csv import to_torch_csv
 
 MODEL = get_model("llama3-8b", num_layers=8)
 
@@ -49,7 +49,7 @@ def test_annotate_costs_chunks_as_their_group():
 
 def test_profile_costs_a_group_as_its_layers():
     from tests.test_profile import make_profile
-    from sim.profile_cost import ProfileCost
+    from clustersim.sim.profile_cost import ProfileCost
     profile = make_profile()
     whole = ProfileCost(profile, [4, 4])
     grouped = ProfileCost(profile, [4, 4], groups=2)

@@ -5,14 +5,14 @@ from dataclasses import replace
 
 import pytest
 
-from schedules import layer_kernels as lk
-from schedules.costs import stage_costs
-from schedules.model import ModelSpec
-from schedules.model_presets import get_model
-from schedules.parallel import ParallelConfig
-from schedules.ops import Op, OpKind
-from sim.cost import RooflineCost, StageKernelCost
-from topologies import get_device
+from clustersim.schedules import layer_kernels as lk
+from clustersim.schedules.costs import stage_costs
+from clustersim.schedules.model import ModelSpec
+from clustersim.schedules.model_presets import get_model
+from clustersim.schedules.parallel import ParallelConfig
+from clustersim.schedules.ops import Op, OpKind
+from clustersim.sim.cost import RooflineCost, StageKernelCost
+from clustersim.topologies import get_device
 
 GPT = ModelSpec(num_layers=8, hidden_size=256, num_attention_heads=8, seq_length=128,
                 vocab_size=1024, micro_batch_size=2)

@@ -4,7 +4,7 @@ flow crosses a saturated link on which no other flow gets more)."""
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.maxmin import max_min_rates
+from clustersim.sim.maxmin import max_min_rates
 
 
 def test_flows_on_one_link_share_it_equally():

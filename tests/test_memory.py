@@ -1,15 +1,15 @@
 """sim.memory: the replay's static bytes per ZeRO stage and the OOM report."""
 import pytest
 
-from schedules.costs import stage_costs
-from schedules.generators import build_schedule
-from schedules.memory_model import rank_memory
-from schedules.model import ModelSpec
-from schedules.ops import Op, OpKind
-from schedules.parallel import ParallelConfig
-from schedules.timeline import MemorySample, Span, Timeline
-from sim.memory import gpus_per_node, memory_model, oom_report
-from topologies import load_topology
+from clustersim.schedules.costs import stage_costs
+from clustersim.schedules.generators import build_schedule
+from clustersim.schedules.memory_model import rank_memory
+from clustersim.schedules.model import ModelSpec
+from clustersim.schedules.ops import Op, OpKind
+from clustersim.schedules.parallel import ParallelConfig
+from clustersim.schedules.timeline import MemorySample, Span, Timeline
+from clustersim.sim.memory import gpus_per_node, memory_model, oom_report
+from clustersim.topologies import load_topology
 
 GPT = ModelSpec(num_layers=8, hidden_size=256, num_attention_heads=8, seq_length=128,
                 vocab_size=1000)

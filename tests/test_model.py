@@ -5,9 +5,9 @@ from fractions import Fraction
 
 import pytest
 
-from schedules.errors import ConfigError
-from schedules.model import ModelSpec
-from schedules.model_presets import MODEL_PRESETS, get_model
+from clustersim.schedules.errors import ConfigError
+from clustersim.schedules.model import ModelSpec
+from clustersim.schedules.model_presets import MODEL_PRESETS, get_model
 
 GPT = ModelSpec(num_layers=4, hidden_size=256, num_attention_heads=8, seq_length=128,
                 vocab_size=1000, micro_batch_size=2)

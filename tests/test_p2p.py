@@ -2,11 +2,11 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schedules.generators import build_schedule
-from schedules.ops import Op, OpKind
-from schedules.p2p import add_p2p
-from schedules.schedule import Schedule
-from schedules.validate import validate
+from clustersim.schedules.generators import build_schedule
+from clustersim.schedules.ops import Op, OpKind
+from clustersim.schedules.p2p import add_p2p
+from clustersim.schedules.schedule import Schedule
+from clustersim.schedules.validate import validate
 
 F, B, I, W = OpKind.F, OpKind.B, OpKind.I, OpKind.W
 SEND_F, RECV_F, SEND_B, RECV_B = OpKind.SEND_F, OpKind.RECV_F, OpKind.SEND_B, OpKind.RECV_B

@@ -1,9 +1,9 @@
 """ParallelConfig: validation, aliases, micro-batch arithmetic and the Megatron rank grid."""
 import pytest
 
-from schedules.errors import ConfigError
-from schedules.model import ModelSpec
-from schedules.parallel import ALIASES, ParallelConfig
+from clustersim.schedules.errors import ConfigError
+from clustersim.schedules.model import ModelSpec
+from clustersim.schedules.parallel import ALIASES, ParallelConfig
 
 MODEL = ModelSpec(num_layers=8, hidden_size=256, num_attention_heads=8, seq_length=128,
                   vocab_size=1000)

@@ -7,16 +7,16 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from kernels import run_reference, run_schedule  # noqa: E402
-from schedules.costs import stage_costs  # noqa: E402
-from schedules.errors import ConfigError  # noqa: E402
-from schedules.generators import build_schedule  # noqa: E402
-from schedules.model import ModelSpec  # noqa: E402
-from schedules.model_presets import get_model  # noqa: E402
-from schedules.parallel import ParallelConfig  # noqa: E402
-from schedules.pipeline_split import stage_layers  # noqa: E402
-from sim.simulate import simulate  # noqa: E402
-from topologies import load_topology  # noqa: E402
+from clustersim.kernels import run_reference, run_schedule  # noqa: E402
+from clustersim.schedules.costs import stage_costs  # noqa: E402
+from clustersim.schedules.errors import ConfigError  # noqa: E402
+from clustersim.schedules.generators import build_schedule  # noqa: E402
+from clustersim.schedules.model import ModelSpec  # noqa: E402
+from clustersim.schedules.model_presets import get_model  # noqa: E402
+from clustersim.schedules.parallel import ParallelConfig  # noqa: E402
+from clustersim.schedules.pipeline_split import stage_layers  # noqa: E402
+from clustersim.sim.simulate import simulate  # noqa: E402
+from clustersim.topologies import load_topology  # noqa: E402
 
 
 def _split(num_layers, **kw):

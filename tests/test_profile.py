@@ -5,16 +5,16 @@ import re
 import pytest
 import simpy
 
-from schedules.errors import ConfigError
-from schedules.model import ModelSpec
-from schedules.ops import Op, OpKind
-from schedules.parallel import ParallelConfig
-from schedules.profile import AlphaBeta, Profile, fit_alpha_beta, model_shape
-from schedules.timeline import Span, Timeline
-from sim.profile_cost import (AlphaBetaNetwork, ProfileCost, check_profile,
+from clustersim.schedules.errors import ConfigError
+from clustersim.schedules.model import ModelSpec
+from clustersim.schedules.ops import Op, OpKind
+from clustersim.schedules.parallel import ParallelConfig
+from clustersim.schedules.profile import AlphaBeta, Profile, fit_alpha_beta, model_shape
+from clustersim.schedules.timeline import Span, Timeline
+from clustersim.sim.profile_cost import (AlphaBetaNetwork, ProfileCost, check_profile,
                               profile_collective_time)
-from sim.simulate import CostOptions, simulate
-from topologies import load_topology
+from clustersim.sim.simulate import CostOptions, simulate
+from clustersim.topologies import load_topology
 
 MODEL = ModelSpec(num_layers=4, hidden_size=64, num_attention_heads=4, seq_length=32,
                   vocab_size=128, micro_batch_size=2, dtype="fp32")
@@ -205,7 +205,7 @@ def test_simulate_with_profile_matches_hand_computed_gpipe():
 def test_simulate_prices_opt_step_from_the_profile_per_parameter():
     """The GPipe run above with a measured optimizer step of 1 us/param: each OPT_STEP
     takes nbytes / 28 * 1e-6 s, and rank 0's (after its last B) ends the iteration."""
-    from schedules.dp_sizes import ADAM_BYTES_PER_PARAM
+    from clustersim.schedules.dp_sizes import ADAM_BYTES_PER_PARAM
     parallel = ParallelConfig(pp=2, num_microbatches=2, micro_batch_size=2, schedule="gpipe")
     timeline = simulate(MODEL, parallel, load_topology("dgx-h100"), None,
                         CostOptions(profile=make_profile(optimizer_seconds_per_param=1e-6)))
@@ -220,7 +220,7 @@ def test_simulate_prices_opt_step_from_the_profile_per_parameter():
 
 
 def test_measured_optimizer_step_leaves_offloaded_steps_to_cpu_adam():
-    from sim.optimizer import CPU_ADAM_SECONDS_PER_PARAM, with_optimizer_steps
+    from clustersim.sim.optimizer import CPU_ADAM_SECONDS_PER_PARAM, with_optimizer_steps
     timed = with_optimizer_steps(lambda op: 0.0, lambda s: None, 0.8,  # no device needed
                                  gpu_seconds_per_param=3e-9)
     assert timed(Op(OpKind.OPT_STEP, 0, None, None, 28 * 10**6)) == pytest.approx(3e-3)
@@ -235,7 +235,7 @@ TINY_FLAGS = ("--model", "gpt3-1.3b", "--num-layers", "4", "--hidden-size", "64"
 
 
 def tiny_model():
-    from schedules.model_presets import get_model
+    from clustersim.schedules.model_presets import get_model
     return get_model("gpt3-1.3b", num_layers=4, hidden_size=64, num_attention_heads=4,
                      seq_length=32, vocab_size=128, micro_batch_size=2, dtype="fp32")
 
@@ -293,7 +293,7 @@ def test_cli_compare_two_timelines(tmp_path):
 
 
 def test_compare_splits_each_op_kind_by_stage():
-    from sim.hardware_cli import compare_timelines, format_comparison
+    from clustersim.sim.hardware_cli import compare_timelines, format_comparison
 
     def two_stages(f1):
         return Timeline([Span(0, "compute", Op(OpKind.F, 0, 0), 0.0, 1.0),
@@ -319,7 +319,7 @@ def test_cli_compare_without_files_still_compares_schedules(tmp_path):
 def test_simulate_with_profile_costs_the_dp_allreduce_from_the_fit():
     """pp=1, dp=2, one microbatch: F, B, then the gradient all-reduce of the whole model
     (alpha 2 ms + 4 ns/byte from the profile's all_reduce fit for 2 ranks)."""
-    from schedules.costs import stage_costs
+    from clustersim.schedules.costs import stage_costs
     parallel = ParallelConfig(pp=1, dp=2, num_microbatches=1, micro_batch_size=2,
                               schedule="gpipe")
     timeline = simulate(MODEL, parallel, load_topology("dgx-h100"), None,
@@ -335,7 +335,7 @@ def test_profile_costs_an_op_of_count_collectives_as_count_latencies():
     """An op standing for 4 back-to-back all-reduces of 1 MB each pays 4 alphas."""
     import simpy
 
-    from sim.profile_cost import profile_collective_model
+    from clustersim.sim.profile_cost import profile_collective_model
     env = simpy.Environment()
     run = profile_collective_model(env, make_profile(), ParallelConfig(dp=2, micro_batch_size=2))
     op = Op(OpKind.ALL_REDUCE, 0, None, "dp", 4_000_000, count=4)

@@ -169,7 +169,7 @@ def compare_numbers(args: list[str], tmp: Path) -> dict:
     return {"rows": rows}
 
 
-ENTRY = "sim"  # the module `python -m` runs (the baseline was recorded with "sim")
+ENTRY = "clustersim"  # the module `python -m` runs; the baseline was recorded with "sim"
 KINDS = {"simulate": (SIMULATE, simulate_numbers), "memory": (MEMORY, memory_numbers),
          "compare": (COMPARE, compare_numbers)}
 CASES = [(kind, name) for kind, (table, _) in KINDS.items() for name in table]

@@ -1,11 +1,11 @@
 """simulate(): placement on the topology and what the network costs the pipeline."""
 import pytest
 
-from schedules.model_presets import get_model
-from schedules.ops import OpKind
-from schedules.parallel import ParallelConfig
-from sim.simulate import pipeline_devices, simulate, tp_groups_spanning_hosts
-from topologies import fat_tree, host_of, path_bandwidth, path_latency, route
+from clustersim.schedules.model_presets import get_model
+from clustersim.schedules.ops import OpKind
+from clustersim.schedules.parallel import ParallelConfig
+from clustersim.sim.simulate import pipeline_devices, simulate, tp_groups_spanning_hosts
+from clustersim.topologies import fat_tree, host_of, path_bandwidth, path_latency, route
 
 MODEL = get_model("gpt3-1.3b")
 BOUNDARY = MODEL.micro_batch_size * MODEL.seq_length * MODEL.hidden_size * 2  # bf16 bytes

@@ -1,8 +1,8 @@
 """Timeline metrics on a hand-built timeline with known numbers, and its JSON round trip."""
 import pytest
 
-from schedules.ops import Op, OpKind
-from schedules.timeline import MemorySample, Span, Timeline, peak_in_flight
+from clustersim.schedules.ops import Op, OpKind
+from clustersim.schedules.timeline import MemorySample, Span, Timeline, peak_in_flight
 
 F, B, I, W = OpKind.F, OpKind.B, OpKind.I, OpKind.W
 
@@ -145,10 +145,10 @@ def test_time_breakdown_priorities_on_a_hand_timeline():
 
 
 def test_time_breakdown_sums_to_the_iteration_time_of_every_rank():
-    from schedules.model_presets import get_model
-    from schedules.parallel import ParallelConfig
-    from sim.simulate import simulate
-    from topologies import fat_tree
+    from clustersim.schedules.model_presets import get_model
+    from clustersim.schedules.parallel import ParallelConfig
+    from clustersim.sim.simulate import simulate
+    from clustersim.topologies import fat_tree
 
     parallel = ParallelConfig(pp=2, tp=4, dp=2, num_microbatches=4, sequence_parallel=True)
     timeline = simulate(get_model("gpt3-1.3b"), parallel, fat_tree("dgx-h100", num_nodes=2))
@@ -162,11 +162,11 @@ def test_time_breakdown_sums_to_the_iteration_time_of_every_rank():
 
 
 def test_time_breakdown_bubble_is_the_closed_form_with_free_communication():
-    from schedules.model_presets import get_model
-    from schedules.parallel import ParallelConfig
-    from sim.cost import UniformCost
-    from sim.simulate import CostOptions, simulate
-    from topologies import fat_tree
+    from clustersim.schedules.model_presets import get_model
+    from clustersim.schedules.parallel import ParallelConfig
+    from clustersim.sim.cost import UniformCost
+    from clustersim.sim.simulate import CostOptions, simulate
+    from clustersim.topologies import fat_tree
 
     parallel = ParallelConfig(pp=4, tp=2, num_microbatches=8)
     timeline = simulate(get_model("gpt3-1.3b"), parallel, fat_tree("dgx-h100", num_nodes=1),

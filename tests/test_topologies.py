@@ -6,7 +6,7 @@ import math
 import networkx as nx
 import pytest
 
-from topologies import (
+from clustersim.topologies import (
     DEVICES,
     TopologyError,
     device_of,

@@ -6,13 +6,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schedules.errors import ConfigError, ScheduleFormatError
-from schedules.generators import build_schedule
-from schedules.ops import Op, OpKind
-from schedules.p2p import add_p2p
-from schedules.schedule import Schedule
-from schedules.torch_csv import from_torch_csv, read_torch_csv, to_torch_csv, write_torch_csv
-from schedules.validate import dry_run, validate
+from clustersim.schedules.errors import ConfigError, ScheduleFormatError
+from clustersim.schedules.generators import build_schedule
+from clustersim.schedules.ops import Op, OpKind
+from clustersim.schedules.p2p import add_p2p
+from clustersim.schedules.schedule import Schedule
+from clustersim.schedules.torch_csv import from_torch_csv, read_torch_csv, to_torch_csv, write_torch_csv
+from clustersim.schedules.validate import dry_run, validate
 
 CONFIGS = (
     [("gpipe", p, m, 1) for p in (1, 2, 4, 5) for m in (1, 3, 8)]

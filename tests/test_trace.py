@@ -1,11 +1,11 @@
 import json
 import math
 
-from schedules.generators import build_schedule
-from schedules.ops import Op, OpKind
-from schedules.timeline import MemorySample, Span, Timeline
-from schedules.validate import dry_run
-from sim.trace import chrome_trace, lane_ids, p2p_pairs, write_trace
+from clustersim.schedules.generators import build_schedule
+from clustersim.schedules.ops import Op, OpKind
+from clustersim.schedules.timeline import MemorySample, Span, Timeline
+from clustersim.schedules.validate import dry_run
+from clustersim.sim.trace import chrome_trace, lane_ids, p2p_pairs, write_trace
 
 
 def pipeline_timeline(pp: int = 4, microbatches: int = 6) -> Timeline:

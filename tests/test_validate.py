@@ -6,12 +6,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schedules.errors import ConfigError, DeadlockError
-from schedules.generators import build_schedule
-from schedules.ops import Op, OpKind
-from schedules.p2p import add_p2p
-from schedules.schedule import Schedule
-from schedules.validate import check_structure, dry_run, validate
+from clustersim.schedules.errors import ConfigError, DeadlockError
+from clustersim.schedules.generators import build_schedule
+from clustersim.schedules.ops import Op, OpKind
+from clustersim.schedules.p2p import add_p2p
+from clustersim.schedules.schedule import Schedule
+from clustersim.schedules.validate import check_structure, dry_run, validate
 
 F, B, I, W = OpKind.F, OpKind.B, OpKind.I, OpKind.W
 

@@ -1,17 +1,17 @@
 """ZeRO-3 / FSDP / HSDP / ZeRO++ pass: op sequences, sizes, the Timeline, errors."""
 import pytest
 
-from schedules.costs import stage_costs
-from schedules.data_parallel import add_data_parallel
-from schedules.errors import ConfigError
-from schedules.generators import build_schedule
-from schedules.layer_groups import group_costs
-from schedules.model_presets import get_model
-from schedules.ops import OpKind
-from schedules.parallel import ParallelConfig
-from schedules.validate import validate
-from sim.simulate import simulate
-from topologies import load_topology
+from clustersim.schedules.costs import stage_costs
+from clustersim.schedules.data_parallel import add_data_parallel
+from clustersim.schedules.errors import ConfigError
+from clustersim.schedules.generators import build_schedule
+from clustersim.schedules.layer_groups import group_costs
+from clustersim.schedules.model_presets import get_model
+from clustersim.schedules.ops import OpKind
+from clustersim.schedules.parallel import ParallelConfig
+from clustersim.schedules.validate import validate
+from clustersim.sim.simulate import simulate
+from clustersim.topologies import load_topology
 
 MODEL = get_model("llama3-8b", num_layers=4)
 

@@ -14,7 +14,7 @@ What is measured (medians over `repeats` after `warmup` untimed runs):
 - optimizer step: kernels.optimizer.FlatAdam.step, the kernels' OPT_STEP, on a flat fp32
   vector of microbench.OPTIMIZER_PARAMS (2^24) elements, large enough to be memory-bound
   as a real rank's step is; stored as seconds per parameter (the profile's
-  optimizer_seconds_per_param; sim.optimizer prices a GPU OPT_STEP with it). Timed like
+  optimizer_seconds_per_param; sim.optimizer_cost prices a GPU OPT_STEP with it). Timed like
   the compute, in the same processes.
 - P2P: ping-pong between ranks 0 and 1 with `dist.isend`/`dist.irecv` (as the executor);
   one-way time = half the round trip timed on rank 0 (no cross-process clock needed).

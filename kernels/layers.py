@@ -16,7 +16,7 @@ kept and the backward recomputes it; with 'full' kernels.stage checkpoints every
 `checkpointed` is torch.utils.checkpoint (use_reentrant=False, RNG state preserved) with
 early stop off: the recompute runs the whole function, including a trailing TP
 collective that saves no tensor (the MLP's all-reduce / reduce-scatter), as Megatron's
-CheckpointFunction does and schedules.tensor_parallel charges.
+CheckpointFunction does and schedules.tp_comms charges.
 
 Tensor parallelism (Shoeybi et al. 2019, "Megatron-LM"): `ColumnParallelLinear` splits
 the output features over the TP group's ranks, `RowParallelLinear` the input features;

@@ -1,6 +1,6 @@
 """What one compute op covers, and one aggregated intra-layer collective it posts.
 
-Shared by the intra-layer passes (schedules.tensor_parallel, context_parallel,
+Shared by the intra-layer passes (schedules.tp_comms, context_parallel,
 expert_parallel; put together by schedules.intra_layer). Units: bytes, counts.
 """
 from __future__ import annotations

@@ -23,7 +23,7 @@ ParallelConfig (its sharding fields are canonical, schedules.sharding):
 - zero_stage 3 / FSDP / HSDP / ZeRO++: schedules.zero3.
 - offload (ZeRO-Offload, Ren et al. ATC 2021; zero_stage >= 1): each reduced gradient
   bucket's shard goes to the host (COPY_D2H on lane 'pcie'), the step runs on the host CPU
-  (OPT_STEP with group 'host', costed by sim.optimizer), the updated 16-bit shard comes
+  (OPT_STEP with group 'host', costed by sim.optimizer_cost), the updated 16-bit shard comes
   back (COPY_H2D) before the parameter all-gather (ZeRO-3: per layer group, and the next
   iteration's gathers fetch it). With dp = 1 there is nothing to reduce: copies only, and
   without offload only the OPT_STEPs (every iteration steps its optimizer).

@@ -5,9 +5,9 @@
 collectives of the layers it covers (schedules.comm_spec.Covered), aggregated per op and
 kind (`Op.count` back-to-back collectives, `nbytes` their total; stage, microbatch and
 chunk those of the compute op):
-- tensor / sequence parallelism: schedules.tensor_parallel ('tp');
-- context parallelism: schedules.context_parallel ('cp', ring attention or Ulysses);
-- expert parallelism: schedules.expert_parallel ('ep' dispatch/combine all-to-alls, and
+- tensor / sequence parallelism: schedules.tp_comms ('tp');
+- context parallelism: schedules.cp_comms ('cp', ring attention or Ulysses);
+- expert parallelism: schedules.ep_comms ('ep' dispatch/combine all-to-alls, and
   with expert tensor parallelism the 'etp' all-gather / reduce-scatter of the dispatched
   tokens), and the busiest expert's extra FLOPs added to the compute op under
   `moe_imbalance`.
@@ -37,15 +37,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .comm_spec import Comm, Covered
-from .context_parallel import check_cp_comm, cp_comms
-from .expert_parallel import ep_comms, etp_comms, imbalance_flops
+from .cp_comms import check_cp_comm, cp_comms
+from .ep_comms import ep_comms, etp_comms, imbalance_flops
 from .layer_groups import chunk_layers
 from .model import ModelSpec
 from .ops import Op, OpKind
 from .parallel import ParallelConfig, check_moe_imbalance
 from .pipeline_split import stage_layers, stage_offsets
 from .schedule import Schedule
-from .tensor_parallel import tp_comms
+from .tp_comms import tp_comms
 
 _WORK = (OpKind.F, OpKind.B, OpKind.I, OpKind.W)
 

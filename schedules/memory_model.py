@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass
 
 from .costs import stage_costs
 from .errors import ConfigError
-from .generators import build_schedule
+from .registry import build_schedule
 from .model import ModelSpec
 from .parallel import ParallelConfig
 from .schedule import Schedule

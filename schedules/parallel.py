@@ -29,7 +29,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from .errors import ConfigError, require_positive_int
-from .generators import canonical_schedule_name
+from .registry import schedule_entry
 from .parallel_aliases import ALIASES, resolve_kwargs
 from .pipeline_split import stage_layers
 from .sharding import DEFAULT_BUCKET_BYTES, normalised_sharding
@@ -41,7 +41,7 @@ AXES = ("tp", "cp", "ep", "dp", "pp")
 EXPERT_AXES = {"ep": "ep", "etp": "tp", "edp": "dp"}  # group axis -> its expert-grid place
 RECOMPUTE = ("none", "selective", "full")
 FSDP = ("none", "full", "hybrid")
-CP_COMM = ("ring", "ulysses")  # schedules.context_parallel
+CP_COMM = ("ring", "ulysses")  # schedules.cp_comms
 
 CUSTOM_SCHEDULE = "custom"
 
@@ -172,18 +172,9 @@ class ParallelConfig:
     def _check_schedule(self) -> None:
         if self.schedule == CUSTOM_SCHEDULE:
             return  # an imported schedule; schedules.validate checks it
-        name = canonical_schedule_name(self.schedule)
-        object.__setattr__(self, "schedule", name)
-        if name == "interleaved-1f1b":
-            if self.vpp < 2:
-                raise ConfigError(f"schedule 'interleaved-1f1b' needs vpp >= 2, got vpp={self.vpp}")
-            if self.num_microbatches % self.pp:
-                raise ConfigError(
-                    f"schedule 'interleaved-1f1b' needs num_microbatches a multiple of pp: "
-                    f"num_microbatches={self.num_microbatches}, pp={self.pp}")
-        elif name in ("gpipe", "1f1b") and self.vpp != 1:
-            raise ConfigError(f"schedule {name!r} needs vpp == 1, got vpp={self.vpp} "
-                              f"(use 'interleaved-1f1b' for vpp >= 2)")
+        entry = schedule_entry(self.schedule)  # the registry's rules (schedules.registry)
+        object.__setattr__(self, "schedule", entry.name)
+        entry.check(self.pp, self.num_microbatches, self.vpp)
 
     # --- construction from other frameworks' spellings -----------------------------------
     @classmethod

@@ -33,7 +33,7 @@ on the first stage and head[kind] on the last (sim.profile_cost). P2P and collec
 times are alpha + beta * bytes, fitted by least squares to the measured points
 (`fit_alpha_beta`); for collectives `bytes` is the per-rank buffer (nccl-tests' size).
 `optimizer_seconds_per_param` (> 0) is the Adam step per parameter that kernels.calibrate
-measured: sim.optimizer prices an on-GPU OPT_STEP as its parameters times it; without it
+measured: sim.optimizer_cost prices an on-GPU OPT_STEP as its parameters times it; without it
 (older profiles) OPT_STEP is priced from the topology's HBM bandwidth.
 """
 from __future__ import annotations

@@ -11,14 +11,15 @@ from dataclasses import dataclass, field
 
 from .errors import ConfigError
 from .ops import Op, OpKind
+from .placement import loop
 
 
 @dataclass
 class Schedule:
     """Per-rank programs of one pipeline replica.
 
-    `stage_ranks[s]` is the pipeline rank that holds virtual stage `s`; the default is
-    Megatron's loop placement `s % num_ranks` (rank r holds stages r, r+P, r+2P, ...).
+    `stage_ranks[s]` is the pipeline rank that holds virtual stage `s` (schedules.placement;
+    the default is the loop placement, rank r holding stages r, r+P, r+2P, ...).
     `layer_groups` G: how many layer groups every stage splits into for chunked ops
     (`Op.chunk` in 0..G-1; schedules.layer_groups); 1 = no chunked ops.
     """
@@ -34,7 +35,7 @@ class Schedule:
         if not self.programs:
             raise ConfigError(f"schedule {self.name!r} has no programs (needs >= 1 rank)")
         if not self.stage_ranks:
-            self.stage_ranks = tuple(s % self.num_ranks for s in range(self.num_stages))
+            self.stage_ranks = loop(self.num_ranks, self.num_stages)
         if len(self.stage_ranks) != self.num_stages:
             raise ConfigError(
                 f"stage_ranks has {len(self.stage_ranks)} entries, num_stages is {self.num_stages}"

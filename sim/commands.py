@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 
 from clustersim.schedules.errors import ConfigError
-from clustersim.schedules.generators import build_schedule, canonical_schedule_name
+from clustersim.schedules.registry import build_schedule, canonical_schedule_name, schedule_entry
 from clustersim.schedules.memory_model import rank_memory
 from clustersim.schedules.model import ModelSpec
 from clustersim.schedules.model_presets import MODEL_PRESETS, get_model
@@ -74,7 +74,7 @@ SPLIT_ARGS = {  # schedules.pipeline_split
 def parallel_from_args(args: argparse.Namespace, schedule: str, vpp: int | None = None,
                        micro_batch_size: int = 1) -> ParallelConfig:
     name = schedule if schedule == CUSTOM_SCHEDULE else canonical_schedule_name(schedule)
-    vpp = vpp or args.vpp or (2 if name == "interleaved-1f1b" else 1)
+    vpp = vpp or args.vpp or (1 if name == CUSTOM_SCHEDULE else schedule_entry(name).default_vpp)
     microbatches = args.microbatches
     if microbatches is None and args.global_batch_size is None:
         microbatches = DEFAULT_MICROBATCHES
@@ -161,9 +161,7 @@ def add_oom_report(timeline: Timeline, model: ModelSpec, parallel: ParallelConfi
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    name = canonical_schedule_name(args.schedule)
-    vpp = args.vpp or (2 if name == "interleaved-1f1b" else 1)
-    schedule = build_schedule(name, args.pp, args.microbatches, vpp)
+    schedule = build_schedule(args.schedule, args.pp, args.microbatches, args.vpp)
     dry = validate(schedule)
     if args.with_p2p:
         from clustersim.schedules.p2p import add_p2p

@@ -160,7 +160,7 @@ def _bandwidth(beta: float) -> str:
 # --- run --------------------------------------------------------------------------------
 def cmd_run(args: argparse.Namespace) -> int:
     from clustersim.schedules.data_parallel import add_data_parallel
-    from clustersim.schedules.generators import build_schedule
+    from clustersim.schedules.registry import build_schedule
     from clustersim.schedules.intra_layer import IntraLayerOptions
 
     from .commands import model_from_args, schedule_and_parallel, write_outputs

@@ -11,7 +11,7 @@
   schedules.layer_groups) costs the layers its group covers, plus the embedding on group
   0 of the first stage and the head on the last group of the last stage; the first-stage
   exception applies to group 0 of stage 0 only (later groups have an input gradient).
-  OPT_STEP is refused here: sim.optimizer costs it (from the profile's
+  OPT_STEP is refused here: sim.optimizer_cost costs it (from the profile's
   optimizer_seconds_per_param when it has one, wired in sim.simulate).
 - `AlphaBetaNetwork`: the transfer seam (sim.network) with every transfer taking
   alpha + beta * bytes, as measured between two ranks. No contention model: concurrent

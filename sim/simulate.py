@@ -6,7 +6,7 @@ FSDP/HSDP, ZeRO++, offload) -> cost every op from the ModelSpec (layer groups fr
 schedules.layer_groups) -> add the intra-layer TP/SP/CP/EP/ETP collectives
 (schedules.intra_layer: the config's intra-layer fields, or an explicit IntraLayerOptions)
 -> place pipeline ranks on GPUs in the config's rank order -> replay it in SimPy with a
-cost model (optimizer steps: sim.optimizer, per measured parameter when the profile has
+cost model (optimizer steps: sim.optimizer_cost, per measured parameter when the profile has
 it) and the network seam (collectives: sim.collective_model; host copies over the GPU's
 PCIe link to its host CPU). A deadlock found by the replay is re-reported through the
 unit-time dry run, whose rank x step grid marks the stuck ops.
@@ -25,7 +25,7 @@ from clustersim.schedules.data_parallel import add_data_parallel
 from clustersim.schedules.layer_groups import group_costs
 from clustersim.schedules.costs import stage_costs
 from clustersim.schedules.errors import ConfigError, DeadlockError
-from clustersim.schedules.generators import build_schedule
+from clustersim.schedules.registry import build_schedule
 from clustersim.schedules.intra_layer import IntraLayerOptions, add_intra_layer
 from clustersim.schedules.model import ModelSpec
 from clustersim.schedules.ops import Op, OpKind
@@ -41,7 +41,7 @@ from .cost import (DEFAULT_COMPUTE_EFFICIENCY, DEFAULT_MEMORY_EFFICIENCY, Roofli
 from .collective_model import collective_model
 from .dp_groups import group_size, shard_size
 from .offload import host_cpus, with_host_links
-from .optimizer import with_optimizer_steps
+from .optimizer_cost import with_optimizer_steps
 from .engine import Replay
 from .memory import gpus_per_node, memory_model
 from .profile_cost import AlphaBetaNetwork, ProfileCost, profile_collective_model

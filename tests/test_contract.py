@@ -3,7 +3,7 @@ import pytest
 
 from clustersim.schedules.contract import local_waits, program_contract, program_products
 from clustersim.schedules.errors import ConfigError, DeadlockError
-from clustersim.schedules.generators import build_schedule
+from clustersim.schedules.registry import build_schedule
 from clustersim.schedules.ops import Op, OpKind, parse_op
 from clustersim.schedules.p2p import add_p2p
 from clustersim.schedules.schedule import Schedule

@@ -3,7 +3,7 @@ import pytest
 
 from clustersim.schedules.data_parallel import add_dp_allreduce
 from clustersim.schedules.errors import DeadlockError
-from clustersim.schedules.generators import build_schedule
+from clustersim.schedules.registry import build_schedule
 from clustersim.schedules.ops import BACKWARD_KINDS, Op, OpKind
 from clustersim.schedules.validate import validate
 

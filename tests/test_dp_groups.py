@@ -1,4 +1,4 @@
-"""DP sub-group mapping (sim.dp_groups), optimizer-step costs (sim.optimizer), offload."""
+"""DP sub-group mapping (sim.dp_groups), optimizer-step costs (sim.optimizer_cost), offload."""
 import pytest
 
 from clustersim.schedules.costs import stage_costs
@@ -9,7 +9,7 @@ from clustersim.schedules.ops import Op, OpKind
 from clustersim.schedules.parallel import ParallelConfig
 from clustersim.schedules.sharding import group_ranks
 from clustersim.sim.dp_groups import shard_size
-from clustersim.sim.optimizer import CPU_ADAM_SECONDS_PER_PARAM, optimizer_step_time
+from clustersim.sim.optimizer_cost import CPU_ADAM_SECONDS_PER_PARAM, optimizer_step_time
 from clustersim.sim.simulate import simulate
 from clustersim.topologies import get_device, load_topology
 

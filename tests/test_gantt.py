@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from browser import dump_dom, png_summary, screenshot
-from clustersim.schedules.generators import build_schedule
+from clustersim.schedules.registry import build_schedule
 from clustersim.schedules.ops import Op, OpKind
 from clustersim.schedules.timeline import MemorySample, Span, Timeline
 from clustersim.schedules.validate import dry_run

@@ -1,6 +1,7 @@
 """`pip install .` puts nothing at the top level but `clustersim` (the repository root is
 that package: pyproject.toml's package-dir), and the installed package imports and runs
 from outside the repository, in a fresh virtual environment."""
+import shutil
 import subprocess
 import sys
 import venv
@@ -15,8 +16,11 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
+    source = tmp_path_factory.mktemp("source") / "clustersim"  # setuptools writes build/
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
+        ".git", "build", "*.egg-info", "__pycache__", ".pytest_cache", ".hypothesis"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
-                    "--no-build-isolation", str(ROOT), "-w", str(out)], check=True,
+                    "--no-build-isolation", str(source), "-w", str(out)], check=True,
                    capture_output=True, timeout=300)
     (path,) = out.glob("clustersim-*.whl")
     return path
@@ -30,6 +34,10 @@ def test_the_wheel_installs_one_top_level_package(wheel):
     assert folders == {"__init__.py", "__main__.py", "schedules", "topologies", "sim",
                        "kernels"}
     assert any(n.startswith("clustersim/topologies/presets/") for n in names)  # data files
+    packages = {str(p.parent.relative_to(ROOT)) for folder in folders - {"__init__.py",
+                                                                          "__main__.py"}
+                for p in (ROOT / folder).rglob("__init__.py")}
+    assert {f"clustersim/{p}/__init__.py" for p in packages} <= set(names)  # none left out
 
 
 def test_a_fresh_venv_imports_and_runs_the_installed_package(wheel, tmp_path):

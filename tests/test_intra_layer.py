@@ -8,7 +8,7 @@ from clustersim.schedules.annotate import annotate
 from clustersim.schedules.contract import is_intra_layer
 from clustersim.schedules.costs import stage_costs
 from clustersim.schedules.errors import ConfigError
-from clustersim.schedules.generators import build_schedule
+from clustersim.schedules.registry import build_schedule
 from clustersim.schedules.intra_layer import IntraLayerOptions, add_intra_layer
 from clustersim.schedules.model_presets import get_model
 from clustersim.schedules.ops import OpKind

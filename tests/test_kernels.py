@@ -19,7 +19,7 @@ from clustersim.kernels.layers import (ColumnParallelLinear, RowParallelLinear, 
                             count_parameters, init_parameters)
 from clustersim.kernels.stage import build_stages  # noqa: E402
 from clustersim.schedules.errors import ConfigError, DeadlockError  # noqa: E402
-from clustersim.schedules.generators import build_schedule  # noqa: E402
+from clustersim.schedules.registry import build_schedule  # noqa: E402
 from clustersim.schedules.model import ModelSpec  # noqa: E402
 from clustersim.schedules.ops import Op, OpKind  # noqa: E402
 from clustersim.schedules.parallel import ParallelConfig  # noqa: E402

@@ -22,7 +22,7 @@ from clustersim.kernels.stage import build_stages, token_batch  # noqa: E402
 from clustersim.schedules.annotate import annotate  # noqa: E402
 from clustersim.schedules.costs import stage_costs  # noqa: E402
 from clustersim.schedules.data_parallel import add_data_parallel  # noqa: E402
-from clustersim.schedules.generators import build_schedule  # noqa: E402
+from clustersim.schedules.registry import build_schedule  # noqa: E402
 from clustersim.schedules.intra_layer import add_intra_layer  # noqa: E402
 from clustersim.schedules.layer_groups import group_costs  # noqa: E402
 from clustersim.schedules.model import ModelSpec  # noqa: E402

@@ -19,7 +19,7 @@ from clustersim.kernels.optimizer import FlatAdam, reference_optimizer  # noqa: 
 from clustersim.kernels.param_units import ParamUnit, owned_ranges  # noqa: E402
 from clustersim.kernels.stage import build_stages, token_batch  # noqa: E402
 from clustersim.schedules.data_parallel import add_data_parallel  # noqa: E402
-from clustersim.schedules.generators import build_schedule  # noqa: E402
+from clustersim.schedules.registry import build_schedule  # noqa: E402
 from clustersim.schedules.model import ModelSpec  # noqa: E402
 from clustersim.schedules.ops import OpKind  # noqa: E402
 from clustersim.schedules.parallel import ParallelConfig  # noqa: E402

@@ -2,7 +2,7 @@
 import pytest
 
 from clustersim.schedules.costs import stage_costs
-from clustersim.schedules.generators import build_schedule
+from clustersim.schedules.registry import build_schedule
 from clustersim.schedules.memory_model import rank_memory
 from clustersim.schedules.model import ModelSpec
 from clustersim.schedules.ops import Op, OpKind

@@ -10,7 +10,7 @@ from clustersim.schedules.errors import ConfigError
 from clustersim.schedules.memory_model import RankMemory, activation_peaks, model_states, rank_memory
 from clustersim.schedules.model import ModelSpec
 from clustersim.schedules.parallel import ParallelConfig
-from clustersim.schedules.generators import build_schedule
+from clustersim.schedules.registry import build_schedule
 
 GPT = ModelSpec(num_layers=8, hidden_size=256, num_attention_heads=8, seq_length=128,
                 vocab_size=1000, micro_batch_size=2)

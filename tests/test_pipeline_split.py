@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 from clustersim.kernels import run_reference, run_schedule  # noqa: E402
 from clustersim.schedules.costs import stage_costs  # noqa: E402
 from clustersim.schedules.errors import ConfigError  # noqa: E402
-from clustersim.schedules.generators import build_schedule  # noqa: E402
+from clustersim.schedules.registry import build_schedule  # noqa: E402
 from clustersim.schedules.model import ModelSpec  # noqa: E402
 from clustersim.schedules.model_presets import get_model  # noqa: E402
 from clustersim.schedules.parallel import ParallelConfig  # noqa: E402

@@ -1,7 +1,7 @@
 import json
 import math
 
-from clustersim.schedules.generators import build_schedule
+from clustersim.schedules.registry import build_schedule
 from clustersim.schedules.ops import Op, OpKind
 from clustersim.schedules.timeline import MemorySample, Span, Timeline
 from clustersim.schedules.validate import dry_run

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from clustersim.schedules.errors import ConfigError, DeadlockError
-from clustersim.schedules.generators import build_schedule
+from clustersim.schedules.registry import build_schedule
 from clustersim.schedules.ops import Op, OpKind
 from clustersim.schedules.p2p import add_p2p
 from clustersim.schedules.schedule import Schedule

@@ -4,7 +4,7 @@ import pytest
 from clustersim.schedules.costs import stage_costs
 from clustersim.schedules.data_parallel import add_data_parallel
 from clustersim.schedules.errors import ConfigError
-from clustersim.schedules.generators import build_schedule
+from clustersim.schedules.registry import build_schedule
 from clustersim.schedules.layer_groups import group_costs
 from clustersim.schedules.model_presets import get_model
 from clustersim.schedules.ops import OpKind

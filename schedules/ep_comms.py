@@ -17,7 +17,7 @@ layer_param_count). Two cases:
 - tokens replicated over the TP ranks (tp > 1 without sequence parallelism, where
   ParallelConfig.check_model requires etp = tp): each TP rank runs 1/t of every expert on
   all its tokens, as the dense MLP does, and the MLP's TP all-reduce follows
-  (schedules.tensor_parallel); no 'etp' ops. Megatron-Core refuses this layout in
+  (schedules.tp_comms); no 'etp' ops. Megatron-Core refuses this layout in
   training (MoE with tp > 1 needs --sequence-parallel); it is kept as the dense analogue.
 - each rank's tokens are its own (sequence parallelism, or tp = 1): the dispatcher
   all-gathers the dispatched tokens over the etp group after the dispatch all-to-all and
@@ -28,7 +28,7 @@ layer_param_count). Two cases:
   group), so a rank moves (etp-1)/etp * S = (etp-1) * tokens * h * k * dtype per
   collective (balanced routing). Blocking, on group axis 'etp'. The MoE layer's MLP then
   posts no TP collective except for its shared experts, a TP-split dense MLP
-  (schedules.tensor_parallel).
+  (schedules.tp_comms).
 The experts' FLOPs per rank are the same either way: the rank runs 1/(t*cp) of the
 layer's token-expert work (1/etp of the width for etp/t of the tokens).
 

@@ -21,17 +21,17 @@ Outside the layers:
   in backward. They are latency-bound: 3 alphas each microbatch.
 Full recompute repeats the layers' forward communication in the backward. W (weight
 gradient) needs no TP communication: dW = x^T dy on local shards.
-MoE layers (schedules.expert_parallel): without sequence parallelism the experts are split
+MoE layers (schedules.ep_comms): without sequence parallelism the experts are split
 by t as the dense MLP is, so the layer posts the same two all-reduces. With it, Megatron-
 Core's MoE layer takes the sequence-sharded tokens to the dispatcher, whose expert-TP
-gather and scatter run on 'etp' (schedules.expert_parallel); on 'tp' the layer then posts
+gather and scatter run on 'etp' (schedules.ep_comms); on 'tp' the layer then posts
 the attention's all-gather and reduce-scatter only, plus the shared experts' pair (a
 TP-split dense MLP, Megatron-Core's SharedExpertMLP) when the model has shared experts.
 """
 from __future__ import annotations
 
 from .comm_spec import Comm, Covered, comms
-from .expert_parallel import experts_split_by_tp
+from .ep_comms import experts_split_by_tp
 from .model import ModelSpec
 from .ops import OpKind
 from .parallel import ParallelConfig

@@ -1,0 +1,32 @@
+"""The shared vocabulary: parallel axes, the group axes an op talks over, and the lanes of
+a Timeline. One spelling each, used by the IR, both backends and the outputs (the JSON
+and text forms carry these strings).
+
+Axes of the dense rank grid (ParallelConfig.rank_order names them, innermost first):
+tensor, context, expert, data and pipeline parallel. The expert grid of Megatron-Core
+re-splits a pipeline stage's tp * cp * dp ranks into expert tensor, expert and expert
+data parallel (schedules.parallel). Data-parallel collectives run on the whole DP group
+or, with HSDP / ZeRO++ hpZ, on a shard group inside a node and the replica group across
+shard groups (schedules.sharding.group_ranks).
+"""
+from __future__ import annotations
+
+TP, CP, EP, DP, PP = "tp", "cp", "ep", "dp", "pp"
+ETP, EDP = "etp", "edp"
+DP_SHARD, DP_REPLICATE = "dp_shard", "dp_replicate"
+HOST = "host"  # an OPT_STEP on the host CPU (ZeRO-Offload)
+PCIE = "pcie"  # a copy between a GPU and its host CPU
+
+GRID_AXES = (TP, CP, EP, DP, PP)
+"""The axes of ParallelConfig.rank_order (ep folds into dp and cp)."""
+EXPERT_AXES = {EP: EP, ETP: TP, EDP: DP}
+"""Expert-grid group axis -> the dense axis whose place it takes in the rank order."""
+DP_GROUPS = frozenset({DP, DP_SHARD, DP_REPLICATE})
+"""Group axes of data-parallel communication."""
+INTRA_LAYER_GROUPS = frozenset({TP, CP, EP, ETP})
+"""Group axes of communication inside a layer (tensor, context, expert parallelism)."""
+
+COMPUTE_LANE, SEND_LANE, RECV_LANE = "compute", "send", "recv"
+PCIE_LANE, HOST_LANE = PCIE, HOST
+"""Timeline lanes: the compute stream, P2P sends and receives, host copies, host optimizer
+steps; a collective runs on the lane named by its group axis."""

@@ -1,0 +1,65 @@
+"""ScheduleEntry: what the registry (schedules.registry) knows of one pipeline schedule."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .errors import ConfigError
+from .ops import Op
+from .placement import LOOP, PLACEMENTS, stage_ranks
+from .schedule import Schedule
+
+Programs = Callable[[int, int, int], list[list[Op]]]
+"""(pp, microbatches, vpp) -> the compute-only program of each pipeline rank."""
+
+
+@dataclass(frozen=True)
+class ScheduleEntry:
+    """A schedule: `name` as in the literature, the other spellings it answers to
+    (`aliases`: torch.distributed.pipelining class names, Megatron's and papers' names;
+    matched case-insensitively, '_' = '-'), its generator, its virtual-stage rule (vpp
+    from `min_vpp` to `max_vpp`, None = unbounded; `default_vpp` when not given), its
+    placement, whether it runs microbatches in groups of pp, its `source` and a one-line
+    `summary` for the help."""
+
+    name: str
+    programs: Programs
+    source: str
+    summary: str
+    aliases: tuple[str, ...] = ()
+    default_vpp: int = 1
+    min_vpp: int = 1
+    max_vpp: int | None = 1
+    placement: str = LOOP
+    microbatches_multiple_of_pp: bool = False
+
+    def __post_init__(self) -> None:
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"schedule {self.name!r}: unknown placement {self.placement!r}")
+
+    def check(self, pp: int, microbatches: int, vpp: int) -> None:
+        """Raise ConfigError naming the field and the rule unless the schedule runs with
+        these degrees."""
+        if pp < 1:
+            raise ConfigError(f"pp (pipeline-model-parallel-size) must be >= 1, got {pp}")
+        if microbatches < 1:
+            raise ConfigError(f"microbatches must be >= 1, got {microbatches}")
+        if self.max_vpp == 1 and vpp != 1:
+            raise ConfigError(f"schedule {self.name!r} runs one model chunk per rank: it needs "
+                              f"vpp == 1, got vpp={vpp} (the schedules with several chunks "
+                              f"per rank: `clustersim simulate --help`, --schedule)")
+        if vpp < self.min_vpp or (self.max_vpp is not None and vpp > self.max_vpp):
+            most = "" if self.max_vpp is None else f" and <= {self.max_vpp}"
+            raise ConfigError(f"schedule {self.name!r} needs vpp >= {self.min_vpp}{most} "
+                              f"(virtual-pipeline-model-parallel-size), got vpp={vpp}")
+        if self.microbatches_multiple_of_pp and microbatches % pp:
+            raise ConfigError(f"schedule {self.name!r} runs microbatches in groups of pp={pp}: "
+                              f"microbatches must be a multiple of pp, got {microbatches}")
+
+    def build(self, pp: int, microbatches: int, vpp: int | None = None) -> Schedule:
+        """The compute-only Schedule (vpp None = default_vpp)."""
+        vpp = self.default_vpp if vpp is None else vpp
+        self.check(pp, microbatches, vpp)
+        stages = pp * vpp
+        return Schedule(self.name, microbatches, self.programs(pp, microbatches, vpp), stages,
+                        stage_ranks(self.placement, pp, stages))

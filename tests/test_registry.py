@@ -1,0 +1,93 @@
+"""The schedule registry: properties every registered schedule must have, drawn over its
+allowed degrees (each family's closed forms are in its own test file)."""
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from clustersim.schedules.errors import ConfigError
+from clustersim.schedules.ops import OpKind
+from clustersim.schedules.placement import stage_ranks
+from clustersim.schedules.registry import (SCHEDULES, build_schedule, canonical_schedule_name,
+                                           schedule_entry)
+from clustersim.schedules.validate import validate
+
+SETTINGS = settings(max_examples=60, deadline=None)
+
+
+@st.composite
+def configs(draw):
+    """(entry, P, M, V) over P in 1..8, M in 1..24, V within the entry's rule (<= 4)."""
+    entry = draw(st.sampled_from(list(SCHEDULES.values())))
+    pp = draw(st.integers(1, 8))
+    vpp = draw(st.integers(entry.min_vpp, min(entry.max_vpp or 4, 4)))
+    mb = pp * draw(st.integers(1, 24 // pp)) if entry.microbatches_multiple_of_pp \
+        else draw(st.integers(1, 24))
+    return entry, pp, mb, vpp
+
+
+@SETTINGS
+@given(configs())
+def test_every_forward_and_backward_once_on_its_rank_after_its_forward(config):
+    entry, pp, mb, vpp = config
+    s = entry.build(pp, mb, vpp)
+    assert (s.name, s.num_ranks, s.num_stages, s.num_microbatches) == (entry.name, pp,
+                                                                       pp * vpp, mb)
+    assert s.stage_ranks == stage_ranks(entry.placement, pp, pp * vpp)
+    counts = Counter(op.key for op in s.ops())
+    assert set(counts.values()) == {1}
+    for stage in range(pp * vpp):
+        for m in range(mb):
+            assert (OpKind.F, stage, m) in counts
+            split = {(OpKind.I, stage, m), (OpKind.W, stage, m)}
+            assert ((OpKind.B, stage, m) in counts) != (split <= set(counts))
+    for rank, program in enumerate(s.programs):
+        position = {op.key: i for i, op in enumerate(program)}
+        for op in program:
+            assert op.kind.is_compute and s.stage_ranks[op.stage] == rank
+            if op.kind in (OpKind.B, OpKind.I):
+                assert position[(OpKind.F, op.stage, op.microbatch)] < position[op.key]
+            if op.kind is OpKind.W:
+                assert position[(OpKind.I, op.stage, op.microbatch)] < position[op.key]
+
+
+@SETTINGS
+@given(configs())
+def test_every_schedule_runs_to_the_end_under_the_contract(config):
+    entry, pp, mb, vpp = config
+    validate(entry.build(pp, mb, vpp))  # DeadlockError with the stuck ops otherwise
+
+
+@pytest.mark.parametrize("entry", SCHEDULES.values(), ids=list(SCHEDULES))
+def test_every_alias_builds_the_same_schedule(entry):
+    vpp = entry.default_vpp
+    reference = entry.build(2, 4, vpp)
+    for alias in (entry.name, *entry.aliases):
+        for spelling in (alias, alias.upper(), f" {alias.replace('-', '_')} "):
+            assert canonical_schedule_name(spelling) == entry.name
+            assert build_schedule(spelling, 2, 4, vpp).programs == reference.programs
+
+
+def test_no_spelling_names_two_schedules():
+    owners = Counter(a.lower().replace("_", "-") for e in SCHEDULES.values()
+                     for a in (e.name, *e.aliases))
+    assert set(owners.values()) == {1}
+
+
+@pytest.mark.parametrize("entry", SCHEDULES.values(), ids=list(SCHEDULES))
+def test_degrees_outside_the_rules_name_the_field(entry):
+    for args, field in (((0, 4, entry.default_vpp), "pp"), ((2, 0, entry.default_vpp),
+                                                            "microbatches")):
+        with pytest.raises(ConfigError, match=field):
+            entry.build(*args)
+    with pytest.raises(ConfigError, match="vpp"):
+        entry.build(2, 4, entry.min_vpp - 1 if entry.max_vpp is None else entry.max_vpp + 1)
+    if entry.microbatches_multiple_of_pp:
+        with pytest.raises(ConfigError, match="multiple of pp"):
+            entry.build(4, 6, entry.default_vpp)
+
+
+def test_unknown_name_lists_every_choice():
+    with pytest.raises(ConfigError, match=", ".join(SCHEDULES)):
+        schedule_entry("zbv-nope")

@@ -1,8 +1,10 @@
 """Run a schedule on real devices, one process per rank, and return the measured Timeline.
 
-`run_schedule` lowers the schedule (P2P ops, costs: schedules.annotate), starts
-parallel.world_size processes (ranks in ParallelConfig's rank order; a rank runs the
-program of its pipeline coordinate), gloo on CPU or NCCL on CUDA, and watches them: a
+`run_schedule(schedule, plan)` lowers the schedule with the simulator's own pass list
+(schedules.lowering: data parallel, P2P, costs, intra-layer collectives; a pass whose ops
+the schedule already has leaves it), starts the plan's world size of processes (ranks in
+ParallelConfig's rank order; a rank runs the program of its pipeline coordinate), gloo on
+CPU or NCCL on CUDA, and watches them: a
 rank that raises or dies, or a run that passes `timeout` seconds (a transfer or
 collective that never completes), ends with a KernelsError naming the rank and the op it
 was on, and every rank process is killed — never a hang.
@@ -36,18 +38,16 @@ from typing import Any
 
 import torch
 
-from clustersim.schedules.annotate import annotate
-from clustersim.schedules.contract import DP_GROUPS
-from clustersim.schedules.costs import stage_costs
 from clustersim.schedules.errors import ConfigError
-from clustersim.schedules.intra_layer import IntraLayerOptions, add_intra_layer
-from clustersim.schedules.layer_groups import group_costs
+from clustersim.schedules.lowering import lower
 from clustersim.schedules.model import ModelSpec
+from clustersim.schedules.names import DP_GROUPS, TP
 from clustersim.schedules.ops import OpKind
 from clustersim.schedules.parallel import ParallelConfig
+from clustersim.schedules.plan import Plan
 from clustersim.schedules.schedule import Schedule
 from clustersim.schedules.timeline import Timeline
-from clustersim.schedules.validate import validate
+from clustersim.schedules.validate import check_structure, dry_run
 
 from .errors import KernelsError
 from .reference import run_reference, run_reference_steps
@@ -70,9 +70,7 @@ _MAIN_GUARD_HINT = (" (rank processes start by importing the caller's main modul
                     "that calls run_schedule needs an `if __name__ == '__main__':` guard)")
 
 
-def _check(schedule: Schedule, model: ModelSpec, parallel: ParallelConfig, device: str,
-           check: bool, iterations: int, warmup_iterations: int, timeout: float,
-           replay: bool) -> None:
+def _check_run(device: str, iterations: int, warmup_iterations: int, timeout: float) -> None:
     if device not in ("cpu", "cuda"):
         raise ConfigError(f"device={device!r} must be 'cpu' or 'cuda'")
     if iterations < 1 or warmup_iterations < 0:
@@ -80,12 +78,11 @@ def _check(schedule: Schedule, model: ModelSpec, parallel: ParallelConfig, devic
                           f"{iterations} and {warmup_iterations}")
     if not timeout > 0:
         raise ConfigError(f"timeout must be > 0 seconds, got {timeout!r}")
-    if schedule.num_ranks != parallel.pp:
-        raise ConfigError(f"schedule {schedule.name!r} has {schedule.num_ranks} pipeline "
-                          f"ranks, pp is {parallel.pp}")
-    if schedule.num_microbatches != parallel.num_microbatches:
-        raise ConfigError(f"schedule {schedule.name!r} has {schedule.num_microbatches} "
-                          f"microbatches, the parallel config {parallel.num_microbatches}")
+
+
+def _check_layout(plan: Plan, device: str, replay: bool) -> None:
+    """Refuse, before lowering, what the kernels cannot run for this plan's layout."""
+    model, parallel = plan.model, plan.parallel
     for axis in ("cp", "ep"):
         if getattr(parallel, axis) != 1:
             raise KernelsError(f"{axis}={getattr(parallel, axis)}: the kernels backend runs "
@@ -96,13 +93,17 @@ def _check(schedule: Schedule, model: ModelSpec, parallel: ParallelConfig, devic
                            f"{parallel.tp}: the kernels backend runs no MoE experts (leave it "
                            f"unset)")
     _check_tensor_parallel(model, parallel, replay)
-    check_recompute_split(schedule, parallel)
-    _check_data_parallel(schedule, model, parallel)
+    for name in UNSUPPORTED_SHARDING:
+        if getattr(parallel, name):
+            raise KernelsError(f"{name}=True: ZeRO++ quantization/hpZ and ZeRO-Offload are "
+                               f"not implemented in the kernels backend (their op sizes are "
+                               f"not the tensors it moves)")
+    if parallel.fsdp == "hybrid" and not parallel.shard_size:
+        raise KernelsError("fsdp='hybrid' needs shard_size in the kernels backend (there is "
+                           "no topology to take the GPUs per node from)")
     if replay and parallel.dp != 1:
         raise ConfigError(f"replay runs one pipeline replica's compute on one device: dp must "
                           f"be 1, got dp={parallel.dp}")
-    if check:
-        validate(schedule)  # ConfigError / DeadlockError with the rank x step grid
     if device == "cuda":
         if not torch.cuda.is_available():
             raise KernelsError("device='cuda' but torch sees no CUDA device "
@@ -133,23 +134,21 @@ def _check_tensor_parallel(model: ModelSpec, parallel: ParallelConfig, replay: b
                               f"it evenly over the TP ranks, without padding)")
 
 
-def _check_data_parallel(schedule: Schedule, model: ModelSpec, parallel: ParallelConfig) -> None:
-    """Refuse what kernels.dp_ops cannot run faithfully, naming the op or the field."""
-    for name in UNSUPPORTED_SHARDING:
-        if getattr(parallel, name):
-            raise KernelsError(f"{name}=True: ZeRO++ quantization/hpZ and ZeRO-Offload are "
-                               f"not implemented in the kernels backend (their op sizes are "
-                               f"not the tensors it moves)")
-    for op in schedule.ops():
-        dp_op = op.kind.is_collective and op.group in (DP_GROUPS | {"tp"})
+def _check_lowered(lowered: Schedule, plan: Plan, check: bool) -> None:
+    """Refuse ops the executor cannot run faithfully, naming the op or the rule; with
+    `check`, the structure and a dry run of the contract (a deadlock reported as the
+    rank x step grid)."""
+    check_recompute_split(lowered, plan.parallel)
+    for op in lowered.ops():
+        dp_op = op.kind.is_collective and op.group in (DP_GROUPS | {TP})
         if op.kind not in SUPPORTED_KINDS or (op.kind.is_collective and not dp_op) or (
                 op.kind is OpKind.OPT_STEP and op.group is not None):
             raise KernelsError(f"op {op} ({op.kind.value}, group {op.group}) is not supported "
                                f"by the kernels backend", op=str(op))
-    if parallel.fsdp == "hybrid" and not parallel.shard_size:
-        raise KernelsError("fsdp='hybrid' needs shard_size in the kernels backend (there is "
-                           "no topology to take the GPUs per node from)")
-    check_tied_embeddings(schedule, model, parallel)
+    check_tied_embeddings(lowered, plan.model, plan.parallel)
+    if check:
+        check_structure(lowered)
+        dry_run(lowered, plan.parallel.overlapped_groups)
 
 
 def _free_port() -> int:
@@ -164,13 +163,12 @@ def _context() -> Any:
     return ctx
 
 
-def run_schedule(schedule: Schedule, model: ModelSpec, parallel: ParallelConfig,
-                 device: str = "cpu", seed: int = 0, timeout: float = 120.0,
-                 warmup_iterations: int = 1, iterations: int = 1, return_grads: bool = False,
-                 check: bool = True, replay: bool = False, return_params: bool = False,
-                 overlapped: frozenset[str] = frozenset(),
-                 intra: IntraLayerOptions | None = None) -> Timeline | tuple:
-    """Execute `schedule` for real and return its measured Timeline; with `return_grads`
+def run_schedule(schedule: Schedule, plan: Plan, device: str = "cpu", seed: int = 0,
+                 timeout: float = 120.0, warmup_iterations: int = 1, iterations: int = 1,
+                 return_grads: bool = False, check: bool = True, replay: bool = False,
+                 return_params: bool = False) -> Timeline | tuple:
+    """Execute `schedule` (of `plan`'s shape: schedules.plan.resolve, without a cluster)
+    for real, lowered by schedules.lowering, and return its measured Timeline; with `return_grads`
     also the gradients by parameter name, (timeline, grads); with `return_params` also
     the parameters after the run, (timeline, grads, params) (grads {} unless asked).
     Gradients are the reduced ones (a sharded gradient merged from its DP shards), of the
@@ -188,11 +186,9 @@ def run_schedule(schedule: Schedule, model: ModelSpec, parallel: ParallelConfig,
     bad input.
 
     Tensor (and sequence) parallelism: parallel.tp ranks per (pp, dp) coordinate run one
-    program on their shards (kernels.tensor_parallel). The schedule may carry the TP ops
-    of schedules.intra_layer.add_intra_layer (given `intra`, run_schedule adds them after
-    costing, as the simulator does, and takes `overlapped` from intra.overlapped_groups())
-    or none: the collectives run inside the compute ops either way, and TP ops become 'tp'
-    spans (kernels.tp_ops).
+    program on their shards (kernels.tensor_parallel). The lowering adds the TP ops of
+    schedules.intra_layer as the simulator does: the collectives run inside the compute
+    ops, and TP ops become 'tp' spans (kernels.tp_ops).
 
     Like torch.multiprocessing.spawn, rank processes import the caller's main module, so
     a script calling this needs an `if __name__ == '__main__':` guard.
@@ -203,19 +199,15 @@ def run_schedule(schedule: Schedule, model: ModelSpec, parallel: ParallelConfig,
     if replay and (return_grads or return_params):
         raise ConfigError("replay returns no gradients or parameters (its RECVs are random "
                           "data)")
-    _check(schedule, model, parallel, device, check, iterations, warmup_iterations, timeout,
-           replay)
-    chunks = (group_costs(model, parallel, schedule.num_stages, schedule.layer_groups)
-              if schedule.layer_groups > 1 else None)
-    lowered = annotate(schedule, stage_costs(model, parallel, schedule.num_stages), chunks)
-    if intra is not None:
-        lowered = add_intra_layer(lowered, model, parallel, intra)
-        overlapped = intra.overlapped_groups()
-    job = Job(lowered, model, parallel, device, seed, float(timeout), warmup_iterations,
-              iterations, return_grads, _free_port(), replay, return_params,
-              frozenset(overlapped))
+    _check_run(device, iterations, warmup_iterations, timeout)
+    _check_layout(plan, device, replay)
+    lowered = lower(schedule, plan)
+    _check_lowered(lowered, plan, check)
+    job = Job(lowered, plan, device, seed, float(timeout), warmup_iterations, iterations,
+              return_grads, _free_port(), replay, return_params)
     payloads = _launch(job)
     timeline = merge_timeline(payloads, job)
+    parallel = plan.parallel
     if return_params:
         grads = gather_state(payloads, parallel, "grads") if return_grads else {}
         return timeline, grads, gather_state(payloads, parallel, "params")

@@ -90,7 +90,7 @@ def stage_parts(model: ModelSpec, seed: int, device: torch.device) -> dict[str, 
     spec = replace(model, num_layers=3)
     modules = {}
     for part, stage in (("embedding", 0), ("layer", 1), ("head", 2)):
-        module = build_stages(spec, [stage], 3, seed, device)[stage]
+        module = build_stages(spec, [stage], 3, seed, device, split=(1, 1, 1))[stage]
         if part != "layer":
             module.layers = nn.ModuleDict()
         modules[part] = module

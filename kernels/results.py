@@ -54,10 +54,7 @@ def merge_timeline(payloads: dict[int, dict], job: Any) -> Timeline:
     source = "kernels:cpu" if job.device == "cpu" else f"kernels:cuda:{name}"
     s, p = job.schedule, job.parallel
     meta = {
-        "schedule": s.name, "pp": p.pp, "vpp": s.stages_per_rank, "dp": p.dp, "tp": p.tp,
-        "sequence_parallel": p.sequence_parallel,
-        "microbatches": s.num_microbatches, "model": job.model.name or "custom",
-        "dtype": job.model.dtype, "device": name,
+        "plan": job.plan.describe(), "device": name,
         "backend": "nccl" if job.device == "cuda" else "gloo",
         "torch": torch.__version__, "seed": job.seed,
         "warmup_iterations": job.warmup_iterations, "iteration_times": times,

@@ -52,12 +52,12 @@ from .vocab_parallel import cross_entropy, embedding_partial
 def layer_range(spec: ModelSpec, stage: int, num_stages: int,
                 split: Sequence[int] | None = None) -> range:
     """Global indices of the layers of `stage` (contiguous): `split[s]` layers per stage
-    (schedules.pipeline_split), or num_layers / num_stages each when None."""
+    (the plan's pipeline split, Plan.stage_layers); None only for the whole model as one
+    stage."""
     if split is None:
-        if spec.num_layers % num_stages:
-            raise ValueError(f"num_layers={spec.num_layers} is not divisible by "
-                             f"num_stages={num_stages}")
-        split = [spec.num_layers // num_stages] * num_stages
+        if num_stages != 1:
+            raise ValueError(f"{num_stages} stages need their split (Plan.stage_layers)")
+        split = [spec.num_layers]
     if len(split) != num_stages or sum(split) != spec.num_layers:
         raise ValueError(f"split {list(split)} must give {num_stages} stages "
                          f"{spec.num_layers} layers")

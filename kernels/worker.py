@@ -33,10 +33,10 @@ import torch
 import torch.distributed as dist
 
 from clustersim.schedules.model import ModelSpec
+from clustersim.schedules.names import DP, DP_REPLICATE, DP_SHARD, PP, TP
 from clustersim.schedules.parallel import ParallelConfig
+from clustersim.schedules.plan import Plan
 from clustersim.schedules.schedule import Schedule
-from clustersim.schedules.pipeline_split import stage_layers
-from clustersim.schedules.sharding import group_ranks
 
 from .executor import RankExecutor, RankSetup
 from .stage import build_stages, named_parameters, token_batch
@@ -65,11 +65,11 @@ def describe_progress(program: list, iterations: int, iteration: int, index: int
 
 @dataclass(frozen=True)
 class Job:
-    """Everything a rank needs, picklable: the lowered schedule and the run's settings."""
+    """Everything a rank needs, picklable: the lowered schedule, the plan it was lowered
+    for (schedules.plan) and the run's settings."""
 
     schedule: Schedule
-    model: ModelSpec
-    parallel: ParallelConfig
+    plan: Plan
     device: str  # 'cpu' or 'cuda'
     seed: int
     timeout: float
@@ -79,28 +79,35 @@ class Job:
     master_port: int
     replay: bool = False
     return_params: bool = False
-    overlapped: frozenset[str] = frozenset()  # intra-layer groups placed before compute
+
+    @property
+    def model(self) -> ModelSpec:
+        return self.plan.model
+
+    @property
+    def parallel(self) -> ParallelConfig:
+        return self.plan.parallel
 
     @property
     def world_size(self) -> int:
         """Rank processes: one in replay, else every rank of the grid."""
-        return 1 if self.replay else self.parallel.world_size
+        return 1 if self.replay else self.plan.world_size
 
 
-def dp_axes(parallel: ParallelConfig, rank: int) -> dict[str, list[int]]:
-    """Global ranks of `rank`'s data-parallel groups (schedules.sharding.group_ranks):
-    'dp', and with fsdp='hybrid' also 'dp_shard' and 'dp_replicate'."""
-    hybrid = parallel.fsdp == "hybrid" and parallel.shard_size
-    return {axis: group_ranks(parallel, axis, rank, parallel.shard_size)
-            for axis in (("dp", "dp_shard", "dp_replicate") if hybrid else ("dp",))}
+def dp_axes(plan: Plan, rank: int) -> dict[str, list[int]]:
+    """Global ranks of `rank`'s data-parallel groups (Plan.group): 'dp', and with a
+    hybrid shard group also 'dp_shard' and 'dp_replicate'."""
+    hybrid = plan.parallel.fsdp == "hybrid" and plan.dp_shard_size
+    return {axis: plan.group(axis, rank)
+            for axis in ((DP, DP_SHARD, DP_REPLICATE) if hybrid else (DP,))}
 
 
-def group_axes(parallel: ParallelConfig, rank: int) -> dict[str, list[int]]:
+def group_axes(plan: Plan, rank: int) -> dict[str, list[int]]:
     """Global ranks of `rank`'s collective groups: its DP axes (dp_axes) and, with
     tp > 1, its TP group ('tp': the ranks of one (pp, dp, cp) coordinate)."""
-    axes = dp_axes(parallel, rank)
-    if parallel.tp > 1:
-        axes["tp"] = parallel.group("tp", rank)
+    axes = dp_axes(plan, rank)
+    if plan.parallel.tp > 1:
+        axes[TP] = plan.group(TP, rank)
     return axes
 
 
@@ -113,7 +120,7 @@ def _groups(job: Job, rank: int, timeout: datetime.timedelta) -> dict[str, Any]:
     pair = summing_ranks(job.schedule, job.model)
 
     def axes(r: int) -> dict[str, list[int]]:
-        out = group_axes(parallel, r)
+        out = group_axes(job.plan, r)
         if pair:
             out[EMBEDDING] = embedding_group(parallel, r, pair)
         return out
@@ -175,10 +182,10 @@ def run_rank(rank: int, job: Job, results: Any, progress: Any) -> None:
 
 def _run(rank: int, job: Job, device: torch.device, groups: dict, progress: Any) -> dict:
     coords = job.parallel.coords(rank)
-    setup = RankSetup(rank=rank, pipeline_rank=coords["pp"], dp_rank=coords["dp"],
-                      pp_ranks=job.parallel.group("pp", rank), groups=groups,
+    setup = RankSetup(rank=rank, pipeline_rank=coords[PP], dp_rank=coords[DP],
+                      pp_ranks=job.plan.group(PP, rank), groups=groups,
                       dp_size=job.parallel.dp, timeout=job.timeout,
-                      group_ranks=dp_axes(job.parallel, rank))
+                      group_ranks=dp_axes(job.plan, rank))
     iterations, results = _iterate(rank, job, device, setup, progress)
     return {"iterations": iterations, **results, "device_name": _device_name(device)}
 
@@ -217,21 +224,18 @@ def _iterate(rank: int, job: Job, device: torch.device, setup: RankSetup,
     """Warm-up + timed iterations of `setup.pipeline_rank`'s program: the timed
     iterations' resolved spans and memory, and {'grads', 'params'} (serialised, or None
     where the job does not want them)."""
-    schedule = job.schedule
-    stages = [s for s in range(schedule.num_stages)
-              if schedule.rank_of_stage(s) == setup.pipeline_rank]
+    schedule, plan = job.schedule, job.plan
     clock = make_clock(device)
     tp = _tensor_parallel(job.parallel, setup, clock)
-    split = stage_layers(job.model.num_layers, job.parallel, schedule.num_stages)
-    modules = build_stages(job.model, stages, schedule.num_stages, job.seed, device, tp, split,
-                           job.parallel.recompute)
+    modules = build_stages(job.model, plan.stages_of(setup.pipeline_rank), plan.num_stages,
+                           job.seed, device, tp, plan.stage_layers, job.parallel.recompute)
     tokens, labels = token_batch(job.model, job.parallel.global_batch_size, job.seed, device)
 
     def on_op(index: int) -> None:
         progress[2 * rank + 1] = index
 
     executor = RankExecutor(schedule, modules, setup, tokens, labels, clock, on_op, tp,
-                            job.overlapped)
+                            job.parallel.overlapped_groups)
     params = named_parameters(modules)
     iterations = []
     total = job.warmup_iterations + job.iterations

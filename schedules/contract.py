@@ -69,22 +69,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .ops import Op, OpKind
+from .names import DP_GROUPS, HOST, INTRA_LAYER_GROUPS
+from .ops import WORK_KINDS, Op, OpKind
 
 Key = tuple  # (kind, stage, microbatch) or (kind, stage, microbatch, chunk): Op.key
 
-DP_GROUPS = frozenset({"dp", "dp_shard", "dp_replicate"})
-"""Group axes of data-parallel communication: the whole DP group, the shard group (ranks
-of one node for HSDP / hpZ) and the replica group across shard groups (sim.dp_groups)."""
 
 _GRADIENT_KINDS = (OpKind.ALL_REDUCE, OpKind.REDUCE_SCATTER)
-_WORK_KINDS = (OpKind.F, OpKind.B, OpKind.I, OpKind.W)
 _POSITIONAL_KINDS = frozenset({OpKind.ALL_REDUCE, OpKind.REDUCE_SCATTER, OpKind.ALL_GATHER,
                                OpKind.ALL_TO_ALL, OpKind.OPT_STEP, OpKind.COPY_D2H,
                                OpKind.COPY_H2D})
-
-INTRA_LAYER_GROUPS = frozenset({"tp", "cp", "ep", "etp"})
-"""Group axes of communication inside a layer (tensor, context, expert parallelism)."""
 
 
 def is_intra_layer(op: Op) -> bool:
@@ -101,7 +95,7 @@ def is_parameter_gather(op: Op) -> bool:
 
 def runs_on_compute_stream(op: Op) -> bool:
     """Compute ops hold the rank's one stream; a host optimizer step does not."""
-    return op.kind.is_compute and op.group != "host"
+    return op.kind.is_compute and op.group != HOST
 
 
 def prerequisites(op: Op, stage_ranks: Sequence[int],
@@ -157,7 +151,7 @@ def chunk_completions(program: Sequence[Op]) -> dict[int, tuple[Key, ...]]:
     group of each chunked (kind, stage, microbatch) in `program` (empty when unchunked)."""
     last: dict[tuple, int] = {}
     for index, op in enumerate(program):
-        if op.chunk is not None and op.kind in _WORK_KINDS:
+        if op.chunk is not None and op.kind in WORK_KINDS:
             last[(op.kind, op.stage, op.microbatch)] = index
     return {index: produces(Op(kind, stage, microbatch))
             for (kind, stage, microbatch), index in last.items()}
@@ -199,7 +193,7 @@ def local_waits(program: Sequence[Op], overlapped: frozenset[str] | set[str] = f
     uploads: dict = {}    # (stage, chunk) -> latest COPY_H2D
     for index, op in enumerate(program):
         s, g, kind = op.stage, op.chunk, op.kind
-        if kind in _WORK_KINDS:
+        if kind in WORK_KINDS:
             waits[index] = waits[index] + tuple(_covering(gathers, s, g))
             if kind is not OpKind.I:
                 grads[(s, g)] = index
@@ -236,7 +230,7 @@ def _intra_layer_waits(program: Sequence[Op], waits: list[tuple[int, ...]],
     chain: tuple[int, ...] = ()  # the latest blocking collective of this compute op
     for index, op in enumerate(program):
         kind = op.kind
-        if kind in _WORK_KINDS:
+        if kind in WORK_KINDS:
             waits[index] = tuple(blocking)
             blocking, alongside, recvs, chain = alongside, [], [], ()
         elif kind in (OpKind.SEND_F, OpKind.SEND_B, OpKind.OPT_STEP):

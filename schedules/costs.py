@@ -1,7 +1,8 @@
 """Per-stage costs of a pipeline split: FLOPs, bytes and parameters of one rank's stage.
 
 Units: FLOPs, bytes and parameter counts for ONE micro-batch on ONE rank (a TP/CP shard of
-the stage). Layers split as schedules.pipeline_split says (evenly by default); stage 0 also holds
+the stage). Layers split as schedules.pipeline_split says (evenly by default; the Plan holds
+the split and these costs, schedules.plan); stage 0 also holds
 the embedding, the last stage the final norm, the output layer and the logits.
 FLOP and activation formulas come from `ModelSpec` (SC21, Korthikanti et al. 2022).
 """
@@ -11,12 +12,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .errors import ConfigError, require_positive_int
+from .errors import ConfigError
 from .layer_kernels import (Kernel, embedding_forward, head_backward, head_forward,
                             layer_backward, layer_forward, merge, recompute_forward)
 from .model import ModelSpec
 from .parallel import ParallelConfig
-from .pipeline_split import stage_layers
 
 LOGITS_BYTES = 4  # cross-entropy keeps fp32 logits (Korthikanti et al. 2022, section 4.3)
 
@@ -72,14 +72,6 @@ def output_activation_bytes(model: ModelSpec, parallel: ParallelConfig) -> float
     sp = t if parallel.sequence_parallel else 1
     inputs = 2 * sb * model.hidden_size * model.dtype_bytes / sp
     return (inputs + LOGITS_BYTES * sb * model.vocab_size / t) / parallel.cp
-
-
-def stage_costs(model: ModelSpec, parallel: ParallelConfig, num_stages: int) -> list[StageCost]:
-    """Costs of each of `num_stages` stages (usually parallel.pp * parallel.vpp), with the
-    layers schedules.pipeline_split gives each."""
-    require_positive_int("num_stages", num_stages)
-    parallel.check_model(model)
-    return costs_for_layers(model, parallel, stage_layers(model.num_layers, parallel, num_stages))
 
 
 def costs_for_layers(model: ModelSpec, parallel: ParallelConfig,

@@ -1,7 +1,8 @@
 """Data-parallel communication as ops: passes over the pipeline programs (issue 5).
 
-`add_data_parallel(schedule, model, parallel, shard_size)` picks the pass from the
-ParallelConfig (its sharding fields are canonical, schedules.sharding):
+`add_data_parallel(schedule, plan)` picks the pass from the plan's ParallelConfig (its
+sharding fields are canonical, schedules.sharding) and sizes it from the plan
+(schedules.dp_sizes: the layer groups, their costs, the shard group):
 - zero_stage 0, DDP (Li et al., VLDB 2020, "PyTorch Distributed"): gradients in buckets of
   `bucket_bytes` (None = torch DDP's 25 MiB, schedules.sharding.DEFAULT_BUCKET_BYTES;
   Megatron-LM's default is max(40M, 1M * dp) parameters per bucket). Earlier microbatches
@@ -32,7 +33,7 @@ Sizes (bytes) follow nccl-tests (sim.collective_algorithms): ALL_REDUCE and
 REDUCE_SCATTER carry the full gradient bucket, ALL_GATHER the full gathered parameters.
 OPT_STEP.nbytes is the Adam update's memory traffic on the rank's shard,
 ADAM_BYTES_PER_PARAM per parameter. Groups name axes: 'dp', 'dp_shard', 'dp_replicate'
-(schedules.contract.DP_GROUPS; sim.dp_groups maps them to ranks). Communication runs
+(schedules.names.DP_GROUPS; Plan.group maps them to ranks). Communication runs
 over the 'dp' axis only (cp = 1 is assumed for the collectives); MoE expert gradients too,
 not over Megatron-Core's expert data-parallel group ('edp', tp*cp*dp / (etp*ep) ranks):
 a simplification (their bytes per rank do follow ep and etp: schedules.costs).
@@ -41,16 +42,18 @@ from __future__ import annotations
 
 import math
 
-from .dp_sizes import ADAM_BYTES_PER_PARAM, DPSizes, bucket_groups, dp_sizes, split_op
+from .dp_sizes import ADAM_BYTES_PER_PARAM, DPSizes, dp_sizes, split_op
 from .errors import ConfigError
-from .model import ModelSpec
+from .names import DP_GROUPS
 from .ops import BACKWARD_KINDS, Op, OpKind
 from .parallel import ParallelConfig
+from .plan import Plan
 from .schedule import Schedule
+from .sharding import moves_gradients
 from .zero3 import add_zero3
 
 __all__ = ["ADAM_BYTES_PER_PARAM", "add_data_parallel", "add_dp_allreduce",
-           "add_sharded_optimizer", "bucket_groups"]
+           "add_sharded_optimizer", "has_data_parallel"]
 
 
 def add_dp_allreduce(schedule: Schedule) -> Schedule:
@@ -136,12 +139,6 @@ def gather_ops(sizes: DPSizes, parallel: ParallelConfig, stage: int) -> list[Op]
     return ops
 
 
-def moves_gradients(parallel: ParallelConfig) -> bool:
-    """Whether gradients leave the rank: to other DP ranks, or to the host (offload).
-    Otherwise (dp = 1) the pass adds only the optimizer steps."""
-    return parallel.dp > 1 or parallel.offload
-
-
 def add_sharded_optimizer(schedule: Schedule, sizes: DPSizes, parallel: ParallelConfig
                           ) -> Schedule:
     """DDP and ZeRO-1/2 (module docstring)."""
@@ -171,26 +168,28 @@ def add_sharded_optimizer(schedule: Schedule, sizes: DPSizes, parallel: Parallel
     return schedule.with_programs(programs, layer_groups=groups)
 
 
-def add_data_parallel(schedule: Schedule, model: ModelSpec, parallel: ParallelConfig,
-                      shard_size: int | None = None) -> Schedule:
-    """`schedule` with the data-parallel communication `parallel` asks for (module
-    docstring). `shard_size`: ranks of a hybrid shard group or of the hpZ secondary shard
-    (sim.dp_groups resolves it from the topology); needed for fsdp='hybrid' and hpz.
-    With dp = 1 (and no offload) only the optimizer steps are added."""
-    if any(op.kind is OpKind.OPT_STEP for op in schedule.ops()):
-        raise ConfigError(f"schedule {schedule.name!r} already has optimizer steps: the "
-                          "data-parallel pass runs once, on a pipeline schedule")
+def has_data_parallel(schedule: Schedule) -> bool:
+    """Whether `schedule` already carries data-parallel ops (an optimizer step, a host
+    copy, or a collective on a DP group): the pass then leaves it as it is."""
+    return any(op.kind is OpKind.OPT_STEP or op.kind.is_copy or
+               (op.kind.is_collective and op.group in DP_GROUPS) for op in schedule.ops())
+
+
+def add_data_parallel(schedule: Schedule, plan: Plan) -> Schedule:
+    """`schedule` with the data-parallel communication `plan` asks for (module
+    docstring), or `schedule` itself when it already has data-parallel ops
+    (has_data_parallel). With dp = 1 (and no offload) only the optimizer steps are added.
+    fsdp='hybrid' and hpz need the shard group (Plan.dp_shard_size: shard_size or
+    hpz_partition_size, or the dp ranks per node of the plan's cluster)."""
+    if has_data_parallel(schedule):
+        return schedule
     if schedule.layer_groups != 1:
         raise ConfigError("the data-parallel pass needs a schedule without layer groups")
-    hybrid = parallel.fsdp == "hybrid"
-    if (hybrid or parallel.hpz) and shard_size is None:
+    parallel = plan.parallel
+    if (parallel.fsdp == "hybrid" or parallel.hpz) and plan.dp_shard_size is None:
         raise ConfigError(f"fsdp={parallel.fsdp!r} hpz={parallel.hpz}: give shard_size (the "
-                          "ranks of one node's shard group; sim.dp_groups.shard_size)")
-    shard = shard_size if hybrid else parallel.dp
+                          "ranks of one node's shard group), or a topology to take it from")
+    sizes = dp_sizes(plan)
     if parallel.zero_stage == 3 and moves_gradients(parallel):
-        groups = model.num_layers // schedule.num_stages  # one FSDP unit per layer
-        sizes = dp_sizes(model, parallel, schedule.num_stages, groups, shard)
         return add_zero3(schedule, sizes, parallel)
-    groups = bucket_groups(model, parallel, schedule.num_stages)
-    sizes = dp_sizes(model, parallel, schedule.num_stages, groups, shard)
     return add_sharded_optimizer(schedule, sizes, parallel)

@@ -7,12 +7,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .layer_groups import group_costs
-from .model import ModelSpec
 from .ops import Op, OpKind
-from .parallel import ParallelConfig
-from .pipeline_split import stage_layers
-from .sharding import DEFAULT_BUCKET_BYTES
+from .plan import Plan
 
 ADAM_BYTES_PER_PARAM = 28
 """Memory traffic of one mixed-precision Adam update per parameter: the K = 12 bytes of
@@ -61,27 +57,15 @@ class DPSizes:
         return sizes
 
 
-def dp_sizes(model: ModelSpec, parallel: ParallelConfig, num_stages: int, groups: int,
-             shard: int) -> DPSizes:
-    costs = group_costs(model, parallel, num_stages, groups)
-    grads = [[c.grad_bytes for c in row] for row in costs]
-    params = [[c.param_count + c.tied_param_count for c in row] for row in costs]
-    bucket = parallel.bucket_bytes or DEFAULT_BUCKET_BYTES
-    layers = [c // groups for c in stage_layers(model.num_layers, parallel, num_stages)]
-    return DPSizes(grads, params, model.dtype_bytes, parallel.dp, shard, bucket, layers)
-
-
-def bucket_groups(model: ModelSpec, parallel: ParallelConfig, num_stages: int) -> int:
-    """Layer groups per stage for bucketed reduction: the most groups (dividing every
-    stage's layers) whose layers still fill at least one bucket each."""
-    layers = math.gcd(*stage_layers(model.num_layers, parallel, num_stages))
-    per_layer = (model.layer_param_count(parallel.tp, parallel.ep, etp=parallel.etp)
-                 * model.dtype_bytes)
-    bucket = parallel.bucket_bytes or DEFAULT_BUCKET_BYTES
-    for size in range(1, layers + 1):
-        if layers % size == 0 and size * per_layer >= bucket:
-            return layers // size
-    return 1
+def dp_sizes(plan: Plan) -> DPSizes:
+    """The sizes of `plan`'s data-parallel pass: its G layer groups per stage
+    (Plan.layer_groups), their costs, the gradient bucket and the shard group."""
+    groups = plan.layer_groups
+    grads = [[c.grad_bytes for c in row] for row in plan.group_costs]
+    params = [[c.param_count + c.tied_param_count for c in row] for row in plan.group_costs]
+    layers = [c // groups for c in plan.stage_layers]
+    return DPSizes(grads, params, plan.model.dtype_bytes, plan.parallel.dp, plan.comm_shards,
+                   plan.parallel.grad_bucket_bytes, layers)
 
 
 def split_op(op: Op, groups: int) -> list[Op]:

@@ -1,7 +1,7 @@
 """The intra-layer communication pass: TP, SP, CP and EP collectives as ops (issue 6).
 
-`add_intra_layer(schedule, model, parallel, options)` takes a lowered, costed schedule
-(schedules.annotate; layer groups allowed) and, for every compute op, adds the
+`add_intra_layer(schedule, plan)` takes a lowered, costed schedule (schedules.annotate;
+layer groups allowed) and, for every compute op, adds the
 collectives of the layers it covers (schedules.comm_spec.Covered), aggregated per op and
 kind (`Op.count` back-to-back collectives, `nbytes` their total; stage, microbatch and
 chunk those of the compute op):
@@ -17,13 +17,11 @@ chunk those of the compute op):
   RECV nbytes / t) and the receivers all-gather the pieces over 'tp' (one ALL_GATHER of
   the whole boundary, right after each RECV). Off by default.
 The options are ParallelConfig fields (tp_comm_overlap, cp_comm, moe_imbalance,
-scatter_gather; Megatron aliases in schedules.parallel_aliases); IntraLayerOptions carries
-them, `IntraLayerOptions.from_parallel(parallel)` when a caller gives none, and an explicit
-IntraLayerOptions overrides the config's fields (benchmarks pin Megatron-2021 behaviour).
+scatter_gather; Megatron aliases in schedules.parallel_aliases).
 Placement (the contract's rule, schedules.contract): collectives of a blocking group go
-right after their compute op, those of an overlapped group (`options.overlapped_groups()`:
-'cp' with ring attention, 'tp' with tp_comm_overlap) right before it, after its RECVs.
-The sim and kernels backends must pass the same overlapped groups to program_contract.
+right after their compute op, those of an overlapped group
+(ParallelConfig.overlapped_groups: 'cp' with ring attention, 'tp' with tp_comm_overlap)
+right before it, after its RECVs. Both backends pass the same set to program_contract.
 
 Aggregation keeps time exact on the critical path when the collectives run uncontended:
 k sequential collectives of S bytes cost k*(steps*alpha) + k*S/bandwidth, which is what
@@ -34,119 +32,88 @@ with the compute it hides behind (the op's communication hides behind its whole 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from .comm_spec import Comm, Covered
 from .cp_comms import check_cp_comm, cp_comms
 from .ep_comms import ep_comms, etp_comms, imbalance_flops
 from .layer_groups import chunk_layers
-from .model import ModelSpec
-from .ops import Op, OpKind
-from .parallel import ParallelConfig, check_moe_imbalance
-from .pipeline_split import stage_layers, stage_offsets
+from .names import INTRA_LAYER_GROUPS, TP
+from .ops import WORK_KINDS, Op, OpKind
+from .parallel import ParallelConfig
+from .plan import Plan
 from .schedule import Schedule
 from .tp_comms import tp_comms
 
-_WORK = (OpKind.F, OpKind.B, OpKind.I, OpKind.W)
 
-
-@dataclass(frozen=True)
-class IntraLayerOptions:
-    """How intra-layer communication runs, the ParallelConfig fields of the same names:
-    `tp_comm_overlap` (Megatron's --tp-comm-overlap: TP collectives run alongside the
-    GEMMs instead of between them), `cp_comm` ('ring' or 'ulysses'), `moe_imbalance`
-    (busiest expert's tokens over the balanced share, >= 1), `scatter_gather` (pipeline
-    transfers split over the TP ranks and all-gathered: module docstring)."""
-
-    tp_comm_overlap: bool = False
-    cp_comm: str = "ring"
-    moe_imbalance: float = 1.0
-    scatter_gather: bool = False
-
-    def __post_init__(self) -> None:
-        check_cp_comm(self.cp_comm)
-        object.__setattr__(self, "moe_imbalance", check_moe_imbalance(self.moe_imbalance))
-
-    @classmethod
-    def from_parallel(cls, parallel: ParallelConfig) -> IntraLayerOptions:
-        """The options a ParallelConfig's intra-layer fields set."""
-        return cls(parallel.tp_comm_overlap, parallel.cp_comm, parallel.moe_imbalance,
-                   parallel.scatter_gather)
-
-    def overlapped_groups(self) -> frozenset[str]:
-        """Intra-layer groups whose collectives run alongside their compute op."""
-        return frozenset({"tp"} if self.tp_comm_overlap else set()) | frozenset(
-            {"cp"} if self.cp_comm == "ring" else set())
-
-
-def covered(op: Op, model: ModelSpec, parallel: ParallelConfig, num_stages: int,
-            groups: int) -> Covered:
-    """The layers, embedding and head compute op `op` runs (schedules.layer_groups)."""
-    counts = stage_layers(model.num_layers, parallel, num_stages)
-    first = stage_offsets(counts)[op.stage]
+def covered(op: Op, plan: Plan, groups: int) -> Covered:
+    """The layers, embedding and head compute op `op` runs, its stage split into `groups`
+    layer groups (schedules.layer_groups)."""
+    counts, model = plan.stage_layers, plan.model
+    first = plan.stage_offsets[op.stage]
     layers = [first + i for i in chunk_layers(counts[op.stage], groups, op.chunk)]
     moe = sum(1 for layer in layers if model.is_moe_layer(layer)) if model.is_moe else 0
     return Covered(op.kind, len(layers), moe,
                    embedding=op.stage == 0 and op.chunk in (None, 0),
-                   head=op.stage == num_stages - 1 and op.chunk in (None, groups - 1),
-                   recompute=parallel.recompute)
+                   head=op.stage == plan.num_stages - 1 and op.chunk in (None, groups - 1),
+                   recompute=plan.parallel.recompute)
 
 
-def op_comms(model: ModelSpec, parallel: ParallelConfig, cov: Covered,
-             options: IntraLayerOptions) -> list[Comm]:
+def op_comms(plan: Plan, cov: Covered) -> list[Comm]:
     """All intra-layer collectives of one compute op: TP, then CP, then EP and ETP."""
-    return (tp_comms(model, parallel, cov) + cp_comms(model, parallel, cov, options.cp_comm)
+    model, parallel = plan.model, plan.parallel
+    return (tp_comms(model, parallel, cov) + cp_comms(model, parallel, cov, parallel.cp_comm)
             + ep_comms(model, parallel, cov) + etp_comms(model, parallel, cov))
 
 
-def needs_intra_layer(parallel: ParallelConfig, options: IntraLayerOptions) -> bool:
+def needs_intra_layer(parallel: ParallelConfig) -> bool:
     return (max(parallel.tp, parallel.cp, parallel.ep, parallel.etp) > 1
-            or options.moe_imbalance != 1)
+            or parallel.moe_imbalance != 1)
 
 
-def scatters_p2p(parallel: ParallelConfig, options: IntraLayerOptions) -> bool:
+def scatters_p2p(parallel: ParallelConfig) -> bool:
     """Whether pipeline transfers are scattered over the TP ranks (module docstring)."""
-    return options.scatter_gather and parallel.tp > 1 and not parallel.sequence_parallel
+    return parallel.scatter_gather and parallel.tp > 1 and not parallel.sequence_parallel
+
+
+def has_intra_layer(schedule: Schedule) -> bool:
+    """Whether `schedule` already carries intra-layer collectives."""
+    return any(op.group in INTRA_LAYER_GROUPS and op.kind.is_collective for op in schedule.ops())
 
 
 def _scattered(op: Op, tp: int) -> list[Op]:
     """A P2P op carrying 1/tp of the boundary, and after a RECV the all-gather."""
     piece = op.with_costs(nbytes=-(-op.nbytes // tp))
     if op.kind in (OpKind.RECV_F, OpKind.RECV_B):
-        return [piece, Op(OpKind.ALL_GATHER, op.stage, op.microbatch, "tp", op.nbytes)]
+        return [piece, Op(OpKind.ALL_GATHER, op.stage, op.microbatch, TP, op.nbytes)]
     return [piece]
 
 
-def add_intra_layer(schedule: Schedule, model: ModelSpec, parallel: ParallelConfig,
-                    options: IntraLayerOptions | None = None) -> Schedule:
+def add_intra_layer(schedule: Schedule, plan: Plan) -> Schedule:
     """`schedule` with the intra-layer collectives of every compute op (module docstring);
-    `schedule` itself when tp = cp = ep = etp = 1 and experts are balanced. `options`
-    default to the config's fields (IntraLayerOptions.from_parallel)."""
-    if options is None:
-        options = IntraLayerOptions.from_parallel(parallel)
-    if not needs_intra_layer(parallel, options):
+    `schedule` itself when tp = cp = ep = etp = 1 and experts are balanced, or when it
+    already has intra-layer collectives (has_intra_layer)."""
+    parallel = plan.parallel
+    if not needs_intra_layer(parallel) or has_intra_layer(schedule):
         return schedule
-    check_cp_comm(options.cp_comm, model, parallel)
-    overlapped = options.overlapped_groups()
-    scatter = scatters_p2p(parallel, options)
-    stages, groups = schedule.num_stages, schedule.layer_groups
+    check_cp_comm(parallel.cp_comm, plan.model, parallel)
+    overlapped = parallel.overlapped_groups
+    scatter = scatters_p2p(parallel)
+    groups = schedule.layer_groups
     memo: dict[tuple, tuple[list[Op], list[Op], float]] = {}
     programs = []
     for program in schedule.programs:
         out: list[Op] = []
         for op in program:
-            if op.kind not in _WORK:
+            if op.kind not in WORK_KINDS:
                 out += _scattered(op, parallel.tp) if scatter and op.kind.is_p2p else [op]
                 continue
             shape = (op.kind, op.stage, op.chunk)
             if shape not in memo:  # ops of one shape differ only by microbatch
-                cov = covered(op, model, parallel, stages, groups)
-                comm = op_comms(model, parallel, cov, options)
+                cov = covered(op, plan, groups)
                 proto = [Op(c.kind, op.stage, None, c.group, c.nbytes, chunk=op.chunk,
-                            count=c.count) for c in comm]
+                            count=c.count) for c in op_comms(plan, cov)]
                 memo[shape] = ([p for p in proto if p.group in overlapped],
                                [p for p in proto if p.group not in overlapped],
-                               imbalance_flops(model, parallel, cov, options.moe_imbalance))
+                               imbalance_flops(plan.model, parallel, cov, parallel.moe_imbalance))
             before, after, extra = memo[shape]
             m = op.microbatch
             out += [Op(p.kind, p.stage, m, p.group, p.nbytes, chunk=p.chunk, count=p.count)

@@ -15,12 +15,14 @@ Units: as schedules.costs (FLOPs, bytes, parameter counts per micro-batch per ra
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections.abc import Sequence
 
-from .costs import StageCost, costs_for_layers, stage_costs
+from .costs import StageCost, costs_for_layers
 from .errors import ConfigError
 from .model import ModelSpec
 from .parallel import ParallelConfig
-from .pipeline_split import stage_layers
+from .sharding import DEFAULT_BUCKET_BYTES, moves_gradients
 
 
 def check_groups(layers: int, groups: int) -> None:
@@ -43,18 +45,38 @@ def chunk_layers(layers: int, groups: int, chunk: int | None) -> range:
     return range(chunk * size, (chunk + 1) * size)
 
 
-def group_costs(model: ModelSpec, parallel: ParallelConfig, num_stages: int,
+def group_costs(model: ModelSpec, parallel: ParallelConfig, counts: Sequence[int],
                 groups: int) -> list[list[StageCost]]:
-    """`costs[s][g]`: the cost of layer group g of stage s (module docstring)."""
+    """`costs[s][g]`: the cost of layer group g of stage s, the stages holding `counts`
+    layers each (module docstring)."""
     if groups == 1:
-        return [[c] for c in stage_costs(model, parallel, num_stages)]
-    counts = stage_layers(model.num_layers, parallel, num_stages)
+        return [[c] for c in costs_for_layers(model, parallel, counts)]
     for layers in counts:
         check_groups(layers, groups)
     fine = costs_for_layers(model, parallel, [c // groups for c in counts for _ in range(groups)])
+    num_stages = len(counts)
     if num_stages == 1 and fine[-1].tied_param_count:
         last = fine[-1]
         dtype = model.dtype_bytes
         fine[-1] = dataclasses.replace(last, tied_param_count=0,
                                        grad_bytes=last.grad_bytes - last.tied_param_count * dtype)
     return [fine[s * groups:(s + 1) * groups] for s in range(num_stages)]
+
+
+def data_parallel_groups(model: ModelSpec, parallel: ParallelConfig,
+                         counts: Sequence[int]) -> int:
+    """G, the layer groups per stage of the data-parallel pass (schedules.data_parallel):
+    ZeRO-3 / FSDP gathers one layer at a time (torch's transformer auto-wrap: one FSDP
+    unit per layer), so G = layers per stage; otherwise gradients reduce in buckets, and G
+    is the most groups (dividing every stage's layers) whose layers still fill at least one
+    bucket each."""
+    if parallel.zero_stage == 3 and moves_gradients(parallel):
+        return model.num_layers // len(counts)
+    layers = math.gcd(*counts)
+    per_layer = (model.layer_param_count(parallel.tp, parallel.ep, etp=parallel.etp)
+                 * model.dtype_bytes)
+    bucket = parallel.bucket_bytes or DEFAULT_BUCKET_BYTES
+    for size in range(1, layers + 1):
+        if layers % size == 0 and size * per_layer >= bucket:
+            return layers // size
+    return 1

@@ -13,7 +13,8 @@ weights, momentum, variance). An fp32 model keeps 4-byte weights and gradients a
 (no master copy). Psi of a rank = its pipeline stages' parameters on one TP shard
 (schedules.costs: layers / tp, routed experts E/ep per rank split over etp ranks, the
 embedding on the first stage, the output layer or the tied embedding copy on the last).
-N = dp * cp, or the hybrid shard group (schedules.sharding). MoE expert parameters are
+N = dp * cp, or the hybrid shard group (schedules.sharding.state_shard_degree, from the
+plan's shard group). MoE expert parameters are
 sharded over N as well, not over the expert data-parallel group of Megatron-Core
 (edp = tp*cp*dp / (etp*ep) ranks): a simplification, as the data-parallel passes reduce
 every gradient over 'dp' (schedules.data_parallel). A bare parameter count splits evenly
@@ -40,14 +41,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from .costs import stage_costs
 from .errors import ConfigError
-from .registry import build_schedule
-from .model import ModelSpec
+from .names import COMPUTE_LANE
 from .parallel import ParallelConfig
+from .plan import Plan
 from .schedule import Schedule
-from .sharding import hpz_degree, shard_degree
-from .timeline import COMPUTE_LANE, Span, peak_in_flight
+from .sharding import hpz_degree, state_shard_degree
+from .timeline import Span, peak_in_flight
 
 MIXED_PRECISION_K = 12  # fp32 master weights + Adam momentum + variance, bytes/parameter
 FP32_K = 8  # Adam momentum + variance; the fp32 weights are the master copy
@@ -97,11 +97,14 @@ def precision_bytes(dtype: str = "bf16") -> tuple[int, int]:
 
 
 def model_states(params: float, parallel: ParallelConfig, dtype: str = "bf16",
-                 gpus_per_node: int | None = None) -> dict[str, float]:
+                 shard_group: int | None = None) -> dict[str, float]:
     """Parameters, gradients, optimizer states, hpZ secondary shard and host bytes of a
-    rank holding `params` parameters, per ZeRO stage (module docstring)."""
+    rank holding `params` parameters, per ZeRO stage (module docstring); `shard_group`:
+    the hybrid or hpZ shard group (Plan.dp_shard_size), from which N follows
+    (schedules.sharding.state_shard_degree)."""
     weight, k = precision_bytes(dtype)
-    stage, n = parallel.zero_stage, shard_degree(parallel, gpus_per_node)
+    stage = parallel.zero_stage
+    n = state_shard_degree(parallel, shard_group)
     optimizer = k * params / (n if stage >= 1 else 1)
     states = {
         "parameters": weight * params / (n if stage >= 3 else 1),
@@ -111,7 +114,7 @@ def model_states(params: float, parallel: ParallelConfig, dtype: str = "bf16",
         "hpz_secondary": 0.0,
     }
     if parallel.hpz:
-        states["hpz_secondary"] = weight * params / hpz_degree(parallel, gpus_per_node)
+        states["hpz_secondary"] = weight * params / hpz_degree(parallel, shard_group)
     return states
 
 
@@ -126,9 +129,9 @@ def activation_peaks(schedule: Schedule, stage_bytes: Sequence[float]
     return (peak_in_flight(spans, lambda op: stage_bytes[op.stage]), peak_in_flight(spans))
 
 
-def _buffers(model: ModelSpec, parallel: ParallelConfig, rank_params: float,
-             layers_here: int) -> dict[str, float]:
+def _buffers(plan: Plan, rank_params: float, layers_here: int) -> dict[str, float]:
     """Gradient buckets and ZeRO-3 gathered parameters of a rank (module docstring)."""
+    model, parallel = plan.model, plan.parallel
     weight, _ = precision_bytes(model.dtype)
     buckets = gathered = 0.0
     if parallel.dp * parallel.cp > 1:
@@ -140,54 +143,43 @@ def _buffers(model: ModelSpec, parallel: ParallelConfig, rank_params: float,
     return {"communication_buffers": buckets, "gathered_parameters": gathered}
 
 
-def rank_memory(model: ModelSpec | float, parallel: ParallelConfig, *,
-                in_flight: Sequence[int] | None = None, schedule: Schedule | None = None,
-                gpus_per_node: int | None = None) -> list[RankMemory]:
-    """Memory of each pipeline rank. `model`: a ModelSpec, or a bare parameter count
-    (model states only). Activations are held for `in_flight[s]` microbatches of virtual
-    stage s when given, else as the `schedule` (default: the one `parallel` names) holds
-    them. `gpus_per_node` sizes hybrid and hpZ groups not given in `parallel`."""
-    if not isinstance(model, ModelSpec):
-        return _bare_memory(model, parallel, gpus_per_node)
-    if schedule is not None and schedule.num_ranks != parallel.pp:
-        raise ConfigError(f"schedule {schedule.name!r} has {schedule.num_ranks} ranks, pp is "
-                          f"{parallel.pp}")
-    if schedule is None and in_flight is None:
-        schedule = build_schedule(parallel.schedule, parallel.pp, parallel.num_microbatches,
-                                  parallel.vpp)
-    num_stages = parallel.pp * parallel.vpp if schedule is None else schedule.num_stages
-    ranks = [s % parallel.pp for s in range(num_stages)] if schedule is None \
-        else list(schedule.stage_ranks)
-    costs = stage_costs(model, parallel, num_stages)
+def rank_memory(plan: Plan, *, in_flight: Sequence[int] | None = None,
+                schedule: Schedule | None = None) -> list[RankMemory]:
+    """Memory of each pipeline rank of `plan`. Activations are held for `in_flight[s]`
+    microbatches of virtual stage s when given, else as `schedule` (default: the plan's
+    registered schedule, Plan.build_schedule) holds them."""
+    num_stages, costs = plan.num_stages, plan.stage_costs
     act = [c.activation_bytes for c in costs]
     if in_flight is None:
-        peaks, counts = activation_peaks(schedule, act)
+        peaks, counts = activation_peaks(schedule or plan.build_schedule(), act)
     elif len(in_flight) != num_stages:
         raise ConfigError(f"in_flight has {len(in_flight)} entries, one per virtual stage "
                           f"is needed ({num_stages})")
     else:
         peaks, counts = {}, {}
         for s, n in enumerate(in_flight):
-            peaks[ranks[s]] = peaks.get(ranks[s], 0) + n * act[s]
-            counts[ranks[s]] = counts.get(ranks[s], 0) + n
+            rank = plan.stage_ranks[s]
+            peaks[rank] = peaks.get(rank, 0) + n * act[s]
+            counts[rank] = counts.get(rank, 0) + n
     result = []
-    for r in range(parallel.pp):
-        mine = [s for s in range(num_stages) if ranks[s] == r]
+    for r in range(plan.pp):
+        mine = plan.stages_of(r)
         params = sum(costs[s].param_count + costs[s].tied_param_count for s in mine)
         layers = sum(costs[s].layers for s in mine)
         result.append(RankMemory(
             pp_rank=r, params=params, activations=peaks.get(r, 0),
-            in_flight=counts.get(r, 0),
-            **_buffers(model, parallel, params, layers),
-            **model_states(params, parallel, model.dtype, gpus_per_node)))
+            in_flight=counts.get(r, 0), **_buffers(plan, params, layers),
+            **model_states(params, plan.parallel, plan.model.dtype, plan.dp_shard_size)))
     return result
 
 
-def _bare_memory(params: float, parallel: ParallelConfig,
-                 gpus_per_node: int | None) -> list[RankMemory]:
+def bare_rank_memory(params: float, parallel: ParallelConfig,
+                     shard_group: int | None = None) -> list[RankMemory]:
+    """Model states of each pipeline rank for a bare parameter count split evenly over
+    pp * tp ranks (16-bit weights, Adam)."""
     if isinstance(params, bool) or not isinstance(params, (int, float)) or params <= 0:
         raise ConfigError(f"params must be a parameter count > 0, got {params!r}")
     per_rank = params / (parallel.pp * parallel.tp)
     return [RankMemory(pp_rank=r, params=per_rank,
-                       **model_states(per_rank, parallel, "bf16", gpus_per_node))
+                       **model_states(per_rank, parallel, "bf16", shard_group))
             for r in range(parallel.pp)]

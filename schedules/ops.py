@@ -64,8 +64,14 @@ class OpKind(str, Enum):
         return self in COPY_KINDS
 
 
-COMPUTE_KINDS = frozenset({OpKind.F, OpKind.B, OpKind.I, OpKind.W, OpKind.OPT_STEP})
+WORK_KINDS = frozenset({OpKind.F, OpKind.B, OpKind.I, OpKind.W})
+"""The model's own work: a forward, a backward, or a piece of a split backward."""
+COMPUTE_KINDS = WORK_KINDS | {OpKind.OPT_STEP}
 BACKWARD_KINDS = frozenset({OpKind.B, OpKind.I, OpKind.W})
+INPUT_GRAD_KINDS = frozenset({OpKind.B, OpKind.I})
+"""Ops that produce a stage's input gradient (B fuses I and W)."""
+WEIGHT_GRAD_KINDS = frozenset({OpKind.B, OpKind.W})
+"""Ops that produce a stage's weight gradients."""
 P2P_KINDS = frozenset({OpKind.SEND_F, OpKind.RECV_F, OpKind.SEND_B, OpKind.RECV_B})
 COLLECTIVE_KINDS = frozenset(
     {OpKind.ALL_REDUCE, OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER, OpKind.ALL_TO_ALL,

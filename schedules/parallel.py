@@ -29,16 +29,15 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from .errors import ConfigError, require_positive_int
+from .names import CP, EXPERT_AXES, GRID_AXES, TP
 from .registry import schedule_entry
 from .parallel_aliases import ALIASES, resolve_kwargs
-from .pipeline_split import stage_layers
 from .sharding import DEFAULT_BUCKET_BYTES, normalised_sharding
 
 __all__ = ["ALIASES", "AXES", "CP_COMM", "CUSTOM_SCHEDULE", "EXPERT_AXES", "FSDP",
            "RECOMPUTE", "ParallelConfig", "check_moe_imbalance"]
 
-AXES = ("tp", "cp", "ep", "dp", "pp")
-EXPERT_AXES = {"ep": "ep", "etp": "tp", "edp": "dp"}  # group axis -> its expert-grid place
+AXES = GRID_AXES
 RECOMPUTE = ("none", "selective", "full")
 FSDP = ("none", "full", "hybrid")
 CP_COMM = ("ring", "ulysses")  # schedules.cp_comms
@@ -63,8 +62,8 @@ class ParallelConfig:
     fields are put in one canonical form and checked by schedules.sharding (fsdp='full'
     is zero_stage=3; ZeRO-2/3 refuse pp > 1; ZeRO++ and offload need their stages).
     `expert_tensor_parallel` stays None when not given; `etp` reads it resolved (= tp).
-    The intra-layer fields are what schedules.intra_layer.IntraLayerOptions.from_parallel
-    reads (module docstring).
+    The intra-layer fields are read by schedules.intra_layer and `overlapped_groups`
+    (module docstring).
     """
 
     pp: int = 1
@@ -209,6 +208,14 @@ class ParallelConfig:
     def num_stages(self) -> int:
         return self.pp * self.vpp
 
+    @property
+    def overlapped_groups(self) -> frozenset[str]:
+        """Intra-layer groups whose collectives run alongside their compute op instead of
+        after it (schedules.contract): 'tp' with tp_comm_overlap, 'cp' with ring attention.
+        Both backends place and wait for intra-layer ops by this set."""
+        return frozenset({TP} if self.tp_comm_overlap else ()) | frozenset(
+            {CP} if self.cp_comm == "ring" else ())
+
     def _sizes(self, expert: bool) -> dict[str, int]:
         if expert:
             return {"tp": self.etp, "cp": 1, "ep": self.ep, "dp": self.edp, "pp": self.pp}
@@ -265,8 +272,8 @@ class ParallelConfig:
 
     # --- model compatibility -------------------------------------------------------------
     def check_model(self, model: Any) -> None:
-        """Raise ConfigError when `model` (a ModelSpec) cannot be split this way."""
-        stage_layers(model.num_layers, self, self.pp * self.vpp)  # raises on a bad split
+        """Raise ConfigError when `model` (a ModelSpec) cannot be split this way (the
+        pipeline split is checked where it is computed, schedules.plan.resolve)."""
         if model.num_attention_heads % self.tp:
             raise ConfigError(f"num_attention_heads={model.num_attention_heads} is not "
                               f"divisible by tp={self.tp}")

@@ -10,12 +10,14 @@ arguments and `get_transformer_layer_offset`):
   --account-for-loss-in-pipeline-split): the embedding / the loss counts as one layer, so
   num_layers + 1 (or + 2) slots split evenly over the virtual stages and the first / last
   virtual stage holds one layer fewer.
-Virtual stage s runs on pipeline rank s % pp (interleaved 1F1B; s itself when vpp = 1);
-layers follow stage order. Every stage keeps at least one layer.
+Which pipeline rank holds virtual stage s is the schedule's placement (`stage_ranks`,
+schedules.placement: s % pp for the loop, a V for ZB-V); layers follow stage order.
+Every stage keeps at least one layer. schedules.plan calls this once per run; everything
+else reads Plan.stage_layers.
 """
 from __future__ import annotations
 
-from functools import lru_cache
+from collections.abc import Sequence
 
 from .errors import ConfigError
 
@@ -26,9 +28,10 @@ def _even(total: int, parts: int, what: str) -> int:
     return total // parts
 
 
-@lru_cache(maxsize=256)
-def stage_layers(num_layers: int, parallel, num_stages: int) -> tuple[int, ...]:
-    """Layers of each of `num_stages` virtual stages under `parallel` (a ParallelConfig)."""
+def stage_layers(num_layers: int, parallel, stage_ranks: Sequence[int]) -> tuple[int, ...]:
+    """Layers of each virtual stage under `parallel` (a ParallelConfig), stage s on
+    pipeline rank `stage_ranks[s]`."""
+    num_stages = len(stage_ranks)
     first, last = parallel.first_stage_layers, parallel.last_stage_layers
     slots = int(parallel.account_for_embedding) + int(parallel.account_for_loss)
     if first is None and last is None and not slots:
@@ -63,8 +66,8 @@ def stage_layers(num_layers: int, parallel, num_stages: int) -> tuple[int, ...]:
                     for r in middle} if middle else {}
         per_rank.update({r: v for r, v in given.items() if v is not None})
         name = {0: "first_stage_layers", pp - 1: "last_stage_layers"}
-        counts = [_even(per_rank[s % pp], vpp, f"{name.get(s % pp, 'a middle rank')} over "
-                        f"vpp={vpp} virtual stages") for s in range(num_stages)]
+        counts = [_even(per_rank[r], vpp, f"{name.get(r, 'a middle rank')} over "
+                        f"vpp={vpp} virtual stages") for r in stage_ranks]
     if min(counts) < 1:
         raise ConfigError(f"the pipeline split {counts} leaves a stage without layers")
     return tuple(counts)

@@ -26,19 +26,18 @@ Rules (each ConfigError names the fields and the rule):
 - offload (ZeRO-Offload, Ren et al. 2021) moves the optimizer partition to the host:
   zero_stage >= 1 (DeepSpeed accepts offload_optimizer for stages 1-3).
 - shard_size needs fsdp='hybrid' and must divide dp; hpz_partition_size needs hpz and must
-  divide dp. Both None mean "GPUs per node", resolved with the topology (sim.simulate
-  checks that a hybrid group then sits inside a node boundary).
+  divide dp. Both None mean "the dp ranks on one node", resolved with the cluster by
+  `shard_group_size`, which checks that a hybrid group then sits inside a node boundary.
 - zero_stage >= 1 with dp == 1 is allowed: the one shard is the whole state, so memory
   and communication equal zero_stage 0's.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from .cluster_facts import ClusterFacts
 from .errors import ConfigError
-
-if TYPE_CHECKING:  # parallel.py imports this module
-    from .parallel import ParallelConfig
+from .names import DP, DP_REPLICATE, DP_SHARD
 
 # torch DDP's default bucket_cap_mb = 25 (MiB); used when bucket_bytes is None.
 DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
@@ -102,43 +101,76 @@ def _check_rules(cfg: Any, zero: int, fsdp: str) -> None:
             raise ConfigError(f"{size_field}={size} must divide dp={cfg.dp}")
 
 
-def shard_degree(cfg: Any, gpus_per_node: int | None = None) -> int:
-    """N, the number of ranks one copy of the sharded state is split over: dp * cp
-    (Megatron shards over the data-parallel group with context parallelism), or the
-    hybrid shard group (shard_size, else gpus_per_node capped at dp * cp)."""
+def moves_gradients(cfg: Any) -> bool:
+    """Whether gradients leave the rank: to other DP ranks, or to the host (offload).
+    Otherwise (dp = 1) the data-parallel pass adds only the optimizer steps."""
+    return cfg.dp > 1 or cfg.offload
+
+
+def shard_group_size(cfg: Any, cluster: ClusterFacts | None = None) -> int | None:
+    """Ranks of the 'dp_shard' group (the ONE place this size is resolved): a hybrid
+    shard group (fsdp='hybrid': shard_size) or an hpZ secondary partition (hpz:
+    hpz_partition_size), as given, else the dp ranks that share the host of the first
+    replica's rank (ClusterFacts.dp_ranks_per_node); None when the run has no such group,
+    or when it is not given and there is no cluster to take it from (the kernels backend;
+    the consumers then name the missing field). A hybrid shard group of a whole
+    single-node dp group has no node boundary to replicate across and is refused."""
+    if cfg.fsdp == "hybrid":
+        field, given = "shard_size", cfg.shard_size
+    elif cfg.hpz:
+        field, given = "hpz_partition_size", cfg.hpz_partition_size
+    else:
+        return None
+    if given is None and cluster is None:
+        return None
+    size = given if given is not None else cluster.dp_ranks_per_node(cfg)
+    if cfg.dp % size:
+        raise ConfigError(f"{field}={size} must divide dp={cfg.dp}: shard groups tile "
+                          f"the data-parallel group")
+    if cfg.fsdp == "hybrid" and size == cfg.dp:
+        where = (f"all dp={cfg.dp} ranks sit on one node of topology {cluster.name!r}"
+                 if given is None else f"shard_size={size} equals dp")
+        raise ConfigError(f"fsdp='hybrid' shards inside a node and replicates across nodes, "
+                          f"but {where}: there is no node boundary to replicate across; set "
+                          f"shard_size to a divisor of dp smaller than dp, or use fsdp='full'")
+    return size
+
+
+def state_shard_degree(cfg: Any, shard_group: int | None) -> int:
+    """N of the ZeRO memory formulas, the ranks one copy of the sharded model state is
+    split over: dp * cp (Megatron shards over the data-parallel group with context
+    parallelism), or the hybrid shard group (shard_group_size) capped at dp * cp."""
     group = cfg.dp * cfg.cp
     if cfg.fsdp != "hybrid":
         return group
-    size = cfg.shard_size or gpus_per_node
-    if size is None:
+    if shard_group is None:
         raise ConfigError("fsdp='hybrid' needs shard_size, or a topology to take the GPUs "
                           "per node from")
-    return min(size, group)
+    return min(shard_group, group)
 
 
-def hpz_degree(cfg: Any, gpus_per_node: int | None = None) -> int:
-    """Ranks the ZeRO++ hpZ secondary parameter shard is split over (inside a node)."""
-    size = cfg.hpz_partition_size or gpus_per_node
-    if size is None:
+def hpz_degree(cfg: Any, shard_group: int | None) -> int:
+    """Ranks the ZeRO++ hpZ secondary parameter shard is split over (inside a node): the
+    hpZ partition (shard_group_size) capped at dp * cp."""
+    if shard_group is None:
         raise ConfigError("hpz needs hpz_partition_size, or a topology to take the GPUs per "
                           "node from")
-    return min(size, cfg.dp * cfg.cp)
+    return min(shard_group, cfg.dp * cfg.cp)
 
 
-def group_ranks(parallel: ParallelConfig, axis: str, rank: int, shard: int | None
-                ) -> list[int]:
+def group_ranks(parallel: Any, axis: str, rank: int, shard: int | None) -> list[int]:
     """Global ranks of `rank`'s group along DP axis `axis` ('dp'; 'dp_shard' = the block of
     `shard` consecutive dp coordinates holding it; 'dp_replicate' = the dp coordinates
     congruent to its own modulo `shard`, one per shard group)."""
-    group = parallel.group("dp", rank)
-    if axis == "dp":
+    group = parallel.group(DP, rank)
+    if axis == DP:
         return group
     if shard is None:
         raise ConfigError(f"group {axis!r} needs a shard size (fsdp='hybrid' or hpz)")
     me = group.index(rank)
-    if axis == "dp_shard":
+    if axis == DP_SHARD:
         start = me - me % shard
         return group[start:start + shard]
-    if axis == "dp_replicate":
+    if axis == DP_REPLICATE:
         return group[me % shard::shard]
     raise ConfigError(f"unknown data-parallel group {axis!r}: dp, dp_shard or dp_replicate")

@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .names import COMPUTE_LANE
 from .ops import Op, OpKind, parse_op
 
-COMPUTE_LANE = "compute"
 EXPOSED_ORDER = ("tp", "cp", "ep", "pp", "dp", "other")
 CATEGORIES = ("compute", *EXPOSED_ORDER, "bubble")
 _GROUP_CATEGORY = {"tp": "tp", "cp": "cp", "ep": "ep", "etp": "ep", "pp": "pp", "dp": "dp",

@@ -1,10 +1,10 @@
 """The replay's collective hook: a group axis of a pipeline rank -> member GPUs -> a run.
 
-`collective_model(env, network, parallel, topology, shard)` returns `run(op, pp_rank)`,
-which the replay (sim.engine) calls for every collective op of pipeline rank r of the
-first replica. The members are r's group along `op.group` in the rank grid
-(ParallelConfig.group; DP sub-groups by sim.dp_groups with `shard`), so every replica's
-group is one of these: by symmetry only replica 0 is replayed (DESIGN.md).
+`collective_model(env, network, plan)` returns `run(op, pp_rank)`, which the
+replay (sim.engine) calls for every collective op of pipeline rank r of the first
+replica. The members are r's group along `op.group` (Plan.group), so every replica's
+group is one of these: by symmetry only replica 0 is replayed (Plan.replayed_ranks;
+docs/architecture.md).
 
 Two ways to run it:
 - flows (the default): the collective's algorithm runs as flows on the flow network
@@ -34,40 +34,35 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import networkx as nx
 import simpy
 
-from clustersim.schedules.contract import INTRA_LAYER_GROUPS
+from clustersim.schedules.names import DP_REPLICATE, DP_SHARD, INTRA_LAYER_GROUPS, PP
 from clustersim.schedules.ops import Op
-from clustersim.schedules.parallel import ParallelConfig
-from clustersim.schedules.sharding import group_ranks
-from clustersim.topologies import gpu_nodes
+from clustersim.schedules.plan import Plan
 
 from .collective_algorithms import estimate_time
 from .collectives import collective_phases, parse_collective, run_collective
 from .flows import FlowNetwork
 
 
-def collective_model(env: simpy.Environment, network, parallel: ParallelConfig,
-                     topology: nx.DiGraph, shard: int | None = None
+def collective_model(env: simpy.Environment, network, plan: Plan
                      ) -> Callable[[Op, int], simpy.Event]:
     """The replay's collective hook (module docstring)."""
-    gpus = gpu_nodes(topology)
+    cluster, parallel = plan.cluster, plan.parallel
+    gpus = cluster.gpus
     chosen: dict[tuple, str] = {}  # the default choice is a pure function of these
     cached: dict[tuple, tuple[float, dict]] = {}
     members_of: dict[tuple[str, int], tuple[list[int], list[str], bool]] = {}
-    global_rank = [parallel.rank(pp=r) for r in range(parallel.pp)]
+    global_rank = plan.replayed_ranks
 
     def members(axis: str, rank: int) -> tuple[list[int], list[str], bool]:
         """(global ranks, GPU nodes, whether the group may be cached) of rank's group."""
         hit = members_of.get((axis, rank))
         if hit is None:
-            ranks = (group_ranks(parallel, axis, rank, shard) if axis.startswith("dp_")
-                     else parallel.group(axis, rank))
+            ranks = plan.group(axis, rank)
             devices = [gpus[g] for g in ranks]
-            one_host = len({topology.nodes[d]["host"] for d in devices}) == 1
             hit = members_of[(axis, rank)] = (ranks, devices, axis in INTRA_LAYER_GROUPS
-                                              and one_host)
+                                              and not cluster.spans_hosts(ranks))
         return hit
 
     shadows: dict[tuple[str, int], list[tuple[list[int], list[str]]]] = {}
@@ -76,12 +71,12 @@ def collective_model(env: simpy.Environment, network, parallel: ParallelConfig,
         """The other replicas' `axis` groups on the hosts of rank's group (module doc)."""
         hit = shadows.get((axis, rank))
         if hit is None:
-            hosts = {topology.nodes[d]["host"] for d in members(axis, rank)[1]}
-            pp = parallel.coords(rank)["pp"]
+            hosts = {cluster.hosts[g] for g in members(axis, rank)[0]}
+            pp = parallel.coords(rank)[PP]
             own, seen, hit = set(members(axis, rank)[0]), set(), []
             for other in range(parallel.world_size):
-                if (other in own or other in seen or topology.nodes[gpus[other]]["host"]
-                        not in hosts or parallel.coords(other)["pp"] != pp):
+                if (other in own or other in seen or cluster.hosts[other] not in hosts
+                        or parallel.coords(other)[PP] != pp):
                     continue
                 ranks, devices, _ = members(axis, other)
                 seen.update(ranks)
@@ -121,10 +116,10 @@ def collective_model(env: simpy.Environment, network, parallel: ParallelConfig,
             seconds, info = uncontended(op, devices)
             return env.timeout(seconds, value=info)
         me = ranks.index(rank)
-        if op.group == "dp_replicate":
-            for other in members("dp_shard", rank)[0]:
+        if op.group == DP_REPLICATE:
+            for other in members(DP_SHARD, rank)[0]:
                 if other != rank:
-                    start(op, *members("dp_replicate", other)[:2])
+                    start(op, *members(DP_REPLICATE, other)[:2])
         elif op.group in INTRA_LAYER_GROUPS:
             for other in shadow_groups(op.group, rank):
                 start(op, *other)

@@ -8,7 +8,6 @@ from pathlib import Path
 
 from clustersim.schedules.errors import ConfigError
 from clustersim.schedules.registry import build_schedule, canonical_schedule_name, schedule_entry
-from clustersim.schedules.memory_model import rank_memory
 from clustersim.schedules.model import ModelSpec
 from clustersim.schedules.model_presets import MODEL_PRESETS, get_model
 from clustersim.schedules.parallel import CUSTOM_SCHEDULE, ParallelConfig
@@ -20,10 +19,10 @@ from clustersim.schedules.validate import validate
 from clustersim.topologies import list_presets, load_topology
 
 from .collective_cli import cmd_collective
-from .cost import parse_uniform_costs
-from .memory import gpus_per_node, oom_report
+from .cost_model import (CostModel, ProfileCostModel, RooflineCostModel,
+                         parse_uniform_costs)
 from .report import format_summary, format_table
-from .simulate import CostOptions, simulate
+from .simulate import simulate
 
 log = logging.getLogger(__name__)
 
@@ -88,19 +87,21 @@ def parallel_from_args(args: argparse.Namespace, schedule: str, vpp: int | None 
         micro_batch_size=micro_batch_size, rank_order=args.rank_order, **options)
 
 
-def cost_options(args: argparse.Namespace) -> CostOptions:
-    options = {}
-    if args.uniform_costs:
-        options["uniform"] = parse_uniform_costs(args.uniform_costs)
-    if args.compute_efficiency is not None:
-        options["compute_efficiency"] = args.compute_efficiency
-    if args.memory_efficiency is not None:
-        options["memory_efficiency"] = args.memory_efficiency
+def cost_model(args: argparse.Namespace) -> CostModel:
+    """The cost model the flags choose (sim.cost_model): uniform F,B seconds, a measured
+    profile, or the roofline at the given (or default) efficiencies."""
+    efficiencies = {name: getattr(args, name) for name in ("compute_efficiency",
+                                                           "memory_efficiency")
+                    if getattr(args, name) is not None}
     if getattr(args, "profile", None):
         if args.uniform_costs:
             raise ConfigError("--profile and --uniform-costs both set compute times: give one")
-        options["profile"] = Profile.load(args.profile)
-    return CostOptions(**options)
+        return ProfileCostModel(Profile.load(args.profile),
+                                **{k: v for k, v in efficiencies.items()
+                                   if k == "memory_efficiency"})
+    if args.uniform_costs:
+        return parse_uniform_costs(args.uniform_costs)
+    return RooflineCostModel(**efficiencies)
 
 
 def _write_json(path: str, data: object) -> None:
@@ -140,24 +141,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     model = model_from_args(args)
     custom, parallel = schedule_and_parallel(args, model)
     topology = load_topology(args.topology)
-    timeline = simulate(model, parallel, topology, custom, cost_options(args))
-    add_oom_report(timeline, model, parallel, custom, topology)
+    timeline = simulate(model, parallel, topology, custom, cost_model(args))
     print(format_summary(timeline))
     write_outputs(timeline, args)
     return 0
-
-
-def add_oom_report(timeline: Timeline, model: ModelSpec, parallel: ParallelConfig,
-                   custom: Schedule | None, topology) -> None:
-    """meta['oom']: the ranks whose simulated peak exceeds the device memory, with the time
-    of the peak and the breakdown (sim.memory.oom_report); unless simulate set it."""
-    capacity = timeline.meta.get("device_memory_bytes")
-    if capacity is None or "oom" in timeline.meta:
-        return
-    stages = custom.num_stages if custom else parallel.pp * parallel.vpp
-    ranks = rank_memory(model, parallel, schedule=custom, in_flight=[0] * stages,
-                        gpus_per_node=gpus_per_node(topology))
-    timeline.meta["oom"] = oom_report(timeline, ranks, capacity)
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -190,7 +177,7 @@ def _parse_schedule_list(text: str) -> list[tuple[str, int | None]]:
 def cmd_compare(args: argparse.Namespace) -> int:
     model = model_from_args(args)
     topology = load_topology(args.topology)
-    costs = cost_options(args)
+    costs = cost_model(args)
     results: list[tuple[str, Timeline]] = []
     for name, vpp in _parse_schedule_list(args.schedules):
         parallel = parallel_from_args(args, name, vpp, model.micro_batch_size)

@@ -29,11 +29,12 @@ from clustersim.schedules.contract import (Key, gather_releases, p2p_peer, prere
 from clustersim.schedules.errors import ConfigError, DeadlockError
 from clustersim.schedules.ops import COMPUTE_KINDS, P2P_KINDS, Op, OpKind
 from clustersim.schedules.schedule import Schedule
-from clustersim.schedules.timeline import COMPUTE_LANE, MemorySample, Span, Timeline
+from clustersim.schedules.names import COMPUTE_LANE, HOST_LANE, PCIE_LANE, RECV_LANE, SEND_LANE
+from clustersim.schedules.timeline import MemorySample, Span, Timeline
 
 from .network import Network
 
-SEND_LANE, RECV_LANE, PCIE_LANE, HOST_LANE = "send", "recv", "pcie", "host"
+
 
 
 @dataclass(frozen=True)

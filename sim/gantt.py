@@ -94,7 +94,7 @@ def hover_text(span: Span, origin: float = 0.0) -> str:
 
 def describe(timeline: Timeline, label: str | None = None) -> str:
     """One-line title: schedule name, iteration time and mean bubble fraction."""
-    name = label or timeline.meta.get("schedule") or "timeline"
+    name = label or timeline.meta.get("plan", {}).get("schedule") or "timeline"
     return (f"{name} — iteration {format_seconds(timeline.iteration_time)}, "
             f"bubble {timeline.bubble_fraction:.1%} ({timeline.source})")
 

@@ -159,16 +159,14 @@ def _bandwidth(beta: float) -> str:
 
 # --- run --------------------------------------------------------------------------------
 def cmd_run(args: argparse.Namespace) -> int:
-    from clustersim.schedules.data_parallel import add_data_parallel
-    from clustersim.schedules.registry import build_schedule
-    from clustersim.schedules.intra_layer import IntraLayerOptions
+    from clustersim.schedules.plan import resolve
 
     from .commands import model_from_args, schedule_and_parallel, write_outputs
     from .report import format_summary
 
     model = model_from_args(args)
     custom, parallel = schedule_and_parallel(args, model)
-    parallel.check_model(model)
+    plan = resolve(model, parallel, schedule=custom)
     if args.replay and args.nproc not in (None, 1):
         raise ConfigError(f"--replay runs in one process: --nproc must be 1 or absent, got "
                           f"{args.nproc}")
@@ -177,9 +175,6 @@ def cmd_run(args: argparse.Namespace) -> int:
                           f"{parallel.world_size}")
     if args.iterations < 1 or args.warmup_iterations < 0:
         raise ConfigError("--iterations must be >= 1 and --warmup-iterations >= 0")
-    schedule = custom or build_schedule(parallel.schedule, parallel.pp,
-                                        parallel.num_microbatches, parallel.vpp)
-    schedule = add_data_parallel(schedule, model, parallel, parallel.shard_size)
     launch = _kernels("launch")
     if args.device == "cpu":
         _note(CPU_ONLY)
@@ -188,12 +183,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.replay:
         _note("note: replay: each pipeline rank's compute alone on one device, one after "
               "another; P2P is not run, so the iteration time is not a pipeline's")
-    timeline = launch.run_schedule(schedule, model, parallel, device=args.device, seed=args.seed,
-                                   timeout=args.timeout,
+    timeline = launch.run_schedule(custom or plan.build_schedule(), plan, device=args.device,
+                                   seed=args.seed, timeout=args.timeout,
                                    warmup_iterations=args.warmup_iterations,
-                                   iterations=args.iterations, replay=args.replay,
-                                   intra=IntraLayerOptions.from_parallel(parallel))
-    timeline.meta.setdefault("topology", f"this host ({args.device})")
+                                   iterations=args.iterations, replay=args.replay)
     timeline.meta.setdefault("cost_model", "measured")
     print(format_summary(timeline))
     times = timeline.meta.get("iteration_times", [])

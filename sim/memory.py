@@ -4,59 +4,54 @@ Units: bytes. The replay's MemoryModel (sim.engine) holds `static` bytes per pip
 all iteration and adds each stage's activations from its forward to its backward. Static =
 model states per ZeRO stage and communication buffers, from schedules.memory_model (ZeRO,
 Rajbhandari et al. SC20, section 5.1: (2+2+K)Psi unsharded, down to (2+2+K)Psi/N for
-ZeRO-3; K = 12 for mixed-precision Adam). Without a ModelSpec and ParallelConfig it falls
-back to 16 bytes per parameter, ZeRO stage 0. Activations per microbatch come from the
-ModelSpec (Korthikanti et al. 2022) via schedules.costs.
+ZeRO-3; K = 12 for mixed-precision Adam), at no activations in flight. Activations per
+microbatch come from the ModelSpec (Korthikanti et al. 2022) via the plan's stage costs.
+ZeRO-3 / FSDP gathered parameters are tracked op by op (`gathered_bytes`) instead of the
+memory model's estimate when the lowered schedule gathers parameters.
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-import networkx as nx
-
-from clustersim.schedules.costs import StageCost
-from clustersim.schedules.memory_model import MIXED_PRECISION_K, RankMemory, rank_memory
-from clustersim.schedules.model import ModelSpec
+from clustersim.schedules.contract import is_parameter_gather
+from clustersim.schedules.memory_model import RankMemory
+from clustersim.schedules.names import DP
 from clustersim.schedules.ops import Op
-from clustersim.schedules.parallel import ParallelConfig
+from clustersim.schedules.plan import Plan
 from clustersim.schedules.schedule import Schedule
 from clustersim.schedules.timeline import Timeline
-from clustersim.topologies import gpu_nodes, host_of
 
 from .engine import MemoryModel
 
-MODEL_STATE_BYTES_PER_PARAM = 2 + 2 + MIXED_PRECISION_K  # ZeRO stage 0
+
+def gathered_bytes(plan: Plan) -> Callable[[Op], int]:
+    """Bytes a ZeRO-3 / FSDP parameter gather (chunk set) holds until its last user ends:
+    the layer group's unsharded 16-bit parameters, i.e. its nbytes, or for a ZeRO++ qwZ
+    int8 gather (group 'dp', one byte per parameter) nbytes * dtype bytes once dequantized.
+    ZeRO-1/2 gathers (chunk None) refill always-resident parameters: nothing extra."""
+    scale = plan.model.dtype_bytes if plan.parallel.quantized_weights else 1
+
+    def held(op: Op) -> int:
+        if op.chunk is None:
+            return 0
+        return op.nbytes * (scale if op.group == DP else 1)
+
+    return held
 
 
-def memory_model(schedule: Schedule, costs: Sequence[StageCost], model: ModelSpec | None = None,
-                 parallel: ParallelConfig | None = None, gpus_per_node: int | None = None,
-                 gathered: Callable[[Op], int] | None = None) -> MemoryModel:
-    """Static bytes per pipeline rank and activation bytes per stage. With `model` and
-    `parallel`, static = model states per ZeRO stage + gradient buckets of
-    schedules.memory_model, plus its estimate of ZeRO-3's gathered parameters unless
-    `gathered` (bytes a parameter ALL_GATHER holds, tracked op by op by the replay) is
-    given. Without them: 16 bytes per parameter held (a tied embedding twice)."""
-    activations = [c.activation_bytes for c in costs]
-    if model is None or parallel is None:
-        static = [0] * schedule.num_ranks
-        for stage, cost in enumerate(costs):
-            params = cost.param_count + cost.tied_param_count
-            static[schedule.rank_of_stage(stage)] += MODEL_STATE_BYTES_PER_PARAM * params
-        return MemoryModel(static, activations)
-    ranks = rank_memory(model, parallel, schedule=schedule, gpus_per_node=gpus_per_node,
-                        in_flight=[0] * schedule.num_stages)
+def memory_model(lowered: Schedule, plan: Plan, breakdown: Sequence[RankMemory]
+                 ) -> MemoryModel:
+    """The replay's memory of `lowered`: static bytes per pipeline rank from `breakdown`
+    (schedules.memory_model.rank_memory of the plan at no activations in flight: model
+    states and buffers, and its estimate of ZeRO-3's gathered parameters unless the
+    schedule gathers parameters, which the replay then tracks), activations per stage."""
+    activations = [c.activation_bytes for c in plan.stage_costs]
+    tracked = any(is_parameter_gather(op) for op in lowered.ops())
     static = [round(r.model_states_bytes + r.communication_buffers
-                    + (0 if gathered else r.gathered_parameters)) for r in ranks]
-    if gathered is None:
+                    + (0 if tracked else r.gathered_parameters)) for r in breakdown]
+    if not tracked:
         return MemoryModel(static, activations)
-    return MemoryModel(static, activations, gathered=gathered)
-
-
-def gpus_per_node(topology: nx.DiGraph) -> int:
-    """GPUs on the host of the topology's first GPU (the size of hybrid and hpZ groups)."""
-    gpus = gpu_nodes(topology)
-    host = host_of(topology, gpus[0])
-    return sum(1 for gpu in gpus if host_of(topology, gpu) == host)
+    return MemoryModel(static, activations, gathered=gathered_bytes(plan))
 
 
 def oom_report(timeline: Timeline, breakdown: Sequence[RankMemory],

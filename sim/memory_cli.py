@@ -13,12 +13,16 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 
+from clustersim.schedules.cluster_facts import ClusterFacts
 from clustersim.schedules.errors import ConfigError
-from clustersim.schedules.memory_model import RankMemory, precision_bytes, rank_memory
-from clustersim.topologies import device_of, get_device, gpu_nodes, load_topology
+from clustersim.schedules.memory_model import (RankMemory, bare_rank_memory, precision_bytes,
+                                               rank_memory)
+from clustersim.schedules.plan import resolve
+from clustersim.schedules.sharding import shard_group_size
+from clustersim.topologies import get_device, load_topology
 
+from .cluster import cluster_facts
 from .commands import DEFAULT_MODEL, MODEL_DIM_FLAGS, model_from_args, parallel_from_args
-from .memory import gpus_per_node
 
 GB, GIB = 1e9, 2**30
 _SUFFIXES = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
@@ -55,23 +59,22 @@ def add_parser(sub, add_model_flags: Callable, add_parallel_flags: Callable) -> 
     p.add_argument("--json", action="store_true", help="print the breakdown as JSON")
 
 
-def _device(args: argparse.Namespace) -> tuple[str | None, float | None, int | None]:
-    """(device name, memory bytes, GPUs per node) from --topology or --device."""
+def _device(args: argparse.Namespace) -> tuple[str | None, float | None, ClusterFacts | None]:
+    """(device name, memory bytes, the cluster's facts) from --topology or --device."""
     if args.topology and args.device:
         raise ConfigError("give --topology or --device, not both")
     if args.device:
         spec = get_device(args.device)
         return spec.name, spec.memory_bytes, None
     if args.topology:
-        graph = load_topology(args.topology)
-        spec = device_of(graph, gpu_nodes(graph)[0])
-        return spec.name, spec.memory_bytes, gpus_per_node(graph)
+        cluster = cluster_facts(load_topology(args.topology))
+        return cluster.device, cluster.memory_bytes, cluster
     return None, None, None
 
 
 def breakdown(args: argparse.Namespace) -> tuple[dict, list[RankMemory]]:
     """The configuration (as a JSON-able dict) and the per-rank memory it needs."""
-    name, capacity, per_node = _device(args)
+    name, capacity, cluster = _device(args)
     if args.params is not None:
         dims = [f"--{flag}" for flag in MODEL_DIM_FLAGS
                 if getattr(args, flag.replace("-", "_")) is not None]
@@ -79,17 +82,20 @@ def breakdown(args: argparse.Namespace) -> tuple[dict, list[RankMemory]]:
             given = (["--model"] if args.model else []) + dims
             raise ConfigError(f"--params is a bare parameter count: drop {', '.join(given)}")
         parallel = parallel_from_args(args, args.schedule)
-        ranks = rank_memory(args.params, parallel, gpus_per_node=per_node)
+        if cluster is not None:
+            cluster.check_fits(parallel.world_size)
+        ranks = bare_rank_memory(args.params, parallel, shard_group_size(parallel, cluster))
         model, dtype = f"{args.params:g} parameters", "bf16"
     else:
         args.model = args.model or DEFAULT_MODEL
         spec = model_from_args(args)
         parallel = parallel_from_args(args, args.schedule, micro_batch_size=spec.micro_batch_size)
-        ranks = rank_memory(spec, parallel, gpus_per_node=per_node)
+        ranks = rank_memory(resolve(spec, parallel, cluster))
         model, dtype = spec.name or "custom", spec.dtype
     config = {"model": model, "dtype": dtype, "optimizer_bytes_per_param": precision_bytes(dtype)[1],
               "parallel": asdict(parallel),
-              "device": name, "device_memory_bytes": capacity, "gpus_per_node": per_node}
+              "device": name, "device_memory_bytes": capacity,
+              "gpus_per_node": cluster.gpus_per_node if cluster else None}
     return config, ranks
 
 

@@ -12,7 +12,7 @@
   0 of the first stage and the head on the last group of the last stage; the first-stage
   exception applies to group 0 of stage 0 only (later groups have an input gradient).
   OPT_STEP is refused here: sim.optimizer_cost costs it (from the profile's
-  optimizer_seconds_per_param when it has one, wired in sim.simulate).
+  optimizer_seconds_per_param when it has one, wired in sim.cost_model).
 - `AlphaBetaNetwork`: the transfer seam (sim.network) with every transfer taking
   alpha + beta * bytes, as measured between two ranks. No contention model: concurrent
   transfers do not slow each other, which holds for the two-rank pipelines it was fitted
@@ -34,7 +34,7 @@ from clustersim.schedules.layer_groups import chunk_layers
 from clustersim.schedules.model import ModelSpec
 from clustersim.schedules.ops import Op, OpKind
 from clustersim.schedules.parallel import ParallelConfig
-from clustersim.schedules.pipeline_split import stage_layers
+from clustersim.schedules.plan import GROUP_AXES, Plan
 from clustersim.schedules.profile import Profile, shape_mismatch
 
 # OpKind -> the profile's collectives key
@@ -105,11 +105,12 @@ class ProfileCost:
                 self.table[(s, OpKind(k), chunk)] += redo
 
     @staticmethod
-    def for_model(profile: Profile, model: ModelSpec, parallel: ParallelConfig,
-                  num_stages: int, groups: int = 1) -> ProfileCost:
-        check_profile(profile, model, parallel)
-        return ProfileCost(profile, stage_layers(model.num_layers, parallel, num_stages), groups,
-                           recompute_full=parallel.recompute == "full")
+    def for_plan(profile: Profile, plan: Plan) -> ProfileCost:
+        """The costs of `plan`'s stages and data-parallel layer groups (refused when the
+        profile does not describe the plan's model and layout: check_profile)."""
+        check_profile(profile, plan.model, plan.parallel)
+        return ProfileCost(profile, plan.stage_layers, plan.layer_groups,
+                           recompute_full=plan.parallel.recompute == "full")
 
     def __call__(self, op: Op) -> float:
         time = self.table.get((op.stage, op.kind, op.chunk))
@@ -150,18 +151,18 @@ def profile_collective_time(profile: Profile, op_kind: OpKind | str, group_size:
     return profile.collective(name, group_size).time(nbytes)
 
 
-def profile_collective_model(env: simpy.Environment, profile: Profile,
-                             parallel: ParallelConfig, sub_groups: dict[str, int] | None = None
+def profile_collective_model(env: simpy.Environment, profile: Profile, plan: Plan
                              ) -> Callable[[Op, int], simpy.Event]:
     """The replay's collective hook (sim.engine.Replay): a collective of pipeline rank r
-    over axis `op.group` takes profile_collective_time over that axis' degree
-    (`sub_groups[name]` for the DP sub-groups 'dp_shard' / 'dp_replicate'); an op standing
-    for `count` back-to-back collectives pays count of them, nbytes / count each."""
-    sizes = dict(sub_groups or {})
+    over axis `op.group` takes profile_collective_time over that group's size
+    (Plan.group_size); an op standing for `count` back-to-back collectives pays count of
+    them, nbytes / count each."""
+    sizes: dict[str | None, int] = {}
 
     def run(op: Op, pp_rank: int) -> simpy.Event:
-        size = (getattr(parallel, op.group) if op.group in ("tp", "cp", "dp", "ep", "etp", "pp")
-                else sizes.get(op.group, 1))
+        size = sizes.get(op.group)
+        if size is None:
+            size = sizes[op.group] = plan.group_size(op.group) if op.group in GROUP_AXES else 1
         seconds = op.count * profile_collective_time(profile, op.kind, size,
                                                      op.nbytes // op.count)
         return env.timeout(seconds, value={"model": "measured alpha-beta", "group_size": size})

@@ -3,21 +3,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from clustersim.schedules.plan import header_line
 from clustersim.schedules.timeline import CATEGORIES, Timeline
 
 from .units import format_seconds
 
 
 def format_summary(timeline: Timeline) -> str:
+    """The run's header (its plan: schedules.plan.header_line, and the cost model), the
+    iteration time and bubble, per-rank compute, idle, in-flight and peak memory, the time
+    breakdown, warnings and the OOM report."""
     meta = timeline.meta
-    axes = "".join(f" {axis}={meta[axis]}" for axis in ("dp", "tp", "cp", "ep")
-                   if meta.get(axis, 1) != 1)
-    if meta.get("etp", meta.get("tp")) != meta.get("tp"):
-        axes += f" etp={meta['etp']}"
-    head = (f"{meta.get('schedule', '?')}: pp={meta.get('pp')} vpp={meta.get('vpp')}{axes} "
-            f"microbatches={meta.get('microbatches')} model={meta.get('model')} "
-            f"topology={meta.get('topology')} costs={meta.get('cost_model')}")
-    lines = [head,
+    head = header_line(meta["plan"]) if "plan" in meta else f"{timeline.source} timeline"
+    lines = [f"{head} costs={meta.get('cost_model', 'unknown')}",
              f"iteration time {format_seconds(timeline.iteration_time)}, "
              f"bubble fraction {timeline.bubble_fraction:.4f}",
              f"{'rank':>4} {'compute':>12} {'idle':>12} {'bubble':>7} {'in-flight':>9} "

@@ -10,7 +10,7 @@ from clustersim.schedules.errors import DeadlockError
 from clustersim.schedules.registry import build_schedule
 from clustersim.schedules.ops import Op, OpKind
 from clustersim.schedules.p2p import add_p2p
-from clustersim.schedules.timeline import COMPUTE_LANE
+from clustersim.schedules.names import COMPUTE_LANE
 from clustersim.sim.cost import UniformCost
 from clustersim.sim.engine import Replay
 from clustersim.sim.flows import FlowNetwork

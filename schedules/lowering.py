@@ -1,0 +1,65 @@
+"""The lowering: the one list of passes that takes a compute-only schedule to the program
+both backends run (the simulator's replay and the kernels' executor), each pass a function
+(schedule, plan) -> schedule, in the style of torch.distributed.pipelining's list-to-list
+passes and the zero-bubble scheduler's single pass list:
+
+1. structure: every (stage, microbatch) has one forward and one backward on the rank
+   that holds its stage (schedules.validate.check_structure); changes nothing;
+2. data parallel: DDP buckets, ZeRO 1-3, FSDP/HSDP, ZeRO++, offload, optimizer steps
+   (schedules.data_parallel, schedules.zero3);
+3. P2P: the SEND/RECV ops between stages on different ranks (schedules.p2p);
+4. costs: FLOPs and bytes of every op from the plan (schedules.annotate);
+5. intra-layer: the TP, SP, CP, EP and expert-TP collectives of every compute op
+   (schedules.intra_layer).
+A pass whose ops a schedule already has leaves it as it is (a schedule handed in partly
+lowered, e.g. with its data-parallel ops edited by hand, keeps them), so `lower` accepts a
+schedule at any stage. Memory is not a pass: the simulator's memory model (sim.memory)
+reads the lowered schedule and the plan.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .annotate import annotate
+from .data_parallel import add_data_parallel
+from .errors import ConfigError
+from .intra_layer import add_intra_layer
+from .p2p import add_p2p
+from .plan import Plan
+from .schedule import Schedule
+from .validate import check_structure
+
+
+@dataclass(frozen=True)
+class Pass:
+    name: str
+    run: Callable[[Schedule, Plan], Schedule]
+
+
+def _structure(schedule: Schedule, plan: Plan) -> Schedule:
+    check_structure(schedule)
+    return schedule
+
+
+PASSES: tuple[Pass, ...] = (
+    Pass("structure", _structure),
+    Pass("data-parallel", add_data_parallel),
+    Pass("p2p", lambda schedule, plan: add_p2p(schedule)),
+    Pass("costs", annotate),
+    Pass("intra-layer", add_intra_layer),
+)
+
+
+def lower(schedule: Schedule, plan: Plan) -> Schedule:
+    """`schedule` (of `plan`'s shape) through every pass of PASSES, in order."""
+    if (schedule.num_ranks, schedule.stage_ranks, schedule.num_microbatches) != (
+            plan.pp, plan.stage_ranks, plan.num_microbatches):
+        raise ConfigError(f"schedule {schedule.name!r} ({schedule.num_ranks} ranks, stages on "
+                          f"ranks {list(schedule.stage_ranks)}, {schedule.num_microbatches} "
+                          f"microbatches) is not the shape its plan was resolved for "
+                          f"({plan.pp} ranks, {list(plan.stage_ranks)}, "
+                          f"{plan.num_microbatches} microbatches)")
+    for step in PASSES:
+        schedule = step.run(schedule, plan)
+    return schedule

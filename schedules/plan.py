@@ -1,0 +1,225 @@
+"""The Plan: the facts of one run, resolved once from (model, parallel config, cluster
+facts, schedule), and read by every pass, cost model, memory model, report and the kernels
+worker. Nothing else derives these facts (docs/architecture.md, "The Plan"):
+
+- the schedule's shape: its name, pipeline ranks, virtual stages, microbatches, and the
+  placement of stages on ranks (schedules.placement: loop or V; a custom schedule's own);
+- the pipeline split (schedules.pipeline_split): layers per stage and their offsets;
+- the costs of each stage and of each layer group of the data-parallel pass
+  (schedules.costs, schedules.layer_groups; FLOPs, bytes, parameters per micro-batch
+  per rank);
+- every group's size and members along each axis (schedules.names: tp, cp, pp, dp, ep,
+  etp, edp, dp_shard, dp_replicate), with the shard-group size resolved once
+  (schedules.sharding.shard_group_size) and the ZeRO shard degrees derived from it;
+- with cluster facts (schedules.cluster_facts): the GPU of every pipeline rank that is
+  replayed, and which groups span hosts;
+- what is replayed op by op (the pipeline ranks of replica 0: one program per pipeline
+  rank, schedules.schedule) and what is assumed identical (every other replica).
+
+`resolve` checks, in order: the schedule's shape against the config, the pipeline split,
+the model against the config (ParallelConfig.check_model), the cluster's size, the shard
+group; it builds no program table, so it is cheap. `Plan.build_schedule()` builds the
+compute-only schedule a registered schedule name gives. `Plan.describe()` is what the
+outputs store (metrics and Timeline JSON: meta['plan']) and `Plan.header()` the run's
+header line. Units: bytes, FLOPs, parameter counts.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .cluster_facts import ClusterFacts
+from .costs import StageCost, costs_for_layers
+from .errors import ConfigError
+from .layer_groups import data_parallel_groups, group_costs
+from .model import ModelSpec
+from .names import DP_REPLICATE, DP_SHARD, GRID_AXES, PP
+from .parallel import CUSTOM_SCHEDULE, EXPERT_AXES, ParallelConfig
+from .pipeline_split import stage_layers, stage_offsets
+from .placement import PLACEMENTS
+from .placement import stage_ranks as placed
+from .registry import schedule_entry
+from .schedule import Schedule
+from .sharding import group_ranks, hpz_degree, shard_group_size, state_shard_degree
+
+GROUP_AXES = (*GRID_AXES, *(a for a in EXPERT_AXES if a not in GRID_AXES), DP_SHARD,
+              DP_REPLICATE)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One run's resolved facts (module docstring). Build it with `resolve`."""
+
+    model: ModelSpec
+    parallel: ParallelConfig
+    schedule: str
+    placement: str  # 'loop', 'v', or 'custom' (a schedule given as data)
+    num_microbatches: int
+    stage_ranks: tuple[int, ...]
+    stage_layers: tuple[int, ...]
+    layer_groups: int  # G, the data-parallel pass's layer groups per stage
+    stage_costs: tuple[StageCost, ...]
+    group_costs: tuple[tuple[StageCost, ...], ...]  # [stage][group] for G groups
+    dp_shard_size: int | None  # the 'dp_shard' group (hybrid or hpZ), None without one
+    cluster: ClusterFacts | None = None
+
+    # --- the pipeline ----------------------------------------------------------------
+    @property
+    def pp(self) -> int:
+        return self.parallel.pp
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stage_ranks)
+
+    @property
+    def stages_per_rank(self) -> int:
+        return self.num_stages // self.pp
+
+    @property
+    def stage_offsets(self) -> tuple[int, ...]:
+        """Index of each stage's first layer (0-based, model order)."""
+        return stage_offsets(self.stage_layers)
+
+    def stages_of(self, pipeline_rank: int) -> list[int]:
+        """The virtual stages pipeline rank `pipeline_rank` holds, in stage order."""
+        return [s for s, r in enumerate(self.stage_ranks) if r == pipeline_rank]
+
+    def costs_of(self, stage: int, chunk: int | None) -> StageCost:
+        """The costs of a stage (chunk None) or of layer group `chunk` of it."""
+        return self.stage_costs[stage] if chunk is None else self.group_costs[stage][chunk]
+
+    def build_schedule(self) -> Schedule:
+        """The compute-only schedule of a registered schedule name (schedules.registry)."""
+        if self.placement == CUSTOM_SCHEDULE:
+            raise ConfigError("a custom schedule is given as data: it has no generator")
+        return schedule_entry(self.schedule).build(self.pp, self.num_microbatches,
+                                                   self.stages_per_rank)
+
+    # --- groups ----------------------------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        return self.parallel.world_size
+
+    def group(self, axis: str, rank: int) -> list[int]:
+        """Global ranks of `rank`'s group along `axis` (GROUP_AXES), in axis order."""
+        if axis in (DP_SHARD, DP_REPLICATE):
+            return group_ranks(self.parallel, axis, rank, self.dp_shard_size)
+        return self.parallel.group(axis, rank)
+
+    def group_size(self, axis: str) -> int:
+        return len(self.group(axis, 0))
+
+    @property
+    def comm_shards(self) -> int:
+        """Ranks a sharded gradient or parameter collective splits its bytes over: the
+        hybrid shard group, else the DP group (communication runs over 'dp' only)."""
+        return self.dp_shard_size if self.parallel.fsdp == "hybrid" else self.parallel.dp
+
+    @property
+    def state_shards(self) -> int:
+        """N of the ZeRO memory formulas (schedules.sharding.state_shard_degree)."""
+        return state_shard_degree(self.parallel, self.dp_shard_size)
+
+    @property
+    def hpz_shards(self) -> int:
+        """Ranks the hpZ secondary parameter shard splits over (schedules.sharding)."""
+        return hpz_degree(self.parallel, self.dp_shard_size)
+
+    # --- what is replayed, and where ---------------------------------------------------
+    @property
+    def replayed_ranks(self) -> tuple[int, ...]:
+        """Global rank of each pipeline rank of replica 0 (tp = cp = dp = 0): the ranks
+        the simulator replays op by op; every other rank runs the same program as the
+        replayed rank of its pipeline coordinate and is assumed to take the same time."""
+        return tuple(self.parallel.rank(pp=r) for r in range(self.pp))
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        """GPU node of each replayed pipeline rank (needs cluster facts)."""
+        if self.cluster is None:
+            raise ConfigError("this plan has no cluster: resolve it with cluster facts")
+        return tuple(self.cluster.gpus[g] for g in self.replayed_ranks)
+
+    def groups_spanning_hosts(self, axis: str) -> list[list[int]]:
+        """The `axis` groups (global ranks) whose GPUs sit on more than one host."""
+        if self.cluster is None:
+            return []
+        spanning, seen = [], set()
+        for rank in range(self.world_size):
+            group = tuple(self.group(axis, rank))
+            if group not in seen:
+                seen.add(group)
+                if self.cluster.spans_hosts(list(group)):
+                    spanning.append(list(group))
+        return spanning
+
+    # --- outputs ---------------------------------------------------------------------
+    def describe(self) -> dict[str, Any]:
+        """The plan as JSON-able data: the outputs store it as meta['plan']."""
+        p = self.parallel
+        cluster = self.cluster
+        return {
+            "schedule": self.schedule, "placement": self.placement, "pp": p.pp,
+            "vpp": self.stages_per_rank, "dp": p.dp, "tp": p.tp, "cp": p.cp, "ep": p.ep,
+            "etp": p.etp, "edp": p.edp, "microbatches": self.num_microbatches,
+            "global_batch_size": p.global_batch_size, "micro_batch_size": p.micro_batch_size,
+            "model": self.model.name or "custom", "model_spec": asdict(self.model),
+            "parallel": asdict(p), "stage_ranks": list(self.stage_ranks),
+            "stage_layers": list(self.stage_layers), "layer_groups": self.layer_groups,
+            "groups": {axis: self.group_size(axis) for axis in GROUP_AXES
+                       if axis not in (DP_SHARD, DP_REPLICATE) or self.dp_shard_size},
+            "topology": cluster.name if cluster else None,
+            "device": cluster.device if cluster else None,
+            "device_memory_bytes": cluster.memory_bytes if cluster else None,
+            "devices": list(self.devices) if cluster else None,
+            "replayed_ranks": list(self.replayed_ranks), "world_size": self.world_size,
+        }
+
+    def header(self) -> str:
+        """The run's header line (header_line of describe())."""
+        return header_line(self.describe())
+
+
+def header_line(plan: dict[str, Any]) -> str:
+    """One line from a described plan (Plan.describe): schedule, the degrees that are not
+    1, microbatches, model, topology (or 'this host' for a run without one)."""
+    axes = "".join(f" {axis}={plan[axis]}" for axis in ("dp", "tp", "cp", "ep")
+                   if plan[axis] != 1)
+    if plan["etp"] != plan["tp"]:
+        axes += f" etp={plan['etp']}"
+    return (f"{plan['schedule']}: pp={plan['pp']} vpp={plan['vpp']}{axes} "
+            f"microbatches={plan['microbatches']} model={plan['model']} "
+            f"topology={plan['topology'] or 'this host'}")
+
+
+def resolve(model: ModelSpec, parallel: ParallelConfig, cluster: ClusterFacts | None = None,
+            schedule: Schedule | None = None) -> Plan:
+    """The Plan of running `model` split by `parallel` on `cluster` (None: no topology, as
+    in the kernels backend), with `schedule`'s shape when one is given as data (a custom
+    or partly lowered schedule) and otherwise the registered schedule `parallel` names."""
+    if schedule is None:
+        entry = schedule_entry(parallel.schedule)
+        name, placement = entry.name, entry.placement
+        ranks = placed(placement, parallel.pp, parallel.num_stages)
+        microbatches = parallel.num_microbatches
+    else:
+        if schedule.num_ranks != parallel.pp:
+            raise ConfigError(f"schedule {schedule.name!r} has {schedule.num_ranks} ranks, "
+                              f"pp is {parallel.pp}")
+        if schedule.num_microbatches != parallel.num_microbatches:
+            raise ConfigError(f"schedule {schedule.name!r} has {schedule.num_microbatches} "
+                              f"microbatches, the parallel config {parallel.num_microbatches}")
+        name, ranks, microbatches = schedule.name, schedule.stage_ranks, schedule.num_microbatches
+        placement = next((p for p in PLACEMENTS if len(ranks) % parallel.pp == 0
+                          and placed(p, parallel.pp, len(ranks)) == ranks), CUSTOM_SCHEDULE)
+    layers = stage_layers(model.num_layers, parallel, ranks)
+    parallel.check_model(model)
+    if cluster is not None:
+        cluster.check_fits(parallel.world_size)
+    shard = shard_group_size(parallel, cluster)
+    groups = data_parallel_groups(model, parallel, layers)
+    costs = costs_for_layers(model, parallel, layers)
+    by_group = [[c] for c in costs] if groups == 1 else group_costs(model, parallel, layers, groups)
+    return Plan(model, parallel, name, placement, microbatches, tuple(ranks), layers, groups,
+                tuple(costs), tuple(tuple(row) for row in by_group), shard, cluster)

@@ -1,0 +1,168 @@
+"""The CostModel protocol: what a simulated run costs, in one object the replay is wired
+with (sim.simulate). A cost model gives
+
+- `compute_time(plan, topology)`: seconds of each compute op (F, B, I, W, OPT_STEP);
+- `network(env, topology)`: the transfer seam (sim.network) P2P and host copies use;
+- `collectives(env, network, plan, topology)`: the replay's collective hook, (op, pipeline
+  rank) -> an event that fires when the collective has run;
+- `describe()`: one line for the outputs (meta['cost_model']).
+
+Three implementations:
+- RooflineCostModel (the default): each compute op is the sum of its kernels' rooflines on
+  the device of its stage (sim.cost), an optimizer step its bytes at the HBM roofline
+  (sim.optimizer_cost); transfers and collectives are flows on the topology
+  (sim.flows, sim.collective_model);
+- UniformCostModel: fixed F and B seconds (I and W half of B), everything else free, for
+  checking schedules against their closed forms;
+- ProfileCostModel: times measured by `clustersim calibrate` (sim.profile_cost), alpha-beta
+  transfers and collectives, no contention.
+To add one: a class with these four methods (docs/architecture.md, "Add a cost model").
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import networkx as nx
+import simpy
+
+from clustersim.schedules.errors import ConfigError
+from clustersim.schedules.ops import Op, OpKind
+from clustersim.schedules.plan import Plan
+from clustersim.schedules.profile import Profile
+from clustersim.topologies import device_of
+
+from .collective_model import collective_model
+from .cost import (DEFAULT_COMPUTE_EFFICIENCY, DEFAULT_MEMORY_EFFICIENCY, RooflineCost,
+                   StageKernelCost, check_fraction)
+from .flows import FlowNetwork
+from .network import InstantNetwork, Network
+from .optimizer_cost import with_optimizer_steps
+from .profile_cost import AlphaBetaNetwork, ProfileCost, profile_collective_model
+
+ComputeTime = Callable[[Op], float]
+CollectiveHook = Callable[[Op, int], simpy.Event]
+
+
+class CostModel(Protocol):
+    def compute_time(self, plan: Plan, topology: nx.DiGraph) -> ComputeTime: ...
+
+    def network(self, env: simpy.Environment, topology: nx.DiGraph) -> Network: ...
+
+    def collectives(self, env: simpy.Environment, network: Network, plan: Plan,
+                    topology: nx.DiGraph) -> CollectiveHook: ...
+
+    def describe(self) -> str: ...
+
+
+def _stage_devices(plan: Plan, topology: nx.DiGraph) -> Callable[[int], object]:
+    """The DeviceSpec of the GPU that holds stage s (of its replayed pipeline rank)."""
+    devices = [device_of(topology, d) for d in plan.devices]
+    return lambda stage: devices[plan.stage_ranks[stage]]
+
+
+@dataclass(frozen=True)
+class RooflineCostModel:
+    """Per-kernel rooflines at these fractions of the datasheet peaks (sim.cost)."""
+
+    compute_efficiency: float = DEFAULT_COMPUTE_EFFICIENCY
+    memory_efficiency: float = DEFAULT_MEMORY_EFFICIENCY
+
+    def __post_init__(self) -> None:
+        check_fraction("compute_efficiency", self.compute_efficiency)
+        check_fraction("memory_efficiency", self.memory_efficiency)
+
+    def compute_time(self, plan: Plan, topology: nx.DiGraph) -> ComputeTime:
+        rooflines = [RooflineCost(device_of(topology, d), plan.model.dtype,
+                                  self.compute_efficiency, self.memory_efficiency)
+                     for d in plan.devices]
+        kernels = StageKernelCost([rooflines[r] for r in plan.stage_ranks], plan)
+        return with_optimizer_steps(kernels, _stage_devices(plan, topology),
+                                    self.memory_efficiency)
+
+    def network(self, env: simpy.Environment, topology: nx.DiGraph) -> Network:
+        return FlowNetwork(env, topology)
+
+    def collectives(self, env: simpy.Environment, network: Network, plan: Plan,
+                    topology: nx.DiGraph) -> CollectiveHook:
+        return collective_model(env, network, plan)
+
+    def describe(self) -> str:
+        return (f"roofline(compute_efficiency={self.compute_efficiency}, "
+                f"memory_efficiency={self.memory_efficiency})")
+
+
+@dataclass(frozen=True)
+class UniformCostModel:
+    """`forward` and `backward` seconds per op of one virtual stage on one microbatch (I
+    and W take half of the backward each); communication and optimizer steps are free."""
+
+    forward: float
+    backward: float
+
+    def __post_init__(self) -> None:
+        for name, value in (("forward", self.forward), ("backward", self.backward)):
+            if not value >= 0:
+                raise ConfigError(f"uniform cost {name} must be >= 0 seconds, got {value}")
+
+    def seconds(self, op: Op) -> float:
+        if op.kind is OpKind.F:
+            return self.forward
+        if op.kind is OpKind.B:
+            return self.backward
+        if op.kind in (OpKind.I, OpKind.W):
+            return self.backward / 2
+        return 0.0
+
+    def compute_time(self, plan: Plan, topology: nx.DiGraph) -> ComputeTime:
+        return self.seconds
+
+    def network(self, env: simpy.Environment, topology: nx.DiGraph) -> Network:
+        return InstantNetwork(env)
+
+    def collectives(self, env: simpy.Environment, network: Network, plan: Plan,
+                    topology: nx.DiGraph) -> CollectiveHook:
+        return lambda op, pp_rank: env.timeout(0, value=None)
+
+    def describe(self) -> str:
+        return "uniform"
+
+
+def parse_uniform_costs(text: str) -> UniformCostModel:
+    """`"F,B"` in seconds, e.g. `"1,2"`."""
+    try:
+        forward, backward = (float(p) for p in text.split(","))
+    except ValueError:
+        raise ConfigError(
+            f"--uniform-costs must be two numbers of seconds 'F,B' such as '1,2', got {text!r}"
+        ) from None
+    return UniformCostModel(forward, backward)
+
+
+@dataclass(frozen=True)
+class ProfileCostModel:
+    """Measured compute, P2P and collective times of a calibration profile; an optimizer
+    step from the profile's seconds per parameter, or (an older profile without it) at
+    the HBM roofline with `memory_efficiency`."""
+
+    profile: Profile
+    memory_efficiency: float = DEFAULT_MEMORY_EFFICIENCY
+
+    def __post_init__(self) -> None:
+        check_fraction("memory_efficiency", self.memory_efficiency)
+
+    def compute_time(self, plan: Plan, topology: nx.DiGraph) -> ComputeTime:
+        return with_optimizer_steps(ProfileCost.for_plan(self.profile, plan),
+                                    _stage_devices(plan, topology), self.memory_efficiency,
+                                    gpu_seconds_per_param=self.profile.optimizer_seconds_per_param)
+
+    def network(self, env: simpy.Environment, topology: nx.DiGraph) -> Network:
+        return AlphaBetaNetwork(env, self.profile.p2p.alpha, self.profile.p2p.beta)
+
+    def collectives(self, env: simpy.Environment, network: Network, plan: Plan,
+                    topology: nx.DiGraph) -> CollectiveHook:
+        return profile_collective_model(env, self.profile, plan)
+
+    def describe(self) -> str:
+        return f"profile({self.profile.device})"

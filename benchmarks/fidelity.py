@@ -32,6 +32,7 @@ import logging
 import multiprocessing as mp
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import fidelity_data as fd
@@ -41,7 +42,8 @@ from run_cli import command
 from clustersim.schedules.model_presets import get_model
 from clustersim.schedules.ops import OpKind
 from clustersim.schedules.parallel import ParallelConfig
-from clustersim.sim.simulate import CostOptions, simulate
+from clustersim.sim.cost_model import RooflineCostModel
+from clustersim.sim.simulate import simulate
 from clustersim.topologies import load_topology
 
 RESULTS = Path(__file__).parent / "results"
@@ -61,18 +63,17 @@ WHOLE_BUFFER_BUCKET = 1 << 40  # one bucket holds a whole model chunk's gradient
 
 
 def intra_layer_kwargs(scatter_gather: bool = True) -> dict:
-    """simulate()'s `intra` for Megatron-LM of 2021/22: TP collectives between the GEMMs
-    (no --tp-comm-overlap, which came later) and pipeline transfers scattered over the TP
+    """The ParallelConfig field overrides (applied with dataclasses.replace, see
+    `with_intra`) for Megatron-LM of 2021/22: TP collectives between the GEMMs (no
+    --tp-comm-overlap, which came later) and pipeline transfers scattered over the TP
     ranks and all-gathered (SC21 section 4.1; Megatron's default
-    scatter_gather_tensors_in_pipeline, used when tp > 1 without SP). {} for a simulator
-    without intra-layer options (before TP communication)."""
-    try:
-        from clustersim.schedules.intra_layer import IntraLayerOptions
-    except ImportError:
-        return {}
-    names = set(IntraLayerOptions.__dataclass_fields__)
-    options = {"tp_comm_overlap": False, "scatter_gather": scatter_gather}
-    return {"intra": IntraLayerOptions(**{k: v for k, v in options.items() if k in names})}
+    scatter_gather_tensors_in_pipeline, used when tp > 1 without SP)."""
+    return {"tp_comm_overlap": False, "scatter_gather": scatter_gather}
+
+
+def with_intra(parallel: ParallelConfig, intra: dict | None = None) -> ParallelConfig:
+    """`parallel` with the intra-layer overrides of `intra_layer_kwargs` (None: as is)."""
+    return replace(parallel, **(intra or {}))
 
 
 def ddp_impl(run: fd.PublishedRun) -> str:
@@ -90,9 +91,10 @@ def parallel_config(run: fd.PublishedRun) -> ParallelConfig:
         overlap_grad_reduce=torch_ddp, bucket_bytes=None if torch_ddp else WHOLE_BUFFER_BUCKET)
 
 
-def cli_command(run: fd.PublishedRun, costs: CostOptions, intra: dict | None = None) -> str:
+def cli_command(run: fd.PublishedRun, costs: RooflineCostModel,
+                intra: dict | None = None) -> str:
     """The `clustersim simulate` command that simulates the same row."""
-    p = parallel_config(run)
+    p = with_intra(parallel_config(run), intra)
     args = ["simulate", "--model", run.model, "--topology", run.cluster.topology,
             "--schedule", p.schedule, "--tp", str(p.tp), "--pp", str(p.pp), "--dp", str(p.dp),
             "--global-batch-size", str(p.global_batch_size),
@@ -103,8 +105,7 @@ def cli_command(run: fd.PublishedRun, costs: CostOptions, intra: dict | None = N
         args.append("--sequence-parallel")
     if not p.overlap_grad_reduce:
         args += ["--no-overlap-grad-reduce", "--bucket-mb", str(WHOLE_BUFFER_BUCKET >> 20)]
-    options = (intra or {}).get("intra")
-    if getattr(options, "scatter_gather", False) and p.tp > 1 and not p.sequence_parallel:
+    if p.scatter_gather and p.tp > 1 and not p.sequence_parallel:
         args.append("--scatter-gather-tensors-in-pipeline")
     args += ["--compute-efficiency", f"{costs.compute_efficiency:.4f}",
              "--memory-efficiency", f"{costs.memory_efficiency:.4f}"]
@@ -150,13 +151,13 @@ def breakdown(timeline) -> dict[str, float]:
     return {c: v / len(per_rank) for c, v in shares.items()}
 
 
-def simulate_row(run: fd.PublishedRun, topology, costs: CostOptions,
+def simulate_row(run: fd.PublishedRun, topology, costs: RooflineCostModel,
                  intra: dict | None = None) -> dict:
     """Simulate one published run; the measured and derived numbers of its table row.
-    `intra`: simulate()'s intra-layer keyword ({'intra': IntraLayerOptions} or {})."""
+    `intra`: ParallelConfig overrides of intra_layer_kwargs (or None)."""
     started = time.perf_counter()
-    timeline = simulate(fd.model_spec(run), parallel_config(run), topology, costs=costs,
-                        **(intra or {}))
+    timeline = simulate(fd.model_spec(run), with_intra(parallel_config(run), intra), topology,
+                        costs=costs)
     wall = time.perf_counter() - started
     seconds = timeline.iteration_time
     flops, formula = paper_flops(run)
@@ -178,7 +179,7 @@ def _child(conn, run, topology, costs, intra) -> None:
     conn.close()
 
 
-def run_with_limit(run: fd.PublishedRun, topology, costs: CostOptions, limit_s: float,
+def run_with_limit(run: fd.PublishedRun, topology, costs: RooflineCostModel, limit_s: float,
                    intra: dict | None = None) -> dict:
     """simulate_row in a forked child, killed after `limit_s`: {'status', ...}."""
     ctx = mp.get_context("fork")
@@ -205,7 +206,7 @@ def run_with_limit(run: fd.PublishedRun, topology, costs: CostOptions, limit_s: 
     return {"status": "error", "reason": value, "wall_s": elapsed}
 
 
-def layer_window(topology, layers: int, costs: CostOptions, intra: dict | None = None,
+def layer_window(topology, layers: int, costs: RooflineCostModel, intra: dict | None = None,
                  sequence_parallel: bool = False, recompute: str = "none") -> tuple[float, float]:
     """(forward, backward) seconds of `layers` 22B layers as K22 Table 4 ran them (t=8,
     micro-batch 4, one micro-batch, no pipeline): forward from the first F to the first B
@@ -214,7 +215,7 @@ def layer_window(topology, layers: int, costs: CostOptions, intra: dict | None =
     model = get_model("k22-22b", num_layers=layers, micro_batch_size=4)
     parallel = ParallelConfig(tp=8, micro_batch_size=4, num_microbatches=1,
                               sequence_parallel=sequence_parallel, recompute=recompute)
-    timeline = simulate(model, parallel, topology, costs=costs, **(intra or {}))
+    timeline = simulate(model, with_intra(parallel, intra), topology, costs=costs)
     spans = [s for s in timeline.spans if s.rank == 0 and s.op.kind is not OpKind.OPT_STEP
              and not (s.op.group or "").startswith("dp")]
     start = min(s.start for s in spans)
@@ -222,7 +223,8 @@ def layer_window(topology, layers: int, costs: CostOptions, intra: dict | None =
     return backward - start, max(s.end for s in spans) - backward
 
 
-def one_layer(topology, costs: CostOptions, intra: dict | None = None, **config) -> tuple[float, float]:
+def one_layer(topology, costs: RooflineCostModel, intra: dict | None = None,
+              **config) -> tuple[float, float]:
     """(forward, backward) seconds of ONE layer: 2 layers minus 1 layer, so embedding,
     logits and optimizer cancel. `config`: sequence_parallel, recompute."""
     two = layer_window(topology, 2, costs, intra, **config)
@@ -230,11 +232,11 @@ def one_layer(topology, costs: CostOptions, intra: dict | None = None, **config)
     return two[0] - one[0], two[1] - one[1]
 
 
-def ceiling_costs(attainment: float) -> CostOptions:
+def ceiling_costs(attainment: float) -> RooflineCostModel:
     """Both measured ceilings (matmul, HBM read) scaled by one attainment factor, rounded
     to the 4 decimals the CLI commands print (so they reproduce a row exactly)."""
-    return CostOptions(compute_efficiency=round(MAMF_EFFICIENCY * attainment, 4),
-                       memory_efficiency=round(MEMORY_EFFICIENCY * attainment, 4))
+    return RooflineCostModel(round(MAMF_EFFICIENCY * attainment, 4),
+                             round(MEMORY_EFFICIENCY * attainment, 4))
 
 
 def k22_layer_attainment(topology, intra: dict | None = None) -> dict:
@@ -259,7 +261,7 @@ def k22_layer_attainment(topology, intra: dict | None = None) -> dict:
             "layer_ms_at_ceilings": at_ceilings * 1e3, "layer_ms": layer(attainment) * 1e3}
 
 
-def k22_table_4(topology, costs: CostOptions, intra: dict | None = None) -> list[dict]:
+def k22_table_4(topology, costs: RooflineCostModel, intra: dict | None = None) -> list[dict]:
     """Every K22 Table 4 experiment (one 22B layer) simulated: forward and backward ms
     against the published ones. Only the baseline's sum chose the attainment."""
     config = {"baseline, no recompute": (False, "none"),
@@ -277,7 +279,7 @@ def k22_table_4(topology, costs: CostOptions, intra: dict | None = None) -> list
     return rows
 
 
-def run_all(runs, topology, costs: CostOptions, row_limit: float, deadline: float,
+def run_all(runs, topology, costs: RooflineCostModel, row_limit: float, deadline: float,
             intra: dict | None = None) -> list[dict]:
     rows = []
     for run in runs:
@@ -376,8 +378,7 @@ def main() -> int:
     calibration = k22_layer_attainment(topology, intra)
     if (args.compute_efficiency is None) != (args.memory_efficiency is None):
         parser.error("give both --compute-efficiency and --memory-efficiency, or neither")
-    costs = (CostOptions(compute_efficiency=args.compute_efficiency,
-                         memory_efficiency=args.memory_efficiency)
+    costs = (RooflineCostModel(args.compute_efficiency, args.memory_efficiency)
              if args.compute_efficiency else ceiling_costs(calibration["attainment"]))
     print(f"efficiencies {costs.compute_efficiency:.4f} / {costs.memory_efficiency:.4f} "
           f"(K22 layer: {calibration})", flush=True)
@@ -403,7 +404,7 @@ def main() -> int:
                           "k22_layer": calibration, "mamf_efficiency": MAMF_EFFICIENCY,
                           "memory_ceiling": MEMORY_EFFICIENCY},
             "k22_table_4": table_4,
-            "intra_layer_options": repr(intra.get("intra", "not supported by this simulator")),
+            "intra_layer_options": repr(intra),
             "rows": rows, "summary": summary(rows), "sensitivity": sensitivity,
             "total_wall_s": time.perf_counter() - started}
     if args.earlier:

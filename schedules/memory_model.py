@@ -46,7 +46,7 @@ from .names import COMPUTE_LANE
 from .parallel import ParallelConfig
 from .plan import Plan
 from .schedule import Schedule
-from .sharding import hpz_degree, state_shard_degree
+from .sharding import hpz_degree, shard_group_size, state_shard_degree
 from .timeline import Span, peak_in_flight
 
 MIXED_PRECISION_K = 12  # fp32 master weights + Adam momentum + variance, bytes/parameter
@@ -149,6 +149,11 @@ def rank_memory(plan: Plan, *, in_flight: Sequence[int] | None = None,
     microbatches of virtual stage s when given, else as `schedule` (default: the plan's
     registered schedule, Plan.build_schedule) holds them."""
     num_stages, costs = plan.num_stages, plan.stage_costs
+    if schedule is not None and (schedule.num_ranks, schedule.stage_ranks) != (
+            plan.pp, plan.stage_ranks):
+        raise ConfigError(f"schedule {schedule.name!r} has {schedule.num_ranks} ranks (stages on "
+                          f"ranks {list(schedule.stage_ranks)}), its plan pp={plan.pp} (stages "
+                          f"on ranks {list(plan.stage_ranks)})")
     act = [c.activation_bytes for c in costs]
     if in_flight is None:
         peaks, counts = activation_peaks(schedule or plan.build_schedule(), act)
@@ -176,9 +181,12 @@ def rank_memory(plan: Plan, *, in_flight: Sequence[int] | None = None,
 def bare_rank_memory(params: float, parallel: ParallelConfig,
                      shard_group: int | None = None) -> list[RankMemory]:
     """Model states of each pipeline rank for a bare parameter count split evenly over
-    pp * tp ranks (16-bit weights, Adam)."""
+    pp * tp ranks (16-bit weights, Adam). `shard_group`: the hybrid / hpZ shard group
+    (schedules.sharding.shard_group_size with a cluster; default: as the config gives it)."""
     if isinstance(params, bool) or not isinstance(params, (int, float)) or params <= 0:
         raise ConfigError(f"params must be a parameter count > 0, got {params!r}")
+    if shard_group is None:
+        shard_group = shard_group_size(parallel)
     per_rank = params / (parallel.pp * parallel.tp)
     return [RankMemory(pp_rank=r, params=per_rank,
                        **model_states(per_rank, parallel, "bf16", shard_group))

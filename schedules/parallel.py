@@ -81,7 +81,7 @@ class ParallelConfig:
     recompute: str = "none"
     # data-parallel sharding and its communication (issue 5); see schedules.data_parallel
     fsdp: str = "none"  # 'none', 'full' (= ZeRO-3 over dp) or 'hybrid' (shard in a node)
-    shard_size: int | None = None  # hybrid shard group size; None = GPUs per node
+    shard_size: int | None = None  # hybrid shard group size; None = dp ranks per node
     offload: bool = False  # ZeRO-Offload: optimizer state and step on the host
     bucket_bytes: int | None = None  # gradient bucket; None = torch DDP's 25 MiB
     overlap_grad_reduce: bool = True  # post bucket reductions during the backward
@@ -89,7 +89,7 @@ class ParallelConfig:
     quantized_weights: bool = False  # ZeRO++ qwZ: int8 weight all-gather
     hpz: bool = False  # ZeRO++ hpZ: secondary parameter shard inside the node
     quantized_gradients: bool = False  # ZeRO++ qgZ: int4 gradient reduce-scatter
-    hpz_partition_size: int | None = None  # hpZ secondary shard size; None = GPUs per node
+    hpz_partition_size: int | None = None  # hpZ secondary shard size; None = dp ranks per node
     rank_order: str = "tp-cp-ep-dp-pp"
     # uneven pipeline split (schedules.pipeline_split; Megatron-Core's flags)
     first_stage_layers: int | None = None  # layers on the first pipeline rank

@@ -17,8 +17,9 @@ worker. Nothing else derives these facts (docs/architecture.md, "The Plan"):
   rank, schedules.schedule) and what is assumed identical (every other replica).
 
 `resolve` checks, in order: the schedule's shape against the config, the pipeline split,
-the model against the config (ParallelConfig.check_model), the cluster's size, the shard
-group; it builds no program table, so it is cheap. `Plan.build_schedule()` builds the
+the model against the config (ParallelConfig.check_model), the shard group; it builds no
+program table, so it is cheap. A plan that places ranks on GPUs (`devices`, what the
+simulator replays) needs a cluster with a GPU for every rank; the memory report does not. `Plan.build_schedule()` builds the
 compute-only schedule a registered schedule name gives. `Plan.describe()` is what the
 outputs store (metrics and Timeline JSON: meta['plan']) and `Plan.header()` the run's
 header line. Units: bytes, FLOPs, parameter counts.
@@ -136,9 +137,11 @@ class Plan:
 
     @property
     def devices(self) -> tuple[str, ...]:
-        """GPU node of each replayed pipeline rank (needs cluster facts)."""
+        """GPU node of each replayed pipeline rank (needs cluster facts with a GPU for every
+        rank of the grid)."""
         if self.cluster is None:
             raise ConfigError("this plan has no cluster: resolve it with cluster facts")
+        self.cluster.check_fits(self.world_size)
         return tuple(self.cluster.gpus[g] for g in self.replayed_ranks)
 
     def groups_spanning_hosts(self, axis: str) -> list[list[int]]:
@@ -172,7 +175,8 @@ class Plan:
             "topology": cluster.name if cluster else None,
             "device": cluster.device if cluster else None,
             "device_memory_bytes": cluster.memory_bytes if cluster else None,
-            "devices": list(self.devices) if cluster else None,
+            "devices": list(self.devices) if cluster and cluster.num_gpus >= self.world_size
+            else None,
             "replayed_ranks": list(self.replayed_ranks), "world_size": self.world_size,
         }
 
@@ -215,8 +219,6 @@ def resolve(model: ModelSpec, parallel: ParallelConfig, cluster: ClusterFacts | 
                           and placed(p, parallel.pp, len(ranks)) == ranks), CUSTOM_SCHEDULE)
     layers = stage_layers(model.num_layers, parallel, ranks)
     parallel.check_model(model)
-    if cluster is not None:
-        cluster.check_fits(parallel.world_size)
     shard = shard_group_size(parallel, cluster)
     groups = data_parallel_groups(model, parallel, layers)
     costs = costs_for_layers(model, parallel, layers)

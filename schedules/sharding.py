@@ -144,8 +144,8 @@ def state_shard_degree(cfg: Any, shard_group: int | None) -> int:
     if cfg.fsdp != "hybrid":
         return group
     if shard_group is None:
-        raise ConfigError("fsdp='hybrid' needs shard_size, or a topology to take the GPUs "
-                          "per node from")
+        raise ConfigError("fsdp='hybrid' needs shard_size, or a topology to take the dp "
+                          "ranks per node from")
     return min(shard_group, group)
 
 
@@ -153,8 +153,8 @@ def hpz_degree(cfg: Any, shard_group: int | None) -> int:
     """Ranks the ZeRO++ hpZ secondary parameter shard is split over (inside a node): the
     hpZ partition (shard_group_size) capped at dp * cp."""
     if shard_group is None:
-        raise ConfigError("hpz needs hpz_partition_size, or a topology to take the GPUs per "
-                          "node from")
+        raise ConfigError("hpz needs hpz_partition_size, or a topology to take the dp ranks "
+                          "per node from")
     return min(shard_group, cfg.dp * cfg.cp)
 
 

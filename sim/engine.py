@@ -25,9 +25,10 @@ from dataclasses import dataclass
 import simpy
 
 from clustersim.schedules.contract import (Key, gather_releases, p2p_peer, prerequisites, produces,
-                                program_contract)
+                                program_contract, runs_on_compute_stream)
 from clustersim.schedules.errors import ConfigError, DeadlockError
-from clustersim.schedules.ops import COMPUTE_KINDS, P2P_KINDS, Op, OpKind
+from clustersim.schedules.ops import (COLLECTIVE_KINDS, COPY_KINDS, P2P_KINDS, WORK_KINDS, Op,
+                                      OpKind)
 from clustersim.schedules.schedule import Schedule
 from clustersim.schedules.names import COMPUTE_LANE, HOST_LANE, PCIE_LANE, RECV_LANE, SEND_LANE
 from clustersim.schedules.timeline import MemorySample, Span, Timeline
@@ -95,6 +96,7 @@ class Replay:
         self.held = [{g for gs in r.values() for g in gs} for r in self.releases or ()]
         self.activation_ends = [self._activation_ends(p) if memory else (set(), set())
                                 for p in schedule.programs]
+        self.handlers = self._dispatch_table()
 
     def _complete(self, rank: int, index: int, op: Op) -> None:
         for key in produces(op):
@@ -151,7 +153,7 @@ class Replay:
     def _run_rank(self, rank: int):
         env, contract = self.env, self.contracts[rank]
         ranks, count = self.schedule.stage_ranks, self.schedule.num_microbatches
-        allocates, releases = self.activation_ends[rank]
+        handlers = self.handlers
         for index, op in enumerate(self.schedule.programs[rank]):
             for key in prerequisites(op, ranks, count):
                 if key not in self.done:
@@ -162,28 +164,53 @@ class Replay:
             waits = contract.local[index]
             local = [ev for ev in (self._local_event(rank, j) for j in waits)
                      if ev is not None] if waits else ()
-            kind = op.kind
-            if kind in COMPUTE_KINDS and op.group != "host":  # runs_on_compute_stream(op)
-                for ev in local:
-                    yield ev
-                start = env.now
-                if self.memory and index in allocates:
-                    self._allocate(rank, self.memory.activations[op.stage])
-                yield env.timeout(self.compute_time(op))
-                self.spans.append(Span(rank, COMPUTE_LANE, op, start, env.now))
-                if self.memory and index in releases:
-                    self._allocate(rank, -self.memory.activations[op.stage])
-                if self.releases is not None:
-                    for gather in self.releases[rank].get(index, ()):
-                        self._allocate(rank, -self._gathered(rank, gather))
-                self._complete(rank, index, op)
-            elif kind in P2P_KINDS:
-                for ev in local:  # a SEND waits for its compute op's intra-layer collectives
-                    yield ev
-                self._post(rank, index, op)
-            else:
-                self._start_async(rank, index, op, local)
+            handler = handlers.get(op.kind)
+            if handler is None:
+                raise ConfigError(f"rank {rank}: op {op}: the replay cannot run "
+                                  f"{op.kind.value} ops")
+            steps = handler(rank, index, op, local)
+            if steps is not None:  # the op holds this rank's program until it is done
+                yield from steps
             self.pc[rank] += 1
+
+    def _dispatch_table(self) -> dict[OpKind, Callable]:
+        """Op kind -> its handler (rank, index, op, positional waits): a generator the
+        rank's program runs through (compute on the stream, a P2P post after its waits),
+        or None when the op was posted to run on a lane of its own."""
+        table: dict[OpKind, Callable] = {kind: self._compute for kind in WORK_KINDS}
+        table.update({kind: self._post_p2p for kind in P2P_KINDS})
+        table.update({kind: self._start_async for kind in (*COLLECTIVE_KINDS, *COPY_KINDS)})
+        table[OpKind.OPT_STEP] = self._optimizer_step
+        return table
+
+    def _compute(self, rank: int, index: int, op: Op, local: Sequence[simpy.Event]):
+        """Hold the rank's one compute stream for the op's duration; memory moves with it."""
+        env = self.env
+        for ev in local:
+            yield ev
+        start = env.now
+        allocates, releases = self.activation_ends[rank]
+        if self.memory and index in allocates:
+            self._allocate(rank, self.memory.activations[op.stage])
+        yield env.timeout(self.compute_time(op))
+        self.spans.append(Span(rank, COMPUTE_LANE, op, start, env.now))
+        if self.memory and index in releases:
+            self._allocate(rank, -self.memory.activations[op.stage])
+        if self.releases is not None:
+            for gather in self.releases[rank].get(index, ()):
+                self._allocate(rank, -self._gathered(rank, gather))
+        self._complete(rank, index, op)
+
+    def _optimizer_step(self, rank: int, index: int, op: Op, local: Sequence[simpy.Event]):
+        """On the compute stream, or (group 'host', ZeRO-Offload) on the host's lane."""
+        if runs_on_compute_stream(op):
+            return self._compute(rank, index, op, local)
+        return self._start_async(rank, index, op, local)
+
+    def _post_p2p(self, rank: int, index: int, op: Op, local: Sequence[simpy.Event]):
+        for ev in local:  # a SEND waits for its compute op's intra-layer collectives
+            yield ev
+        self._post(rank, index, op)
 
     def _gathered(self, rank: int, index: int) -> int:
         return self.memory.gathered(self.schedule.programs[rank][index])
@@ -258,9 +285,7 @@ class Replay:
             gpu, host = self.devices[rank], self.hosts[rank]
             src, dst = (gpu, host) if op.kind is OpKind.COPY_D2H else (host, gpu)
             return PCIE_LANE, lambda: self.network.transfer(src, dst, op.nbytes)
-        if op.kind is OpKind.OPT_STEP:
-            return HOST_LANE, lambda: self.env.timeout(self.compute_time(op))
-        raise ConfigError(f"rank {rank}: op {op}: the replay cannot run {op.kind.value} ops")
+        return HOST_LANE, lambda: self.env.timeout(self.compute_time(op))  # a host OPT_STEP
 
     def run(self) -> Timeline:
         if self.memory:

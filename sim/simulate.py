@@ -53,6 +53,7 @@ def simulate(model: ModelSpec, parallel: ParallelConfig, topology: nx.DiGraph,
 def replay_plan(plan: Plan, topology: nx.DiGraph, costs: CostModel = RooflineCostModel(),
                 schedule: Schedule | None = None) -> Timeline:
     """Lower `schedule` (default: the plan's registered schedule) and replay it."""
+    devices = plan.devices  # every rank needs a GPU: checked before any work
     lowered = lower(schedule or plan.build_schedule(), plan)
     warnings = []
     if plan.parallel.offload:
@@ -62,10 +63,10 @@ def replay_plan(plan: Plan, topology: nx.DiGraph, costs: CostModel = RooflineCos
     network = costs.network(env, topology)
     breakdown = rank_memory(plan, in_flight=[0] * plan.num_stages)
     overlapped = plan.parallel.overlapped_groups
-    replay = Replay(env, lowered, plan.devices, costs.compute_time(plan, topology), network,
+    replay = Replay(env, lowered, devices, costs.compute_time(plan, topology), network,
                     memory_model(lowered, plan, breakdown),
                     costs.collectives(env, network, plan, topology),
-                    host_cpus(list(plan.devices), topology), overlapped=overlapped)
+                    host_cpus(list(devices), topology), overlapped=overlapped)
     try:
         timeline = replay.run()
     except DeadlockError:

@@ -103,7 +103,7 @@ def test_user_errors_are_one_clear_line(args, words):
 def test_intra_layer_and_etp_flags_set_parallel_config_fields():
     from clustersim.schedules.parallel import ParallelConfig
     from clustersim.sim.cli import build_parser
-    from clustersim.sim.commands import parallel_from_args
+    from clustersim.sim.cli.flags import parallel_from_args
 
     args = build_parser().parse_args([
         "simulate", "--tp", "2", "--dp", "2", "--ep", "2", "--expert-tensor-parallel-size", "1",
@@ -236,7 +236,8 @@ def test_simulate_tp_cp_ep_flags_and_the_time_breakdown(tmp_path):
                      "-o", str(tmp_path / "g.html"), "--metrics-json", str(metrics))
     assert "tp=2 cp=2 ep=2" in out.stdout and "time breakdown" in out.stdout
     data = json.loads(metrics.read_text())
-    assert data["meta"]["cp_comm"] == "ulysses" and data["meta"]["tp_comm_overlap"]
+    parallel = data["meta"]["plan"]["parallel"]
+    assert parallel["cp_comm"] == "ulysses" and parallel["tp_comm_overlap"]
     for rank, row in data["time_breakdown"]["per_rank"].items():
         assert sum(row.values()) == pytest.approx(data["iteration_time"], rel=1e-9)
         assert row["cp"] > 0 and row["ep"] > 0  # Ulysses and MoE all-to-alls block

@@ -6,13 +6,23 @@ import simpy
 from clustersim.schedules.model_presets import get_model
 from clustersim.schedules.ops import Op, OpKind
 from clustersim.schedules.parallel import ParallelConfig
+from clustersim.schedules.plan import resolve
+from clustersim.sim.cluster import cluster_facts
 from clustersim.sim.collective_model import collective_model
 from clustersim.sim.collectives import run_collective
 from clustersim.sim.flows import FlowNetwork
-from clustersim.sim.simulate import simulate, tp_groups_spanning_hosts
+from clustersim.sim.simulate import simulate
 from clustersim.topologies import fat_tree
 
 GPT = get_model("gpt3-1.3b")
+
+
+def plan_on(parallel, graph):
+    return resolve(GPT, parallel, cluster_facts(graph))
+
+
+def tp_groups_spanning_hosts(parallel, graph):
+    return plan_on(parallel, graph).groups_spanning_hosts("tp")
 
 
 
@@ -25,7 +35,7 @@ def test_cached_intra_node_time_equals_the_flow_simulation(kind):
     op = Op(kind, 0, 0, "tp", nbytes=6 * (64 << 20), count=6)
     env = simpy.Environment()
     network = FlowNetwork(env, graph)
-    done = collective_model(env, network, parallel, graph)(op, 0)
+    done = collective_model(env, network, plan_on(parallel, graph))(op, 0)
     env.run()
     cached = env.now
     assert done.value["model"].startswith("uncontended")
@@ -62,12 +72,12 @@ def test_tp_group_across_two_nodes_is_slower_than_inside_one():
 def test_next_compute_waits_for_tp_collectives_unless_overlapped():
     """Blocking TP all-reduces sit on the critical path: compute + TP time; with
     --tp-comm-overlap they run alongside the compute and the iteration is shorter."""
-    from clustersim.schedules.intra_layer import IntraLayerOptions
+    from dataclasses import replace
 
     graph = fat_tree("dgx-h100", num_nodes=1)
     parallel = ParallelConfig(tp=8, num_microbatches=2)
     blocking = simulate(GPT, parallel, graph)
-    overlapped = simulate(GPT, parallel, graph, intra=IntraLayerOptions(tp_comm_overlap=True))
+    overlapped = simulate(GPT, replace(parallel, tp_comm_overlap=True), graph)
     compute = [s for s in blocking.spans if s.rank == 0 and s.lane == "compute"]
     tp = [s for s in blocking.spans if s.rank == 0 and s.lane == "tp"]
     for prev, nxt in zip(compute, compute[1:]):
@@ -84,7 +94,7 @@ def test_cross_node_group_runs_with_the_other_replicas_groups_on_its_hosts():
     env = simpy.Environment()
     network = FlowNetwork(env, graph)
     op = Op(OpKind.ALL_REDUCE, 0, 0, "tp", nbytes=64 << 20)
-    done = collective_model(env, network, parallel, graph)(op, 0)
+    done = collective_model(env, network, plan_on(parallel, graph))(op, 0)
     env.run()
     alone = FlowNetwork(simpy.Environment(), graph)
     run = run_collective(alone.env, alone, op, [f"gpu{i}" for i in range(0, 16, 2)],

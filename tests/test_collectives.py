@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from clustersim.schedules.errors import ConfigError
 from clustersim.schedules.ops import Op, OpKind
 from clustersim.sim.collective_algorithms import double_binary_tree, tree_depth
-from clustersim.sim.collective_cli import parse_size, sweep_sizes
+from clustersim.sim.cli.collective_report import parse_size, sweep_sizes
 from clustersim.sim.collectives import (APPLICABLE, Collective, collective_phases, parse_collective,
                              run_collective, simulate_collective)
 from clustersim.sim.flows import FlowNetwork

@@ -1,24 +1,30 @@
-"""stage_costs: per-stage sums equal the whole model; boundary and recompute formulas."""
+"""Plan.stage_costs: per-stage sums equal the whole model; boundary and recompute formulas."""
 from dataclasses import replace
 
 import pytest
 
-from clustersim.schedules.costs import output_activation_bytes, stage_costs
+from clustersim.schedules.costs import output_activation_bytes
 from clustersim.schedules.errors import ConfigError
 from clustersim.schedules.model import ModelSpec
 from clustersim.schedules.model_presets import get_model
 from clustersim.schedules.parallel import ParallelConfig
+from clustersim.schedules.plan import resolve
 
 GPT = ModelSpec(num_layers=8, hidden_size=256, num_attention_heads=8, seq_length=128,
                 vocab_size=1000, micro_batch_size=2)
 LLAMA = replace(get_model("llama3-8b"), num_layers=8)
 
 
+def plan_costs(model, parallel, num_stages):
+    """The stage costs of the plan of `parallel` split into `num_stages` pipeline stages."""
+    return resolve(model, replace(parallel, pp=num_stages)).stage_costs
+
+
 @pytest.mark.parametrize("model", [GPT, LLAMA])
 @pytest.mark.parametrize("stages", [1, 2, 4, 8])
 def test_stage_sums_equal_model(model, stages):
     par = ParallelConfig(micro_batch_size=model.micro_batch_size)
-    costs = stage_costs(model, par, stages)
+    costs = plan_costs(model, par, stages)
     assert len(costs) == stages and all(c.layers == 8 // stages for c in costs)
     assert sum(c.param_count for c in costs) == model.param_count()
     assert sum(c.forward_flops for c in costs) == model.forward_flops()
@@ -29,38 +35,38 @@ def test_stage_sums_equal_model(model, stages):
 
 def test_iteration_flops_from_stages():
     par = ParallelConfig(micro_batch_size=2, recompute="full")
-    costs = stage_costs(GPT, par, 4)
+    costs = plan_costs(GPT, par, 4)
     per_mb = sum(c.forward_flops + c.backward_flops for c in costs)
     assert per_mb * 3 == GPT.iteration_flops(3, recompute=True)
 
 
 def test_tp_cp_divide_flops():
-    base = stage_costs(GPT, ParallelConfig(micro_batch_size=2), 2)
-    split = stage_costs(GPT, ParallelConfig(tp=2, cp=2, micro_batch_size=2), 2)
+    base = plan_costs(GPT, ParallelConfig(micro_batch_size=2), 2)
+    split = plan_costs(GPT, ParallelConfig(tp=2, cp=2, micro_batch_size=2), 2)
     for b, s in zip(base, split):
         assert s.forward_flops == pytest.approx(b.forward_flops / 4)
 
 
 def test_selective_recompute_adds_core_attention():
-    costs = stage_costs(GPT, ParallelConfig(micro_batch_size=2, recompute="selective"), 2)
+    costs = plan_costs(GPT, ParallelConfig(micro_batch_size=2, recompute="selective"), 2)
     assert costs[0].backward_flops == 2 * costs[0].forward_flops + 4 * GPT.attention_core_flops()
 
 
 def test_boundary_bytes():
     b, s, h = 2, 128, 256
-    costs = stage_costs(GPT, ParallelConfig(micro_batch_size=2), 4)
+    costs = plan_costs(GPT, ParallelConfig(micro_batch_size=2), 4)
     assert [c.boundary_bytes for c in costs] == [b * s * h * 2] * 3 + [0]
-    sp = stage_costs(GPT, ParallelConfig(tp=4, sequence_parallel=True, micro_batch_size=2), 4)
+    sp = plan_costs(GPT, ParallelConfig(tp=4, sequence_parallel=True, micro_batch_size=2), 4)
     assert sp[0].boundary_bytes == b * s * h * 2 // 4
-    assert stage_costs(GPT, ParallelConfig(tp=4, micro_batch_size=2), 4)[0].boundary_bytes \
+    assert plan_costs(GPT, ParallelConfig(tp=4, micro_batch_size=2), 4)[0].boundary_bytes \
         == b * s * h * 2
     fp32 = replace(GPT, dtype="fp32")
-    assert stage_costs(fp32, ParallelConfig(micro_batch_size=2), 2)[0].boundary_bytes == b * s * h * 4
+    assert plan_costs(fp32, ParallelConfig(micro_batch_size=2), 2)[0].boundary_bytes == b * s * h * 4
 
 
 def test_activation_bytes_per_stage():
     par = ParallelConfig(tp=2, sequence_parallel=True, micro_batch_size=2)
-    costs = stage_costs(GPT, par, 4)
+    costs = plan_costs(GPT, par, 4)
     layer = GPT.layer_activation_bytes(2, True, "none")
     sbh = 128 * 2 * 256
     assert costs[1].activation_bytes == pytest.approx(2 * layer, abs=1)
@@ -72,8 +78,8 @@ def test_activation_bytes_per_stage():
 
 
 def test_full_recompute_shrinks_activations_and_adds_traffic():
-    none = stage_costs(GPT, ParallelConfig(micro_batch_size=2), 2)[1]
-    full = stage_costs(GPT, ParallelConfig(micro_batch_size=2, recompute="full"), 2)[1]
+    none = plan_costs(GPT, ParallelConfig(micro_batch_size=2), 2)[1]
+    full = plan_costs(GPT, ParallelConfig(micro_batch_size=2, recompute="full"), 2)[1]
     assert full.activation_bytes < none.activation_bytes
     assert full.backward_flops == none.backward_flops + 4 * GPT.layer_forward_flops()
     assert full.forward_bytes == none.forward_bytes
@@ -81,15 +87,15 @@ def test_full_recompute_shrinks_activations_and_adds_traffic():
 
 
 def test_traffic_counts_weights():
-    c = stage_costs(GPT, ParallelConfig(micro_batch_size=2), 2)[1]
+    c = plan_costs(GPT, ParallelConfig(micro_batch_size=2), 2)[1]
     assert c.forward_bytes >= (c.param_count + c.tied_param_count) * 2
     assert c.backward_bytes >= 2 * (c.param_count + c.tied_param_count) * 2
 
 
 def test_tp_and_ep_shard_params():
     moe = replace(GPT, num_experts=4)
-    one = stage_costs(moe, ParallelConfig(micro_batch_size=2), 2)
-    sharded = stage_costs(moe, ParallelConfig(dp=4, ep=4, tp=2, micro_batch_size=2), 2)
+    one = plan_costs(moe, ParallelConfig(micro_batch_size=2), 2)
+    sharded = plan_costs(moe, ParallelConfig(dp=4, ep=4, tp=2, micro_batch_size=2), 2)
     assert sharded[0].param_count < one[0].param_count / 2
 
 
@@ -101,7 +107,7 @@ def test_etp_shards_the_routed_experts_in_params_and_grad_bytes():
     sharded = 2 * h * f + f
 
     def stage(etp):
-        return stage_costs(moe, ParallelConfig(dp=4, ep=2, tp=2, expert_tensor_parallel=etp,
+        return plan_costs(moe, ParallelConfig(dp=4, ep=2, tp=2, expert_tensor_parallel=etp,
                                                sequence_parallel=True, micro_batch_size=2), 2)[1]
 
     one, two = stage(1), stage(2)
@@ -113,8 +119,8 @@ def test_etp_shards_the_routed_experts_in_params_and_grad_bytes():
 
 def test_errors():
     with pytest.raises(ConfigError, match="num_layers=8 is not divisible by num_stages=3"):
-        stage_costs(GPT, ParallelConfig(micro_batch_size=2), 3)
+        plan_costs(GPT, ParallelConfig(micro_batch_size=2), 3)
     with pytest.raises(ConfigError, match="micro_batch_size"):
-        stage_costs(GPT, ParallelConfig(), 2)
-    with pytest.raises(ConfigError, match="num_stages"):
-        stage_costs(GPT, ParallelConfig(micro_batch_size=2), 0)
+        plan_costs(GPT, ParallelConfig(), 2)
+    with pytest.raises(ConfigError, match="pp must be an integer >= 1"):  # the stage count
+        plan_costs(GPT, ParallelConfig(micro_batch_size=2), 0)

@@ -39,12 +39,11 @@ from collections import Counter  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from clustersim.schedules.costs import stage_costs  # noqa: E402
-from clustersim.schedules.data_parallel import (ADAM_BYTES_PER_PARAM, add_data_parallel,  # noqa: E402
-                                     bucket_groups)
-from clustersim.schedules.errors import ConfigError  # noqa: E402
+from clustersim.schedules.data_parallel import ADAM_BYTES_PER_PARAM, add_data_parallel  # noqa: E402
+from clustersim.schedules.layer_groups import data_parallel_groups  # noqa: E402
 from clustersim.schedules.model_presets import get_model  # noqa: E402
 from clustersim.schedules.parallel import ParallelConfig  # noqa: E402
+from clustersim.schedules.plan import resolve  # noqa: E402
 from clustersim.schedules.dp_sizes import EXTRA_TENSORS, TENSORS_PER_LAYER  # noqa: E402
 from clustersim.schedules.sharding import DEFAULT_BUCKET_BYTES  # noqa: E402
 from clustersim.sim.simulate import simulate  # noqa: E402
@@ -56,17 +55,17 @@ LAYER_BYTES = MODEL.layer_param_count(1, 1) * 2  # bf16 gradients of one layer
 
 def _pass(pp=1, dp=4, m=4, **kw):
     parallel = ParallelConfig(pp=pp, dp=dp, num_microbatches=m, **kw)
-    return parallel, add_data_parallel(build_schedule("1f1b", pp, m), MODEL, parallel)
+    return parallel, add_data_parallel(build_schedule("1f1b", pp, m), resolve(MODEL, parallel))
 
 
 def _stage_bytes(parallel, stage):
-    return stage_costs(MODEL, parallel, parallel.pp)[stage].grad_bytes
+    return resolve(MODEL, parallel).stage_costs[stage].grad_bytes
 
 
 def test_ddp_buckets_ride_on_the_last_microbatch_backward_in_reverse_layer_order():
     bucket = LAYER_BYTES  # one layer fills a bucket: a layer group per layer
     parallel, schedule = _pass(pp=2, bucket_bytes=bucket)
-    assert schedule.layer_groups == 4 == bucket_groups(MODEL, parallel, 2)
+    assert schedule.layer_groups == 4 == data_parallel_groups(MODEL, parallel, [4, 4])
     validate(schedule)
     for rank, program in enumerate(schedule.programs):
         text = [str(op) for op in program]
@@ -121,13 +120,17 @@ def test_zero_1_and_2_reduce_scatter_step_then_gather(stage):
 
 def test_one_rank_gets_only_its_optimizer_steps_and_the_pass_runs_once():
     schedule = build_schedule("1f1b", 2, 4)
-    added = add_data_parallel(schedule, MODEL, ParallelConfig(pp=2, num_microbatches=4))
+    added = add_data_parallel(schedule, resolve(MODEL, ParallelConfig(pp=2, num_microbatches=4)))
     for before, after in zip(schedule.programs, added.programs):
         assert after[:len(before)] == before
         assert [(op.kind, op.group) for op in after[len(before):]] == [(OpKind.OPT_STEP, None)]
+    # intended change (issue 13): a schedule that already has its DP ops is returned as it
+    # is, instead of raising; the pass runs once, so there is still one step per stage
     parallel, once = _pass(pp=2)
-    with pytest.raises(ConfigError, match="already has optimizer steps"):
-        add_data_parallel(once, MODEL, parallel)
+    programs = [list(p) for p in once.programs]
+    again = add_data_parallel(once, resolve(MODEL, parallel))
+    assert again is once and [list(p) for p in again.programs] == programs
+    assert sorted(op.stage for op in again.ops() if op.kind is OpKind.OPT_STEP) == [0, 1]
 
 
 def _volume(timeline, rank=0):
@@ -149,7 +152,7 @@ def test_communication_volume_per_step_is_2_psi_or_3_psi_for_zero_3(zero, factor
     ZeRO-3 3 Psi (one microbatch: ZeRO-3 gathers again for every microbatch)."""
     parallel = ParallelConfig(dp=4, num_microbatches=1, zero_stage=zero)
     timeline = simulate(MODEL, parallel, load_topology("dgx-h100"))
-    psi = stage_costs(MODEL, parallel, 1)[0].grad_bytes  # bytes of bf16 parameters
+    psi = resolve(MODEL, parallel).stage_costs[0].grad_bytes  # bytes of bf16 parameters
     assert _volume(timeline) == pytest.approx(factor * psi * 3 / 4, rel=1e-9)
 
 
@@ -184,9 +187,11 @@ def test_passes_compose_with_any_pipeline_schedule(name, pp, m_mult, zero, overl
             for p in schedule.programs])
     parallel = ParallelConfig(pp=pp, vpp=vpp, dp=2, num_microbatches=m, zero_stage=zero,
                               schedule=name, overlap_grad_reduce=overlap, bucket_bytes=bucket)
-    result = add_data_parallel(schedule, MODEL, parallel)
+    plan = resolve(MODEL, parallel, schedule=schedule)
+    result = add_data_parallel(schedule, plan)
     validate(result)
-    costs = stage_costs(MODEL, parallel, pp * vpp)
+    costs = plan.stage_costs
+    assert len(costs) == pp * vpp
     kind = OpKind.ALL_REDUCE if zero == 0 else OpKind.REDUCE_SCATTER
     for s in range(pp * vpp):
         reduced = sum(op.nbytes for op in result.ops() if op.kind is kind and op.stage == s)
@@ -203,7 +208,7 @@ def test_zero3_volume_grows_with_microbatches_and_hsdp_follows_its_groups():
     shard across nodes, 2 (r-1)/r Psi/k."""
     parallel = ParallelConfig(dp=4, num_microbatches=3, zero_stage=3)
     timeline = simulate(MODEL, parallel, load_topology("dgx-h100"))
-    psi = stage_costs(MODEL, parallel, 1)[0].grad_bytes
+    psi = resolve(MODEL, parallel).stage_costs[0].grad_bytes
     assert _volume(timeline) == pytest.approx(3 * 3 * psi * 3 / 4, rel=1e-9)
     parallel = ParallelConfig(dp=16, num_microbatches=1, fsdp="hybrid")
     timeline = simulate(MODEL, parallel, load_topology("dgx-h100-x16-ndr"))

@@ -1,14 +1,15 @@
-"""DP sub-group mapping (sim.dp_groups), optimizer-step costs (sim.optimizer_cost), offload."""
+"""DP sub-group mapping (schedules.sharding, ClusterFacts, Plan.group), optimizer-step costs
+(sim.optimizer_cost), offload."""
 import pytest
 
-from clustersim.schedules.costs import stage_costs
 from clustersim.schedules.data_parallel import ADAM_BYTES_PER_PARAM
 from clustersim.schedules.errors import ConfigError
 from clustersim.schedules.model_presets import get_model
 from clustersim.schedules.ops import Op, OpKind
 from clustersim.schedules.parallel import ParallelConfig
-from clustersim.schedules.sharding import group_ranks
-from clustersim.sim.dp_groups import shard_size
+from clustersim.schedules.plan import resolve
+from clustersim.schedules.sharding import group_ranks, shard_group_size
+from clustersim.sim.cluster import cluster_facts
 from clustersim.sim.optimizer_cost import CPU_ADAM_SECONDS_PER_PARAM, optimizer_step_time
 from clustersim.sim.simulate import simulate
 from clustersim.topologies import get_device, load_topology
@@ -19,11 +20,18 @@ MODEL = get_model("llama3-8b", num_layers=4)
 def test_shard_and_replicate_groups_tile_the_dp_group():
     parallel = ParallelConfig(dp=16, fsdp="hybrid", tp=2)
     topology = load_topology("dgx-h100-x16-ndr")
-    shard = shard_size(parallel, topology)
+    facts = cluster_facts(topology)
+    shard = shard_group_size(parallel, facts)
     assert shard == 4  # 8 GPUs per node / tp 2
+    assert facts.dp_ranks_per_node(parallel) == 4
     dp = parallel.group("dp", 0)
     assert group_ranks(parallel, "dp_shard", dp[5], shard) == dp[4:8]
     assert group_ranks(parallel, "dp_replicate", dp[5], shard) == dp[1::4]
+    plan = resolve(MODEL, parallel, facts)
+    assert plan.dp_shard_size == shard
+    assert plan.group("dp_shard", dp[5]) == dp[4:8]
+    assert plan.group("dp_replicate", dp[5]) == dp[1::4]
+    assert plan.group_size("dp_shard") == 4 and plan.group_size("dp_replicate") == 4
     with pytest.raises(ConfigError, match="dp_shard, or dp_replicate|unknown"):
         group_ranks(parallel, "dp_other", 0, shard)
 
@@ -44,7 +52,7 @@ def test_offload_copies_over_pcie_and_steps_on_the_host():
     up = [s for s in mine if s.op.kind is OpKind.COPY_H2D]
     [step] = [s for s in mine if s.op.kind is OpKind.OPT_STEP]
     assert step.lane == "host" and all(s.lane == "pcie" for s in down + up)
-    params = stage_costs(MODEL, parallel, 1)[0].grad_bytes // 2
+    params = resolve(MODEL, parallel).stage_costs[0].grad_bytes // 2
     assert sum(s.op.nbytes for s in down) == pytest.approx(2 * params / 8, abs=64)
     assert step.duration == pytest.approx(-(-params // 8) * CPU_ADAM_SECONDS_PER_PARAM)
     assert max(s.end for s in down) <= step.start and step.end <= min(s.start for s in up)

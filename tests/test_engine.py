@@ -11,7 +11,7 @@ from clustersim.schedules.registry import build_schedule
 from clustersim.schedules.ops import Op, OpKind
 from clustersim.schedules.p2p import add_p2p
 from clustersim.schedules.names import COMPUTE_LANE
-from clustersim.sim.cost import UniformCost
+from clustersim.sim.cost_model import UniformCostModel
 from clustersim.sim.engine import Replay
 from clustersim.sim.flows import FlowNetwork
 from clustersim.sim.network import InstantNetwork
@@ -23,7 +23,7 @@ def replay(schedule, forward=1.0, backward=2.0, network=None):
     lowered = add_p2p(schedule)
     net = network(env) if network else InstantNetwork(env)
     devices = [f"gpu{r}" for r in range(schedule.num_ranks)]
-    return Replay(env, lowered, devices, UniformCost(forward, backward), net).run()
+    return Replay(env, lowered, devices, UniformCostModel(forward, backward).seconds, net).run()
 
 
 def test_issue_numbers_gpipe_1f1b_interleaved():
@@ -84,7 +84,7 @@ def test_transfers_cost_latency_plus_bytes_over_bandwidth():
     schedule = build_schedule("gpipe", p, 1)
     lowered = add_p2p(schedule, lambda s: nbytes)
     env = simpy.Environment()
-    t = Replay(env, lowered, [f"gpu{r}" for r in range(p)], UniformCost(1.0, 2.0),
+    t = Replay(env, lowered, [f"gpu{r}" for r in range(p)], UniformCostModel(1.0, 2.0).seconds,
                FlowNetwork(env, graph)).run()
     hop = 2 * lat + nbytes / bw
     assert t.iteration_time == pytest.approx(p * 3.0 + 2 * (p - 1) * hop)

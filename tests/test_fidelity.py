@@ -15,7 +15,7 @@ import fidelity as fb  # noqa: E402  (benchmarks/ is scripts, not a package)
 import fidelity_data as fd  # noqa: E402
 from fidelity_report import render  # noqa: E402
 
-from clustersim.sim.simulate import CostOptions  # noqa: E402
+from clustersim.sim.cost_model import RooflineCostModel  # noqa: E402
 from clustersim.topologies import load_topology, single_node  # noqa: E402
 
 # A 2-stage, 2-GPU cut of SC21's 1.7B run: same shape, tiny batch.
@@ -25,7 +25,7 @@ TINY = replace(fd.SC21_TABLE_1[0], label="tiny", tp=1, pp=2, dp=1, gpus=2,
 
 
 def test_tiny_row_throughput_is_sc21_eq3_over_the_simulated_time():
-    row = fb.simulate_row(TINY, single_node("a100", num_gpus=2), CostOptions())
+    row = fb.simulate_row(TINY, single_node("a100", num_gpus=2), RooflineCostModel())
     b, s, l, h, v = 2, 2048, 24, 2304, 51200
     eq3 = 96 * b * s * l * h ** 2 * (1 + s / (6 * h) + v / (16 * l * h))
     assert row["formula"] == "SC21 eq. 3"
@@ -56,7 +56,7 @@ def test_each_published_row_maps_to_its_layout(run):
     assert p.schedule == ("interleaved-1f1b" if run.virtual_stages > 1 else "1f1b")
     torch_ddp = run.source.startswith("SC21") and run.pp == 1  # run_table_1.sh's DDP=torch
     assert p.overlap_grad_reduce is torch_ddp
-    assert f"--tp {run.tp} --pp {run.pp} --dp {run.dp}" in fb.cli_command(run, CostOptions())
+    assert f"--tp {run.tp} --pp {run.pp} --dp {run.dp}" in fb.cli_command(run, RooflineCostModel())
 
 
 def _row(error, status="ok"):
@@ -75,7 +75,7 @@ def test_summary_counts_errors_and_the_targets():
 
 def test_a_row_over_its_time_limit_is_reported_skipped(monkeypatch):
     monkeypatch.setattr(fb, "simulate_row", lambda *a: time.sleep(30))
-    row = fb.run_with_limit(TINY, None, CostOptions(), limit_s=0.3)
+    row = fb.run_with_limit(TINY, None, RooflineCostModel(), limit_s=0.3)
     assert row["status"] == "skipped" and "0 s row limit" in row["reason"]
     assert 0.3 <= row["wall_s"] < 10
 
@@ -84,7 +84,7 @@ def test_a_failing_row_is_reported_with_its_error(monkeypatch):
     def fail(*a):
         raise ValueError("no such layout")
     monkeypatch.setattr(fb, "simulate_row", fail)
-    row = fb.run_with_limit(TINY, None, CostOptions(), limit_s=10)
+    row = fb.run_with_limit(TINY, None, RooflineCostModel(), limit_s=10)
     assert row["status"] == "error" and "ValueError: no such layout" in row["reason"]
 
 
@@ -109,7 +109,7 @@ def test_attainment_solves_the_k22_layer_time(monkeypatch, comm_s):
 def test_table_4_rows_carry_published_and_predicted_ms(monkeypatch):
     monkeypatch.setattr(fb, "one_layer", lambda topo, costs, intra=None, sequence_parallel=False,
                         recompute="none": (7e-3, 12e-3 if recompute == "none" else 20e-3))
-    rows = fb.k22_table_4(None, CostOptions())
+    rows = fb.k22_table_4(None, RooflineCostModel())
     assert [r["experiment"] for r in rows] == [e[0] for e in fd.K22_TABLE_4_LAYER_MS]
     assert rows[0]["published_ms"] == [7.7, 11.9, 19.6]
     assert rows[0]["predicted_ms"] == pytest.approx([7.0, 12.0, 19.0])
@@ -162,16 +162,17 @@ def test_megatron_intra_layer_options_and_the_cli_command_parse():
     import shlex
 
     from clustersim.sim.cli import build_parser
-    intra = fb.intra_layer_kwargs()
-    options = intra.get("intra")
-    if options is not None:  # a simulator with intra-layer communication
-        assert options.tp_comm_overlap is False
-        assert getattr(options, "scatter_gather", True) is True
+    intra = fb.intra_layer_kwargs()  # ParallelConfig overrides
+    assert intra["tp_comm_overlap"] is False
+    assert intra["scatter_gather"] is True
     for run in (fd.SC21_TABLE_1[6], fd.K22_TABLE_5[3]):  # 145.6B full; 175B SP + selective
-        words = shlex.split(fb.cli_command(run, CostOptions(compute_efficiency=0.5), intra))
+        parallel = replace(fb.parallel_config(run), **intra)
+        assert parallel.tp_comm_overlap is False and parallel.scatter_gather is True
+        words = shlex.split(fb.cli_command(run, RooflineCostModel(compute_efficiency=0.5),
+                                           intra))
         args = build_parser().parse_args(words[1:])
         assert (args.tp, args.pp, args.dp, args.vpp) == (run.tp, run.pp, run.dp,
                                                          run.virtual_stages)
         assert args.global_batch_size == run.global_batch_size
         scatter = "--scatter-gather-tensors-in-pipeline" in words
-        assert scatter == (options is not None and not run.sequence_parallel)
+        assert scatter == (not run.sequence_parallel)

@@ -41,7 +41,7 @@ def pipeline_timeline(name: str = "1f1b", pp: int = 4, microbatches: int = 8) ->
                                   end, end + 0.08 * STEP, {"peer": peer, "GB/s": 104.9}))
                 spans.append(Span(peer, "recv", Op(recv, peer, op.microbatch, "pp", 8_388_608),
                                   end, end + 0.08 * STEP))
-    return Timeline(spans, memory, meta={"schedule": name})
+    return Timeline(spans, memory, meta={"plan": {"schedule": name}})
 
 
 def synthetic_timeline(n: int, ranks: int = 8) -> Timeline:

@@ -6,13 +6,14 @@ import pytest
 
 from clustersim.schedules.annotate import annotate
 from clustersim.schedules.contract import is_intra_layer
-from clustersim.schedules.costs import stage_costs
 from clustersim.schedules.errors import ConfigError
 from clustersim.schedules.registry import build_schedule
-from clustersim.schedules.intra_layer import IntraLayerOptions, add_intra_layer
+from clustersim.schedules.intra_layer import add_intra_layer
 from clustersim.schedules.model_presets import get_model
 from clustersim.schedules.ops import OpKind
+from clustersim.schedules.p2p import add_p2p
 from clustersim.schedules.parallel import ParallelConfig
+from clustersim.schedules.plan import resolve
 from clustersim.schedules.timeline import span_category
 from clustersim.schedules.validate import check_structure, dry_run
 from clustersim.sim.simulate import simulate
@@ -29,10 +30,10 @@ def sent_per_device(op, n: int) -> float:
     return op.nbytes * factor[op.kind]
 
 
-def middle_stage_volume(model, parallel, group, intra=IntraLayerOptions()):
+def middle_stage_volume(model, parallel, group):
     """Per microbatch per layer, bytes rank 1 (a stage of layers only) sends on `group`,
     from the simulated spans; and the kinds it used."""
-    timeline = simulate(model, parallel, fat_tree("dgx-h100", num_nodes=2), intra=intra)
+    timeline = simulate(model, parallel, fat_tree("dgx-h100", num_nodes=2))
     spans = [s for s in timeline.spans if s.rank == 1 and s.lane == group]
     n = getattr(parallel, group)
     layers = model.num_layers // parallel.pp
@@ -73,9 +74,8 @@ def test_cp_ulysses_volume_is_qkv_and_output_all_to_alls():
     """DeepSpeed-Ulysses: per layer, forward and backward each send (cp-1)/cp of Q,K,V
     and of the output: 2 (cp-1)/cp * b s/cp (2h + 2h_kv) dtype / t."""
     cp = 4
-    parallel = ParallelConfig(pp=1, cp=cp, num_microbatches=2)
-    timeline = simulate(GPT, parallel, fat_tree("dgx-h100", num_nodes=1),
-                        intra=IntraLayerOptions(cp_comm="ulysses"))
+    parallel = ParallelConfig(pp=1, cp=cp, num_microbatches=2, cp_comm="ulysses")
+    timeline = simulate(GPT, parallel, fat_tree("dgx-h100", num_nodes=1))
     spans = [s for s in timeline.spans if s.lane == "cp"]
     assert {s.op.kind for s in spans} == {OpKind.ALL_TO_ALL}
     tokens = GPT.seq_length / cp
@@ -86,10 +86,10 @@ def test_cp_ulysses_volume_is_qkv_and_output_all_to_alls():
 
 def test_ulysses_needs_heads_divisible_by_cp():
     model = get_model("gpt3-1.3b", num_attention_heads=8, hidden_size=2048)
-    parallel = ParallelConfig(tp=2, cp=8, num_microbatches=1)
+    parallel = ParallelConfig(tp=2, cp=8, num_microbatches=1, cp_comm="ulysses")
+    plan = resolve(model, parallel)
     with pytest.raises(ConfigError, match="heads"):
-        add_intra_layer(build_schedule("1f1b", 1, 1), model, parallel,
-                        IntraLayerOptions(cp_comm="ulysses"))
+        add_intra_layer(build_schedule("1f1b", 1, 1), plan)
 
 
 def test_ep_all_to_all_bytes_are_tokens_hidden_topk_e_minus_1_over_e():
@@ -107,8 +107,8 @@ def test_ep_all_to_all_bytes_are_tokens_hidden_topk_e_minus_1_over_e():
 
 def test_moe_imbalance_scales_expert_flops_only():
     parallel = ParallelConfig(pp=1, num_microbatches=1)
-    schedule = annotate(build_schedule("1f1b", 1, 1), stage_costs(MIXTRAL, parallel, 1))
-    skewed = add_intra_layer(schedule, MIXTRAL, parallel, IntraLayerOptions(moe_imbalance=1.5))
+    schedule = annotate(build_schedule("1f1b", 1, 1), resolve(MIXTRAL, parallel))
+    skewed = add_intra_layer(schedule, resolve(MIXTRAL, replace(parallel, moe_imbalance=1.5)))
     f0, f1 = (next(op for op in p if op.kind is OpKind.F)
               for p in (schedule.programs[0], skewed.programs[0]))
     expert = 2 * MIXTRAL.seq_length * MIXTRAL.hidden_size * 2 * 14336 * 3
@@ -117,10 +117,10 @@ def test_moe_imbalance_scales_expert_flops_only():
 
 def test_ops_are_positional_and_the_schedule_stays_valid():
     parallel = ParallelConfig(pp=2, tp=2, cp=2, num_microbatches=4, schedule="1f1b")
-    costs = stage_costs(GPT, parallel, 2)
-    lowered = add_intra_layer(annotate(build_schedule("1f1b", 2, 4), costs), GPT, parallel)
+    plan = resolve(GPT, parallel)
+    lowered = add_intra_layer(annotate(add_p2p(build_schedule("1f1b", 2, 4)), plan), plan)
     check_structure(lowered)
-    assert dry_run(lowered, IntraLayerOptions().overlapped_groups()).makespan > 0
+    assert dry_run(lowered, parallel.overlapped_groups).makespan > 0
     ops = [op for op in lowered.ops() if is_intra_layer(op)]
     assert {op.group for op in ops} == {"tp", "cp"}
     assert not [op for op in ops if op.kind is OpKind.W]
@@ -140,7 +140,7 @@ def test_scatter_gather_sends_a_tp_slice_and_all_gathers_it_after_the_recv():
     graph = fat_tree("dgx-h100", num_nodes=2)
     parallel = ParallelConfig(pp=2, tp=8, num_microbatches=4)
     plain = simulate(GPT, parallel, graph)
-    split = simulate(GPT, parallel, graph, intra=IntraLayerOptions(scatter_gather=True))
+    split = simulate(GPT, replace(parallel, scatter_gather=True), graph)
     boundary = GPT.seq_length * GPT.hidden_size * GPT.dtype_bytes
     sends = [s for s in split.spans if s.op.kind in (OpKind.SEND_F, OpKind.SEND_B)]
     assert {s.op.nbytes for s in sends} == {boundary // 8}
@@ -156,11 +156,11 @@ def test_scatter_gather_sends_a_tp_slice_and_all_gathers_it_after_the_recv():
     assert exposed[1] < exposed[0] / 4
 
 
-def lowered_ops(model, parallel, options=None):
+def lowered_ops(model, parallel):
     """The 1F1B programs of `parallel`, costed, with the intra-layer ops."""
-    costs = stage_costs(model, parallel, parallel.pp)
+    plan = resolve(model, parallel)
     schedule = build_schedule("1f1b", parallel.pp, parallel.num_microbatches)
-    return add_intra_layer(annotate(schedule, costs), model, parallel, options).programs
+    return add_intra_layer(annotate(add_p2p(schedule), plan), plan).programs
 
 
 # --- the options as ParallelConfig fields ------------------------------------------------
@@ -173,22 +173,22 @@ def lowered_ops(model, parallel, options=None):
 def test_a_config_field_changes_the_ops_as_the_option_does(model, base, field):
     plain = ParallelConfig(num_microbatches=4, **base)
     configured = lowered_ops(model, ParallelConfig(num_microbatches=4, **base, **field))
-    assert configured == lowered_ops(model, plain, IntraLayerOptions(**field))
+    # the intra-layer options are ParallelConfig fields now (IntraLayerOptions is gone):
+    # given to the constructor or replaced in later, they lower to the same ops
+    assert configured == lowered_ops(model, replace(plain, **field))
     assert configured != lowered_ops(model, plain)
-    assert IntraLayerOptions.from_parallel(replace(plain, **field)) == IntraLayerOptions(**field)
 
 
-def test_simulate_reads_the_fields_and_an_explicit_intra_wins():
+def test_simulate_reads_the_fields():
+    """The intra-layer options are the config's fields (simulate's `intra=` keyword is
+    gone): scatter_gather set in the config scatters the transfers and is recorded."""
     graph = fat_tree("dgx-h100", num_nodes=2)
     base = dict(pp=2, tp=8, num_microbatches=4)
     field = simulate(GPT, ParallelConfig(scatter_gather=True, **base), graph)
-    option = simulate(GPT, ParallelConfig(**base), graph,
-                      intra=IntraLayerOptions(scatter_gather=True))
-    assert field.iteration_time == option.iteration_time and field.meta["scatter_gather"]
-    pinned = simulate(GPT, ParallelConfig(scatter_gather=True, **base), graph,
-                      intra=IntraLayerOptions())
-    assert pinned.iteration_time == simulate(GPT, ParallelConfig(**base), graph).iteration_time
-    assert pinned.iteration_time > field.iteration_time
+    plain = simulate(GPT, ParallelConfig(**base), graph)
+    assert field.meta["plan"]["parallel"]["scatter_gather"]
+    assert not plain.meta["plan"]["parallel"]["scatter_gather"]
+    assert plain.iteration_time > field.iteration_time
 
 
 # --- expert tensor parallelism ('etp') -----------------------------------------------------

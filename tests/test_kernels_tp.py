@@ -9,16 +9,14 @@ torch = pytest.importorskip("torch", reason="the kernels backend needs torch "
 
 from clustersim.kernels import (KernelsError, run_reference, run_reference_steps,  # noqa: E402
                      run_schedule)
-from clustersim.schedules.annotate import annotate  # noqa: E402
-from clustersim.schedules.costs import stage_costs  # noqa: E402
 from clustersim.schedules.data_parallel import add_data_parallel  # noqa: E402
 from clustersim.schedules.errors import ConfigError  # noqa: E402
-from clustersim.schedules.registry import build_schedule  # noqa: E402
-from clustersim.schedules.intra_layer import add_intra_layer  # noqa: E402
-from clustersim.schedules.layer_groups import group_costs  # noqa: E402
+from clustersim.schedules.lowering import lower  # noqa: E402
 from clustersim.schedules.model import ModelSpec  # noqa: E402
 from clustersim.schedules.ops import Op, OpKind  # noqa: E402
 from clustersim.schedules.parallel import ParallelConfig  # noqa: E402
+from clustersim.schedules.plan import resolve  # noqa: E402
+from clustersim.schedules.registry import build_schedule  # noqa: E402
 from clustersim.schedules.schedule import Schedule  # noqa: E402
 
 GPT = ModelSpec(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=16,
@@ -36,15 +34,19 @@ def parallel(**kw):
 
 
 def with_tp_ops(schedule, model, par):
-    """The schedule lowered and costed, with the IR's TP collective ops (as simulated)."""
-    n, g = schedule.num_stages, schedule.layer_groups
-    chunks = group_costs(model, par, n, g) if g > 1 else None
-    return add_intra_layer(annotate(schedule, stage_costs(model, par, n), chunks), model, par)
+    """The schedule lowered and costed, with the IR's TP collective ops (as simulated):
+    the program run_schedule runs (its lowering then leaves it as it is)."""
+    return lower(schedule, plan_of(schedule, model, par))
+
+
+def plan_of(schedule, model, par):
+    """The plan run_schedule takes: `par` resolved with `schedule`'s shape."""
+    return resolve(model, par, schedule=schedule)
 
 
 def run(schedule, model, par, **kw):
-    return run_schedule(schedule, model, par, timeout=TIMEOUT, warmup_iterations=0,
-                        return_grads=True, **kw)
+    return run_schedule(schedule, plan_of(schedule, model, par), timeout=TIMEOUT,
+                        warmup_iterations=0, return_grads=True, **kw)
 
 
 def assert_same_grads(got, want):
@@ -72,11 +74,12 @@ def test_tensor_parallel_gradients_equal_reference(model, sp):
 
 
 def test_compute_only_program_runs_tensor_parallel_too():
-    """Without TP ops in the program the collectives still run (inside compute)."""
+    """A compute-only program runs tensor parallel too: run_schedule's lowering adds the
+    IR's TP ops (the 'tp' spans) and the collectives run inside compute."""
     par = parallel(tp=2, sequence_parallel=True, num_microbatches=2)
     timeline, grads = run(build_schedule("1f1b", 1, 2), GPT, par)
     assert_same_grads(grads, run_reference(GPT, par))
-    assert {s.lane for s in timeline.spans} == {"compute"}
+    assert {s.lane for s in timeline.spans} == {"compute", "tp"}
     forward = next(s for s in timeline.spans if s.op.kind is OpKind.F)
     assert forward.info["tp_collectives"]["ALL_GATHER:layer"][0] == 2 * GPT.num_layers
 
@@ -114,16 +117,19 @@ def test_forward_all_reduce_bytes_per_layer_are_two_bsh(recompute):
     t, layers = 2, GPT.num_layers
     par = parallel(tp=t, num_microbatches=2, recompute=recompute)
     schedule = with_tp_ops(build_schedule("gpipe", 1, 2), GPT, par)
-    timeline = run_schedule(schedule, GPT, par, timeout=TIMEOUT, warmup_iterations=0)
+    timeline = run_schedule(schedule, plan_of(schedule, GPT, par), timeout=TIMEOUT,
+                            warmup_iterations=0)
     bsh = B * S * H * FP32
     rerun = 2 if recompute == "full" else 0  # forward all-reduces rerun per layer in B
-    for span in (s for s in timeline.spans if s.lane == "compute"):
+    # the layers' compute (F, B); the lowering's OPT_STEP (compute lane) runs no TP collective
+    layer_spans = [s for s in timeline.spans if s.op.kind in (OpKind.F, OpKind.B)]
+    for span in layer_spans:
         measured = span.info["tp_collectives"]
         count, nbytes, _ = measured["ALL_REDUCE:layer"]
         per = 2 + (rerun if span.op.kind is OpKind.B else 0)
         assert (count, nbytes) == (per * layers, per * layers * bsh), span.op
     per_layer = sum(s.info["tp_collectives"]["ALL_REDUCE:layer"][1]
-                    for s in timeline.spans if s.lane == "compute" and s.rank == 0
+                    for s in layer_spans if s.rank == 0
                     ) / (layers * par.num_microbatches)
     assert per_layer * 2 * (t - 1) / t == (8 + 2 * rerun) * bsh * (t - 1) / t
     # the IR's op sizes equal what ran: the measured bytes land on the TP spans
@@ -137,7 +143,8 @@ def test_sequence_parallel_moves_the_same_bytes_as_gathers_and_scatters(recomput
     """With full recompute the backward reruns the forward's gathers and scatters."""
     par = parallel(tp=2, sequence_parallel=True, num_microbatches=1, recompute=recompute)
     schedule = with_tp_ops(build_schedule("gpipe", 1, 1), GPT, par)
-    timeline = run_schedule(schedule, GPT, par, timeout=TIMEOUT, warmup_iterations=0)
+    timeline = run_schedule(schedule, plan_of(schedule, GPT, par), timeout=TIMEOUT,
+                            warmup_iterations=0)
     bsh, layers = B * S * H * FP32, GPT.num_layers
     forward = next(s for s in timeline.spans if s.op.kind is OpKind.F and s.rank == 0)
     backward = next(s for s in timeline.spans if s.op.kind is OpKind.B and s.rank == 0)
@@ -156,7 +163,8 @@ def test_sequence_parallel_moves_the_same_bytes_as_gathers_and_scatters(recomput
 def test_tp_spans_follow_their_compute_op_on_the_tp_lane():
     par = parallel(tp=2, num_microbatches=2)
     schedule = with_tp_ops(build_schedule("1f1b", 1, 2), GPT, par)
-    timeline = run_schedule(schedule, GPT, par, timeout=TIMEOUT, warmup_iterations=0)
+    timeline = run_schedule(schedule, plan_of(schedule, GPT, par), timeout=TIMEOUT,
+                            warmup_iterations=0)
     for rank in (0, 1):
         mine = sorted((s for s in timeline.spans if s.rank == rank),
                       key=lambda s: (s.start, s.lane != "compute"))
@@ -168,16 +176,16 @@ def test_tp_spans_follow_their_compute_op_on_the_tp_lane():
 
 # --- refusals -------------------------------------------------------------------------
 def test_tensor_parallel_refusals_name_the_field():
+    one = build_schedule("1f1b", 1, 1)
     with pytest.raises(ConfigError, match="vocab_size=127"):
         model = ModelSpec(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=16,
                           vocab_size=127, micro_batch_size=2, dtype="fp32")
-        run_schedule(build_schedule("1f1b", 1, 1), model, parallel(tp=2, num_microbatches=1))
+        run_schedule(one, plan_of(one, model, parallel(tp=2, num_microbatches=1)))
     with pytest.raises(KernelsError, match="replay"):
-        run_schedule(build_schedule("1f1b", 1, 1), GPT, parallel(tp=2, num_microbatches=1),
-                     replay=True)
+        run_schedule(one, plan_of(one, GPT, parallel(tp=2, num_microbatches=1)), replay=True)
     with pytest.raises(KernelsError, match="expert_tensor_parallel=1 differs from tp=2"):
-        run_schedule(build_schedule("1f1b", 1, 1), GPT,
-                     parallel(tp=2, expert_tensor_parallel=1, num_microbatches=1))
+        run_schedule(one, plan_of(one, GPT, parallel(tp=2, expert_tensor_parallel=1,
+                                                     num_microbatches=1)))
 
 
 @pytest.mark.parametrize("zero_stage", [0, 1], ids=["ddp", "zero1"])
@@ -185,7 +193,8 @@ def test_tensor_and_data_parallel_adam_step_equals_reference(zero_stage):
     """tp=2 x dp=2 (4 ranks): DP gradient collectives and Adam over each TP shard, SP on."""
     par = parallel(tp=2, dp=2, sequence_parallel=True, num_microbatches=2,
                    zero_stage=zero_stage, bucket_bytes=100_000)
-    schedule = add_data_parallel(build_schedule("1f1b", 1, 2), LLAMA, par, par.shard_size)
+    base = build_schedule("1f1b", 1, 2)
+    schedule = add_data_parallel(base, plan_of(base, LLAMA, par))
     timeline, grads, params = run(with_tp_ops(schedule, LLAMA, par), LLAMA, par,
                                   return_params=True)
     want_grads, want_params = run_reference_steps(LLAMA, par, 1)

@@ -23,6 +23,7 @@ from clustersim.schedules.registry import build_schedule  # noqa: E402
 from clustersim.schedules.model import ModelSpec  # noqa: E402
 from clustersim.schedules.ops import OpKind  # noqa: E402
 from clustersim.schedules.parallel import ParallelConfig  # noqa: E402
+from clustersim.schedules.plan import resolve  # noqa: E402
 
 LLAMA = ModelSpec(num_layers=4, hidden_size=64, num_attention_heads=4, num_query_groups=2,
                   seq_length=32, vocab_size=128, micro_batch_size=2, dtype="fp32", swiglu=True,
@@ -38,13 +39,14 @@ TIMEOUT = 90
 def setup(model=LLAMA, pp=1, dp=2, **kw):
     par = ParallelConfig(pp=pp, dp=dp, micro_batch_size=2, num_microbatches=2,
                          bucket_bytes=BUCKET, **kw)
-    schedule = add_data_parallel(build_schedule("1f1b", pp, 2), model, par, par.shard_size)
+    base = build_schedule("1f1b", pp, 2)
+    schedule = add_data_parallel(base, resolve(model, par, schedule=base))
     return schedule, par
 
 
 def run(schedule, par, model=LLAMA, warmup=0, **kw):
-    return run_schedule(schedule, model, par, timeout=TIMEOUT, warmup_iterations=warmup,
-                        return_grads=True, return_params=True, **kw)
+    return run_schedule(schedule, resolve(model, par, schedule=schedule), timeout=TIMEOUT,
+                        warmup_iterations=warmup, return_grads=True, return_params=True, **kw)
 
 
 def assert_matches_reference(grads, params, par, model=LLAMA, steps=1):
@@ -214,7 +216,8 @@ def test_tied_embedding_copies_step_as_one_weight(monkeypatch, dp, schedule_name
     vpp = 2 if schedule_name == "interleaved-1f1b" else 1
     par = ParallelConfig(pp=2, vpp=vpp, dp=dp, micro_batch_size=2, num_microbatches=2,
                          bucket_bytes=BUCKET, schedule=schedule_name)
-    schedule = add_data_parallel(build_schedule(schedule_name, 2, 2, vpp), GPT, par)
+    base = build_schedule(schedule_name, 2, 2, vpp)
+    schedule = add_data_parallel(base, resolve(GPT, par, schedule=base))
     payloads = capture_payloads(monkeypatch)
     timeline, grads, params = run(schedule, par, model=GPT, warmup=steps - 1)
     assert_matches_reference(grads, params, par, model=GPT, steps=steps)
@@ -242,12 +245,13 @@ def test_tied_embedding_shared_by_two_stages_of_a_rank_reduces_once_per_stage():
     par = ParallelConfig(pp=1, vpp=2, dp=2, micro_batch_size=2, num_microbatches=2,
                          schedule="interleaved-1f1b")
     plain = add_dp_allreduce(build_schedule("interleaved-1f1b", 1, 2, 2))
-    _, grads = run_schedule(plain, GPT, par, timeout=TIMEOUT, warmup_iterations=0,
-                            return_grads=True)
+    _, grads = run_schedule(plain, resolve(GPT, par, schedule=plain), timeout=TIMEOUT,
+                            warmup_iterations=0, return_grads=True)
     want, _ = run_reference_steps(GPT, par, 1)
     for name in want:
         torch.testing.assert_close(grads[name], want[name])
-    stepped = add_data_parallel(build_schedule("interleaved-1f1b", 1, 2, 2), GPT, par)
+    base = build_schedule("interleaved-1f1b", 1, 2, 2)
+    stepped = add_data_parallel(base, resolve(GPT, par, schedule=base))
     with pytest.raises(KernelsError, match="first and last stage on one rank"):
         run(stepped, par, model=GPT)
 
@@ -274,9 +278,11 @@ def test_replay_times_a_zero3_schedule_per_layer_group(device):
     """Loopback: collectives are a group of one (no spans), so the compute of every layer
     group and the optimizer step are timed alone on one device (calibration)."""
     schedule, _ = setup(zero_stage=3)
-    one = ParallelConfig(dp=1, micro_batch_size=2, num_microbatches=2)
-    timeline = run_schedule(schedule, LLAMA, one, device=device, replay=True, timeout=TIMEOUT,
-                            warmup_iterations=0)
+    # one replica; its bucket (BUCKET: about one layer) gives the plan the schedule's 4
+    # layer groups of one layer each, which the costs pass needs (Plan.layer_groups)
+    one = ParallelConfig(dp=1, micro_batch_size=2, num_microbatches=2, bucket_bytes=BUCKET)
+    timeline = run_schedule(schedule, resolve(LLAMA, one, schedule=schedule), device=device,
+                            replay=True, timeout=TIMEOUT, warmup_iterations=0)
     computed = [op for op in schedule.programs[0] if op.kind.is_compute]
     assert sorted(str(s.op) for s in timeline.spans) == sorted(str(op) for op in computed)
     assert {s.op.chunk for s in timeline.spans if s.op.kind is OpKind.F} == {0, 1, 2, 3}

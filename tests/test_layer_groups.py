@@ -2,12 +2,12 @@
 import pytest
 
 from clustersim.schedules.annotate import annotate
-from clustersim.schedules.costs import stage_costs
 from clustersim.schedules.errors import ConfigError
 from clustersim.schedules.layer_groups import chunk_layers, group_costs
 from clustersim.schedules.model_presets import get_model
 from clustersim.schedules.ops import Op, OpKind, parse_op
 from clustersim.schedules.parallel import ParallelConfig
+from clustersim.schedules.plan import resolve
 from clustersim.schedules.schedule import Schedule
 from clustersim.schedules.torch_csv import to_torch_csv
 
@@ -23,8 +23,10 @@ def test_chunk_layers():
 @pytest.mark.parametrize("pp", [1, 2])
 def test_groups_sum_to_their_stage_and_carry_embedding_and_head(pp):
     parallel = ParallelConfig(pp=pp)
-    stages = stage_costs(MODEL, parallel, pp)
-    groups = group_costs(MODEL, parallel, pp, 2)
+    plan = resolve(MODEL, parallel)
+    stages = plan.stage_costs
+    assert plan.stage_layers == (8 // pp,) * pp
+    groups = group_costs(MODEL, parallel, plan.stage_layers, 2)
     for s, row in enumerate(groups):
         for field in ("forward_flops", "backward_flops", "grad_bytes", "param_count"):
             assert sum(getattr(c, field) for c in row) == pytest.approx(getattr(stages[s], field))
@@ -34,15 +36,21 @@ def test_groups_sum_to_their_stage_and_carry_embedding_and_head(pp):
 
 
 def test_annotate_costs_chunks_as_their_group():
-    parallel = ParallelConfig(pp=1)
+    # the plan's layer groups are those of its data-parallel pass: buckets of 4 layers'
+    # gradients make 2 groups of the 8 layers
+    bucket = 4 * MODEL.layer_param_count(1, 1) * MODEL.dtype_bytes
+    parallel = ParallelConfig(pp=1, bucket_bytes=bucket)
     program = [parse_op(t) for t in "0F0.0 0F0.1 0B0.1 0B0.0".split()]
     schedule = Schedule("x", 1, [program], 1, layer_groups=2)
-    groups = group_costs(MODEL, parallel, 1, 2)
-    costed = annotate(schedule, stage_costs(MODEL, parallel, 1), groups).programs[0]
+    groups = group_costs(MODEL, parallel, [8], 2)
+    plan = resolve(MODEL, parallel)
+    assert plan.layer_groups == 2
+    costed = annotate(schedule, plan).programs[0]
     assert [op.flops for op in costed] == [groups[0][0].forward_flops, groups[0][1].forward_flops,
                                            groups[0][1].backward_flops, groups[0][0].backward_flops]
-    with pytest.raises(ConfigError, match="chunk_costs"):
-        annotate(schedule, stage_costs(MODEL, parallel, 1))
+    # a plan without costs for 2 groups per stage (one layer per group: G = 8) refuses
+    with pytest.raises(ConfigError, match="layer groups"):
+        annotate(schedule, resolve(MODEL, ParallelConfig(pp=1)))
     with pytest.raises(ConfigError, match="layer group"):
         to_torch_csv(schedule)
 

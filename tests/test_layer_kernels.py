@@ -6,11 +6,12 @@ from dataclasses import replace
 import pytest
 
 from clustersim.schedules import layer_kernels as lk
-from clustersim.schedules.costs import stage_costs
+from clustersim.schedules.costs import costs_for_layers
 from clustersim.schedules.model import ModelSpec
 from clustersim.schedules.model_presets import get_model
 from clustersim.schedules.parallel import ParallelConfig
 from clustersim.schedules.ops import Op, OpKind
+from clustersim.schedules.plan import resolve
 from clustersim.sim.cost import RooflineCost, StageKernelCost
 from clustersim.topologies import get_device
 
@@ -44,7 +45,7 @@ def test_kernel_flops_sum_to_the_layer_formula(model, tp, cp, sp):
 @pytest.mark.parametrize("recompute", ["none", "selective", "full"])
 def test_stage_kernels_carry_the_stage_flops(recompute):
     par = ParallelConfig(tp=2, recompute=recompute, micro_batch_size=2)
-    for c in stage_costs(GPT, par, 4):
+    for c in costs_for_layers(GPT, par, [2, 2, 2, 2]):  # 8 layers over 4 stages
         assert _flops(c.forward_kernels) == pytest.approx(c.forward_flops, rel=1e-12)
         assert _flops(c.backward_kernels) == pytest.approx(c.backward_flops, rel=1e-12)
         assert sum(k.nbytes for k in c.forward_kernels) == pytest.approx(c.forward_bytes, abs=1)
@@ -99,10 +100,11 @@ def test_softmax_streams_the_scores_of_its_heads():
 
 def test_op_time_is_the_sum_of_kernel_rooflines_and_at_least_the_op_roofline():
     par = ParallelConfig(num_microbatches=1, micro_batch_size=2)
-    costs = stage_costs(GPT, par, 1)
+    plan = resolve(GPT, par)
+    costs = plan.stage_costs
     roofline = RooflineCost(get_device("a100-80gb-sxm"), compute_efficiency=0.7,
                             memory_efficiency=0.8)
-    cost = StageKernelCost([roofline], costs)
+    cost = StageKernelCost([roofline], plan)
     forward = Op(OpKind.F, 0, 0).with_costs(flops=costs[0].forward_flops,
                                             nbytes=costs[0].forward_bytes)
     expected = sum(max(k.flops / (312e12 * 0.7), k.nbytes / (2.039e12 * 0.8))

@@ -5,19 +5,34 @@ from dataclasses import replace
 
 import pytest
 
-from clustersim.schedules.costs import stage_costs
+from clustersim.schedules.cluster_facts import ClusterFacts
+from clustersim.schedules.costs import costs_for_layers
 from clustersim.schedules.errors import ConfigError
-from clustersim.schedules.memory_model import RankMemory, activation_peaks, model_states, rank_memory
+from clustersim.schedules.memory_model import (RankMemory, activation_peaks, bare_rank_memory,
+                                               model_states, rank_memory)
 from clustersim.schedules.model import ModelSpec
 from clustersim.schedules.parallel import ParallelConfig
+from clustersim.schedules.plan import resolve
 from clustersim.schedules.registry import build_schedule
+from clustersim.schedules.sharding import shard_group_size
 
 GPT = ModelSpec(num_layers=8, hidden_size=256, num_attention_heads=8, seq_length=128,
                 vocab_size=1000, micro_batch_size=2)
 
 
 def states(params, **kw):
-    return rank_memory(params, ParallelConfig(**kw))[0]
+    parallel = ParallelConfig(**kw)  # shard group as given (no cluster to take it from)
+    return bare_rank_memory(params, parallel, shard_group_size(parallel))[0]
+
+
+def memory(model, parallel, **kw):
+    return rank_memory(resolve(model, parallel), **kw)
+
+
+def nodes(gpus, per_node):
+    """Cluster facts of `gpus` GPUs, `per_node` on each host."""
+    return ClusterFacts("test", tuple(f"gpu{g}" for g in range(gpus)),
+                        tuple(g // per_node for g in range(gpus)), "h100", 80e9)
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
@@ -48,8 +63,15 @@ def test_hybrid_shards_over_the_shard_group_and_hpz_adds_a_secondary_shard():
     hpz = states(1e9, dp=16, zero_stage=3, hpz=True, hpz_partition_size=8)
     assert hpz.hpz_secondary == pytest.approx(2e9 / 8)
     assert hpz.model_states_bytes == pytest.approx(16e9 / 16 + 2e9 / 8)
-    node = rank_memory(1e9, ParallelConfig(dp=16, fsdp="hybrid"), gpus_per_node=4)[0]
+    # no shard_size: the shard group is the dp ranks on one node (4 GPUs per node, tp=1)
+    parallel = ParallelConfig(dp=16, fsdp="hybrid")
+    node = bare_rank_memory(1e9, parallel, shard_group_size(parallel, nodes(16, 4)))[0]
     assert node.model_states_bytes == pytest.approx(16e9 / 4)
+    # intended change (issue 13): with tp=2 a 4-GPU node holds 4 / 2 = 2 dp ranks, and the
+    # default group is those 2 dp ranks (it used to be the 4 GPUs per node)
+    parallel = ParallelConfig(dp=16, tp=2, fsdp="hybrid")
+    node = bare_rank_memory(1e9, parallel, shard_group_size(parallel, nodes(32, 4)))[0]
+    assert node.model_states_bytes == pytest.approx(16 * 1e9 / 2 / 2)
     with pytest.raises(ConfigError, match="fsdp='hybrid' needs shard_size, or a topology"):
         states(1e9, dp=16, fsdp="hybrid")
     with pytest.raises(ConfigError, match="hpz needs hpz_partition_size"):
@@ -57,17 +79,17 @@ def test_hybrid_shards_over_the_shard_group_and_hpz_adds_a_secondary_shard():
 
 
 def test_bare_count_splits_over_pipeline_and_tensor_ranks():
-    ranks = rank_memory(8e9, ParallelConfig(pp=2, tp=2, dp=4, zero_stage=1))
+    ranks = bare_rank_memory(8e9, ParallelConfig(pp=2, tp=2, dp=4, zero_stage=1))
     assert len(ranks) == 2 and ranks[1].params == 2e9
     assert ranks[0].model_states_bytes == pytest.approx(4 * 2e9 + 12 * 2e9 / 4)
     with pytest.raises(ConfigError, match="params must be a parameter count > 0"):
-        rank_memory(0, ParallelConfig())
+        bare_rank_memory(0, ParallelConfig())
 
 
 def test_model_params_per_rank_are_the_stages_params_over_tp():
     p = ParallelConfig(pp=2, tp=2, micro_batch_size=2)
-    costs = stage_costs(GPT, p, 2)
-    ranks = rank_memory(GPT, p)
+    costs = costs_for_layers(GPT, p, [4, 4])
+    ranks = memory(GPT, p)
     for r in (0, 1):
         assert ranks[r].params == costs[r].param_count + costs[r].tied_param_count
         assert ranks[r].parameters == 2 * ranks[r].params
@@ -81,8 +103,8 @@ def test_expert_weights_per_rank_follow_etp():
     h, f = 256, 1024
 
     def rank0(etp):
-        return rank_memory(moe, ParallelConfig(pp=2, tp=2, dp=4, ep=2, sequence_parallel=True,
-                                               expert_tensor_parallel=etp, micro_batch_size=2))[0]
+        return memory(moe, ParallelConfig(pp=2, tp=2, dp=4, ep=2, sequence_parallel=True,
+                                          expert_tensor_parallel=etp, micro_batch_size=2))[0]
 
     extra = 4 * 4 / 2 * (2 * h * f + f) * (1 - 1 / 2)
     assert rank0(1).params - rank0(2).params == extra
@@ -96,8 +118,8 @@ def test_activations_are_korthikanti_bytes_per_layer_times_in_flight(recompute, 
                        micro_batch_size=2, num_microbatches=4)
     layer = GPT.layer_activation_bytes(tp, sp, recompute)  # K22 Table 2 (tests/test_model.py)
     middle = [0, 3]  # hold 3 microbatches of stage 1 only
-    got = rank_memory(GPT, p, in_flight=middle)[1]
-    extra = stage_costs(GPT, p, 2)[1].activation_bytes - 4 * layer  # output layer, logits
+    got = memory(GPT, p, in_flight=middle)[1]
+    extra = costs_for_layers(GPT, p, [4, 4])[1].activation_bytes - 4 * layer  # output layer, logits
     assert got.activations == pytest.approx(3 * (4 * layer + extra), abs=3)
     assert got.in_flight == 3
 
@@ -105,8 +127,8 @@ def test_activations_are_korthikanti_bytes_per_layer_times_in_flight(recompute, 
 def test_1f1b_holds_about_p_over_m_of_gpipe():
     pp, m = 4, 16
     model = replace(GPT, num_layers=8)
-    runs = {s: rank_memory(model, ParallelConfig(pp=pp, num_microbatches=m, schedule=s,
-                                                 micro_batch_size=2)) for s in ("gpipe", "1f1b")}
+    runs = {s: memory(model, ParallelConfig(pp=pp, num_microbatches=m, schedule=s,
+                                            micro_batch_size=2)) for s in ("gpipe", "1f1b")}
     assert [r.in_flight for r in runs["gpipe"]] == [m] * pp
     assert [r.in_flight for r in runs["1f1b"]] == [min(pp - r, m) for r in range(pp)]
     for g, o in zip(runs["gpipe"], runs["1f1b"]):
@@ -132,24 +154,24 @@ def test_interleaved_in_flight_follows_megatron_warmup():
 def test_zero3_buffers_hold_two_gathered_layers_unless_not_resharded():
     p = ParallelConfig(dp=4, zero_stage=3, bucket_bytes=1000, micro_batch_size=2)
     layer_bytes = 2 * GPT.layer_param_count()
-    m = rank_memory(GPT, p)[0]
+    m = memory(GPT, p)[0]
     assert m.communication_buffers == 2 * 1000  # two gradient buckets in flight
     assert m.gathered_parameters == pytest.approx(2 * layer_bytes)
     assert m.total_bytes == pytest.approx(m.model_states_bytes + m.activations + 2000
                                           + 2 * layer_bytes)
-    kept = rank_memory(GPT, replace(p, reshard_after_forward=False))[0]
+    kept = memory(GPT, replace(p, reshard_after_forward=False))[0]
     assert kept.gathered_parameters == pytest.approx(8 * layer_bytes)
-    single = rank_memory(GPT, ParallelConfig(micro_batch_size=2))[0]
+    single = memory(GPT, ParallelConfig(micro_batch_size=2))[0]
     assert single.communication_buffers == single.gathered_parameters == 0  # dp = 1
 
 
 def test_rank_memory_to_dict_and_errors():
-    d = rank_memory(GPT, ParallelConfig(micro_batch_size=2))[0].to_dict()
+    d = memory(GPT, ParallelConfig(micro_batch_size=2))[0].to_dict()
     assert d["model_states_bytes"] == d["parameters"] + d["gradients"] + d["optimizer_states"]
     assert d["total_bytes"] == d["model_states_bytes"] + d["activations"]
     assert set(RankMemory.__dataclass_fields__) <= set(d)
     with pytest.raises(ConfigError, match="in_flight has 1 entries"):
-        rank_memory(GPT, ParallelConfig(pp=2, micro_batch_size=2), in_flight=[1])
-    with pytest.raises(ConfigError, match="has 4 ranks, pp is 2"):
-        rank_memory(GPT, ParallelConfig(pp=2, micro_batch_size=2),
-                    schedule=build_schedule("1f1b", 4, 4))
+        memory(GPT, ParallelConfig(pp=2, micro_batch_size=2), in_flight=[1])
+    with pytest.raises(ConfigError, match="has 4 ranks, pp is 2"):  # the plan checks its shape
+        resolve(GPT, ParallelConfig(pp=2, micro_batch_size=2),
+                schedule=build_schedule("1f1b", 4, 4))

@@ -4,6 +4,7 @@ import pytest
 from clustersim.schedules.errors import ConfigError
 from clustersim.schedules.model import ModelSpec
 from clustersim.schedules.parallel import ALIASES, ParallelConfig
+from clustersim.schedules.plan import resolve
 
 MODEL = ModelSpec(num_layers=8, hidden_size=256, num_attention_heads=8, seq_length=128,
                   vocab_size=1000)
@@ -111,8 +112,9 @@ def test_check_model():
     ParallelConfig(pp=4, tp=8).check_model(MODEL)
     m30 = ModelSpec(num_layers=30, hidden_size=256, num_attention_heads=8, seq_length=128,
                     vocab_size=1000)
+    # the pipeline split is checked where the plan computes it
     with pytest.raises(ConfigError, match=r"num_layers=30 is not divisible by num_stages=8 \(pp\*vpp\)"):
-        ParallelConfig(pp=4, vpp=2, schedule="interleaved-1f1b").check_model(m30)
+        resolve(m30, ParallelConfig(pp=4, vpp=2, schedule="interleaved-1f1b"))
     with pytest.raises(ConfigError, match="num_attention_heads=8 is not divisible by tp=3"):
         ParallelConfig(tp=3).check_model(MODEL)
     with pytest.raises(ConfigError, match="ep=2 needs num_experts"):

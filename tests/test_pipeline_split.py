@@ -8,20 +8,21 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from clustersim.kernels import run_reference, run_schedule  # noqa: E402
-from clustersim.schedules.costs import stage_costs  # noqa: E402
 from clustersim.schedules.errors import ConfigError  # noqa: E402
 from clustersim.schedules.registry import build_schedule  # noqa: E402
 from clustersim.schedules.model import ModelSpec  # noqa: E402
 from clustersim.schedules.model_presets import get_model  # noqa: E402
 from clustersim.schedules.parallel import ParallelConfig  # noqa: E402
 from clustersim.schedules.pipeline_split import stage_layers  # noqa: E402
+from clustersim.schedules.placement import loop  # noqa: E402
+from clustersim.schedules.plan import resolve  # noqa: E402
 from clustersim.sim.simulate import simulate  # noqa: E402
 from clustersim.topologies import load_topology  # noqa: E402
 
 
 def _split(num_layers, **kw):
     par = ParallelConfig.from_kwargs(**kw)
-    return stage_layers(num_layers, par, par.pp * par.vpp)
+    return stage_layers(num_layers, par, loop(par.pp, par.pp * par.vpp))
 
 
 def test_even_by_default_and_megatron_first_last_ranks():
@@ -56,7 +57,7 @@ def test_bad_splits_name_the_field_and_rule(kw, rule):
 def test_stage_costs_follow_the_split():
     model = replace(get_model("gpt3-1.3b"), num_layers=8)
     par = ParallelConfig(pp=4, first_stage_layers=1, last_stage_layers=1)
-    costs = stage_costs(model, par, 4)
+    costs = resolve(model, par).stage_costs
     assert [c.layers for c in costs] == [1, 3, 3, 1]
     assert sum(c.forward_flops for c in costs) == model.forward_flops()
     assert sum(c.param_count for c in costs) == model.param_count()
@@ -79,7 +80,8 @@ def test_kernels_run_an_uneven_split_with_the_reference_gradients():
     model = ModelSpec(num_layers=4, hidden_size=64, num_attention_heads=4, seq_length=32,
                       vocab_size=128, micro_batch_size=2, dtype="fp32")
     par = ParallelConfig(pp=2, micro_batch_size=2, num_microbatches=2, first_stage_layers=1)
-    timeline, grads = run_schedule(build_schedule("1f1b", 2, 2), model, par, timeout=60,
+    schedule = build_schedule("1f1b", 2, 2)
+    timeline, grads = run_schedule(schedule, resolve(model, par, schedule=schedule), timeout=60,
                                    warmup_iterations=0, return_grads=True)
     want = run_reference(model, par)
     assert set(grads) == set(want)

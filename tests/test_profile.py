@@ -13,7 +13,9 @@ from clustersim.schedules.profile import AlphaBeta, Profile, fit_alpha_beta, mod
 from clustersim.schedules.timeline import Span, Timeline
 from clustersim.sim.profile_cost import (AlphaBetaNetwork, ProfileCost, check_profile,
                               profile_collective_time)
-from clustersim.sim.simulate import CostOptions, simulate
+from clustersim.schedules.plan import resolve
+from clustersim.sim.cost_model import ProfileCostModel
+from clustersim.sim.simulate import simulate
 from clustersim.topologies import load_topology
 
 MODEL = ModelSpec(num_layers=4, hidden_size=64, num_attention_heads=4, seq_length=32,
@@ -142,7 +144,7 @@ def test_full_recompute_adds_one_layer_forward_to_each_layer_backward():
     assert redo(Op(OpKind.W, 1, 0)) == plain(Op(OpKind.W, 1, 0))
     assert redo(Op(OpKind.W, 0, 0)) == pytest.approx(plain(Op(OpKind.W, 0, 0)) + 2.0)  # whole B
     full = ParallelConfig(micro_batch_size=2, recompute="full")
-    assert ProfileCost.for_model(make_profile(), MODEL, full, 1).recompute_full
+    assert ProfileCost.for_plan(make_profile(), resolve(MODEL, full)).recompute_full
     with pytest.raises(ConfigError, match="selective"):
         check_profile(make_profile(), MODEL, ParallelConfig(micro_batch_size=2,
                                                             recompute="selective"))
@@ -192,7 +194,7 @@ def test_simulate_with_profile_matches_hand_computed_gpipe():
     Stage 0 F = 2.1, stage 1 F = 2.5; stage 1 B = 5.0, stage 0 B = 4.2."""
     parallel = ParallelConfig(pp=2, num_microbatches=2, micro_batch_size=2, schedule="gpipe")
     timeline = simulate(MODEL, parallel, load_topology("dgx-h100"), None,
-                        CostOptions(profile=make_profile()))
+                        ProfileCostModel(make_profile()))
     p = 1e-3 + 1e-9 * (2 * 32 * 64 * 4)  # one activation of b*s*h fp32
     # Rank 1 posts RECV_F(1,1) only after F(1,0) ends (Megatron's placement), so:
     # F(1,0) ends 4.6+p, F(1,1) 4.6+2p..7.1+2p, B(1,0) ..12.1+2p, B(1,1) ..17.1+2p;
@@ -208,7 +210,7 @@ def test_simulate_prices_opt_step_from_the_profile_per_parameter():
     from clustersim.schedules.dp_sizes import ADAM_BYTES_PER_PARAM
     parallel = ParallelConfig(pp=2, num_microbatches=2, micro_batch_size=2, schedule="gpipe")
     timeline = simulate(MODEL, parallel, load_topology("dgx-h100"), None,
-                        CostOptions(profile=make_profile(optimizer_seconds_per_param=1e-6)))
+                        ProfileCostModel(make_profile(optimizer_seconds_per_param=1e-6)))
     steps = {s.op.stage: s for s in timeline.spans if s.op.kind is OpKind.OPT_STEP}
     assert sorted(steps) == [0, 1]
     for span in steps.values():
@@ -293,7 +295,7 @@ def test_cli_compare_two_timelines(tmp_path):
 
 
 def test_compare_splits_each_op_kind_by_stage():
-    from clustersim.sim.hardware_cli import compare_timelines, format_comparison
+    from clustersim.sim.timeline_compare import compare_timelines, format_comparison
 
     def two_stages(f1):
         return Timeline([Span(0, "compute", Op(OpKind.F, 0, 0), 0.0, 1.0),
@@ -319,12 +321,11 @@ def test_cli_compare_without_files_still_compares_schedules(tmp_path):
 def test_simulate_with_profile_costs_the_dp_allreduce_from_the_fit():
     """pp=1, dp=2, one microbatch: F, B, then the gradient all-reduce of the whole model
     (alpha 2 ms + 4 ns/byte from the profile's all_reduce fit for 2 ranks)."""
-    from clustersim.schedules.costs import stage_costs
     parallel = ParallelConfig(pp=1, dp=2, num_microbatches=1, micro_batch_size=2,
                               schedule="gpipe")
     timeline = simulate(MODEL, parallel, load_topology("dgx-h100"), None,
-                        CostOptions(profile=make_profile()))
-    grad_bytes = stage_costs(MODEL, parallel, 1)[0].grad_bytes
+                        ProfileCostModel(make_profile()))
+    grad_bytes = resolve(MODEL, parallel).stage_costs[0].grad_bytes
     compute = (4 * 1.0 + 0.1 + 0.5) + (4 * 2.0 + 0.2 + 1.0)
     assert timeline.iteration_time == pytest.approx(compute + 2e-3 + 4e-9 * grad_bytes)
     [span] = [s for s in timeline.spans if s.op.kind is OpKind.ALL_REDUCE]
@@ -337,7 +338,8 @@ def test_profile_costs_an_op_of_count_collectives_as_count_latencies():
 
     from clustersim.sim.profile_cost import profile_collective_model
     env = simpy.Environment()
-    run = profile_collective_model(env, make_profile(), ParallelConfig(dp=2, micro_batch_size=2))
+    run = profile_collective_model(env, make_profile(),
+                                   resolve(MODEL, ParallelConfig(dp=2, micro_batch_size=2)))
     op = Op(OpKind.ALL_REDUCE, 0, None, "dp", 4_000_000, count=4)
     env.run(run(op, 0))
     assert env.now == pytest.approx(4 * (2e-3 + 4e-9 * 1_000_000))

@@ -4,11 +4,21 @@ import pytest
 from clustersim.schedules.model_presets import get_model
 from clustersim.schedules.ops import OpKind
 from clustersim.schedules.parallel import ParallelConfig
-from clustersim.sim.simulate import pipeline_devices, simulate, tp_groups_spanning_hosts
+from clustersim.schedules.plan import resolve
+from clustersim.sim.cluster import cluster_facts
+from clustersim.sim.simulate import simulate
 from clustersim.topologies import fat_tree, host_of, path_bandwidth, path_latency, route
 
 MODEL = get_model("gpt3-1.3b")
 BOUNDARY = MODEL.micro_batch_size * MODEL.seq_length * MODEL.hidden_size * 2  # bf16 bytes
+
+
+def pipeline_devices(parallel, topology):
+    return list(resolve(MODEL, parallel, cluster_facts(topology)).devices)
+
+
+def tp_groups_spanning_hosts(parallel, topology):
+    return resolve(MODEL, parallel, cluster_facts(topology)).groups_spanning_hosts("tp")
 
 
 def test_megatron_order_puts_pipeline_stages_dp_ranks_apart():

@@ -164,13 +164,13 @@ def test_time_breakdown_sums_to_the_iteration_time_of_every_rank():
 def test_time_breakdown_bubble_is_the_closed_form_with_free_communication():
     from clustersim.schedules.model_presets import get_model
     from clustersim.schedules.parallel import ParallelConfig
-    from clustersim.sim.cost import UniformCost
-    from clustersim.sim.simulate import CostOptions, simulate
+    from clustersim.sim.cost_model import UniformCostModel
+    from clustersim.sim.simulate import simulate
     from clustersim.topologies import fat_tree
 
     parallel = ParallelConfig(pp=4, tp=2, num_microbatches=8)
     timeline = simulate(get_model("gpt3-1.3b"), parallel, fat_tree("dgx-h100", num_nodes=1),
-                        costs=CostOptions(uniform=UniformCost(1.0, 2.0)))
+                        costs=UniformCostModel(1.0, 2.0))
     assert timeline.iteration_time == pytest.approx(33.0)
     for row in timeline.time_breakdown().values():
         assert row["bubble"] == pytest.approx(9.0) and row["compute"] == pytest.approx(24.0)

@@ -27,7 +27,7 @@ def pipeline_timeline(pp: int = 4, microbatches: int = 6) -> Timeline:
                                   end, end + 5e-5, {"peer": peer}))
                 spans.append(Span(peer, "recv", Op(recv, peer, op.microbatch, "pp", 4096),
                                   end - 1e-4, end + 5e-5))
-    return Timeline(spans, memory, meta={"schedule": "1f1b"})
+    return Timeline(spans, memory, meta={"plan": {"schedule": "1f1b"}})
 
 
 def events(trace, ph):
@@ -109,8 +109,8 @@ def test_replicated_keys_pair_in_rank_order():
 
 def test_trace_is_json_and_written_to_disk(tmp_path):
     t = pipeline_timeline()
-    t.meta["devices"] = [object()]  # odd metadata must not break serialisation
+    t.meta["plan"]["devices"] = [object()]  # odd metadata must not break serialisation
     path = write_trace(t, tmp_path / "out" / "trace.json")
     loaded = json.loads(path.read_text())
     assert len(loaded["traceEvents"]) == len(chrome_trace(t)["traceEvents"])
-    assert loaded["otherData"]["schedule"] == "1f1b"
+    assert loaded["otherData"]["plan"]["schedule"] == "1f1b"

@@ -1,7 +1,6 @@
 """ZeRO-3 / FSDP / HSDP / ZeRO++ pass: op sequences, sizes, the Timeline, errors."""
 import pytest
 
-from clustersim.schedules.costs import stage_costs
 from clustersim.schedules.data_parallel import add_data_parallel
 from clustersim.schedules.errors import ConfigError
 from clustersim.schedules.registry import build_schedule
@@ -9,6 +8,7 @@ from clustersim.schedules.layer_groups import group_costs
 from clustersim.schedules.model_presets import get_model
 from clustersim.schedules.ops import OpKind
 from clustersim.schedules.parallel import ParallelConfig
+from clustersim.schedules.plan import resolve
 from clustersim.schedules.validate import validate
 from clustersim.sim.simulate import simulate
 from clustersim.topologies import load_topology
@@ -17,8 +17,10 @@ MODEL = get_model("llama3-8b", num_layers=4)
 
 
 def _program(m=2, shard=None, **kw):
+    if shard is not None:  # the hybrid shard group, or the hpZ secondary partition
+        kw["hpz_partition_size" if kw.get("hpz") else "shard_size"] = shard
     parallel = ParallelConfig(dp=16, num_microbatches=m, zero_stage=3, **kw)
-    schedule = add_data_parallel(build_schedule("1f1b", 1, m), MODEL, parallel, shard)
+    schedule = add_data_parallel(build_schedule("1f1b", 1, m), resolve(MODEL, parallel))
     validate(schedule)
     return parallel, schedule.programs[0]
 
@@ -34,7 +36,7 @@ def test_gather_before_every_group_prefetched_one_ahead_and_scatter_after_backwa
     assert counts[OpKind.ALL_GATHER] == 2 * groups * m  # before each F and again each B
     assert counts[OpKind.REDUCE_SCATTER] == groups * m
     assert counts[OpKind.OPT_STEP] == 1 and program[-1].kind is OpKind.OPT_STEP
-    costs = group_costs(MODEL, parallel, 1, groups)[0]
+    costs = group_costs(MODEL, parallel, [MODEL.num_layers], groups)[0]
     for op in program:
         if op.kind in (OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER):
             assert op.group == "dp" and op.nbytes == costs[op.chunk].grad_bytes
@@ -91,7 +93,7 @@ def test_zero_plus_plus_bytes():
     node ('dp_shard', bf16); qgZ: int4 gradients (half a byte/param)."""
     parallel, program = _program(m=1, shard=8, quantized_weights=True, hpz=True,
                                  quantized_gradients=True)
-    costs = group_costs(MODEL, parallel, 1, 4)[0]
+    costs = group_costs(MODEL, parallel, [MODEL.num_layers], 4)[0]
     params = {g: c.param_count + c.tied_param_count for g, c in enumerate(costs)}
     forward = True
     for op in program:
@@ -104,6 +106,6 @@ def test_zero_plus_plus_bytes():
         elif op.kind is OpKind.REDUCE_SCATTER:
             assert op.nbytes == -(-params[op.chunk] // 2)
     assert not forward
-    psi = stage_costs(MODEL, parallel, 1)[0].grad_bytes
+    psi = resolve(MODEL, parallel).stage_costs[0].grad_bytes
     dp_bytes = sum(op.nbytes for op in program if op.kind.is_collective and op.group == "dp")
     assert dp_bytes == pytest.approx(psi / 2 + psi / 4, abs=8)  # vs 3 Psi without ZeRO++

@@ -88,7 +88,7 @@ def format_sweep(rows: list[dict], dtype: str) -> str:
 def cmd_collective(args: argparse.Namespace) -> int:
     from clustersim.topologies import gpu_nodes, load_topology
 
-    from .collectives import parse_collective, sweep_collective
+    from ..collectives import parse_collective, sweep_collective
 
     op = parse_collective(args.op)
     dtype = args.dtype.strip().lower()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict
 
 from clustersim.schedules.cluster_facts import ClusterFacts
@@ -21,8 +21,9 @@ from clustersim.schedules.plan import resolve
 from clustersim.schedules.sharding import shard_group_size
 from clustersim.topologies import get_device, load_topology
 
-from .cluster import cluster_facts
-from .commands import DEFAULT_MODEL, MODEL_DIM_FLAGS, model_from_args, parallel_from_args
+from ..cluster import cluster_facts
+from .flags import (DEFAULT_MODEL, MODEL_FLAGS, add_model_flags, add_parallel_flags, given,
+                    model_from_args, parallel_from_args)
 
 GB, GIB = 1e9, 2**30
 _SUFFIXES = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
@@ -41,7 +42,7 @@ def parse_count(text: str) -> float:
     return value
 
 
-def add_parser(sub, add_model_flags: Callable, add_parallel_flags: Callable) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "memory", help="per-rank memory breakdown of a configuration (no simulation)",
         description="Print each pipeline rank's parameters, gradients, optimizer states "
@@ -50,8 +51,7 @@ def add_parser(sub, add_model_flags: Callable, add_parallel_flags: Callable) -> 
                    help="a bare parameter count (7.5e9 or 7.5B): model states only, "
                         "instead of --model")
     add_parallel_flags(p, pp_default=1)
-    add_model_flags(p)
-    p.set_defaults(model=None)
+    add_model_flags(p, default_model=None)
     g = p.add_argument_group("device (for the OOM flag)")
     g.add_argument("--topology", help="preset or topology JSON: its GPU memory and GPUs "
                                       "per node (hybrid and hpZ groups)")
@@ -76,14 +76,12 @@ def breakdown(args: argparse.Namespace) -> tuple[dict, list[RankMemory]]:
     """The configuration (as a JSON-able dict) and the per-rank memory it needs."""
     name, capacity, cluster = _device(args)
     if args.params is not None:
-        dims = [f"--{flag}" for flag in MODEL_DIM_FLAGS
-                if getattr(args, flag.replace("-", "_")) is not None]
+        fields = given(args, MODEL_FLAGS)
+        dims = [flag.names[0] for flag in MODEL_FLAGS if flag.field in fields]
         if args.model or dims:
-            given = (["--model"] if args.model else []) + dims
-            raise ConfigError(f"--params is a bare parameter count: drop {', '.join(given)}")
+            drop = (["--model"] if args.model else []) + dims
+            raise ConfigError(f"--params is a bare parameter count: drop {', '.join(drop)}")
         parallel = parallel_from_args(args, args.schedule)
-        if cluster is not None:
-            cluster.check_fits(parallel.world_size)
         ranks = bare_rank_memory(args.params, parallel, shard_group_size(parallel, cluster))
         model, dtype = f"{args.params:g} parameters", "bf16"
     else:

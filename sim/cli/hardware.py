@@ -1,5 +1,5 @@
 """The hardware commands: `clustersim calibrate`, `clustersim run`, and `clustersim compare
-A.json B.json` (two Timelines, e.g. simulated vs measured).
+A.json B.json` (two Timelines, e.g. simulated vs measured: sim.timeline_compare).
 
 `kernels` (and so torch) is imported lazily inside `calibrate` and `run` only; without
 torch they end in one error line naming the install command. Times in seconds.
@@ -12,15 +12,18 @@ import importlib.util
 import json
 import sys
 import time
-from collections import defaultdict
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from clustersim.schedules.errors import ClustersimError, ConfigError
+from clustersim.schedules.plan import resolve
 from clustersim.schedules.timeline import Timeline
 
-from .units import format_seconds
+from ..report import format_summary
+from ..timeline_compare import compare_timelines, format_comparison
+from ..units import format_seconds
+from .commands import add_output_flags, cmd_compare_schedules, schedule_and_parallel, write_outputs
+from .flags import add_model_flags, add_parallel_flags, model_from_args
 
 INSTALL_HINT = "the kernels backend needs PyTorch: pip install -e '.[kernels]'"
 GLOO_REDUCE_SCATTER = "note: gloo reduce-scatter is an all-reduce underneath"
@@ -71,9 +74,8 @@ class ProgressBar:
 
 
 # --- parsers ----------------------------------------------------------------------------
-def add_parsers(sub: argparse._SubParsersAction, add_model_flags: Callable,
-                add_parallel_flags: Callable) -> None:
-    """`calibrate` and `run` (the `compare` parser gains its positional files in sim.cli)."""
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    """`calibrate` and `run` (`compare` is parsed in sim.cli.commands)."""
     cal = sub.add_parser(
         "calibrate", help="measure this device's layer ops, P2P and collectives into a profile",
         description="Run micro-benchmarks of the model's layer ops (F, B, I, W at its shapes), "
@@ -115,16 +117,12 @@ def add_parsers(sub: argparse._SubParsersAction, add_model_flags: Callable,
     out = run.add_argument_group("outputs")
     out.add_argument("--schedule-csv", metavar="PATH",
                      help="run a custom schedule from a torch.distributed.pipelining CSV")
-    out.add_argument("--timeline-json", default="measured.json", metavar="PATH",
-                     help="the measured Timeline (default measured.json)")
     out.add_argument("-o", "--output", default="gantt.html", help="Gantt HTML (default gantt.html)")
-    out.add_argument("--trace-json", metavar="PATH", help="Chrome/Perfetto trace JSON")
-    out.add_argument("--metrics-json", metavar="PATH", help="metrics JSON")
+    add_output_flags(out, timeline_default="measured.json")
 
 
 # --- calibrate --------------------------------------------------------------------------
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from .commands import model_from_args
     model = model_from_args(args)
     calibrate = _kernels("calibrate")
     collectives = tuple(c.strip().replace("-", "_") for c in args.collectives.split(",")
@@ -159,11 +157,6 @@ def _bandwidth(beta: float) -> str:
 
 # --- run --------------------------------------------------------------------------------
 def cmd_run(args: argparse.Namespace) -> int:
-    from clustersim.schedules.plan import resolve
-
-    from .commands import model_from_args, schedule_and_parallel, write_outputs
-    from .report import format_summary
-
     model = model_from_args(args)
     custom, parallel = schedule_and_parallel(args, model)
     plan = resolve(model, parallel, schedule=custom)
@@ -198,74 +191,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 # --- compare two timelines ----------------------------------------------------------------
-def _error(a: float, b: float) -> float | None:
-    return (a - b) / b * 100 if b else None
-
-
-KIND_ORDER = ("F", "B", "I", "W", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "ALL_REDUCE",
-              "ALL_GATHER", "REDUCE_SCATTER", "ALL_TO_ALL", "BROADCAST", "OPT_STEP")
-
-
-def _mean_durations(t: Timeline, per_stage: bool) -> dict[tuple, list[float]]:
-    groups: dict[tuple, list[float]] = defaultdict(list)
-    for s in t.spans:
-        key = (s.op.kind.value, s.op.stage) if per_stage else (s.op.kind.value,)
-        groups[key].append(s.duration)
-    return groups
-
-
-def _rows(a: Timeline, b: Timeline, per_stage: bool) -> list[dict[str, Any]]:
-    ga, gb = _mean_durations(a, per_stage), _mean_durations(b, per_stage)
-    keys = sorted(set(ga) | set(gb), key=lambda k: (
-        KIND_ORDER.index(k[0]) if k[0] in KIND_ORDER else len(KIND_ORDER), *k[1:]))
-    rows = []
-    for key in keys:
-        mean_a = sum(ga[key]) / len(ga[key]) if ga.get(key) else None
-        mean_b = sum(gb[key]) / len(gb[key]) if gb.get(key) else None
-        row = {"kind": key[0], **({"stage": key[1]} if per_stage else {}),
-               "count_a": len(ga.get(key, ())), "count_b": len(gb.get(key, ())),
-               "mean_a_s": mean_a, "mean_b_s": mean_b,
-               "error_pct": _error(mean_a, mean_b) if None not in (mean_a, mean_b) else None}
-        rows.append(row)
-    return rows
-
-
-def compare_timelines(a: Timeline, b: Timeline) -> dict[str, Any]:
-    """Iteration time, and mean span durations per op kind and per (op kind, stage), of A
-    against B (the reference): error = (A - B) / B in percent."""
-    return {"a": {"source": a.source, "iteration_time_s": a.iteration_time,
-                  "bubble_fraction": a.bubble_fraction},
-            "b": {"source": b.source, "iteration_time_s": b.iteration_time,
-                  "bubble_fraction": b.bubble_fraction},
-            "iteration_time_error_pct": _error(a.iteration_time, b.iteration_time),
-            "op_kinds": _rows(a, b, per_stage=False),
-            "op_kinds_per_stage": _rows(a, b, per_stage=True)}
-
-
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:+.2f}%"
-
-
-def format_comparison(result: dict[str, Any], label_a: str, label_b: str) -> str:
-    a, b = result["a"], result["b"]
-    lines = [f"A: {label_a} ({a['source']})", f"B: {label_b} ({b['source']}) — the reference",
-             f"iteration time  A {format_seconds(a['iteration_time_s'])}  "
-             f"B {format_seconds(b['iteration_time_s'])}  "
-             f"error (A-B)/B {_pct(result['iteration_time_error_pct'])}",
-             f"bubble fraction A {a['bubble_fraction']:.4f}  B {b['bubble_fraction']:.4f}",
-             f"{'op kind':10} {'count A':>7} {'count B':>7} {'mean A':>12} {'mean B':>12} "
-             f"{'error':>9}"]
-    per_stage = result["op_kinds_per_stage"]
-    several = len({r["stage"] for r in per_stage}) > 1
-    for row in result["op_kinds"] + (per_stage if several else []):
-        mean = [format_seconds(v) if v is not None else "-" for v in (row["mean_a_s"],
-                                                                     row["mean_b_s"])]
-        label = row["kind"] + (f" s{row['stage']}" if "stage" in row else "")
-        lines.append(f"{label:10} {row['count_a']:>7} {row['count_b']:>7} "
-                     f"{mean[0]:>12} {mean[1]:>12} {_pct(row['error_pct']):>9}")
-    return "\n".join(lines)
-
-
 def cmd_compare_timelines(args: argparse.Namespace) -> int:
     if len(args.timelines) != 2:
         raise ConfigError(f"compare takes two Timeline JSON files (A B), got "
@@ -284,7 +209,7 @@ def cmd_compare_timelines(args: argparse.Namespace) -> int:
     print(json.dumps(result, indent=2) if args.json
           else format_comparison(result, path_a, path_b))
     if args.output:
-        from .gantt import write_gantt_comparison
+        from ..gantt import write_gantt_comparison
         items = [(f"A: {path_a} ({timelines[0].source})", timelines[0]),
                  (f"B: {path_b} ({timelines[1].source})", timelines[1])]
         print(f"wrote {write_gantt_comparison(items, args.output)}")
@@ -295,8 +220,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     """`compare A.json B.json` compares two Timelines; without files, schedules."""
     if getattr(args, "timelines", None):
         return cmd_compare_timelines(args)
-    from .commands import cmd_compare as compare_schedules
-    return compare_schedules(args)
+    return cmd_compare_schedules(args)
 
 
 COMMANDS = {"calibrate": cmd_calibrate, "run": cmd_run, "compare": cmd_compare}

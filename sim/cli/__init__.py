@@ -1,0 +1,70 @@
+"""The `clustersim` command line: simulate, show, compare, memory, collective; calibrate
+and run on hardware (sim.cli.commands, .hardware, .memory_report, .collective_report; the
+flags and the fields they set: sim.cli.flags).
+
+Every error a user can cause ends in one `clustersim: error: ...` line (a deadlock adds
+its rank x step report) and a non-zero exit, never a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from clustersim import __version__
+from clustersim.schedules.errors import ClustersimError, DeadlockError
+from clustersim.topologies import TopologyError
+
+from . import collective_report, commands, hardware, memory_report
+
+EXIT_USAGE, EXIT_DEADLOCK = 2, 3
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (no usage dump), like every other error."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="clustersim",
+        description="Discrete-event simulator of distributed LLM training.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    parser.add_argument("--version", action="version", version=f"clustersim {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands.add_parsers(sub)
+    hardware.add_parsers(sub)
+    memory_report.add_parser(sub)
+    collective_report.add_parser(sub)
+    return parser
+
+
+COMMANDS = {**commands.COMMANDS, **hardware.COMMANDS, **memory_report.COMMANDS,
+            "collective": collective_report.cmd_collective}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                        format="clustersim: %(levelname)s: %(message)s")
+    try:
+        return COMMANDS[args.command](args)
+    except DeadlockError as err:
+        print(f"clustersim: error: {err.args[0]}", file=sys.stderr)
+        print(err.report, file=sys.stderr)
+        return EXIT_DEADLOCK
+    except (ClustersimError, TopologyError) as err:
+        print(f"clustersim: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except BrokenPipeError:  # output piped into `head` and closed early: not an error
+        sys.stderr.close()
+        return 0
+    except OSError as err:
+        print(f"clustersim: error: {err.filename or ''}: {err.strerror or err}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

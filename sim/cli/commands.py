@@ -1,0 +1,197 @@
+"""`clustersim simulate`, `show`, `compare` (schedules), `models` and `topologies`: their
+parsers and what each does. Flags and the fields they set: sim.cli.flags."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from clustersim.schedules.errors import ConfigError
+from clustersim.schedules.model import ModelSpec
+from clustersim.schedules.model_presets import MODEL_PRESETS
+from clustersim.schedules.p2p import add_p2p
+from clustersim.schedules.parallel import CUSTOM_SCHEDULE, ParallelConfig
+from clustersim.schedules.registry import SCHEDULES, build_schedule, canonical_schedule_name
+from clustersim.schedules.schedule import Schedule
+from clustersim.schedules.timeline import Timeline
+from clustersim.schedules.torch_csv import read_torch_csv, to_torch_csv
+from clustersim.schedules.validate import validate
+from clustersim.topologies import list_presets, load_topology
+
+from ..report import format_summary, format_table
+from ..simulate import simulate
+from .flags import (add_cluster_flags, add_intra_layer_flags, add_model_flags,
+                    add_parallel_flags, cost_model_from_args, model_from_args,
+                    parallel_from_args)
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    sim = sub.add_parser("simulate", help="simulate one iteration to a Gantt HTML",
+                         description="Simulate one training iteration and write a Gantt chart.")
+    add_parallel_flags(sim)
+    add_intra_layer_flags(sim)
+    add_model_flags(sim)
+    add_cluster_flags(sim)
+    out = sim.add_argument_group("outputs")
+    out.add_argument("--schedule-csv", metavar="PATH",
+                     help="run a custom schedule from a torch.distributed.pipelining CSV")
+    out.add_argument("-o", "--output", default="gantt.html", help="Gantt HTML (default gantt.html)")
+    add_output_flags(out, timeline_default=None)
+
+    show = sub.add_parser("show", help="print a schedule's rank x step grid or torch CSV",
+                          description="Print a schedule without simulating it.")
+    show.add_argument("schedule", help=", ".join(SCHEDULES) + " (or an alias)")
+    show.add_argument("--pp", type=int, required=True)
+    show.add_argument("--microbatches", type=int, required=True)
+    show.add_argument("--vpp", type=int, help="model chunks per rank (default: the schedule's)")
+    show.add_argument("--format", choices=["grid", "text", "torch-csv"], default="grid",
+                      help="grid: unit-time rank x step table (default); text: program per "
+                           "rank; torch-csv: torch.distributed.pipelining CSV")
+    show.add_argument("--with-p2p", action="store_true",
+                      help="include SEND/RECV ops (text and torch-csv formats)")
+
+    cmp = sub.add_parser(
+        "compare", help="simulate several schedules side by side, or compare two Timelines",
+        description="Without files: simulate several schedules on the same model and cluster. "
+                    "With two Timeline JSON files (`compare sim.json measured.json`): print "
+                    "the iteration-time error and per-op-kind mean duration errors of A "
+                    "against B, and with -o write both Gantt charts stacked.")
+    cmp.add_argument("timelines", nargs="*", metavar="TIMELINE.json",
+                     help="two Timeline JSON files A B (from --timeline-json of simulate or "
+                          "run); B is the reference")
+    cmp.add_argument("--schedules", default="gpipe,1f1b,interleaved-1f1b",
+                     help="comma-separated; NAME:V sets vpp, e.g. interleaved-1f1b:4 "
+                          f"(schedules: {', '.join(SCHEDULES)})")
+    add_parallel_flags(cmp, with_schedule=False)
+    add_intra_layer_flags(cmp)
+    add_model_flags(cmp)
+    add_cluster_flags(cmp)
+    cmp.add_argument("-o", "--output", help="HTML with the Gantt charts stacked")
+    cmp.add_argument("--json", action="store_true", help="print the table as JSON")
+
+    sub.add_parser("models", help="list model presets")
+    sub.add_parser("topologies", help="list topology presets")
+
+
+def add_output_flags(group: argparse._ActionsContainer, timeline_default: str | None) -> None:
+    """--trace-json, --metrics-json and --timeline-json (write_outputs)."""
+    group.add_argument("--trace-json", metavar="PATH", help="Chrome/Perfetto trace JSON")
+    group.add_argument("--metrics-json", metavar="PATH", help="metrics JSON")
+    group.add_argument("--timeline-json", default=timeline_default, metavar="PATH",
+                       help="the Timeline as JSON" + (f" (default {timeline_default})"
+                                                      if timeline_default else ""))
+
+
+def _write_json(path: str, data: object) -> None:
+    Path(path).write_text(json.dumps(data, indent=2))
+    print(f"wrote {path}")
+
+
+def schedule_and_parallel(args: argparse.Namespace,
+                          model: ModelSpec) -> tuple[Schedule | None, ParallelConfig]:
+    """The custom schedule of `--schedule-csv` (None without it) and the parallel config;
+    a custom schedule fixes pp, vpp and the microbatch count. Shared by simulate and run."""
+    custom = read_torch_csv(args.schedule_csv) if args.schedule_csv else None
+    if custom is not None:
+        args.pp, args.vpp = custom.num_ranks, custom.stages_per_rank
+        args.num_microbatches, args.schedule = custom.num_microbatches, CUSTOM_SCHEDULE
+    return custom, parallel_from_args(args, args.schedule,
+                                      micro_batch_size=model.micro_batch_size)
+
+
+def write_outputs(timeline: Timeline, args: argparse.Namespace) -> None:
+    """Gantt HTML, and the trace, metrics and Timeline JSON files the flags ask for."""
+    from ..gantt import write_gantt
+    from ..trace import write_trace
+
+    print(f"wrote {write_gantt(timeline, args.output)}")
+    if args.trace_json:
+        write_trace(timeline, args.trace_json)
+        print(f"wrote {args.trace_json}")
+    if args.metrics_json:
+        _write_json(args.metrics_json, timeline.metrics())
+    if args.timeline_json:
+        timeline.save(args.timeline_json)
+        print(f"wrote {args.timeline_json}")
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    model = model_from_args(args)
+    custom, parallel = schedule_and_parallel(args, model)
+    topology = load_topology(args.topology)
+    timeline = simulate(model, parallel, topology, custom, cost_model_from_args(args))
+    print(format_summary(timeline))
+    write_outputs(timeline, args)
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    schedule = build_schedule(args.schedule, args.pp, args.microbatches, args.vpp)
+    dry = validate(schedule)
+    if args.with_p2p:
+        schedule = add_p2p(schedule)
+    if args.format == "grid":
+        print(dry.grid())
+    elif args.format == "text":
+        print(schedule.to_text())
+    else:
+        print(to_torch_csv(schedule, compute_only=not args.with_p2p), end="")
+    return 0
+
+
+def _parse_schedule_list(text: str) -> list[tuple[str, int | None]]:
+    items = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, _, vpp = part.partition(":")
+        if vpp and not vpp.isdigit():
+            raise ConfigError(f"--schedules entry {part!r}: vpp after ':' must be an integer")
+        items.append((canonical_schedule_name(name), int(vpp) if vpp else None))
+    if not items:
+        raise ConfigError("--schedules must name at least one schedule")
+    return items
+
+
+def cmd_compare_schedules(args: argparse.Namespace) -> int:
+    model = model_from_args(args)
+    topology = load_topology(args.topology)
+    costs = cost_model_from_args(args)
+    results: list[tuple[str, Timeline]] = []
+    for name, vpp in _parse_schedule_list(args.schedules):
+        parallel = parallel_from_args(args, name, vpp, model.micro_batch_size)
+        label = name if parallel.vpp == 1 else f"{name} (vpp={parallel.vpp})"
+        results.append((label, simulate(model, parallel, topology, None, costs)))
+    rows = [{"schedule": label, **_compare_row(t)} for label, t in results]
+    print(json.dumps(rows, indent=2) if args.json else format_table(rows))
+    if args.output:
+        from ..gantt import write_gantt_comparison
+        print(f"wrote {write_gantt_comparison(results, args.output)}")
+    return 0
+
+
+def _compare_row(timeline: Timeline) -> dict:
+    peaks = timeline.peak_in_flight()
+    memory = timeline.peak_memory()
+    return {
+        "iteration_time_s": timeline.iteration_time,
+        "bubble_fraction": timeline.bubble_fraction,
+        "peak_in_flight": [peaks.get(r, 0) for r in timeline.ranks],
+        "peak_memory_GB": max(memory.values(), default=0) / 1e9,
+    }
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    for name, spec in MODEL_PRESETS.items():
+        print(f"{name:12} {spec.param_count() / 1e9:8.2f} B params, {spec.num_layers} layers, "
+              f"hidden {spec.hidden_size}, seq {spec.seq_length}")
+    return 0
+
+
+def cmd_topologies(args: argparse.Namespace) -> int:
+    for name in list_presets():
+        graph = load_topology(name)
+        print(f"{name:12} {graph.graph.get('description', '')}")
+    return 0
+
+
+COMMANDS = {"simulate": cmd_simulate, "show": cmd_show, "models": cmd_models,
+            "topologies": cmd_topologies}

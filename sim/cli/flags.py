@@ -1,0 +1,266 @@
+"""The one table from command-line flags to the fields they set.
+
+Each Flag names its spellings (ours first, then Megatron-LM's), the field it sets and how
+argparse reads it. The model flags set ModelSpec fields (a preset's field overridden by the
+Megatron-named dimension); the parallel, sharding and intra-layer flags set ParallelConfig
+fields, or a spelling that schedules.parallel_aliases translates (`--bucket-mb` is torch
+DDP's bucket_cap_mb in MiB, `--use-distributed-optimizer` is ZeRO-1, ...); the cost flags
+choose the cost model (sim.cost_model). The parsed value's argparse dest is the field, so
+`fields(args, FLAGS)` is the keyword set for the constructor; None means "not given".
+"""
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from clustersim.schedules.errors import ConfigError
+from clustersim.schedules.model import ModelSpec
+from clustersim.schedules.model_presets import get_model
+from clustersim.schedules.parallel import CUSTOM_SCHEDULE, ParallelConfig
+from clustersim.schedules.profile import Profile
+from clustersim.schedules.registry import SCHEDULES, schedule_entry, schedule_help
+
+from ..cost_model import CostModel, ProfileCostModel, RooflineCostModel, parse_uniform_costs
+
+DEFAULT_MODEL, DEFAULT_TOPOLOGY, DEFAULT_SCHEDULE = "llama3-8b", "dgx-h100", "1f1b"
+DEFAULT_PP, DEFAULT_MICROBATCHES = 8, 16
+
+
+@dataclass(frozen=True)
+class Flag:
+    """A command-line flag: `names` (ours first), the `field` it sets (its argparse
+    dest), and argparse's type / action / choices / metavar / help."""
+
+    names: tuple[str, ...]
+    field: str
+    help: str | None = None
+    type: Callable[[str], Any] | None = None
+    action: str | None = None
+    choices: Sequence[Any] | None = None
+    metavar: str | None = None
+
+    def add_to(self, group: argparse._ActionsContainer, default: Any = None) -> None:
+        options: dict[str, Any] = {"dest": self.field, "help": self.help, "default": default}
+        if self.action:
+            options["action"] = self.action
+        else:
+            options.update(type=self.type, choices=self.choices, metavar=self.metavar)
+        group.add_argument(*self.names, **options)
+
+
+def _flag(names: str, field: str, help: str | None = None, **kw: Any) -> Flag:
+    return Flag(tuple(names.split()), field, help, **kw)
+
+
+def _switch(names: str, field: str, help: str) -> Flag:
+    """An on-flag: given, it sets True; absent, the field keeps its default."""
+    return _flag(names, field, help, action="store_true")
+
+
+def _off(names: str, field: str, help: str) -> Flag:
+    """An off-flag: given, it sets False."""
+    return _flag(names, field, help, action="store_false")
+
+
+MODEL_FLAGS = (  # ModelSpec fields, Megatron-LM's names
+    _flag("--num-layers", "num_layers", type=int, metavar="INT"),
+    _flag("--hidden-size", "hidden_size", type=int, metavar="INT"),
+    _flag("--ffn-hidden-size", "ffn_hidden_size", type=int, metavar="INT"),
+    _flag("--num-attention-heads", "num_attention_heads", type=int, metavar="INT"),
+    _flag("--num-query-groups", "num_query_groups", type=int, metavar="INT"),
+    _flag("--seq-length", "seq_length", type=int, metavar="INT"),
+    _flag("--vocab-size", "vocab_size", type=int, metavar="INT"),
+    _flag("--micro-batch-size", "micro_batch_size", type=int, metavar="INT"),
+    _flag("--dtype", "dtype", type=str, metavar="STR"),
+    _switch("--swiglu", "swiglu", None),
+    _switch("--use-flash-attn", "use_flash_attn", None),
+)
+
+PARALLEL_FLAGS = (  # ParallelConfig fields (pp's default depends on the command)
+    _flag("--pp --pipeline-model-parallel-size", "pp", type=int),
+    _flag("--vpp --virtual-pipeline-model-parallel-size", "vpp",
+          "model chunks per rank (default: the schedule's, 2 for interleaved-1f1b, else 1)",
+          type=int),
+    _flag("--dp --data-parallel-size", "dp", "data-parallel ranks (default 1)", type=int),
+    _flag("--tp --tensor-model-parallel-size", "tp", "tensor-parallel ranks (default 1)",
+          type=int),
+    _flag("--cp --context-parallel-size", "cp",
+          "context-parallel ranks (the sequence split over them; default 1)", type=int),
+    _flag("--ep --expert-model-parallel-size", "ep",
+          "expert-parallel ranks (MoE models; folds into dp * cp; default 1)", type=int),
+    _flag("--etp --expert-tensor-parallel-size", "expert_tensor_parallel",
+          "expert tensor-parallel ranks: each MoE expert split over them (default tp; "
+          "etp * ep must divide tp * cp * dp)", type=int),
+    _switch("--sequence-parallel", "sequence_parallel",
+            "Megatron sequence parallelism (activations split by tp)"),
+    _flag("--microbatches --num-microbatches", "num_microbatches",
+          f"microbatches per iteration (default {DEFAULT_MICROBATCHES}, or global-batch-size "
+          f"/ (micro-batch-size * dp))", type=int),
+    _flag("--global-batch-size", "global_batch_size", type=int),
+    _flag("--rank-order --order", "rank_order",
+          "how the parallel grid maps to GPU indices, innermost first (default Megatron's "
+          "tp-cp-ep-dp-pp)"),
+    _flag("--first-stage-layers --decoder-first-pipeline-num-layers", "first_stage_layers",
+          "layers on the first pipeline rank (the rest split evenly; default: an even split)",
+          type=int),
+    _flag("--last-stage-layers --decoder-last-pipeline-num-layers", "last_stage_layers",
+          "layers on the last pipeline rank, which also runs the output layer and the loss",
+          type=int),
+    _switch("--account-for-embedding --account-for-embedding-in-pipeline-split",
+            "account_for_embedding", "count the embedding as one layer when splitting the "
+            "pipeline"),
+    _switch("--account-for-loss --account-for-loss-in-pipeline-split", "account_for_loss",
+            "count the output layer and loss as one layer when splitting"),
+)
+
+SHARDING_FLAGS = (  # ZeRO/FSDP, offload, ZeRO++, buckets, recompute: schedules.sharding
+    _flag("--zero --zero-stage", "zero_stage",
+          "ZeRO stage: 1 optimizer state, 2 + gradients, 3 + parameters", type=int,
+          choices=range(4)),
+    _flag("--fsdp", "fsdp", "full = ZeRO-3 over all dp ranks; hybrid = shard inside a node "
+          "(--shard-size), replicate across nodes", choices=["none", "full", "hybrid"]),
+    _flag("--shard-size", "shard_size", "hybrid shard group (default: the dp ranks on one "
+          "node)", type=int),
+    _switch("--use-distributed-optimizer", "use_distributed_optimizer",
+            "Megatron's distributed optimizer (= --zero 1)"),
+    _flag("--data-parallel-sharding-strategy", "data_parallel_sharding_strategy",
+          "Megatron-FSDP spelling of ZeRO 0/1/2/3",
+          choices=["no_shard", "optim", "optim_grads", "optim_grads_params"]),
+    _switch("--offload", "offload", "ZeRO-Offload: optimizer state and step on the host"),
+    _flag("--bucket-mb", "bucket_cap_mb",
+          "gradient bucket in MiB (torch DDP bucket_cap_mb; default 25)", type=float,
+          metavar="MiB"),
+    _off("--no-overlap-grad-reduce", "overlap_grad_reduce",
+         "reduce gradients after the backward instead of during it"),
+    _off("--no-reshard-after-forward", "reshard_after_forward",
+         "ZeRO-3/FSDP: keep gathered parameters from forward to backward"),
+    _switch("--quantized-weights", "quantized_weights",
+            "ZeRO++ qwZ: int8 parameter all-gather (ZeRO-3)"),
+    _switch("--hpz", "hpz", "ZeRO++ hpZ: secondary parameter shard inside the node (ZeRO-3)"),
+    _flag("--hpz-partition-size", "hpz_partition_size",
+          "hpZ secondary shard size (default: the dp ranks on one node)", type=int),
+    _switch("--quantized-gradients", "quantized_gradients",
+            "ZeRO++ qgZ: int4 gradient reduce-scatter (ZeRO-2/3)"),
+    _flag("--recompute", "recompute", "activation recompute (default none)",
+          choices=["none", "selective", "full"]),
+    _flag("--recompute-granularity", "recompute_granularity",
+          "Megatron spelling of --recompute", choices=["selective", "full"]),
+    _flag("--recompute-method", "recompute_method",
+          "Megatron: with full recompute granularity", choices=["uniform", "block"]),
+)
+
+INTRA_LAYER_FLAGS = (  # how TP/CP/EP communication runs: schedules.intra_layer
+    _switch("--tp-comm-overlap", "tp_comm_overlap",
+            "Megatron --tp-comm-overlap: TP collectives run alongside the GEMMs instead of "
+            "between them"),
+    _flag("--cp-comm", "cp_comm", "context parallelism: ring attention (KV passed around the "
+          "ring, overlapped; default) or DeepSpeed-Ulysses all-to-alls",
+          choices=["ring", "ulysses"]),
+    _flag("--cp-comm-type", "cp_comm_type",
+          "Megatron-Core spelling of --cp-comm: p2p = ring, a2a = ulysses",
+          choices=["p2p", "a2a"]),
+    _flag("--moe-imbalance", "moe_imbalance",
+          "busiest expert's tokens over the balanced share (>= 1; default 1)", type=float,
+          metavar="FACTOR"),
+    _switch("--scatter-gather-tensors-in-pipeline", "scatter_gather",
+            "SC21's scatter/gather: each TP rank sends 1/tp of a pipeline transfer, the "
+            "receivers all-gather it (tp > 1, no SP)"),
+)
+
+COST_FLAGS = (  # the cost model: sim.cost_model
+    _flag("--uniform-costs", "uniform_costs",
+          "fixed seconds per forward/backward of one virtual stage on one microbatch; "
+          "communication then costs zero", metavar="F,B"),
+    _flag("--compute-efficiency", "compute_efficiency",
+          "fraction of dense peak FLOP/s each kernel reaches (default 0.6)", type=float),
+    _flag("--memory-efficiency", "memory_efficiency",
+          "fraction of HBM bandwidth each kernel reaches (default 0.8)", type=float),
+    _flag("--profile", "profile", "measured compute and P2P times from `clustersim calibrate` "
+          "instead of the roofline (the topology then only places ranks)", metavar="PATH"),
+)
+
+SCHEDULE_FLAG = _flag("--schedule", "schedule", f"{', '.join(SCHEDULES)} (default "
+                      f"{DEFAULT_SCHEDULE}; aliases such as torch's class names accepted): "
+                      f"{schedule_help()}")
+
+
+def add_model_flags(parser: argparse.ArgumentParser, default_model: str | None = DEFAULT_MODEL
+                    ) -> None:
+    g = parser.add_argument_group("model (a preset, optionally overridden by Megatron-named "
+                                  "dims)")
+    g.add_argument("--model", default=default_model,
+                   help=f"model preset (default {DEFAULT_MODEL}); see `clustersim models`")
+    for flag in MODEL_FLAGS:
+        flag.add_to(g)
+
+
+def add_parallel_flags(parser: argparse.ArgumentParser, with_schedule: bool = True,
+                       pp_default: int = DEFAULT_PP) -> None:
+    g = parser.add_argument_group("parallelism (Megatron spellings accepted)")
+    if with_schedule:
+        SCHEDULE_FLAG.add_to(g, DEFAULT_SCHEDULE)
+    for flag in PARALLEL_FLAGS:
+        flag.add_to(g, pp_default if flag.field == "pp" else None)
+    g = parser.add_argument_group("data-parallel sharding and recompute "
+                                  "(DeepSpeed/Megatron/FSDP spellings accepted)")
+    for flag in SHARDING_FLAGS:
+        flag.add_to(g)
+
+
+def add_intra_layer_flags(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("intra-layer communication (TP, CP, EP)")
+    for flag in INTRA_LAYER_FLAGS:
+        flag.add_to(g)
+
+
+def add_cluster_flags(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("cluster and costs")
+    g.add_argument("--topology", default=DEFAULT_TOPOLOGY,
+                   help=f"preset name or topology JSON file (default {DEFAULT_TOPOLOGY})")
+    for flag in COST_FLAGS:
+        flag.add_to(g)
+
+
+def given(args: argparse.Namespace, flags: Sequence[Flag]) -> dict[str, Any]:
+    """{field: value} of the `flags` given on the command line (absent ones are None, or
+    not parsed at all by this command)."""
+    values = {flag.field: getattr(args, flag.field, None) for flag in flags}
+    return {field: value for field, value in values.items() if value is not None}
+
+
+def model_from_args(args: argparse.Namespace) -> ModelSpec:
+    """The preset `--model`, its fields overridden by the model flags given."""
+    return get_model(args.model, **given(args, MODEL_FLAGS))
+
+
+def parallel_from_args(args: argparse.Namespace, schedule: str, vpp: int | None = None,
+                       micro_batch_size: int = 1) -> ParallelConfig:
+    """The ParallelConfig of the parallel, sharding and intra-layer flags, for `schedule`
+    (its registry default vpp unless `vpp` or --vpp says; CUSTOM_SCHEDULE for a schedule
+    given as data). Microbatches default to DEFAULT_MICROBATCHES when neither they nor
+    the global batch size are given."""
+    values = given(args, PARALLEL_FLAGS + SHARDING_FLAGS + INTRA_LAYER_FLAGS)
+    name = schedule if schedule == CUSTOM_SCHEDULE else schedule_entry(schedule).name
+    values["vpp"] = vpp or values.get("vpp") or (
+        1 if name == CUSTOM_SCHEDULE else schedule_entry(name).default_vpp)
+    if "num_microbatches" not in values and "global_batch_size" not in values:
+        values["num_microbatches"] = DEFAULT_MICROBATCHES
+    return ParallelConfig.from_kwargs(schedule=name, micro_batch_size=micro_batch_size, **values)
+
+
+def cost_model_from_args(args: argparse.Namespace) -> CostModel:
+    """The cost model the cost flags choose (sim.cost_model): uniform F,B seconds, a
+    measured profile, or the roofline at the given (or default) efficiencies."""
+    values = given(args, COST_FLAGS)
+    efficiencies = {k: v for k, v in values.items() if k.endswith("_efficiency")}
+    if "profile" in values:
+        if "uniform_costs" in values:
+            raise ConfigError("--profile and --uniform-costs both set compute times: give one")
+        return ProfileCostModel(Profile.load(values["profile"]),
+                                **{k: v for k, v in efficiencies.items()
+                                   if k == "memory_efficiency"})
+    if "uniform_costs" in values:
+        return parse_uniform_costs(values["uniform_costs"])
+    return RooflineCostModel(**efficiencies)

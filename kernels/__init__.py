@@ -1,12 +1,13 @@
 """The same schedules on real devices with torch.distributed (gloo on CPU, NCCL on GPUs),
 returning measured Timelines. Imports schedules and torch only — never sim or topologies
-(DESIGN.md). Install torch with `pip install -e '.[kernels]'`.
+(docs/architecture.md). Install torch with `pip install -e '.[kernels]'`.
 
-- `run_schedule(schedule, model, parallel, device='cpu', ...)`: one process per rank runs
-  the lowered schedule's ops (real transformer-layer forward/backward, P2P isend/irecv, DP
-  gradient all-reduce, ZeRO reduce-scatter / all-gather, Adam steps) and returns the
-  measured Timeline (`source` 'kernels:cpu' or 'kernels:cuda:<device name>'), optionally
-  with the gradients and the updated parameters.
+- `run_schedule(schedule, plan, device='cpu', ...)`: lowers the schedule for the plan
+  (schedules.plan.resolve, schedules.lowering), runs its ops in one process per rank
+  (real transformer-layer forward/backward, P2P isend/irecv, DP gradient all-reduce, ZeRO
+  reduce-scatter / all-gather, Adam steps) and returns the measured Timeline (`source`
+  'kernels:cpu' or 'kernels:cuda:<device name>'), optionally with the gradients and the
+  updated parameters.
 - `run_reference(model, parallel, seed)`: the single-process gradients every pipelined run
   must reproduce; `run_reference_steps` the same with torch.optim.Adam steps.
 - `KernelsError`: a failed run, naming the rank and the op.

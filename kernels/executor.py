@@ -47,7 +47,8 @@ import torch
 
 from clustersim.schedules.contract import (is_gradient_collective, is_intra_layer, is_parameter_gather,
                                 prerequisites, program_contract, program_products)
-from clustersim.schedules.ops import Op, OpKind
+from clustersim.schedules.names import COMPUTE_LANE, TP
+from clustersim.schedules.ops import WORK_KINDS, Op, OpKind
 from clustersim.schedules.schedule import Schedule
 
 from .dp_ops import DataParallelOps
@@ -143,7 +144,7 @@ class RankExecutor(PostedOps, P2POps, DataParallelOps, TensorParallelOps):
             handler = handlers.get(op.kind)
             if is_gradient_collective(op) or is_parameter_gather(op):
                 handler = self._dp_collective
-            elif is_intra_layer(op) and op.group == "tp":
+            elif is_intra_layer(op) and op.group == TP:
                 handler = self._tp_op
             if handler is None:
                 raise KernelsError(f"op {op}: kind {op.kind.value} (group {op.group}) is not "
@@ -169,14 +170,14 @@ class RankExecutor(PostedOps, P2POps, DataParallelOps, TensorParallelOps):
                                    f"rank before it: the schedule deadlocks")
         for j in self.contract.local[index]:
             self._complete(j)
-        if op.kind in (OpKind.F, OpKind.B, OpKind.I, OpKind.W):
+        if op.kind in WORK_KINDS:
             self._check_gathered(op)
 
     # --- compute ---------------------------------------------------------------------
     def _compute_span(self, op: Op, start: Any) -> None:
         self._reduce_sequence_grads()
         end = self.clock.mark()
-        self._span(op, "compute", start, end, op.nbytes, None)
+        self._span(op, COMPUTE_LANE, start, end, op.nbytes, None)
         self._after_compute(len(self.spans) - 1)
         if self.device.type == "cuda":
             self.memory.append((end, torch.cuda.memory_allocated(self.device)))

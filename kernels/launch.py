@@ -41,13 +41,13 @@ import torch
 from clustersim.schedules.errors import ConfigError
 from clustersim.schedules.lowering import lower
 from clustersim.schedules.model import ModelSpec
-from clustersim.schedules.names import DP_GROUPS, TP
+from clustersim.schedules.names import DP_GROUPS, PP, TP
 from clustersim.schedules.ops import OpKind
 from clustersim.schedules.parallel import ParallelConfig
 from clustersim.schedules.plan import Plan
 from clustersim.schedules.schedule import Schedule
 from clustersim.schedules.timeline import Timeline
-from clustersim.schedules.validate import check_structure, dry_run
+from clustersim.schedules.validate import dry_run
 
 from .errors import KernelsError
 from .reference import run_reference, run_reference_steps
@@ -136,8 +136,8 @@ def _check_tensor_parallel(model: ModelSpec, parallel: ParallelConfig, replay: b
 
 def _check_lowered(lowered: Schedule, plan: Plan, check: bool) -> None:
     """Refuse ops the executor cannot run faithfully, naming the op or the rule; with
-    `check`, the structure and a dry run of the contract (a deadlock reported as the
-    rank x step grid)."""
+    `check`, a dry run of the contract (a deadlock reported as the rank x step grid; the
+    lowering checked the structure already)."""
     check_recompute_split(lowered, plan.parallel)
     for op in lowered.ops():
         dp_op = op.kind.is_collective and op.group in (DP_GROUPS | {TP})
@@ -147,7 +147,6 @@ def _check_lowered(lowered: Schedule, plan: Plan, check: bool) -> None:
                                f"by the kernels backend", op=str(op))
     check_tied_embeddings(lowered, plan.model, plan.parallel)
     if check:
-        check_structure(lowered)
         dry_run(lowered, plan.parallel.overlapped_groups)
 
 
@@ -178,7 +177,8 @@ def run_schedule(schedule: Schedule, plan: Plan, device: str = "cpu", seed: int 
     every iteration computes the same gradients, with it each iteration steps Adam
     (kernels.optimizer; reference: run_reference_steps with warmup + iterations steps).
     The Timeline is the iteration with the median time, and meta['iteration_times'] lists
-    all of them. `check` validates the schedule first (structure + deadlock dry run).
+    all of them. The lowering checks the schedule's structure; `check` also dry-runs it
+    (a deadlock is reported before any process starts).
     `timeout` bounds the whole run in seconds (start-up included). `replay` runs each
     pipeline rank's program in turn in one process on one device, P2P and collectives in
     loopback (kernels.worker): per-op compute times of every rank from a single GPU;
@@ -268,7 +268,7 @@ def _collect(job: Job, procs: list, results: Any, progress: Any, deadline: float
             _wait_for_deaths(procs, rank, _DEATH_GRACE_S)  # a peer's death often is the cause
             dead = "".join(f"; rank {r} had died (exit code {p.exitcode})"
                            for r, p in enumerate(procs) if p.exitcode not in (None, 0, 1))
-            raise KernelsError(f"rank {rank} (pipeline rank {job.parallel.coords(rank)['pp']}) "
+            raise KernelsError(f"rank {rank} (pipeline rank {job.parallel.coords(rank)[PP]}) "
                                f"failed on {op}: {text}{dead}", rank=rank, op=op, details=tb)
         payloads[message[1]] = message[2]
     return payloads
@@ -284,7 +284,7 @@ def _wait_for_deaths(procs: list, failed: int, grace: float) -> None:
 
 
 def _where(job: Job, rank: int, progress: Any) -> str:
-    program = job.schedule.programs[job.parallel.coords(rank)["pp"]]
+    program = job.schedule.programs[job.parallel.coords(rank)[PP]]
     return describe_progress(program, job.warmup_iterations + job.iterations,
                              progress[2 * rank], progress[2 * rank + 1])
 

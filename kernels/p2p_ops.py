@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from clustersim.schedules.contract import p2p_peer
+from clustersim.schedules.names import RECV_LANE, SEND_LANE
 from clustersim.schedules.ops import Op, OpKind
 from clustersim.schedules.p2p import boundary
 
@@ -54,7 +55,7 @@ class P2POps:
         peer, group, tag = self._p2p_args(op)
         start = self.clock.mark()
         work = dist.isend(tensor, peer, group=group, tag=tag)
-        self._post(op, "send", work, tensor, nbytes_of(tensor), start, {"peer": peer})
+        self._post(op, SEND_LANE, work, tensor, nbytes_of(tensor), start, {"peer": peer})
 
     def _recv(self, op: Op, state: Any) -> None:
         state.posted.add(op.key)
@@ -66,7 +67,7 @@ class P2POps:
         peer, group, tag = self._p2p_args(op)
         start = self.clock.mark()
         work = dist.irecv(buffer, peer, group=group, tag=tag)
-        state.recvs[op.key] = (self._post(op, "recv", work, buffer, nbytes_of(buffer), start,
+        state.recvs[op.key] = (self._post(op, RECV_LANE, work, buffer, nbytes_of(buffer), start,
                                           {"peer": peer}), buffer)
 
     def _take_recv(self, key: tuple, state: Any) -> torch.Tensor:

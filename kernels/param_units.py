@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from clustersim.schedules.contract import ProgramContract, is_gradient_collective, is_parameter_gather
-from clustersim.schedules.ops import Op, OpKind
+from clustersim.schedules.ops import WORK_KINDS, Op, OpKind
 
 from .errors import KernelsError
 from .optimizer import FlatAdam
@@ -270,7 +270,7 @@ def op_ranges(program: list[Op], units: dict, contract: ProgramContract
 def _gathered_units(program: list[Op], contract: ProgramContract, units: dict) -> set:
     keys = set()
     for index, op in enumerate(program):
-        if op.kind in (OpKind.F, OpKind.B, OpKind.I, OpKind.W):
+        if op.kind in WORK_KINDS:
             for j in contract.local[index]:
                 if is_parameter_gather(program[j]):
                     unit = unit_of(units, program[j])[0]

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from clustersim.schedules.names import DP, PP, TP
 from clustersim.schedules.ops import OpKind
 from clustersim.schedules.parallel import ParallelConfig
 from clustersim.schedules.timeline import Timeline
@@ -92,7 +93,7 @@ def gather_state(payloads: dict[int, dict], parallel: ParallelConfig,
     'shard_dims'); a replicated tensor is TP rank 0's (every TP rank holds the same)."""
     by_tp: dict[int, dict[int, dict]] = {}
     for rank, payload in payloads.items():
-        by_tp.setdefault(parallel.coords(rank)["tp"], {})[rank] = payload
+        by_tp.setdefault(parallel.coords(rank)[TP], {})[rank] = payload
     merged = [_merge_tp_rank(by_tp[t], parallel, what) for t in sorted(by_tp)]
     if len(merged) == 1:
         return merged[0]
@@ -106,10 +107,10 @@ def _merge_tp_rank(payloads: dict[int, dict], parallel: ParallelConfig,
                    what: str) -> dict[str, torch.Tensor]:
     per_pp: dict[int, dict[str, torch.Tensor]] = {}
     summed = {n for p in payloads.values() for n in p.get("summed_grads", ())}
-    for rank, payload in sorted(payloads.items(), key=lambda kv: parallel.coords(kv[0])["dp"]):
+    for rank, payload in sorted(payloads.items(), key=lambda kv: parallel.coords(kv[0])[DP]):
         if payload.get(what) is None:
             continue
-        merged = per_pp.setdefault(parallel.coords(rank)["pp"], {})
+        merged = per_pp.setdefault(parallel.coords(rank)[PP], {})
         for name, t in torch.load(io.BytesIO(payload[what])).items():
             if name not in merged:
                 merged[name] = t

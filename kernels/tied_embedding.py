@@ -23,7 +23,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from clustersim.schedules.contract import is_gradient_collective, is_parameter_gather
 from clustersim.schedules.model import ModelSpec
+from clustersim.schedules.names import PP
 from clustersim.schedules.ops import OpKind
 from clustersim.schedules.parallel import ParallelConfig
 from clustersim.schedules.schedule import Schedule
@@ -54,7 +56,7 @@ def summing_ranks(schedule: Schedule, model: ModelSpec) -> tuple[int, int] | Non
 def embedding_group(parallel: ParallelConfig, rank: int, pair: tuple[int, int]) -> list[int]:
     """Global ranks of `rank`'s embedding group: the ranks at pipeline coordinates `pair`
     whose other coordinates are `rank`'s."""
-    along_pp = parallel.group("pp", rank)
+    along_pp = parallel.group(PP, rank)
     return [along_pp[pair[0]], along_pp[pair[1]]]
 
 
@@ -66,9 +68,11 @@ def check_tied_embeddings(schedule: Schedule, model: ModelSpec, parallel: Parall
     if model.untie_embeddings_and_output_weights or schedule.num_stages == 1:
         return
     ends = (0, schedule.num_stages - 1)
-    kinds = {op.kind for op in schedule.ops()}
+    steps_or_shards = [op for op in schedule.ops() if op.kind is OpKind.OPT_STEP
+                       or is_gradient_collective(op) and op.kind is OpKind.REDUCE_SCATTER
+                       or is_parameter_gather(op)]
     if tied_pipeline_ranks(schedule, model) is None:
-        if kinds & {OpKind.OPT_STEP, OpKind.REDUCE_SCATTER, OpKind.ALL_GATHER}:
+        if steps_or_shards:
             raise KernelsError("tied embeddings with the first and last stage on one rank: "
                                "the IR counts a word-embedding copy per stage, the rank holds "
                                "one shared weight, which two stages' steps or shards would "
@@ -80,8 +84,8 @@ def check_tied_embeddings(schedule: Schedule, model: ModelSpec, parallel: Parall
                            f"stage {max(set(ends) - stepped)}; the word-embedding gradient sum "
                            f"before the step (Megatron's embedding all-reduce) needs an "
                            f"OPT_STEP of both the first and the last stage")
-    sharded = [op for op in schedule.ops() if op.stage in ends
-               and op.kind in (OpKind.REDUCE_SCATTER, OpKind.ALL_GATHER)]
+    sharded = [op for op in steps_or_shards if op.stage in ends
+               and op.kind is not OpKind.OPT_STEP]  # DP reduce-scatters and gathers only
     if stepped and sharded:
         raise KernelsError(
             f"zero_stage={parallel.zero_stage} with tied embeddings on different pipeline "

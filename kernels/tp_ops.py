@@ -34,11 +34,10 @@ from collections import deque
 from typing import Any
 
 from clustersim.schedules.contract import is_intra_layer
-from clustersim.schedules.ops import Op, OpKind
+from clustersim.schedules.names import TP
+from clustersim.schedules.ops import WEIGHT_GRAD_KINDS, WORK_KINDS, Op, OpKind
 
 from .tensor_parallel import CollectiveRecord, SequenceGradients, TensorParallel
-
-_WORK = (OpKind.F, OpKind.B, OpKind.I, OpKind.W)
 
 
 def tp_owners(program: list[Op], overlapped: frozenset[str]) -> dict[int, int]:
@@ -47,10 +46,10 @@ def tp_owners(program: list[Op], overlapped: frozenset[str]) -> dict[int, int]:
     owners: dict[int, int] = {}
     previous, waiting = None, []
     for index, op in enumerate(program):
-        if op.kind in _WORK:
+        if op.kind in WORK_KINDS:
             owners.update((w, index) for w in waiting)
             previous, waiting = index, []
-        elif is_intra_layer(op) and op.group == "tp":
+        elif is_intra_layer(op) and op.group == TP:
             if op.group in overlapped:
                 waiting.append(index)
             elif previous is not None:
@@ -79,7 +78,7 @@ class TensorParallelOps:
     def _stash_sequence_grads(self, op: Op) -> None:
         """Before a B or W op with SP: set its SP-replicated parameters' .grad aside."""
         self._sequence_grads = None
-        if op.kind not in (OpKind.B, OpKind.W) or not self.tp.sequence_parallel:
+        if op.kind not in WEIGHT_GRAD_KINDS or not self.tp.sequence_parallel:
             return
         key = (op.stage, op.chunk)
         if key not in self._sequence_params:
@@ -101,7 +100,7 @@ class TensorParallelOps:
     def _tp_op(self, op: Op, state: Any) -> None:
         """A TP collective op: it ran inside its compute op; its span is laid out later."""
         self._tp_span_at[self.index] = len(self.spans)
-        self._span(op, "tp", None, None, op.nbytes, {"count": op.count})
+        self._span(op, TP, None, None, op.nbytes, {"count": op.count})
 
     def _layout_tp(self, spans: list[dict]) -> None:
         """Place TP spans after their compute span (module docstring); `spans` are the

@@ -266,7 +266,7 @@ def _tensor_parallel(parallel: ParallelConfig, setup: RankSetup, clock: Any) -> 
     tp = 1 only)."""
     if parallel.tp == 1 or setup.loopback:
         return TensorParallel(clock=clock)
-    return TensorParallel(parallel.tp, parallel.coords(setup.rank)["tp"], setup.groups["tp"],
+    return TensorParallel(parallel.tp, parallel.coords(setup.rank)[TP], setup.groups[TP],
                           parallel.sequence_parallel, clock)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .ops import OpKind
+from .ops import INPUT_GRAD_KINDS, OpKind
 
 
 @dataclass(frozen=True)
@@ -31,12 +31,12 @@ class Covered:
         recompute, else 0."""
         if self.kind is OpKind.F:
             return 1
-        return int(self.kind in (OpKind.B, OpKind.I) and self.recompute == "full")
+        return int(self.kind in INPUT_GRAD_KINDS and self.recompute == "full")
 
     @property
     def backward(self) -> bool:
         """Whether the op runs the input-gradient backward (B or I; W runs none)."""
-        return self.kind in (OpKind.B, OpKind.I)
+        return self.kind in INPUT_GRAD_KINDS
 
 
 @dataclass(frozen=True)

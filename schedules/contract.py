@@ -1,6 +1,6 @@
 """The execution contract: what each op waits for. Both backends obey exactly this.
 
-Rules (DESIGN.md, "The execution contract"):
+Rules (docs/architecture.md, "The execution contract"):
 - a rank's ops are taken in program order; compute ops run one at a time on one stream;
 - `F(s,m)` waits for `RECV_F(s,m)` unless `s` is the first stage;
 - `B(s,m)` and `I(s,m)` wait for `F(s,m)` and, unless `s` is the last stage, `RECV_B(s,m)`;
@@ -70,7 +70,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .names import DP_GROUPS, HOST, INTRA_LAYER_GROUPS
-from .ops import WORK_KINDS, Op, OpKind
+from .ops import INPUT_GRAD_KINDS, WORK_KINDS, Op, OpKind
 
 Key = tuple  # (kind, stage, microbatch) or (kind, stage, microbatch, chunk): Op.key
 
@@ -117,7 +117,7 @@ def prerequisites(op: Op, stage_ranks: Sequence[int],
             return ()
         local = stage_ranks[s - 1] == stage_ranks[s]
         return ((OpKind.F, s - 1, m) if local else (OpKind.RECV_F, s, m),)
-    if kind in (OpKind.B, OpKind.I):
+    if kind in INPUT_GRAD_KINDS:
         needs = [(OpKind.F, s, m)]
         if s < last:
             local = stage_ranks[s + 1] == stage_ranks[s]
@@ -282,7 +282,7 @@ def gather_releases(program: list[Op], contract: ProgramContract) -> dict[int, l
     gathered parameters are freed (resharded). Both backends free gathered parameters by this rule."""
     last_user: dict[int, int] = {}
     for index, op in enumerate(program):
-        if op.kind in (OpKind.F, OpKind.B, OpKind.I, OpKind.W):
+        if op.kind in WORK_KINDS:
             for j in contract.local[index]:
                 if is_parameter_gather(program[j]):
                     last_user[j] = index

@@ -29,6 +29,7 @@ from __future__ import annotations
 from .comm_spec import Comm, Covered, comms
 from .errors import ConfigError
 from .model import ModelSpec
+from .names import CP
 from .ops import OpKind
 from .parallel import CP_COMM, ParallelConfig
 
@@ -59,9 +60,9 @@ def cp_comms(model: ModelSpec, parallel: ParallelConfig, cov: Covered,
     if cp_comm == "ring":
         ring = cp * 2 * tokens * hkv * d / t  # S: all cp KV blocks
         passes = forward + backward
-        return (comms(OpKind.ALL_GATHER, "cp", passes * ring, passes)
-                + comms(OpKind.REDUCE_SCATTER, "cp", backward * ring, backward))
+        return (comms(OpKind.ALL_GATHER, CP, passes * ring, passes)
+                + comms(OpKind.REDUCE_SCATTER, CP, backward * ring, backward))
     qkv, out = tokens * (h + 2 * hkv) * d / t, tokens * h * d / t
     n = forward + backward
-    return (comms(OpKind.ALL_TO_ALL, "cp", n * qkv, n)
-            + comms(OpKind.ALL_TO_ALL, "cp", n * out, n))
+    return (comms(OpKind.ALL_TO_ALL, CP, n * qkv, n)
+            + comms(OpKind.ALL_TO_ALL, CP, n * out, n))

@@ -44,8 +44,8 @@ import math
 
 from .dp_sizes import ADAM_BYTES_PER_PARAM, DPSizes, dp_sizes, split_op
 from .errors import ConfigError
-from .names import DP_GROUPS
-from .ops import BACKWARD_KINDS, Op, OpKind
+from .names import DP, DP_GROUPS, DP_REPLICATE, DP_SHARD, HOST, PCIE
+from .ops import BACKWARD_KINDS, WEIGHT_GRAD_KINDS, Op, OpKind
 from .parallel import ParallelConfig
 from .plan import Plan
 from .schedule import Schedule
@@ -66,7 +66,7 @@ def add_dp_allreduce(schedule: Schedule) -> Schedule:
     programs = []
     for program in schedule.programs:
         stages = _stages_by_last_backward(program)
-        programs.append(list(program) + [Op(OpKind.ALL_REDUCE, s, None, group="dp")
+        programs.append(list(program) + [Op(OpKind.ALL_REDUCE, s, None, group=DP)
                                           for s in stages])
     return schedule.with_programs(programs)
 
@@ -83,7 +83,7 @@ def _last_weight_grads(program: list[Op]) -> dict[int, int]:
     """stage -> index of its last weight-gradient op (B or W) in `program`."""
     last: dict[int, int] = {}
     for index, op in enumerate(program):
-        if op.kind in (OpKind.B, OpKind.W):
+        if op.kind in WEIGHT_GRAD_KINDS:
             last[op.stage] = index
     return last
 
@@ -99,18 +99,18 @@ def gradient_ops(sizes: DPSizes, parallel: ParallelConfig, stage: int, chunk: in
     for bucket in sizes.buckets(nbytes, layers):
         if sizes.dp == 1:  # nothing to reduce (offload on one rank: copy to the host)
             if parallel.offload:
-                ops.append(Op(OpKind.COPY_D2H, stage, microbatch, "pcie", bucket, chunk=chunk))
+                ops.append(Op(OpKind.COPY_D2H, stage, microbatch, PCIE, bucket, chunk=chunk))
             continue
         if parallel.zero_stage == 0:
-            ops.append(Op(OpKind.ALL_REDUCE, stage, microbatch, "dp", bucket, chunk=chunk))
+            ops.append(Op(OpKind.ALL_REDUCE, stage, microbatch, DP, bucket, chunk=chunk))
             continue
         ops.append(Op(OpKind.REDUCE_SCATTER, stage, microbatch,
-                      "dp_shard" if hybrid else "dp", bucket, chunk=chunk))
+                      DP_SHARD if hybrid else DP, bucket, chunk=chunk))
         if hybrid:
-            ops.append(Op(OpKind.ALL_REDUCE, stage, microbatch, "dp_replicate",
+            ops.append(Op(OpKind.ALL_REDUCE, stage, microbatch, DP_REPLICATE,
                           bucket // sizes.shard, chunk=chunk))
         if parallel.offload:
-            ops.append(Op(OpKind.COPY_D2H, stage, microbatch, "pcie", bucket // sizes.shard,
+            ops.append(Op(OpKind.COPY_D2H, stage, microbatch, PCIE, bucket // sizes.shard,
                           chunk=chunk))
     return ops
 
@@ -119,7 +119,7 @@ def step_ops(sizes: DPSizes, parallel: ParallelConfig, stage: int) -> list[Op]:
     """OPT_STEP of the rank's part of `stage` (on the host when offloaded)."""
     params = sizes.stage_params(stage)
     shard = params if parallel.zero_stage == 0 else math.ceil(params / sizes.shard)
-    return [Op(OpKind.OPT_STEP, stage, None, "host" if parallel.offload else None,
+    return [Op(OpKind.OPT_STEP, stage, None, HOST if parallel.offload else None,
                ADAM_BYTES_PER_PARAM * shard)]
 
 
@@ -130,8 +130,8 @@ def gather_ops(sizes: DPSizes, parallel: ParallelConfig, stage: int) -> list[Op]
     full = sizes.stage_params(stage) * sizes.dtype_bytes
     ops = []
     if parallel.offload:
-        ops.append(Op(OpKind.COPY_H2D, stage, None, "pcie", math.ceil(full / sizes.shard)))
-    group = "dp_shard" if parallel.fsdp == "hybrid" else "dp"
+        ops.append(Op(OpKind.COPY_H2D, stage, None, PCIE, math.ceil(full / sizes.shard)))
+    group = DP_SHARD if parallel.fsdp == "hybrid" else DP
     if sizes.shard > 1:
         layers = sizes.layers[stage] * sizes.groups
         ops += [Op(OpKind.ALL_GATHER, stage, None, group, b)
@@ -177,12 +177,14 @@ def has_data_parallel(schedule: Schedule) -> bool:
 
 def add_data_parallel(schedule: Schedule, plan: Plan) -> Schedule:
     """`schedule` with the data-parallel communication `plan` asks for (module
-    docstring), or `schedule` itself when it already has data-parallel ops
-    (has_data_parallel). With dp = 1 (and no offload) only the optimizer steps are added.
+    docstring). With dp = 1 (and no offload) only the optimizer steps are added.
     fsdp='hybrid' and hpz need the shard group (Plan.dp_shard_size: shard_size or
-    hpz_partition_size, or the dp ranks per node of the plan's cluster)."""
+    hpz_partition_size, or the dp ranks per node of the plan's cluster). The pass runs
+    once: a schedule that already has data-parallel ops is refused (schedules.lowering
+    skips the pass for it instead)."""
     if has_data_parallel(schedule):
-        return schedule
+        raise ConfigError(f"schedule {schedule.name!r} already has data-parallel ops: the "
+                          "data-parallel pass runs once, on a pipeline schedule")
     if schedule.layer_groups != 1:
         raise ConfigError("the data-parallel pass needs a schedule without layer groups")
     parallel = plan.parallel

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from .comm_spec import Comm, Covered, comms
 from .model import ModelSpec
+from .names import EP, ETP
 from .ops import OpKind
 from .parallel import ParallelConfig
 
@@ -64,7 +65,7 @@ def ep_comms(model: ModelSpec, parallel: ParallelConfig, cov: Covered) -> list[C
     if parallel.ep == 1 or not cov.moe_layers:
         return []
     n = 2 * cov.moe_layers * (cov.forward_passes + cov.backward)
-    return comms(OpKind.ALL_TO_ALL, "ep", n * dispatch_bytes(model, parallel), n)
+    return comms(OpKind.ALL_TO_ALL, EP, n * dispatch_bytes(model, parallel), n)
 
 
 def etp_comms(model: ModelSpec, parallel: ParallelConfig, cov: Covered) -> list[Comm]:
@@ -75,8 +76,8 @@ def etp_comms(model: ModelSpec, parallel: ParallelConfig, cov: Covered) -> list[
         return []
     n = cov.moe_layers * (cov.forward_passes + cov.backward)
     size = n * parallel.etp * dispatch_bytes(model, parallel)
-    return (comms(OpKind.ALL_GATHER, "etp", size, n)
-            + comms(OpKind.REDUCE_SCATTER, "etp", size, n))
+    return (comms(OpKind.ALL_GATHER, ETP, size, n)
+            + comms(OpKind.REDUCE_SCATTER, ETP, size, n))
 
 
 def expert_forward_flops(model: ModelSpec, parallel: ParallelConfig) -> float:

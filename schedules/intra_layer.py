@@ -89,10 +89,10 @@ def _scattered(op: Op, tp: int) -> list[Op]:
 
 def add_intra_layer(schedule: Schedule, plan: Plan) -> Schedule:
     """`schedule` with the intra-layer collectives of every compute op (module docstring);
-    `schedule` itself when tp = cp = ep = etp = 1 and experts are balanced, or when it
-    already has intra-layer collectives (has_intra_layer)."""
+    `schedule` itself when tp = cp = ep = etp = 1 and experts are balanced. Run it once
+    (schedules.lowering skips it for a schedule that already has such collectives)."""
     parallel = plan.parallel
-    if not needs_intra_layer(parallel) or has_intra_layer(schedule):
+    if not needs_intra_layer(parallel):
         return schedule
     check_cp_comm(parallel.cp_comm, plan.model, parallel)
     overlapped = parallel.overlapped_groups

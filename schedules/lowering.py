@@ -11,9 +11,11 @@ passes and the zero-bubble scheduler's single pass list:
 4. costs: FLOPs and bytes of every op from the plan (schedules.annotate);
 5. intra-layer: the TP, SP, CP, EP and expert-TP collectives of every compute op
    (schedules.intra_layer).
-A pass whose ops a schedule already has leaves it as it is (a schedule handed in partly
-lowered, e.g. with its data-parallel ops edited by hand, keeps them), so `lower` accepts a
-schedule at any stage. Memory is not a pass: the simulator's memory model (sim.memory)
+Each pass says when a schedule is past it (`Pass.done`), and `lower` skips it then: a
+schedule handed in partly lowered (a custom one, or one whose data-parallel ops were
+edited by hand) keeps what it has, and lowering a lowered schedule changes nothing (the
+costs pass is past once the intra-layer pass has run, since that pass adjusts costs:
+scattered P2P bytes, imbalanced experts' FLOPs). Memory is not a pass: the simulator's memory model (sim.memory)
 reads the lowered schedule and the plan.
 """
 from __future__ import annotations
@@ -22,9 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .annotate import annotate
-from .data_parallel import add_data_parallel
+from .data_parallel import add_data_parallel, has_data_parallel
 from .errors import ConfigError
-from .intra_layer import add_intra_layer
+from .intra_layer import add_intra_layer, has_intra_layer
 from .p2p import add_p2p
 from .plan import Plan
 from .schedule import Schedule
@@ -33,8 +35,11 @@ from .validate import check_structure
 
 @dataclass(frozen=True)
 class Pass:
+    """One lowering pass: `run` it unless the schedule is `done` with it."""
+
     name: str
     run: Callable[[Schedule, Plan], Schedule]
+    done: Callable[[Schedule], bool] = lambda schedule: False
 
 
 def _structure(schedule: Schedule, plan: Plan) -> Schedule:
@@ -44,10 +49,10 @@ def _structure(schedule: Schedule, plan: Plan) -> Schedule:
 
 PASSES: tuple[Pass, ...] = (
     Pass("structure", _structure),
-    Pass("data-parallel", add_data_parallel),
-    Pass("p2p", lambda schedule, plan: add_p2p(schedule)),
-    Pass("costs", annotate),
-    Pass("intra-layer", add_intra_layer),
+    Pass("data-parallel", add_data_parallel, has_data_parallel),
+    Pass("p2p", lambda schedule, plan: add_p2p(schedule), lambda schedule: schedule.has_p2p),
+    Pass("costs", annotate, has_intra_layer),
+    Pass("intra-layer", add_intra_layer, has_intra_layer),
 )
 
 
@@ -61,5 +66,6 @@ def lower(schedule: Schedule, plan: Plan) -> Schedule:
                           f"({plan.pp} ranks, {list(plan.stage_ranks)}, "
                           f"{plan.num_microbatches} microbatches)")
     for step in PASSES:
-        schedule = step.run(schedule, plan)
+        if not step.done(schedule):
+            schedule = step.run(schedule, plan)
     return schedule

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from .errors import ScheduleFormatError
+from .names import PP
 
 
 class OpKind(str, Enum):
@@ -132,7 +133,7 @@ def parse_op(text: str) -> Op:
         )
     stage, kind, mb, chunk = match.groups()
     kind = OpKind(kind)
-    group = "pp" if kind.is_p2p else None
+    group = PP if kind.is_p2p else None
     return Op(kind, int(stage), int(mb) if mb else None, group=group,
               chunk=int(chunk) if chunk is not None else None)
 
@@ -142,4 +143,4 @@ def compute_op(kind: OpKind, stage: int, microbatch: int) -> Op:
 
 
 def p2p_op(kind: OpKind, stage: int, microbatch: int, nbytes: int = 0) -> Op:
-    return Op(kind, stage, microbatch, group="pp", nbytes=nbytes)
+    return Op(kind, stage, microbatch, group=PP, nbytes=nbytes)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .ops import Op, OpKind, p2p_op
+from .ops import INPUT_GRAD_KINDS, Op, OpKind, p2p_op
 from .schedule import Schedule
 
 BoundaryBytes = Callable[[int], int]
@@ -45,7 +45,7 @@ def add_p2p(schedule: Schedule, boundary_bytes: BoundaryBytes | None = None) -> 
         lowered: list[Op] = []
         for index, op in enumerate(program):
             s, m = op.stage, op.microbatch
-            if op.kind is OpKind.F or op.kind in (OpKind.B, OpKind.I):
+            if op.kind is OpKind.F or op.kind in INPUT_GRAD_KINDS:
                 forward = op.kind is OpKind.F
                 # F talks to s-1 before and s+1 after; backward the other way round
                 before, after = (s - 1, s + 1) if forward else (s + 1, s - 1)

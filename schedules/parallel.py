@@ -29,15 +29,14 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from .errors import ConfigError, require_positive_int
-from .names import CP, EXPERT_AXES, GRID_AXES, TP
+from .names import CP, DP, EP, EXPERT_AXES, GRID_AXES, PP, TP
 from .registry import schedule_entry
 from .parallel_aliases import ALIASES, resolve_kwargs
 from .sharding import DEFAULT_BUCKET_BYTES, normalised_sharding
 
-__all__ = ["ALIASES", "AXES", "CP_COMM", "CUSTOM_SCHEDULE", "EXPERT_AXES", "FSDP",
+__all__ = ["ALIASES", "CP_COMM", "CUSTOM_SCHEDULE", "EXPERT_AXES", "FSDP",
            "RECOMPUTE", "ParallelConfig", "check_moe_imbalance"]
 
-AXES = GRID_AXES
 RECOMPUTE = ("none", "selective", "full")
 FSDP = ("none", "full", "hybrid")
 CP_COMM = ("ring", "ulysses")  # schedules.cp_comms
@@ -127,9 +126,9 @@ class ParallelConfig:
             if getattr(self, name) is not None:
                 require_positive_int(name, getattr(self, name))
         order = str(self.rank_order).strip().lower().split("-")
-        if sorted(order) != sorted(AXES):
+        if sorted(order) != sorted(GRID_AXES):
             raise ConfigError(f"rank_order={self.rank_order!r} must be a '-'-separated "
-                              f"permutation of {', '.join(AXES)}")
+                              f"permutation of {', '.join(GRID_AXES)}")
         object.__setattr__(self, "rank_order", "-".join(order))
         for name, value in normalised_sharding(self).items():  # rules: schedules.sharding
             object.__setattr__(self, name, value)
@@ -218,8 +217,8 @@ class ParallelConfig:
 
     def _sizes(self, expert: bool) -> dict[str, int]:
         if expert:
-            return {"tp": self.etp, "cp": 1, "ep": self.ep, "dp": self.edp, "pp": self.pp}
-        return {"tp": self.tp, "cp": self.cp, "ep": 1, "dp": self.dp, "pp": self.pp}
+            return {TP: self.etp, CP: 1, EP: self.ep, DP: self.edp, PP: self.pp}
+        return {TP: self.tp, CP: self.cp, EP: 1, DP: self.dp, PP: self.pp}
 
     def _encode(self, coords: dict[str, int], sizes: dict[str, int]) -> int:
         rank, stride = 0, 1
@@ -240,14 +239,15 @@ class ParallelConfig:
     def rank(self, **coords: int) -> int:
         """Global rank of grid coordinates tp, cp, dp, pp (missing ones are 0). An `ep`
         coordinate, being derived from dp and cp, is only checked for consistency."""
-        unknown = sorted(set(coords) - set(AXES))
+        unknown = sorted(set(coords) - set(GRID_AXES))
         if unknown:
-            raise ConfigError(f"unknown grid axis {', '.join(unknown)}: axes are {', '.join(AXES)}")
-        ep = coords.pop("ep", None)
+            raise ConfigError(f"unknown grid axis {', '.join(unknown)}: axes are "
+                              f"{', '.join(GRID_AXES)}")
+        ep = coords.pop(EP, None)
         rank = self._encode(coords, self._sizes(expert=False))
-        if ep is not None and ep != self.coords(rank)["ep"]:
+        if ep is not None and ep != self.coords(rank)[EP]:
             raise ConfigError(f"ep={ep} does not match the other coordinates (rank {rank} has "
-                              f"ep={self.coords(rank)['ep']}): ep folds into dp and cp")
+                              f"ep={self.coords(rank)[EP]}): ep folds into dp and cp")
         return rank
 
     def coords(self, rank: int) -> dict[str, int]:
@@ -255,15 +255,15 @@ class ParallelConfig:
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.world_size:
             raise ConfigError(f"rank={rank!r} out of range 0..{self.world_size - 1}")
         dense = self._decode(rank, self._sizes(expert=False))
-        dense["ep"] = self._decode(rank, self._sizes(expert=True))["ep"]
+        dense[EP] = self._decode(rank, self._sizes(expert=True))[EP]
         return {axis: dense[axis] for axis in self.rank_order.split("-")}
 
     def group(self, axis: str, rank: int) -> list[int]:
         """Ranks of `rank`'s process group along `axis`, in axis-coordinate order: a dense
         axis (tp, cp, dp, pp) or an expert-grid one (ep, etp, edp: module docstring)."""
-        if axis not in AXES and axis not in EXPERT_AXES:
+        if axis not in GRID_AXES and axis not in EXPERT_AXES:
             raise ConfigError(f"unknown grid axis {axis!r}: axes are "
-                              f"{', '.join(dict.fromkeys((*AXES, *EXPERT_AXES)))}")
+                              f"{', '.join(dict.fromkeys((*GRID_AXES, *EXPERT_AXES)))}")
         self.coords(rank)  # range check
         sizes = self._sizes(expert=axis in EXPERT_AXES)
         place = EXPERT_AXES.get(axis, axis)

@@ -34,8 +34,8 @@ from .costs import StageCost, costs_for_layers
 from .errors import ConfigError
 from .layer_groups import data_parallel_groups, group_costs
 from .model import ModelSpec
-from .names import DP_REPLICATE, DP_SHARD, GRID_AXES, PP
-from .parallel import CUSTOM_SCHEDULE, EXPERT_AXES, ParallelConfig
+from .names import DP_REPLICATE, DP_SHARD, EXPERT_AXES, GRID_AXES
+from .parallel import CUSTOM_SCHEDULE, ParallelConfig
 from .pipeline_split import stage_layers, stage_offsets
 from .placement import PLACEMENTS
 from .placement import stage_ranks as placed

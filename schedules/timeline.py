@@ -32,13 +32,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .names import COMPUTE_LANE
+from .names import COMPUTE_LANE, CP, DP, DP_REPLICATE, DP_SHARD, EP, ETP, PP, TP
 from .ops import Op, OpKind, parse_op
 
-EXPOSED_ORDER = ("tp", "cp", "ep", "pp", "dp", "other")
+EXPOSED_ORDER = (TP, CP, EP, PP, DP, "other")
 CATEGORIES = ("compute", *EXPOSED_ORDER, "bubble")
-_GROUP_CATEGORY = {"tp": "tp", "cp": "cp", "ep": "ep", "etp": "ep", "pp": "pp", "dp": "dp",
-                   "dp_shard": "dp", "dp_replicate": "dp"}
+_GROUP_CATEGORY = {TP: TP, CP: CP, EP: EP, ETP: EP, PP: PP, DP: DP, DP_SHARD: DP,
+                   DP_REPLICATE: DP}
 
 
 def span_category(span: Span) -> str:
@@ -46,7 +46,7 @@ def span_category(span: Span) -> str:
     if span.lane == COMPUTE_LANE:
         return "compute"
     if span.op.kind.is_p2p:
-        return "pp"
+        return PP
     return _GROUP_CATEGORY.get(span.op.group or "", "other")
 
 

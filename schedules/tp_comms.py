@@ -33,6 +33,7 @@ from __future__ import annotations
 from .comm_spec import Comm, Covered, comms
 from .ep_comms import experts_split_by_tp
 from .model import ModelSpec
+from .names import TP
 from .ops import OpKind
 from .parallel import ParallelConfig
 
@@ -57,12 +58,12 @@ def tp_comms(model: ModelSpec, parallel: ParallelConfig, cov: Covered) -> list[C
     if parallel.sequence_parallel:
         gathers = layer + (forward and cov.head) + (cov.backward and cov.embedding)
         scatters = layer + (forward and cov.embedding) + (cov.backward and cov.head)
-        out += comms(OpKind.ALL_GATHER, "tp", gathers * x, gathers)
-        out += comms(OpKind.REDUCE_SCATTER, "tp", scatters * x, scatters)
+        out += comms(OpKind.ALL_GATHER, TP, gathers * x, gathers)
+        out += comms(OpKind.REDUCE_SCATTER, TP, scatters * x, scatters)
     else:
         reduces = layer + (forward and cov.embedding) + (cov.backward and cov.head)
-        out += comms(OpKind.ALL_REDUCE, "tp", reduces * x, reduces)
+        out += comms(OpKind.ALL_REDUCE, TP, reduces * x, reduces)
     if forward and cov.head:
         n = CROSS_ENTROPY_ALL_REDUCES
-        out += comms(OpKind.ALL_REDUCE, "tp", n * tokens * CROSS_ENTROPY_BYTES, n)
+        out += comms(OpKind.ALL_REDUCE, TP, n * tokens * CROSS_ENTROPY_BYTES, n)
     return out

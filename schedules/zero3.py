@@ -35,19 +35,18 @@ from __future__ import annotations
 import math
 
 from .dp_sizes import ADAM_BYTES_PER_PARAM, DPSizes, split_op
-from .ops import Op, OpKind
+from .names import DP, DP_REPLICATE, DP_SHARD, HOST, PCIE
+from .ops import WEIGHT_GRAD_KINDS, WORK_KINDS, Op, OpKind
 from .parallel import ParallelConfig
 from .schedule import Schedule
-
-_WORK = (OpKind.F, OpKind.B, OpKind.I, OpKind.W)
 
 
 def _gather(sizes: DPSizes, parallel: ParallelConfig, op: Op) -> Op:
     forward = op.kind is OpKind.F
     local = parallel.fsdp == "hybrid" or (parallel.hpz and not forward)
-    group = "dp_shard" if local else "dp"
+    group = DP_SHARD if local else DP
     params = sizes.params[op.stage][op.chunk]
-    per_param = 1 if parallel.quantized_weights and group == "dp" else sizes.dtype_bytes
+    per_param = 1 if parallel.quantized_weights and group == DP else sizes.dtype_bytes
     return Op(OpKind.ALL_GATHER, op.stage, op.microbatch, group, params * per_param,
               chunk=op.chunk)
 
@@ -57,12 +56,12 @@ def _reduce(sizes: DPSizes, parallel: ParallelConfig, op: Op) -> list[Op]:
     hybrid = parallel.fsdp == "hybrid"
     params = sizes.params[s][g]
     nbytes = math.ceil(params / 2) if parallel.quantized_gradients else sizes.grads[s][g]
-    ops = [Op(OpKind.REDUCE_SCATTER, s, m, "dp_shard" if hybrid else "dp", nbytes, chunk=g)]
+    ops = [Op(OpKind.REDUCE_SCATTER, s, m, DP_SHARD if hybrid else DP, nbytes, chunk=g)]
     if hybrid:
-        ops.append(Op(OpKind.ALL_REDUCE, s, m, "dp_replicate", sizes.grads[s][g] // sizes.shard,
+        ops.append(Op(OpKind.ALL_REDUCE, s, m, DP_REPLICATE, sizes.grads[s][g] // sizes.shard,
                       chunk=g))
     if parallel.offload:
-        ops.append(Op(OpKind.COPY_D2H, s, m, "pcie", sizes.grads[s][g] // sizes.shard, chunk=g))
+        ops.append(Op(OpKind.COPY_D2H, s, m, PCIE, sizes.grads[s][g] // sizes.shard, chunk=g))
     return ops
 
 
@@ -71,7 +70,7 @@ def _needs_gather(parts: list[Op], parallel: ParallelConfig) -> set[int]:
     gathered: set[tuple[int, int]] = set()
     needs = set()
     for index, op in enumerate(parts):
-        if op.kind not in _WORK or op.kind is OpKind.W:
+        if op.kind not in WORK_KINDS or op.kind is OpKind.W:
             continue
         unit = (op.stage, op.chunk)
         if unit not in gathered:
@@ -85,12 +84,12 @@ def _needs_gather(parts: list[Op], parallel: ParallelConfig) -> set[int]:
 def _program(program: list[Op], sizes: DPSizes, parallel: ParallelConfig) -> list[Op]:
     parts: list[Op] = []
     for op in program:
-        parts += split_op(op, sizes.groups) if op.kind in _WORK else [op]
+        parts += split_op(op, sizes.groups) if op.kind in WORK_KINDS else [op]
     needs = _needs_gather(parts, parallel)
     before: dict[int, list[Op]] = {}
     previous = None  # index of the previous compute group
     for index, op in enumerate(parts):
-        if op.kind not in _WORK:
+        if op.kind not in WORK_KINDS:
             continue
         if index in needs:
             same = previous is not None and (parts[previous].stage, parts[previous].chunk) \
@@ -103,17 +102,17 @@ def _program(program: list[Op], sizes: DPSizes, parallel: ParallelConfig) -> lis
     for index, op in enumerate(parts):
         out += before.get(index, [])
         out.append(op)
-        if op.kind in (OpKind.B, OpKind.W):
+        if op.kind in WEIGHT_GRAD_KINDS:
             out += _reduce(sizes, parallel, op)
             if op.stage in stages:
                 stages.remove(op.stage)
             stages.append(op.stage)
     for s in stages:
         shard = math.ceil(sizes.stage_params(s) / sizes.shard)
-        out.append(Op(OpKind.OPT_STEP, s, None, "host" if parallel.offload else None,
+        out.append(Op(OpKind.OPT_STEP, s, None, HOST if parallel.offload else None,
                       ADAM_BYTES_PER_PARAM * shard))
         if parallel.offload:
-            out.append(Op(OpKind.COPY_H2D, s, None, "pcie", shard * sizes.dtype_bytes))
+            out.append(Op(OpKind.COPY_H2D, s, None, PCIE, shard * sizes.dtype_bytes))
     return out
 
 

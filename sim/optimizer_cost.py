@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from clustersim.schedules.dp_sizes import ADAM_BYTES_PER_PARAM
+from clustersim.schedules.names import HOST
 from clustersim.schedules.ops import Op, OpKind
 from clustersim.topologies import DeviceSpec
 
@@ -37,7 +38,7 @@ def optimizer_step_time(op: Op, device: DeviceSpec, memory_efficiency: float,
                         gpu_seconds_per_param: float | None = None) -> float:
     """Seconds of OPT_STEP `op`: on the host at `cpu_seconds_per_param`; on the GPU at
     `gpu_seconds_per_param` (measured) when given, else its bytes at the HBM roofline."""
-    if op.group == "host":
+    if op.group == HOST:
         return step_params(op) * cpu_seconds_per_param
     if gpu_seconds_per_param is not None:
         return step_params(op) * gpu_seconds_per_param

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from clustersim.schedules.names import CP, DP, EP, PP, TP
 from clustersim.schedules.plan import header_line
 from clustersim.schedules.timeline import CATEGORIES, Timeline
 
@@ -41,7 +42,7 @@ def format_breakdown(timeline: Timeline) -> list[str]:
         return []
     total = {c: sum(row[c] for row in breakdown.values()) for c in CATEGORIES}
     shown = [c for c in CATEGORIES if total[c] > 0 or c in ("compute", "bubble")]
-    names = {"tp": "TP", "cp": "CP", "ep": "EP", "pp": "PP", "dp": "DP"}
+    names = {TP: "TP", CP: "CP", EP: "EP", PP: "PP", DP: "DP"}
     lines = ["time breakdown: compute, exposed communication (not overlapped by compute), "
              "bubble (nothing in flight)",
              f"{'rank':>4} " + " ".join(f"{names.get(c, c):>10}" for c in shown)]

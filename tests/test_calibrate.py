@@ -118,7 +118,7 @@ def test_cli_run_nproc_must_equal_world_size(tmp_path):
 
 
 def test_missing_torch_is_one_clear_error(monkeypatch):
-    from clustersim.sim import hardware_cli
+    from clustersim.sim.cli import hardware as hardware_cli
     monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now raises ImportError
     with pytest.raises(ClustersimError, match=r"pip install -e '\.\[kernels\]'"):
         hardware_cli._kernels("calibrate")

@@ -2,7 +2,7 @@
 import pytest
 
 from clustersim.schedules.data_parallel import add_dp_allreduce
-from clustersim.schedules.errors import DeadlockError
+from clustersim.schedules.errors import ConfigError, DeadlockError
 from clustersim.schedules.registry import build_schedule
 from clustersim.schedules.ops import BACKWARD_KINDS, Op, OpKind
 from clustersim.schedules.validate import validate
@@ -43,6 +43,7 @@ from clustersim.schedules.data_parallel import ADAM_BYTES_PER_PARAM, add_data_pa
 from clustersim.schedules.layer_groups import data_parallel_groups  # noqa: E402
 from clustersim.schedules.model_presets import get_model  # noqa: E402
 from clustersim.schedules.parallel import ParallelConfig  # noqa: E402
+from clustersim.schedules.lowering import lower  # noqa: E402
 from clustersim.schedules.plan import resolve  # noqa: E402
 from clustersim.schedules.dp_sizes import EXTRA_TENSORS, TENSORS_PER_LAYER  # noqa: E402
 from clustersim.schedules.sharding import DEFAULT_BUCKET_BYTES  # noqa: E402
@@ -124,13 +125,18 @@ def test_one_rank_gets_only_its_optimizer_steps_and_the_pass_runs_once():
     for before, after in zip(schedule.programs, added.programs):
         assert after[:len(before)] == before
         assert [(op.kind, op.group) for op in after[len(before):]] == [(OpKind.OPT_STEP, None)]
-    # intended change (issue 13): a schedule that already has its DP ops is returned as it
-    # is, instead of raising; the pass runs once, so there is still one step per stage
+    # the pass runs once: a second run is refused, and the lowering (which accepts a
+    # schedule at any stage) leaves the data-parallel ops it finds as they are
     parallel, once = _pass(pp=2)
-    programs = [list(p) for p in once.programs]
-    again = add_data_parallel(once, resolve(MODEL, parallel))
-    assert again is once and [list(p) for p in again.programs] == programs
-    assert sorted(op.stage for op in again.ops() if op.kind is OpKind.OPT_STEP) == [0, 1]
+    plan = resolve(MODEL, parallel)
+    with pytest.raises(ConfigError, match="already has data-parallel ops"):
+        add_data_parallel(once, plan)
+    lowered = lower(once, plan)
+    assert sorted(op.stage for op in lowered.ops() if op.kind is OpKind.OPT_STEP) == [0, 1]
+    def shape(ops):
+        return [(op.kind, op.stage, op.microbatch, op.group, op.chunk) for op in ops]
+
+    assert shape(op for op in lowered.ops() if not op.kind.is_p2p) == shape(once.ops())
 
 
 def _volume(timeline, rank=0):

@@ -1,4 +1,4 @@
-"""The import rules of DESIGN.md, checked by an ast scan of every module.
+"""The import rules of docs/architecture.md ("Layers"), checked by an ast scan of every module.
 
 schedules: standard library only; topologies: networkx + standard library; kernels:
 schedules + torch (+ numpy) only, never sim or topologies; sim may import anything of
@@ -67,3 +67,51 @@ def test_simulating_does_not_import_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=ROOT, check=True)
     assert out.stdout.strip() == "False"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    parts = parts[:-1] if parts[-1] == "__init__" else parts
+    return ".".join(("clustersim", *parts))
+
+
+def _our_imports(path: Path, modules: set[str]) -> set[str]:
+    """Our modules `path` imports anywhere in it (module level, functions, TYPE_CHECKING
+    blocks): `from pkg import name` counts as pkg, and as pkg.name when that is a module."""
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{anchor}.{base}" if base else anchor
+            targets = [base] + [f"{base}.{a.name}" for a in node.names]
+        else:
+            continue
+        found.update(t for t in targets if t in modules and t != name)
+    return found
+
+
+def test_no_import_cycle_not_even_under_type_checking():
+    paths = [p for package in OURS for p in (ROOT / package).rglob("*.py")]
+    modules = {_module_name(p) for p in paths} | {"clustersim"}
+    graph = {_module_name(p): _our_imports(p, modules) for p in paths}
+
+    def cycle_from(start: str) -> list[str] | None:
+        stack, seen = [(start, [start])], set()
+        while stack:
+            node, path = stack.pop()
+            for nxt in graph.get(node, ()):
+                if nxt == start:
+                    return path + [start]
+                if nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, path + [nxt]))
+        return None
+
+    cycles = [c for c in map(cycle_from, graph) if c]
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)

@@ -32,11 +32,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     add_intra_layer_flags(sim)
     add_model_flags(sim)
     add_cluster_flags(sim)
-    out = sim.add_argument_group("outputs")
-    out.add_argument("--schedule-csv", metavar="PATH",
-                     help="run a custom schedule from a torch.distributed.pipelining CSV")
-    out.add_argument("-o", "--output", default="gantt.html", help="Gantt HTML (default gantt.html)")
-    add_output_flags(out, timeline_default=None)
+    add_output_flags(sim, timeline_default=None)
 
     show = sub.add_parser("show", help="print a schedule's rank x step grid or torch CSV",
                           description="Print a schedule without simulating it.")
@@ -73,8 +69,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     sub.add_parser("topologies", help="list topology presets")
 
 
-def add_output_flags(group: argparse._ActionsContainer, timeline_default: str | None) -> None:
-    """--trace-json, --metrics-json and --timeline-json (write_outputs)."""
+def add_output_flags(parser: argparse.ArgumentParser, timeline_default: str | None) -> None:
+    """The custom schedule in, and the outputs write_outputs writes (simulate and run)."""
+    group = parser.add_argument_group("outputs")
+    group.add_argument("--schedule-csv", metavar="PATH",
+                       help="run a custom schedule from a torch.distributed.pipelining CSV")
+    group.add_argument("-o", "--output", default="gantt.html",
+                       help="Gantt HTML (default gantt.html)")
     group.add_argument("--trace-json", metavar="PATH", help="Chrome/Perfetto trace JSON")
     group.add_argument("--metrics-json", metavar="PATH", help="metrics JSON")
     group.add_argument("--timeline-json", default=timeline_default, metavar="PATH",

@@ -114,11 +114,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--seed", type=int, default=0)
     add_parallel_flags(run)
     add_model_flags(run)
-    out = run.add_argument_group("outputs")
-    out.add_argument("--schedule-csv", metavar="PATH",
-                     help="run a custom schedule from a torch.distributed.pipelining CSV")
-    out.add_argument("-o", "--output", default="gantt.html", help="Gantt HTML (default gantt.html)")
-    add_output_flags(out, timeline_default="measured.json")
+    add_output_flags(run, timeline_default="measured.json")
 
 
 # --- calibrate --------------------------------------------------------------------------

@@ -7,6 +7,7 @@ loop placement); microbatches go through the chunks in groups of P; warm-up is
 from __future__ import annotations
 
 from ..ops import Op, OpKind
+from ..placement import LOOP, stages_by_rank
 from ..schedule_entry import ScheduleEntry
 
 
@@ -24,10 +25,10 @@ def chunk_and_microbatch(k: int, pp: int, vpp: int, forward: bool) -> tuple[int,
 def programs(pp: int, microbatches: int, vpp: int) -> list[list[Op]]:
     total = microbatches * vpp
     out = []
-    for r in range(pp):
+    for r, chunks in enumerate(stages_by_rank(LOOP, pp, pp * vpp)):
         def op(kind: OpKind, k: int) -> Op:
             chunk, m = chunk_and_microbatch(k, pp, vpp, kind is OpKind.F)
-            return Op(kind, chunk * pp + r, m)
+            return Op(kind, chunks[chunk], m)
 
         warmup = min(2 * (pp - r - 1) + (vpp - 1) * pp, total)
         program = [op(OpKind.F, k) for k in range(warmup)]

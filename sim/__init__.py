@@ -1,1 +1,3 @@
-"""HOW LONG it takes: SimPy replay of a schedule on a topology, network, cost model, outputs and the CLI."""
+"""HOW LONG it takes: the SimPy replay of a lowered schedule on a topology (simulate,
+engine), the cost models (cost_model), the flow network and collectives, outputs (Gantt,
+trace, report) and the command line (cli/). docs/architecture.md is the map."""

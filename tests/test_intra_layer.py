@@ -173,8 +173,8 @@ def lowered_ops(model, parallel):
 def test_a_config_field_changes_the_ops_as_the_option_does(model, base, field):
     plain = ParallelConfig(num_microbatches=4, **base)
     configured = lowered_ops(model, ParallelConfig(num_microbatches=4, **base, **field))
-    # the intra-layer options are ParallelConfig fields now (IntraLayerOptions is gone):
-    # given to the constructor or replaced in later, they lower to the same ops
+    # the intra-layer options are ParallelConfig fields: given to the constructor or
+    # replaced in later, they lower to the same ops
     assert configured == lowered_ops(model, replace(plain, **field))
     assert configured != lowered_ops(model, plain)
 

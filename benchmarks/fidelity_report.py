@@ -168,12 +168,6 @@ def table_4_section(data: dict) -> list[str]:
     return lines + [""]
 
 
-def _trend(rows: list[dict]) -> str:
-    """Signed error against model width, SC21 rows (the weak-scaling sweep)."""
-    sc21 = [r for r in rows if r["source"].startswith("SC21") and r["status"] == "ok"]
-    return ", ".join(f"{r['label']} {_pct(r['error'])}" for r in sc21)
-
-
 def _same_runs(rows: list[dict]) -> str:
     """SC21 vs K22 (full recompute) on the same model and layout: implied iteration times."""
     pairs = (("1T", "1T"), ("529.6B", "530B"))

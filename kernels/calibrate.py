@@ -48,11 +48,11 @@ import torch.distributed as dist
 
 from clustersim.schedules.errors import ConfigError
 from clustersim.schedules.model import ModelSpec
-from clustersim.schedules.profile import COLLECTIVE_OPS, AlphaBeta, Profile
+from clustersim.schedules.profile import COLLECTIVE_OPS, PROFILED_KINDS, AlphaBeta, Profile
 
 from .errors import KernelsError
 from .layers import torch_dtype
-from .microbench import (KINDS, OPTIMIZER_PARAMS, PARTS, BenchPlan, default_collective_sizes,
+from .microbench import (OPTIMIZER_PARAMS, PARTS, BenchPlan, default_collective_sizes,
                          default_p2p_sizes, measure_collectives, measure_compute,
                          measure_optimizer, measure_p2p)
 
@@ -161,7 +161,7 @@ def _median_compute(payloads: dict[int, dict]) -> dict[str, dict[str, float]]:
     out = {}
     for part in PARTS:
         out[part] = {}
-        for kind in KINDS:
+        for kind in PROFILED_KINDS:
             samples = [t for p in payloads.values() if "compute" in p
                        for t in p["compute"][part][kind]]
             out[part][kind] = statistics.median(samples)

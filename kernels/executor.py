@@ -45,8 +45,9 @@ from typing import Any
 
 import torch
 
-from clustersim.schedules.contract import (is_gradient_collective, is_intra_layer, is_parameter_gather,
-                                prerequisites, program_contract, program_products)
+from clustersim.schedules.contract import (is_gradient_collective, is_intra_layer,
+                                           is_parameter_gather, prerequisites, program_contract,
+                                           program_products)
 from clustersim.schedules.names import COMPUTE_LANE, TP
 from clustersim.schedules.ops import WORK_KINDS, Op, OpKind
 from clustersim.schedules.schedule import Schedule

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch import nn
 
 from clustersim.schedules.model import ModelSpec
+from clustersim.schedules.profile import PROFILED_KINDS
 
 from .layers import torch_dtype
 from .optimizer import FlatAdam
@@ -25,7 +26,6 @@ from .split_backward import backward_input, backward_weight
 from .stage import build_stages
 
 PARTS = ("layer", "embedding", "head")
-KINDS = ("F", "B", "I", "W")
 
 
 def default_p2p_sizes(model: ModelSpec) -> tuple[int, ...]:
@@ -86,15 +86,11 @@ class Timer:
 
 
 def stage_parts(model: ModelSpec, seed: int, device: torch.device) -> dict[str, nn.Module]:
-    """One-layer middle stage, embedding-only first stage, head-only last stage."""
-    spec = replace(model, num_layers=3)
-    modules = {}
-    for part, stage in (("embedding", 0), ("layer", 1), ("head", 2)):
-        module = build_stages(spec, [stage], 3, seed, device, split=(1, 1, 1))[stage]
-        if part != "layer":
-            module.layers = nn.ModuleDict()
-        modules[part] = module
-    return modules
+    """One-layer middle stage, embedding-only first stage, head-only last stage: the
+    stages of a one-layer model split (0, 1, 0)."""
+    spec = replace(model, num_layers=1)
+    return {part: build_stages(spec, [stage], 3, seed, device, split=(0, 1, 0))[stage]
+            for part, stage in (("embedding", 0), ("layer", 1), ("head", 2))}
 
 
 def _timed(timer: Timer, count: int, call: Callable[[int], Any]) -> tuple[float, list]:
@@ -143,7 +139,7 @@ def measure_compute(plan: BenchPlan, device: torch.device, step: Callable[[str],
               "x": torch.randn(b, s, h, generator=gen).to(device, dtype),
               "grad": (torch.randn(b, s, h, generator=gen) * 1e-3).to(device, dtype)}
     timer = Timer(device)
-    samples = {part: {k: [] for k in KINDS} for part in PARTS}
+    samples = {part: {k: [] for k in PROFILED_KINDS} for part in PARTS}
     for part in PARTS:
         for i in range(plan.warmup + plan.repeats):
             times = time_part(part, modules[part], inputs, timer)

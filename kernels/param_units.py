@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from clustersim.schedules.contract import ProgramContract, is_gradient_collective, is_parameter_gather
+from clustersim.schedules.contract import (ProgramContract, is_gradient_collective,
+                                           is_parameter_gather)
 from clustersim.schedules.ops import WORK_KINDS, Op, OpKind
 
 from .errors import KernelsError

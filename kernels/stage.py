@@ -1,8 +1,8 @@
 """One pipeline stage (model chunk) of a ModelSpec as a torch module, and the token batch.
 
-Split (the same as schedules.costs, Megatron-LM's default): num_layers / num_stages
-contiguous layers per stage; stage 0 also holds the word embedding (+ learned absolute
-positions), the last stage the final norm, the output layer and the cross-entropy loss.
+Split: the plan's (Plan.stage_layers, schedules.pipeline_split), contiguous layers per
+stage; stage 0 also holds the word embedding (+ learned absolute positions), the last
+stage the final norm, the output layer and the cross-entropy loss.
 With tied embeddings (Megatron's default) the last stage keeps its own copy of the word
 embedding under the same name, `word_embeddings.weight`; the true gradient of the shared
 weight is the sum of the copies' gradients (Megatron all-reduces them over its embedding
@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from clustersim.schedules.layer_groups import chunk_layers
+from clustersim.schedules.layer_groups import chunk_parts
 from clustersim.schedules.model import ModelSpec
 
 from .layers import (Norm, TransformerLayer, check_recompute, checkpointed, init_parameters,
@@ -49,11 +49,10 @@ from .tensor_parallel import TensorParallel, replicated_in_sequence
 from .vocab_parallel import cross_entropy, embedding_partial
 
 
-def layer_range(spec: ModelSpec, stage: int, num_stages: int,
-                split: Sequence[int] | None = None) -> range:
-    """Global indices of the layers of `stage` (contiguous): `split[s]` layers per stage
-    (the plan's pipeline split, Plan.stage_layers); None only for the whole model as one
-    stage."""
+def stage_split(spec: ModelSpec, num_stages: int,
+                split: Sequence[int] | None) -> tuple[int, ...]:
+    """Layers per stage: `split` (the plan's pipeline split, Plan.stage_layers), or, for
+    the whole model as one stage, None."""
     if split is None:
         if num_stages != 1:
             raise ValueError(f"{num_stages} stages need their split (Plan.stage_layers)")
@@ -61,8 +60,7 @@ def layer_range(spec: ModelSpec, stage: int, num_stages: int,
     if len(split) != num_stages or sum(split) != spec.num_layers:
         raise ValueError(f"split {list(split)} must give {num_stages} stages "
                          f"{spec.num_layers} layers")
-    start = sum(split[:stage])
-    return range(start, start + split[stage])
+    return tuple(split)
 
 
 class Embedding(nn.Module):
@@ -89,6 +87,7 @@ class StageModule(nn.Module):
         if not 0 <= stage < num_stages:
             raise ValueError(f"stage={stage} out of range 0..{num_stages - 1}")
         self.spec, self.stage, self.num_stages = spec, stage, num_stages
+        self.split = stage_split(spec, num_stages, split)
         self.first, self.last = stage == 0, stage == num_stages - 1
         self.recompute = check_recompute(recompute)
         h, v = spec.hidden_size, spec.vocab_size
@@ -100,19 +99,17 @@ class StageModule(nn.Module):
             replicated_in_sequence(self.position_embeddings.weight)
         self.layers = nn.ModuleDict({
             str(i): TransformerLayer(spec, tp, recompute)
-            for i in layer_range(spec, stage, num_stages, split)})
+            for i in chunk_parts(self.split, stage, None, 1).layers})
         if self.last:
             self.final_norm = Norm(spec)
             if not tied:
                 self.output_layer = Embedding(v, h, tp.size)  # (V, h) projection, no bias
 
     def _parts(self, chunk: int | None, groups: int) -> tuple[bool, list[str], bool]:
-        """(runs the embedding, layer keys, runs the head) of layer group `chunk`."""
-        keys = list(self.layers.keys())
-        chosen = [keys[i] for i in chunk_layers(len(keys), groups, chunk)]
-        embed = self.first and chunk in (None, 0)
-        head = self.last and (chunk is None or chunk == groups - 1)
-        return embed, chosen, head
+        """(runs the embedding, layer keys, runs the head) of layer group `chunk`
+        (schedules.layer_groups.chunk_parts)."""
+        parts = chunk_parts(self.split, self.stage, chunk, groups)
+        return parts.embedding, [str(i) for i in parts.layers], parts.head
 
     def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None,
                 chunk: int | None = None, groups: int = 1) -> torch.Tensor:
@@ -165,7 +162,7 @@ def build_stages(spec: ModelSpec, stages: list[int], num_stages: int, seed: int,
                  split: Sequence[int] | None = None, recompute: str = "none"
                  ) -> dict[int, StageModule]:
     """The modules of the stages one rank holds (its TP shard: `tp`; layers per stage:
-    `split`, see layer_range; activation `recompute`), initialised from `seed` and placed
+    `split`, see stage_split; activation `recompute`), initialised from `seed` and placed
     on `device` in the model dtype. When the rank holds both the first
     and the last stage of a tied model, the two share one word-embedding module (as one
     model would)."""

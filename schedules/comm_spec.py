@@ -1,7 +1,7 @@
 """What one compute op covers, and one aggregated intra-layer collective it posts.
 
-Shared by the intra-layer passes (schedules.tp_comms, context_parallel,
-expert_parallel; put together by schedules.intra_layer). Units: bytes, counts.
+Shared by the intra-layer passes (schedules.tp_comms, cp_comms, ep_comms; put together
+by schedules.intra_layer). Units: bytes, counts.
 """
 from __future__ import annotations
 

@@ -35,7 +35,6 @@ from __future__ import annotations
 from .comm_spec import Comm, Covered
 from .cp_comms import check_cp_comm, cp_comms
 from .ep_comms import ep_comms, etp_comms, imbalance_flops
-from .layer_groups import chunk_layers
 from .names import INTRA_LAYER_GROUPS, TP
 from .ops import WORK_KINDS, Op, OpKind
 from .parallel import ParallelConfig
@@ -46,15 +45,11 @@ from .tp_comms import tp_comms
 
 def covered(op: Op, plan: Plan, groups: int) -> Covered:
     """The layers, embedding and head compute op `op` runs, its stage split into `groups`
-    layer groups (schedules.layer_groups)."""
-    counts, model = plan.stage_layers, plan.model
-    first = plan.stage_offsets[op.stage]
-    layers = [first + i for i in chunk_layers(counts[op.stage], groups, op.chunk)]
-    moe = sum(1 for layer in layers if model.is_moe_layer(layer)) if model.is_moe else 0
-    return Covered(op.kind, len(layers), moe,
-                   embedding=op.stage == 0 and op.chunk in (None, 0),
-                   head=op.stage == plan.num_stages - 1 and op.chunk in (None, groups - 1),
-                   recompute=plan.parallel.recompute)
+    layer groups (Plan.chunk_parts)."""
+    parts, model = plan.chunk_parts(op.stage, op.chunk, groups), plan.model
+    moe = sum(1 for layer in parts.layers if model.is_moe_layer(layer)) if model.is_moe else 0
+    return Covered(op.kind, len(parts.layers), moe, embedding=parts.embedding,
+                   head=parts.head, recompute=plan.parallel.recompute)
 
 
 def op_comms(plan: Plan, cov: Covered) -> list[Comm]:

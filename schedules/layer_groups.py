@@ -17,12 +17,13 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from .costs import StageCost, costs_for_layers
 from .errors import ConfigError
 from .model import ModelSpec
 from .parallel import ParallelConfig
-from .sharding import DEFAULT_BUCKET_BYTES, moves_gradients
+from .sharding import moves_gradients
 
 
 def check_groups(layers: int, groups: int) -> None:
@@ -43,6 +44,28 @@ def chunk_layers(layers: int, groups: int, chunk: int | None) -> range:
         raise ConfigError(f"chunk {chunk} out of range 0..{groups - 1}")
     size = layers // groups
     return range(chunk * size, (chunk + 1) * size)
+
+
+@dataclass(frozen=True)
+class ChunkParts:
+    """What a compute op of one (stage, layer group) runs: its transformer layers (global
+    indices, model order), whether it holds the embedding (group 0 of stage 0) and the
+    head (final norm, output layer, loss: the last group of the last stage)."""
+
+    layers: range
+    embedding: bool
+    head: bool
+
+
+def chunk_parts(counts: Sequence[int], stage: int, chunk: int | None,
+                groups: int) -> ChunkParts:
+    """The parts layer group `chunk` (None: the whole stage) of `stage` runs, the stages
+    holding `counts` layers each and split into `groups` groups (module docstring)."""
+    first = sum(counts[:stage])
+    local = chunk_layers(counts[stage], groups, chunk)
+    return ChunkParts(range(first + local.start, first + local.stop),
+                      embedding=stage == 0 and chunk in (None, 0),
+                      head=stage == len(counts) - 1 and chunk in (None, groups - 1))
 
 
 def group_costs(model: ModelSpec, parallel: ParallelConfig, counts: Sequence[int],
@@ -75,8 +98,7 @@ def data_parallel_groups(model: ModelSpec, parallel: ParallelConfig,
     layers = math.gcd(*counts)
     per_layer = (model.layer_param_count(parallel.tp, parallel.ep, etp=parallel.etp)
                  * model.dtype_bytes)
-    bucket = parallel.bucket_bytes or DEFAULT_BUCKET_BYTES
     for size in range(1, layers + 1):
-        if layers % size == 0 and size * per_layer >= bucket:
+        if layers % size == 0 and size * per_layer >= parallel.grad_bucket_bytes:
             return layers // size
     return 1

@@ -15,8 +15,9 @@ Each pass says when a schedule is past it (`Pass.done`), and `lower` skips it th
 schedule handed in partly lowered (a custom one, or one whose data-parallel ops were
 edited by hand) keeps what it has, and lowering a lowered schedule changes nothing (the
 costs pass is past once the intra-layer pass has run, since that pass adjusts costs:
-scattered P2P bytes, imbalanced experts' FLOPs). Memory is not a pass: the simulator's memory model (sim.memory)
-reads the lowered schedule and the plan.
+scattered P2P bytes, imbalanced experts' FLOPs). Memory is not a pass: the simulator's
+memory model (sim.memory) reads the lowered schedule and the plan. docs/architecture.md,
+"The lowering".
 """
 from __future__ import annotations
 

@@ -27,6 +27,7 @@ INTRA_LAYER_GROUPS = frozenset({TP, CP, EP, ETP})
 """Group axes of communication inside a layer (tensor, context, expert parallelism)."""
 
 COMPUTE_LANE, SEND_LANE, RECV_LANE = "compute", "send", "recv"
-PCIE_LANE, HOST_LANE = PCIE, HOST
+PCIE_LANE, HOST_LANE, COLLECTIVE_LANE = PCIE, HOST, "coll"
 """Timeline lanes: the compute stream, P2P sends and receives, host copies, host optimizer
-steps; a collective runs on the lane named by its group axis."""
+steps; a collective runs on the lane named by its group axis (COLLECTIVE_LANE without
+one)."""

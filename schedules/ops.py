@@ -89,8 +89,9 @@ _ACTION_RE = re.compile(rf"^(\d+)({_KIND_ALTERNATION})(\d*)(?:\.(\d+))?$")
 class Op:
     """One action of one rank.
 
-    `group` is the parallel axis the op talks over (`pp`, `dp`, `tp`, `cp`, `ep`), never a
-    list of ranks: ranks that differ only along other axes share one program.
+    `group` is the group axis the op talks over (schedules.names: tp, cp, ep, etp, dp,
+    dp_shard, dp_replicate, pp; host and pcie for host steps and copies), never a list of
+    ranks: ranks that differ only along other axes share one program.
     """
 
     kind: OpKind

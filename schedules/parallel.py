@@ -30,7 +30,7 @@ from typing import Any
 
 from .errors import ConfigError, require_positive_int
 from .names import CP, DP, EP, EXPERT_AXES, GRID_AXES, PP, TP
-from .registry import schedule_entry
+from .registry import DEFAULT_SCHEDULE, schedule_entry
 from .parallel_aliases import ALIASES, resolve_kwargs
 from .sharding import DEFAULT_BUCKET_BYTES, normalised_sharding
 
@@ -66,7 +66,7 @@ class ParallelConfig:
     """
 
     pp: int = 1
-    vpp: int = 1
+    vpp: int | None = None  # virtual stages per rank; None = the schedule's default
     dp: int = 1
     tp: int = 1
     cp: int = 1
@@ -95,7 +95,7 @@ class ParallelConfig:
     last_stage_layers: int | None = None  # layers on the last pipeline rank
     account_for_embedding: bool = False  # the embedding takes one layer's slot
     account_for_loss: bool = False  # the output layer + loss take one layer's slot
-    schedule: str = "1f1b"  # or CUSTOM_SCHEDULE for a schedule given as data (torch CSV)
+    schedule: str = DEFAULT_SCHEDULE  # or CUSTOM_SCHEDULE for a schedule given as data
     # intra-layer communication (issue 6); see schedules.intra_layer
     tp_comm_overlap: bool = False  # TP collectives run alongside the GEMMs
     cp_comm: str = "ring"  # context parallelism: 'ring' attention or 'ulysses' all-to-alls
@@ -103,6 +103,9 @@ class ParallelConfig:
     scatter_gather: bool = False  # SC21 scatter/gather of pipeline transfers over TP
 
     def __post_init__(self) -> None:
+        if self.vpp is None:  # a schedule given as data has one stage per rank unless it says
+            entry = None if self.schedule == CUSTOM_SCHEDULE else schedule_entry(self.schedule)
+            object.__setattr__(self, "vpp", entry.default_vpp if entry else 1)
         for name in ("pp", "vpp", "dp", "tp", "cp", "ep", "micro_batch_size"):
             require_positive_int(name, getattr(self, name))
         if not isinstance(self.sequence_parallel, bool):

@@ -10,7 +10,8 @@ worker. Nothing else derives these facts (docs/architecture.md, "The Plan"):
   per rank);
 - every group's size and members along each axis (schedules.names: tp, cp, pp, dp, ep,
   etp, edp, dp_shard, dp_replicate), with the shard-group size resolved once
-  (schedules.sharding.shard_group_size) and the ZeRO shard degrees derived from it;
+  (schedules.sharding.shard_group_size; the ZeRO memory formulas' N follows from it,
+  schedules.sharding.state_shard_degree);
 - with cluster facts (schedules.cluster_facts): the GPU of every pipeline rank that is
   replayed, and which groups span hosts;
 - what is replayed op by op (the pipeline ranks of replica 0: one program per pipeline
@@ -19,10 +20,11 @@ worker. Nothing else derives these facts (docs/architecture.md, "The Plan"):
 `resolve` checks, in order: the schedule's shape against the config, the pipeline split,
 the model against the config (ParallelConfig.check_model), the shard group; it builds no
 program table, so it is cheap. A plan that places ranks on GPUs (`devices`, what the
-simulator replays) needs a cluster with a GPU for every rank; the memory report does not. `Plan.build_schedule()` builds the
-compute-only schedule a registered schedule name gives. `Plan.describe()` is what the
-outputs store (metrics and Timeline JSON: meta['plan']) and `Plan.header()` the run's
-header line. Units: bytes, FLOPs, parameter counts.
+simulator replays) needs a cluster with a GPU for every rank; the memory report does
+not. `Plan.build_schedule()` builds the compute-only schedule a registered schedule name
+gives. `Plan.describe()` is what the outputs store (metrics and Timeline JSON:
+meta['plan']) and `Plan.header()` the run's header line. Units: bytes, FLOPs, parameter
+counts.
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ from typing import Any
 from .cluster_facts import ClusterFacts
 from .costs import StageCost, costs_for_layers
 from .errors import ConfigError
-from .layer_groups import data_parallel_groups, group_costs
+from .layer_groups import ChunkParts, chunk_parts, data_parallel_groups, group_costs
 from .model import ModelSpec
 from .names import DP_REPLICATE, DP_SHARD, EXPERT_AXES, GRID_AXES
 from .parallel import CUSTOM_SCHEDULE, ParallelConfig
@@ -41,7 +43,7 @@ from .placement import PLACEMENTS
 from .placement import stage_ranks as placed
 from .registry import schedule_entry
 from .schedule import Schedule
-from .sharding import group_ranks, hpz_degree, shard_group_size, state_shard_degree
+from .sharding import group_ranks, shard_group_size
 
 GROUP_AXES = (*GRID_AXES, *(a for a in EXPERT_AXES if a not in GRID_AXES), DP_SHARD,
               DP_REPLICATE)
@@ -54,7 +56,8 @@ class Plan:
     model: ModelSpec
     parallel: ParallelConfig
     schedule: str
-    placement: str  # 'loop', 'v', or 'custom' (a schedule given as data)
+    placement: str  # 'loop', 'v', or 'custom' (a placement no registered schedule uses)
+    registered: bool  # a registered schedule (False: the schedule was given as data)
     num_microbatches: int
     stage_ranks: tuple[int, ...]
     stage_layers: tuple[int, ...]
@@ -86,14 +89,20 @@ class Plan:
         """The virtual stages pipeline rank `pipeline_rank` holds, in stage order."""
         return [s for s, r in enumerate(self.stage_ranks) if r == pipeline_rank]
 
+    def chunk_parts(self, stage: int, chunk: int | None, groups: int) -> ChunkParts:
+        """The layers, embedding and head a (stage, layer group) op runs, the stage split
+        into `groups` groups (schedules.layer_groups.chunk_parts)."""
+        return chunk_parts(self.stage_layers, stage, chunk, groups)
+
     def costs_of(self, stage: int, chunk: int | None) -> StageCost:
         """The costs of a stage (chunk None) or of layer group `chunk` of it."""
         return self.stage_costs[stage] if chunk is None else self.group_costs[stage][chunk]
 
     def build_schedule(self) -> Schedule:
         """The compute-only schedule of a registered schedule name (schedules.registry)."""
-        if self.placement == CUSTOM_SCHEDULE:
-            raise ConfigError("a custom schedule is given as data: it has no generator")
+        if not self.registered:
+            raise ConfigError(f"schedule {self.schedule!r} was given as data: it has no "
+                              f"generator; use the schedule itself")
         return schedule_entry(self.schedule).build(self.pp, self.num_microbatches,
                                                    self.stages_per_rank)
 
@@ -116,16 +125,6 @@ class Plan:
         """Ranks a sharded gradient or parameter collective splits its bytes over: the
         hybrid shard group, else the DP group (communication runs over 'dp' only)."""
         return self.dp_shard_size if self.parallel.fsdp == "hybrid" else self.parallel.dp
-
-    @property
-    def state_shards(self) -> int:
-        """N of the ZeRO memory formulas (schedules.sharding.state_shard_degree)."""
-        return state_shard_degree(self.parallel, self.dp_shard_size)
-
-    @property
-    def hpz_shards(self) -> int:
-        """Ranks the hpZ secondary parameter shard splits over (schedules.sharding)."""
-        return hpz_degree(self.parallel, self.dp_shard_size)
 
     # --- what is replayed, and where ---------------------------------------------------
     @property
@@ -223,5 +222,6 @@ def resolve(model: ModelSpec, parallel: ParallelConfig, cluster: ClusterFacts | 
     groups = data_parallel_groups(model, parallel, layers)
     costs = costs_for_layers(model, parallel, layers)
     by_group = [[c] for c in costs] if groups == 1 else group_costs(model, parallel, layers, groups)
-    return Plan(model, parallel, name, placement, microbatches, tuple(ranks), layers, groups,
-                tuple(costs), tuple(tuple(row) for row in by_group), shard, cluster)
+    return Plan(model, parallel, name, placement, schedule is None, microbatches, tuple(ranks),
+                layers, groups, tuple(costs), tuple(tuple(row) for row in by_group), shard,
+                cluster)

@@ -49,7 +49,7 @@ from .errors import ConfigError, require_positive_int
 
 FORMAT = "clustersim-profile/1"
 COMPUTE_PARTS = ("layer", "embedding", "head")
-COMPUTE_KINDS = ("F", "B", "I", "W")
+PROFILED_KINDS = ("F", "B", "I", "W")  # the keys of each compute part: OpKind values
 COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
 # ModelSpec fields a per-layer time depends on (num_layers does not: times are per layer).
 SHAPE_FIELDS = ("hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
@@ -167,7 +167,7 @@ class Profile:
             if part not in self.compute:
                 raise ConfigError(f"profile field compute.{part} is missing")
             table = _mapping(f"compute.{part}", self.compute[part])
-            for kind in COMPUTE_KINDS:
+            for kind in PROFILED_KINDS:
                 if kind not in table:
                     raise ConfigError(f"profile field compute.{part}.{kind} is missing")
                 _seconds(f"compute.{part}.{kind}", table[kind])
@@ -202,7 +202,7 @@ class Profile:
             "format": FORMAT, "device": self.device, "source": self.source,
             "versions": dict(self.versions), "date": self.date, "threads": self.threads,
             "model": dict(self.model), "tp": self.tp,
-            "compute": {p: {k: float(self.compute[p][k]) for k in COMPUTE_KINDS}
+            "compute": {p: {k: float(self.compute[p][k]) for k in PROFILED_KINDS}
                         for p in COMPUTE_PARTS},
             "p2p": self.p2p.to_dict(),
             "collectives": {op: {str(n): ab.to_dict() for n, ab in sorted(sizes.items())}

@@ -18,6 +18,9 @@ from .errors import ConfigError
 from .schedule import Schedule
 from .schedule_entry import ScheduleEntry
 
+DEFAULT_SCHEDULE = "1f1b"
+
+
 def _collect() -> dict[str, ScheduleEntry]:
     entries: dict[str, ScheduleEntry] = {}
     for info in sorted(pkgutil.iter_modules(pipelines.__path__), key=lambda i: i.name):

@@ -6,11 +6,12 @@ from dataclasses import dataclass
 
 from .errors import ConfigError
 from .ops import Op
-from .placement import LOOP, PLACEMENTS, stage_ranks
+from .placement import LOOP, PLACEMENTS, stage_ranks, stages_by_rank
 from .schedule import Schedule
 
-Programs = Callable[[int, int, int], list[list[Op]]]
-"""(pp, microbatches, vpp) -> the compute-only program of each pipeline rank."""
+Programs = Callable[[list[list[int]], int], list[list[Op]]]
+"""(the stages each rank holds, in stage order, as the entry's placement gives them;
+microbatches) -> the compute-only program of each pipeline rank."""
 
 
 @dataclass(frozen=True)
@@ -61,5 +62,6 @@ class ScheduleEntry:
         vpp = self.default_vpp if vpp is None else vpp
         self.check(pp, microbatches, vpp)
         stages = pp * vpp
-        return Schedule(self.name, microbatches, self.programs(pp, microbatches, vpp), stages,
+        programs = self.programs(stages_by_rank(self.placement, pp, stages), microbatches)
+        return Schedule(self.name, microbatches, programs, stages,
                         stage_ranks(self.placement, pp, stages))

@@ -30,6 +30,7 @@ Algorithms (n ranks, in the order given):
   runs at its slowest link: here each flow is independent, so the NVLink flows finish
   early and the NIC flows set the makespan, as in the real pipeline.
 - direct: all-to-all, one step, a flow i->j of S/n for every i != j; P2P, one flow.
+To add an algorithm: docs/architecture.md, "Add a collective algorithm".
 """
 from __future__ import annotations
 

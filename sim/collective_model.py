@@ -28,7 +28,6 @@ Two ways to run it:
   collective of the other replicas' groups on those hosts (same pipeline coordinate,
   other tp/cp/dp coordinates) runs with it as flows whose spans are dropped, since that
   traffic shares the hosts' NICs and the fabric (as 'dp_replicate' does below).
-On InstantNetwork (uniform costs) collectives take no time.
 """
 from __future__ import annotations
 
@@ -45,7 +44,7 @@ from .collectives import collective_phases, parse_collective, run_collective
 from .flows import FlowNetwork
 
 
-def collective_model(env: simpy.Environment, network, plan: Plan
+def collective_model(env: simpy.Environment, network: FlowNetwork, plan: Plan
                      ) -> Callable[[Op, int], simpy.Event]:
     """The replay's collective hook (module docstring)."""
     cluster, parallel = plan.cluster, plan.parallel
@@ -108,8 +107,6 @@ def collective_model(env: simpy.Environment, network, plan: Plan
         return hit
 
     def run(op: Op, pp_rank: int) -> simpy.Event:
-        if not isinstance(network, FlowNetwork):
-            return env.timeout(0, value=None)
         rank = global_rank[pp_rank]
         ranks, devices, cacheable = members(op.group, rank)
         if cacheable:

@@ -20,6 +20,8 @@ first in APPLICABLE order. So, like NCCL's tuner, small all-reduces and broadcas
 the tree (log-depth latency) and large ones the ring; across hosts, the largest get the
 multi-ring (NCCL's channels: every GPU's NIC busy, NVLink and network overlapped) and
 smaller all-gathers / reduce-scatters the hierarchical one (fewest latency steps).
+ALGORITHMS and APPLICABLE register them (docs/architecture.md, "Add a collective
+algorithm").
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ import networkx as nx
 import simpy
 
 from clustersim.schedules.errors import ConfigError
+from clustersim.schedules.names import COLLECTIVE_LANE
 from clustersim.schedules.ops import Op, OpKind
 from clustersim.schedules.timeline import Span, Timeline
 from clustersim.topologies import gpu_nodes, load_topology
@@ -39,7 +42,6 @@ from . import collective_algorithms as algos
 from .collective_algorithms import Phase, estimate_time
 from .flows import FlowNetwork
 
-DEFAULT_LANE = "coll"
 
 
 class Collective(str, Enum):
@@ -191,7 +193,7 @@ def run_collective(env: simpy.Environment, network: FlowNetwork,
     record = CollectiveRun(coll, name, size, sum(p.steps for p in phases),
                            sum(len(p.flows) for p in phases), env.now)
     done = env.event()
-    lane = lane or (schedule_op.group if schedule_op and schedule_op.group else DEFAULT_LANE)
+    lane = lane or (schedule_op.group if schedule_op and schedule_op.group else COLLECTIVE_LANE)
     ranks = list(ranks) if ranks is not None else [network.graph.nodes[g]["index"] for g in gpus]
     if len(ranks) != len(gpus):
         raise ConfigError(f"ranks: need one rank per GPU ({len(gpus)}), got {len(ranks)}")

@@ -3,8 +3,8 @@ with (sim.simulate). A cost model gives
 
 - `compute_time(plan, topology)`: seconds of each compute op (F, B, I, W, OPT_STEP);
 - `network(env, topology)`: the transfer seam (sim.network) P2P and host copies use;
-- `collectives(env, network, plan, topology)`: the replay's collective hook, (op, pipeline
-  rank) -> an event that fires when the collective has run;
+- `collectives(env, network, plan)`: the replay's collective hook, (op, pipeline rank) ->
+  an event that fires when the collective has run;
 - `describe()`: one line for the outputs (meta['cost_model']).
 
 Three implementations:
@@ -31,7 +31,7 @@ from clustersim.schedules.errors import ConfigError
 from clustersim.schedules.ops import Op, OpKind
 from clustersim.schedules.plan import Plan
 from clustersim.schedules.profile import Profile
-from clustersim.topologies import device_of
+from clustersim.topologies import DeviceSpec, device_of
 
 from .collective_model import collective_model
 from .cost import (DEFAULT_COMPUTE_EFFICIENCY, DEFAULT_MEMORY_EFFICIENCY, RooflineCost,
@@ -50,16 +50,16 @@ class CostModel(Protocol):
 
     def network(self, env: simpy.Environment, topology: nx.DiGraph) -> Network: ...
 
-    def collectives(self, env: simpy.Environment, network: Network, plan: Plan,
-                    topology: nx.DiGraph) -> CollectiveHook: ...
+    def collectives(self, env: simpy.Environment, network: Network,
+                    plan: Plan) -> CollectiveHook: ...
 
     def describe(self) -> str: ...
 
 
-def _stage_devices(plan: Plan, topology: nx.DiGraph) -> Callable[[int], object]:
-    """The DeviceSpec of the GPU that holds stage s (of its replayed pipeline rank)."""
+def _stage_devices(plan: Plan, topology: nx.DiGraph) -> list[DeviceSpec]:
+    """The DeviceSpec of the GPU that holds each stage (its replayed pipeline rank's)."""
     devices = [device_of(topology, d) for d in plan.devices]
-    return lambda stage: devices[plan.stage_ranks[stage]]
+    return [devices[rank] for rank in plan.stage_ranks]
 
 
 @dataclass(frozen=True)
@@ -74,18 +74,17 @@ class RooflineCostModel:
         check_fraction("memory_efficiency", self.memory_efficiency)
 
     def compute_time(self, plan: Plan, topology: nx.DiGraph) -> ComputeTime:
-        rooflines = [RooflineCost(device_of(topology, d), plan.model.dtype,
-                                  self.compute_efficiency, self.memory_efficiency)
-                     for d in plan.devices]
-        kernels = StageKernelCost([rooflines[r] for r in plan.stage_ranks], plan)
-        return with_optimizer_steps(kernels, _stage_devices(plan, topology),
+        devices = _stage_devices(plan, topology)
+        rooflines = [RooflineCost(d, plan.model.dtype, self.compute_efficiency,
+                                  self.memory_efficiency) for d in devices]
+        return with_optimizer_steps(StageKernelCost(rooflines, plan), devices.__getitem__,
                                     self.memory_efficiency)
 
     def network(self, env: simpy.Environment, topology: nx.DiGraph) -> Network:
         return FlowNetwork(env, topology)
 
-    def collectives(self, env: simpy.Environment, network: Network, plan: Plan,
-                    topology: nx.DiGraph) -> CollectiveHook:
+    def collectives(self, env: simpy.Environment, network: Network,
+                    plan: Plan) -> CollectiveHook:
         return collective_model(env, network, plan)
 
     def describe(self) -> str:
@@ -121,8 +120,8 @@ class UniformCostModel:
     def network(self, env: simpy.Environment, topology: nx.DiGraph) -> Network:
         return InstantNetwork(env)
 
-    def collectives(self, env: simpy.Environment, network: Network, plan: Plan,
-                    topology: nx.DiGraph) -> CollectiveHook:
+    def collectives(self, env: simpy.Environment, network: Network,
+                    plan: Plan) -> CollectiveHook:
         return lambda op, pp_rank: env.timeout(0, value=None)
 
     def describe(self) -> str:
@@ -154,14 +153,15 @@ class ProfileCostModel:
 
     def compute_time(self, plan: Plan, topology: nx.DiGraph) -> ComputeTime:
         return with_optimizer_steps(ProfileCost.for_plan(self.profile, plan),
-                                    _stage_devices(plan, topology), self.memory_efficiency,
+                                    _stage_devices(plan, topology).__getitem__,
+                                    self.memory_efficiency,
                                     gpu_seconds_per_param=self.profile.optimizer_seconds_per_param)
 
     def network(self, env: simpy.Environment, topology: nx.DiGraph) -> Network:
         return AlphaBetaNetwork(env, self.profile.p2p.alpha, self.profile.p2p.beta)
 
-    def collectives(self, env: simpy.Environment, network: Network, plan: Plan,
-                    topology: nx.DiGraph) -> CollectiveHook:
+    def collectives(self, env: simpy.Environment, network: Network,
+                    plan: Plan) -> CollectiveHook:
         return profile_collective_model(env, self.profile, plan)
 
     def describe(self) -> str:

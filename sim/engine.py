@@ -13,7 +13,8 @@ OPT_STEP with group 'host' (ZeRO-Offload) on lane 'host' for `compute_time(op)`.
 (schedules.contract); a P2P op is posted once its positional waits are met.
 Events exist only for things some op waits for. Everything the replay observes goes into
 a Timeline (seconds; memory in bytes). If processes remain blocked when no event is
-left, the replay raises DeadlockError naming each rank's stuck op.
+left, the replay raises DeadlockError naming each rank's stuck op. Each op kind goes to
+its handler through one table (`Replay._dispatch_table`; docs/architecture.md).
 """
 from __future__ import annotations
 
@@ -24,18 +25,17 @@ from dataclasses import dataclass
 
 import simpy
 
-from clustersim.schedules.contract import (Key, gather_releases, p2p_peer, prerequisites, produces,
-                                program_contract, runs_on_compute_stream)
+from clustersim.schedules.contract import (Key, gather_releases, p2p_peer, prerequisites,
+                                           produces, program_contract, runs_on_compute_stream)
 from clustersim.schedules.errors import ConfigError, DeadlockError
+from clustersim.schedules.names import (COLLECTIVE_LANE, COMPUTE_LANE, HOST_LANE, PCIE_LANE,
+                                        RECV_LANE, SEND_LANE)
 from clustersim.schedules.ops import (COLLECTIVE_KINDS, COPY_KINDS, P2P_KINDS, WORK_KINDS, Op,
                                       OpKind)
 from clustersim.schedules.schedule import Schedule
-from clustersim.schedules.names import COMPUTE_LANE, HOST_LANE, PCIE_LANE, RECV_LANE, SEND_LANE
 from clustersim.schedules.timeline import MemorySample, Span, Timeline
 
 from .network import Network
-
-
 
 
 @dataclass(frozen=True)
@@ -277,7 +277,7 @@ class Replay:
             if self.collective is None:
                 raise ConfigError(f"rank {rank}: op {op} is a collective, but this replay has "
                                   "no collective model")
-            return op.group or "coll", lambda: self.collective(op, rank)
+            return op.group or COLLECTIVE_LANE, lambda: self.collective(op, rank)
         if op.kind.is_copy:
             if self.hosts is None:
                 raise ConfigError(f"rank {rank}: op {op} copies to or from the host, but this "

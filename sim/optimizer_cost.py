@@ -46,16 +46,12 @@ def optimizer_step_time(op: Op, device: DeviceSpec, memory_efficiency: float,
 
 
 def with_optimizer_steps(compute_time: Callable[[Op], float], device_of_stage,
-                         memory_efficiency: float, uniform: bool = False,
-                         gpu_seconds_per_param: float | None = None
+                         memory_efficiency: float, gpu_seconds_per_param: float | None = None
                          ) -> Callable[[Op], float]:
-    """`compute_time` with OPT_STEP costed here (0 under uniform costs, whose
-    closed forms count F and B only); `device_of_stage(s)` is the DeviceSpec of stage s;
-    `gpu_seconds_per_param`: a profile's measured step (None: the HBM roofline)."""
+    """`compute_time` with OPT_STEP costed here; `device_of_stage(s)` is the DeviceSpec of
+    stage s; `gpu_seconds_per_param`: a profile's measured step (None: the HBM roofline)."""
     def timed(op: Op) -> float:
         if op.kind is OpKind.OPT_STEP:
-            if uniform:
-                return 0.0
             return optimizer_step_time(op, device_of_stage(op.stage), memory_efficiency,
                                        gpu_seconds_per_param=gpu_seconds_per_param)
         return compute_time(op)

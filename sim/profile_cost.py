@@ -30,12 +30,12 @@ from collections.abc import Callable, Sequence
 import simpy
 
 from clustersim.schedules.errors import ConfigError
-from clustersim.schedules.layer_groups import chunk_layers
+from clustersim.schedules.layer_groups import chunk_parts
 from clustersim.schedules.model import ModelSpec
 from clustersim.schedules.ops import Op, OpKind
 from clustersim.schedules.parallel import ParallelConfig
 from clustersim.schedules.plan import GROUP_AXES, Plan
-from clustersim.schedules.profile import Profile, shape_mismatch
+from clustersim.schedules.profile import PROFILED_KINDS, Profile, shape_mismatch
 
 # OpKind -> the profile's collectives key
 COLLECTIVE_NAMES = {OpKind.ALL_REDUCE: "all_reduce", OpKind.ALL_GATHER: "all_gather",
@@ -79,18 +79,14 @@ class ProfileCost:
         self.profile, self.recompute_full = profile, recompute_full
         self.layers = list(layers_per_stage)
         self.table: dict[tuple[int, OpKind, int | None], float] = {}
-        last = len(self.layers) - 1
-        for s, layers in enumerate(self.layers):
-            chunks = [None] + (list(range(groups)) if groups > 1 else [])
-            for chunk in chunks:
-                first_group = chunk in (None, 0)
-                last_group = chunk in (None, groups - 1)
-                self._add(s, chunk, len(chunk_layers(layers, groups, chunk)),
-                          s == 0 and first_group, s == last and last_group)
+        for s in range(len(self.layers)):
+            for chunk in [None] + (list(range(groups)) if groups > 1 else []):
+                parts = chunk_parts(self.layers, s, chunk, groups)
+                self._add(s, chunk, len(parts.layers), parts.embedding, parts.head)
 
     def _add(self, s: int, chunk: int | None, layers: int, embedding: bool, head: bool) -> None:
         time = self.profile.compute_time
-        for k in ("F", "B", "I", "W"):
+        for k in PROFILED_KINDS:
             self.table[(s, OpKind(k), chunk)] = (
                 layers * time("layer", k) + (time("embedding", k) if embedding else 0.0)
                 + (time("head", k) if head else 0.0))

@@ -12,7 +12,7 @@ Timeline; the wiring of the parts, nothing more:
 4. describe the run in the Timeline's meta: the plan, the cost model, warnings, the OOM
    report.
 A deadlock found by the replay is re-reported through the unit-time dry run, whose rank x
-step grid marks the stuck ops.
+step grid marks the stuck ops. docs/architecture.md, "The simulator".
 """
 from __future__ import annotations
 
@@ -47,12 +47,13 @@ def simulate(model: ModelSpec, parallel: ParallelConfig, topology: nx.DiGraph,
     """Simulate one training iteration; `schedule` (a custom one, given as data)
     overrides the registered schedule `parallel` names."""
     plan = resolve(model, parallel, cluster_facts(topology), schedule)
-    return replay_plan(plan, topology, costs, schedule)
+    return _replay(plan, topology, costs, schedule)
 
 
-def replay_plan(plan: Plan, topology: nx.DiGraph, costs: CostModel = RooflineCostModel(),
-                schedule: Schedule | None = None) -> Timeline:
-    """Lower `schedule` (default: the plan's registered schedule) and replay it."""
+def _replay(plan: Plan, topology: nx.DiGraph, costs: CostModel,
+            schedule: Schedule | None) -> Timeline:
+    """Lower `schedule` (default: the plan's registered schedule) and replay it on
+    `topology`, the one the plan's cluster facts were read from."""
     devices = plan.devices  # every rank needs a GPU: checked before any work
     lowered = lower(schedule or plan.build_schedule(), plan)
     warnings = []
@@ -65,7 +66,7 @@ def replay_plan(plan: Plan, topology: nx.DiGraph, costs: CostModel = RooflineCos
     overlapped = plan.parallel.overlapped_groups
     replay = Replay(env, lowered, devices, costs.compute_time(plan, topology), network,
                     memory_model(lowered, plan, breakdown),
-                    costs.collectives(env, network, plan, topology),
+                    costs.collectives(env, network, plan),
                     host_cpus(list(devices), topology), overlapped=overlapped)
     try:
         timeline = replay.run()

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+from clustersim.schedules.ops import OpKind
 from clustersim.schedules.timeline import Timeline
 
 from .units import format_seconds
@@ -15,8 +16,7 @@ def _error(a: float, b: float) -> float | None:
     return (a - b) / b * 100 if b else None
 
 
-KIND_ORDER = ("F", "B", "I", "W", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "ALL_REDUCE",
-              "ALL_GATHER", "REDUCE_SCATTER", "ALL_TO_ALL", "BROADCAST", "OPT_STEP")
+KIND_ORDER = tuple(kind.value for kind in OpKind)  # the rows in op-kind order
 
 
 def _mean_durations(t: Timeline, per_stage: bool) -> dict[tuple, list[float]]:

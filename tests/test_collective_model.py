@@ -21,11 +21,6 @@ def plan_on(parallel, graph):
     return resolve(GPT, parallel, cluster_facts(graph))
 
 
-def tp_groups_spanning_hosts(parallel, graph):
-    return plan_on(parallel, graph).groups_spanning_hosts("tp")
-
-
-
 @pytest.mark.parametrize("kind", [OpKind.ALL_REDUCE, OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER])
 def test_cached_intra_node_time_equals_the_flow_simulation(kind):
     """On one NVSwitch node, k back-to-back ring collectives: the cached alpha-beta time
@@ -56,8 +51,8 @@ def test_tp_group_across_two_nodes_is_slower_than_inside_one():
     graph = fat_tree("dgx-h100", num_nodes=2)
     inside = ParallelConfig(tp=8, dp=2, num_microbatches=2)
     across = ParallelConfig(tp=8, dp=2, num_microbatches=2, rank_order="dp-tp-cp-ep-pp")
-    assert tp_groups_spanning_hosts(inside, graph) == []
-    assert tp_groups_spanning_hosts(across, graph)
+    assert plan_on(inside, graph).groups_spanning_hosts("tp") == []
+    assert plan_on(across, graph).groups_spanning_hosts("tp")
     fast, slow = simulate(GPT, inside, graph), simulate(GPT, across, graph)
 
     def tp_time(timeline):

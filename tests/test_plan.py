@@ -10,6 +10,7 @@ from clustersim.schedules.ops import Op, OpKind
 from clustersim.schedules.parallel import ParallelConfig
 from clustersim.schedules.plan import header_line, resolve
 from clustersim.schedules.schedule import Schedule
+from clustersim.schedules.sharding import state_shard_degree
 
 GPT = get_model("gpt3-1.3b")  # 24 layers
 
@@ -61,7 +62,8 @@ def test_the_shard_group_is_the_dp_ranks_on_one_node():
     """HSDP shards inside a node: with tp=2 on 8-GPU nodes a node holds 4 dp ranks."""
     parallel = ParallelConfig(tp=2, dp=8, fsdp="hybrid", num_microbatches=1)
     plan = resolve(GPT, parallel, cluster(nodes=2))
-    assert plan.dp_shard_size == 4 and plan.comm_shards == 4 and plan.state_shards == 4
+    assert plan.dp_shard_size == 4 and plan.comm_shards == 4
+    assert state_shard_degree(parallel, plan.dp_shard_size) == 4  # N of the ZeRO formulas
     assert plan.group("dp_shard", 0) == [0, 2, 4, 6]
     assert plan.group("dp_replicate", 0) == [0, 8]
     given = resolve(GPT, ParallelConfig(tp=2, dp=8, fsdp="hybrid", shard_size=2,
@@ -103,3 +105,19 @@ def test_described_plan_and_header():
     assert d["replayed_ranks"] == [0, 2] and d["world_size"] == 4
     assert header_line(d) == plan.header() == (
         "1f1b: pp=2 vpp=1 dp=2 microbatches=4 model=gpt3-1.3b topology=test")
+
+
+def test_a_schedule_given_as_data_is_never_replaced_by_a_registered_one():
+    """A GPipe program table that happens to be named like a registered schedule: the plan
+    keeps its shape and builds no other schedule in its place."""
+    from clustersim.schedules.memory_model import rank_memory
+    from clustersim.schedules.registry import build_schedule
+
+    data = build_schedule("gpipe", 4, 8)
+    data.name = "1f1b"
+    plan = resolve(GPT, ParallelConfig(pp=4, num_microbatches=8, schedule="custom"),
+                   schedule=data)
+    assert not plan.registered and plan.placement == "loop"
+    with pytest.raises(ConfigError, match="given as data"):
+        plan.build_schedule()
+    assert [r.in_flight for r in rank_memory(plan, schedule=data)] == [8, 8, 8, 8]  # GPipe: M

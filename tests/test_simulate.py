@@ -13,17 +13,13 @@ MODEL = get_model("gpt3-1.3b")
 BOUNDARY = MODEL.micro_batch_size * MODEL.seq_length * MODEL.hidden_size * 2  # bf16 bytes
 
 
-def pipeline_devices(parallel, topology):
-    return list(resolve(MODEL, parallel, cluster_facts(topology)).devices)
-
-
-def tp_groups_spanning_hosts(parallel, topology):
-    return resolve(MODEL, parallel, cluster_facts(topology)).groups_spanning_hosts("tp")
+def plan_on(parallel, topology):
+    return resolve(MODEL, parallel, cluster_facts(topology))
 
 
 def test_megatron_order_puts_pipeline_stages_dp_ranks_apart():
     graph = fat_tree("dgx-h100", num_nodes=2)
-    devices = pipeline_devices(ParallelConfig(pp=2, dp=8, num_microbatches=4), graph)
+    devices = list(plan_on(ParallelConfig(pp=2, dp=8, num_microbatches=4), graph).devices)
     assert devices == ["gpu0", "gpu8"]
     assert host_of(graph, "gpu0") != host_of(graph, "gpu8")
 
@@ -49,10 +45,10 @@ def test_cross_node_pipeline_pays_the_inter_node_link():
 def test_tp_group_spanning_nodes_is_reported():
     graph = fat_tree("dgx-h100", num_nodes=2)
     model = get_model("gpt3-1.3b")
-    assert tp_groups_spanning_hosts(ParallelConfig(tp=8, pp=2, num_microbatches=2), graph) == []
-    spanning = tp_groups_spanning_hosts(
-        ParallelConfig(tp=16, num_microbatches=1), graph)
-    assert spanning == [list(range(16))]
+    inside = plan_on(ParallelConfig(tp=8, pp=2, num_microbatches=2), graph)
+    assert inside.groups_spanning_hosts("tp") == []
+    spanning = plan_on(ParallelConfig(tp=16, num_microbatches=1), graph)
+    assert spanning.groups_spanning_hosts("tp") == [list(range(16))]
     timeline = simulate(model, ParallelConfig(tp=16, num_microbatches=1), graph)
     assert any("TP group" in w for w in timeline.meta["warnings"])
 

@@ -2,7 +2,8 @@
 DiGraph; bandwidth in bytes/s per direction, latency in s): single hosts, fat-tree and
 rail-optimized clusters, equal-cost routes, and named cluster presets.
 
-Imports networkx and the standard library only; knows nothing of schedules or sim.
+Imports networkx and the standard library only; knows nothing of schedules or sim. To
+add a builder: docs/architecture.md, "Add a topology builder".
 """
 from .devices import DEVICES, DeviceSpec, canonical_device_name, get_device
 from .errors import TopologyError

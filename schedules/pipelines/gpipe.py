@@ -8,9 +8,10 @@ from ..ops import Op, OpKind
 from ..schedule_entry import ScheduleEntry
 
 
-def programs(pp: int, microbatches: int, vpp: int) -> list[list[Op]]:
-    return [[Op(OpKind.F, r, m) for m in range(microbatches)]
-            + [Op(OpKind.B, r, m) for m in range(microbatches)] for r in range(pp)]
+def programs(rank_stages: list[list[int]], microbatches: int) -> list[list[Op]]:
+    return [[Op(OpKind.F, stage, m) for m in range(microbatches)]
+            + [Op(OpKind.B, stage, m) for m in range(microbatches)]
+            for (stage,) in rank_stages]
 
 
 SCHEDULES = [ScheduleEntry(

@@ -7,7 +7,6 @@ loop placement); microbatches go through the chunks in groups of P; warm-up is
 from __future__ import annotations
 
 from ..ops import Op, OpKind
-from ..placement import LOOP, stages_by_rank
 from ..schedule_entry import ScheduleEntry
 
 
@@ -22,10 +21,11 @@ def chunk_and_microbatch(k: int, pp: int, vpp: int, forward: bool) -> tuple[int,
     return chunk, microbatch
 
 
-def programs(pp: int, microbatches: int, vpp: int) -> list[list[Op]]:
+def programs(rank_stages: list[list[int]], microbatches: int) -> list[list[Op]]:
+    pp, vpp = len(rank_stages), len(rank_stages[0])
     total = microbatches * vpp
     out = []
-    for r, chunks in enumerate(stages_by_rank(LOOP, pp, pp * vpp)):
+    for r, chunks in enumerate(rank_stages):
         def op(kind: OpKind, k: int) -> Op:
             chunk, m = chunk_and_microbatch(k, pp, vpp, kind is OpKind.F)
             return Op(kind, chunks[chunk], m)

@@ -7,13 +7,12 @@ microbatch-stages' activations at its peak, as GPipe does per stage."""
 from __future__ import annotations
 
 from ..ops import Op, OpKind
-from ..placement import LOOP, stages_by_rank
 from ..schedule_entry import ScheduleEntry
 
 
-def programs(pp: int, microbatches: int, vpp: int) -> list[list[Op]]:
+def programs(rank_stages: list[list[int]], microbatches: int) -> list[list[Op]]:
     out = []
-    for stages in stages_by_rank(LOOP, pp, pp * vpp):
+    for stages in rank_stages:
         out.append([Op(OpKind.F, s, m) for s in stages for m in range(microbatches)]
                    + [Op(OpKind.B, s, m) for s in reversed(stages)
                       for m in reversed(range(microbatches))])

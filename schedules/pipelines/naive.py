@@ -10,9 +10,9 @@ from ..ops import Op, OpKind
 from ..schedule_entry import ScheduleEntry
 
 
-def programs(pp: int, microbatches: int, vpp: int) -> list[list[Op]]:
-    return [[Op(kind, r, m) for m in range(microbatches) for kind in (OpKind.F, OpKind.B)]
-            for r in range(pp)]
+def programs(rank_stages: list[list[int]], microbatches: int) -> list[list[Op]]:
+    return [[Op(kind, stage, m) for m in range(microbatches) for kind in (OpKind.F, OpKind.B)]
+            for (stage,) in rank_stages]
 
 
 SCHEDULES = [ScheduleEntry(

@@ -10,14 +10,14 @@ from ..ops import Op, OpKind
 from ..schedule_entry import ScheduleEntry
 
 
-def programs(pp: int, microbatches: int, vpp: int) -> list[list[Op]]:
-    out = []
-    for r in range(pp):
+def programs(rank_stages: list[list[int]], microbatches: int) -> list[list[Op]]:
+    pp, out = len(rank_stages), []
+    for r, (stage,) in enumerate(rank_stages):
         warmup = min(pp - r - 1, microbatches)
-        program = [Op(OpKind.F, r, m) for m in range(warmup)]
+        program = [Op(OpKind.F, stage, m) for m in range(warmup)]
         for i in range(microbatches - warmup):
-            program += [Op(OpKind.F, r, warmup + i), Op(OpKind.B, r, i)]
-        program += [Op(OpKind.B, r, m) for m in range(microbatches - warmup, microbatches)]
+            program += [Op(OpKind.F, stage, warmup + i), Op(OpKind.B, stage, i)]
+        program += [Op(OpKind.B, stage, m) for m in range(microbatches - warmup, microbatches)]
         out.append(program)
     return out
 

@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 COMMANDS = {**commands.COMMANDS, **hardware.COMMANDS, **memory_report.COMMANDS,
-            "collective": collective_report.cmd_collective}
+            **collective_report.COMMANDS}
 
 
 def main(argv: list[str] | None = None) -> int:

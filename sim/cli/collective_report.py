@@ -14,6 +14,8 @@ import re
 
 from clustersim.schedules.errors import ConfigError
 
+from .flags import DEFAULT_TOPOLOGY
+
 _UNITS = {"": 1, "b": 1}
 for _i, _p in enumerate("kmgt", start=1):
     _UNITS.update({_p: 1024 ** _i, f"{_p}i": 1024 ** _i, f"{_p}ib": 1024 ** _i,
@@ -46,7 +48,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--size", help="bytes: per-rank buffer (all-reduce, broadcast, all-to-all, "
                                   "reduce-scatter input), total output (all-gather); 1G = 2^30")
     p.add_argument("--ranks", type=int, help="use the first N GPUs (default: all)")
-    p.add_argument("--topology", default="dgx-h100", help="preset name or topology JSON file (default dgx-h100)")
+    p.add_argument("--topology", default=DEFAULT_TOPOLOGY,
+                   help=f"preset name or topology JSON file (default {DEFAULT_TOPOLOGY})")
     p.add_argument("--algorithm", help="ring, tree, multi-ring, hierarchical or direct "
                                        "(default: the fastest alpha-beta estimate)")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -118,3 +121,6 @@ def cmd_collective(args: argparse.Namespace) -> int:
               f"{r['busbw_GBps']:.2f} GB/s ({r['algorithm']}, {r['steps']} steps, "
               f"{r['flows']} flows)")
     return 0
+
+
+COMMANDS = {"collective": cmd_collective}

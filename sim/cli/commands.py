@@ -1,4 +1,5 @@
-"""`clustersim simulate`, `show`, `compare` (schedules), `models` and `topologies`: their
+"""`clustersim simulate`, `show`, `compare` (several schedules, or two Timelines such as
+simulated against measured: sim.timeline_compare), `models` and `topologies`: their
 parsers and what each does. Flags and the fields they set: sim.cli.flags."""
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
-from clustersim.schedules.errors import ConfigError
+from clustersim.schedules.errors import ClustersimError, ConfigError
 from clustersim.schedules.model import ModelSpec
 from clustersim.schedules.model_presets import MODEL_PRESETS
 from clustersim.schedules.p2p import add_p2p
@@ -20,8 +21,9 @@ from clustersim.topologies import list_presets, load_topology
 
 from ..report import format_summary, format_table
 from ..simulate import simulate
+from ..timeline_compare import compare_timelines, format_comparison
 from .flags import (add_cluster_flags, add_intra_layer_flags, add_model_flags,
-                    add_parallel_flags, cost_model_from_args, model_from_args,
+                    add_parallel_flags, cost_model_from_args, flag, model_from_args,
                     parallel_from_args)
 
 
@@ -37,9 +39,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     show = sub.add_parser("show", help="print a schedule's rank x step grid or torch CSV",
                           description="Print a schedule without simulating it.")
     show.add_argument("schedule", help=", ".join(SCHEDULES) + " (or an alias)")
-    show.add_argument("--pp", type=int, required=True)
-    show.add_argument("--microbatches", type=int, required=True)
-    show.add_argument("--vpp", type=int, help="model chunks per rank (default: the schedule's)")
+    for field in ("pp", "num_microbatches"):
+        flag(field).add_to(show, required=True)
+    flag("vpp").add_to(show)
     show.add_argument("--format", choices=["grid", "text", "torch-csv"], default="grid",
                       help="grid: unit-time rank x step table (default); text: program per "
                            "rank; torch-csv: torch.distributed.pipelining CSV")
@@ -127,7 +129,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    schedule = build_schedule(args.schedule, args.pp, args.microbatches, args.vpp)
+    schedule = build_schedule(args.schedule, args.pp, args.num_microbatches, args.vpp)
     dry = validate(schedule)
     if args.with_p2p:
         schedule = add_p2p(schedule)
@@ -169,6 +171,38 @@ def cmd_compare_schedules(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare_timelines(args: argparse.Namespace) -> int:
+    if len(args.timelines) != 2:
+        raise ConfigError(f"compare takes two Timeline JSON files (A B), got "
+                          f"{len(args.timelines)}: {' '.join(args.timelines)}")
+    path_a, path_b = args.timelines
+    timelines = []
+    for path in (path_a, path_b):
+        try:
+            timelines.append(Timeline.load(path))
+        except (KeyError, TypeError, ValueError) as err:
+            if isinstance(err, ClustersimError):
+                raise
+            raise ConfigError(f"{path} is not a Timeline JSON ({type(err).__name__}: {err}); "
+                              "write one with --timeline-json") from None
+    result = compare_timelines(*timelines)
+    print(json.dumps(result, indent=2) if args.json
+          else format_comparison(result, path_a, path_b))
+    if args.output:
+        from ..gantt import write_gantt_comparison
+        items = [(f"A: {path_a} ({timelines[0].source})", timelines[0]),
+                 (f"B: {path_b} ({timelines[1].source})", timelines[1])]
+        print(f"wrote {write_gantt_comparison(items, args.output)}")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """`compare A.json B.json` compares two Timelines; without files, schedules."""
+    if args.timelines:
+        return cmd_compare_timelines(args)
+    return cmd_compare_schedules(args)
+
+
 def _compare_row(timeline: Timeline) -> dict:
     peaks = timeline.peak_in_flight()
     memory = timeline.peak_memory()
@@ -194,5 +228,5 @@ def cmd_topologies(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"simulate": cmd_simulate, "show": cmd_show, "models": cmd_models,
-            "topologies": cmd_topologies}
+COMMANDS = {"simulate": cmd_simulate, "show": cmd_show, "compare": cmd_compare,
+            "models": cmd_models, "topologies": cmd_topologies}

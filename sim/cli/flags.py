@@ -18,13 +18,13 @@ from typing import Any
 from clustersim.schedules.errors import ConfigError
 from clustersim.schedules.model import ModelSpec
 from clustersim.schedules.model_presets import get_model
-from clustersim.schedules.parallel import CUSTOM_SCHEDULE, ParallelConfig
+from clustersim.schedules.parallel import CP_COMM, FSDP, RECOMPUTE, ParallelConfig
 from clustersim.schedules.profile import Profile
-from clustersim.schedules.registry import SCHEDULES, schedule_entry, schedule_help
+from clustersim.schedules.registry import DEFAULT_SCHEDULE, SCHEDULES, schedule_help
 
 from ..cost_model import CostModel, ProfileCostModel, RooflineCostModel, parse_uniform_costs
 
-DEFAULT_MODEL, DEFAULT_TOPOLOGY, DEFAULT_SCHEDULE = "llama3-8b", "dgx-h100", "1f1b"
+DEFAULT_MODEL, DEFAULT_TOPOLOGY = "llama3-8b", "dgx-h100"
 DEFAULT_PP, DEFAULT_MICROBATCHES = 8, 16
 
 
@@ -41,8 +41,11 @@ class Flag:
     choices: Sequence[Any] | None = None
     metavar: str | None = None
 
-    def add_to(self, group: argparse._ActionsContainer, default: Any = None) -> None:
+    def add_to(self, group: argparse._ActionsContainer, default: Any = None,
+               required: bool = False) -> None:
         options: dict[str, Any] = {"dest": self.field, "help": self.help, "default": default}
+        if required:
+            options["required"] = True
         if self.action:
             options["action"] = self.action
         else:
@@ -81,7 +84,8 @@ MODEL_FLAGS = (  # ModelSpec fields, Megatron-LM's names
 PARALLEL_FLAGS = (  # ParallelConfig fields (pp's default depends on the command)
     _flag("--pp --pipeline-model-parallel-size", "pp", type=int),
     _flag("--vpp --virtual-pipeline-model-parallel-size", "vpp",
-          "model chunks per rank (default: the schedule's, 2 for interleaved-1f1b, else 1)",
+          "model chunks (virtual stages) per rank (default: the schedule's: "
+          + ", ".join(f"{e.name} {e.default_vpp}" for e in SCHEDULES.values()) + ")",
           type=int),
     _flag("--dp --data-parallel-size", "dp", "data-parallel ranks (default 1)", type=int),
     _flag("--tp --tensor-model-parallel-size", "tp", "tensor-parallel ranks (default 1)",
@@ -120,7 +124,7 @@ SHARDING_FLAGS = (  # ZeRO/FSDP, offload, ZeRO++, buckets, recompute: schedules.
           "ZeRO stage: 1 optimizer state, 2 + gradients, 3 + parameters", type=int,
           choices=range(4)),
     _flag("--fsdp", "fsdp", "full = ZeRO-3 over all dp ranks; hybrid = shard inside a node "
-          "(--shard-size), replicate across nodes", choices=["none", "full", "hybrid"]),
+          "(--shard-size), replicate across nodes", choices=FSDP),
     _flag("--shard-size", "shard_size", "hybrid shard group (default: the dp ranks on one "
           "node)", type=int),
     _switch("--use-distributed-optimizer", "use_distributed_optimizer",
@@ -144,7 +148,7 @@ SHARDING_FLAGS = (  # ZeRO/FSDP, offload, ZeRO++, buckets, recompute: schedules.
     _switch("--quantized-gradients", "quantized_gradients",
             "ZeRO++ qgZ: int4 gradient reduce-scatter (ZeRO-2/3)"),
     _flag("--recompute", "recompute", "activation recompute (default none)",
-          choices=["none", "selective", "full"]),
+          choices=RECOMPUTE),
     _flag("--recompute-granularity", "recompute_granularity",
           "Megatron spelling of --recompute", choices=["selective", "full"]),
     _flag("--recompute-method", "recompute_method",
@@ -156,8 +160,7 @@ INTRA_LAYER_FLAGS = (  # how TP/CP/EP communication runs: schedules.intra_layer
             "Megatron --tp-comm-overlap: TP collectives run alongside the GEMMs instead of "
             "between them"),
     _flag("--cp-comm", "cp_comm", "context parallelism: ring attention (KV passed around the "
-          "ring, overlapped; default) or DeepSpeed-Ulysses all-to-alls",
-          choices=["ring", "ulysses"]),
+          "ring, overlapped; default) or DeepSpeed-Ulysses all-to-alls", choices=CP_COMM),
     _flag("--cp-comm-type", "cp_comm_type",
           "Megatron-Core spelling of --cp-comm: p2p = ring, a2a = ulysses",
           choices=["p2p", "a2a"]),
@@ -184,6 +187,12 @@ COST_FLAGS = (  # the cost model: sim.cost_model
 SCHEDULE_FLAG = _flag("--schedule", "schedule", f"{', '.join(SCHEDULES)} (default "
                       f"{DEFAULT_SCHEDULE}; aliases such as torch's class names accepted): "
                       f"{schedule_help()}")
+
+
+def flag(field: str) -> Flag:
+    """The table's flag that sets `field`."""
+    return next(f for f in (*PARALLEL_FLAGS, *SHARDING_FLAGS, *INTRA_LAYER_FLAGS,
+                            *MODEL_FLAGS, *COST_FLAGS) if f.field == field)
 
 
 def add_model_flags(parser: argparse.ArgumentParser, default_model: str | None = DEFAULT_MODEL
@@ -238,16 +247,16 @@ def model_from_args(args: argparse.Namespace) -> ModelSpec:
 def parallel_from_args(args: argparse.Namespace, schedule: str, vpp: int | None = None,
                        micro_batch_size: int = 1) -> ParallelConfig:
     """The ParallelConfig of the parallel, sharding and intra-layer flags, for `schedule`
-    (its registry default vpp unless `vpp` or --vpp says; CUSTOM_SCHEDULE for a schedule
-    given as data). Microbatches default to DEFAULT_MICROBATCHES when neither they nor
-    the global batch size are given."""
+    (CUSTOM_SCHEDULE for a schedule given as data; vpp: `vpp`, --vpp, or the schedule's
+    default). Microbatches default to DEFAULT_MICROBATCHES when neither they nor the
+    global batch size are given."""
     values = given(args, PARALLEL_FLAGS + SHARDING_FLAGS + INTRA_LAYER_FLAGS)
-    name = schedule if schedule == CUSTOM_SCHEDULE else schedule_entry(schedule).name
-    values["vpp"] = vpp or values.get("vpp") or (
-        1 if name == CUSTOM_SCHEDULE else schedule_entry(name).default_vpp)
+    if vpp is not None:
+        values["vpp"] = vpp
     if "num_microbatches" not in values and "global_batch_size" not in values:
         values["num_microbatches"] = DEFAULT_MICROBATCHES
-    return ParallelConfig.from_kwargs(schedule=name, micro_batch_size=micro_batch_size, **values)
+    return ParallelConfig.from_kwargs(schedule=schedule, micro_batch_size=micro_batch_size,
+                                      **values)
 
 
 def cost_model_from_args(args: argparse.Namespace) -> CostModel:

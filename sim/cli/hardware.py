@@ -1,5 +1,5 @@
-"""The hardware commands: `clustersim calibrate`, `clustersim run`, and `clustersim compare
-A.json B.json` (two Timelines, e.g. simulated vs measured: sim.timeline_compare).
+"""The hardware commands: `clustersim calibrate` and `clustersim run` (whose measured
+Timeline `clustersim compare A.json B.json` compares with a simulated one).
 
 `kernels` (and so torch) is imported lazily inside `calibrate` and `run` only; without
 torch they end in one error line naming the install command. Times in seconds.
@@ -17,12 +17,10 @@ from typing import Any
 
 from clustersim.schedules.errors import ClustersimError, ConfigError
 from clustersim.schedules.plan import resolve
-from clustersim.schedules.timeline import Timeline
 
 from ..report import format_summary
-from ..timeline_compare import compare_timelines, format_comparison
 from ..units import format_seconds
-from .commands import add_output_flags, cmd_compare_schedules, schedule_and_parallel, write_outputs
+from .commands import add_output_flags, schedule_and_parallel, write_outputs
 from .flags import add_model_flags, add_parallel_flags, model_from_args
 
 INSTALL_HINT = "the kernels backend needs PyTorch: pip install -e '.[kernels]'"
@@ -187,36 +185,4 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 # --- compare two timelines ----------------------------------------------------------------
-def cmd_compare_timelines(args: argparse.Namespace) -> int:
-    if len(args.timelines) != 2:
-        raise ConfigError(f"compare takes two Timeline JSON files (A B), got "
-                          f"{len(args.timelines)}: {' '.join(args.timelines)}")
-    path_a, path_b = args.timelines
-    timelines = []
-    for path in (path_a, path_b):
-        try:
-            timelines.append(Timeline.load(path))
-        except (KeyError, TypeError, ValueError) as err:
-            if isinstance(err, ClustersimError):
-                raise
-            raise ConfigError(f"{path} is not a Timeline JSON ({type(err).__name__}: {err}); "
-                              "write one with --timeline-json") from None
-    result = compare_timelines(*timelines)
-    print(json.dumps(result, indent=2) if args.json
-          else format_comparison(result, path_a, path_b))
-    if args.output:
-        from ..gantt import write_gantt_comparison
-        items = [(f"A: {path_a} ({timelines[0].source})", timelines[0]),
-                 (f"B: {path_b} ({timelines[1].source})", timelines[1])]
-        print(f"wrote {write_gantt_comparison(items, args.output)}")
-    return 0
-
-
-def cmd_compare(args: argparse.Namespace) -> int:
-    """`compare A.json B.json` compares two Timelines; without files, schedules."""
-    if getattr(args, "timelines", None):
-        return cmd_compare_timelines(args)
-    return cmd_compare_schedules(args)
-
-
-COMMANDS = {"calibrate": cmd_calibrate, "run": cmd_run, "compare": cmd_compare}
+COMMANDS = {"calibrate": cmd_calibrate, "run": cmd_run}

@@ -95,7 +95,9 @@ class RooflineCostModel:
 @dataclass(frozen=True)
 class UniformCostModel:
     """`forward` and `backward` seconds per op of one virtual stage on one microbatch (I
-    and W take half of the backward each); communication and optimizer steps are free."""
+    and W take half of the backward each); communication and optimizer steps are free.
+    An op split into the data-parallel pass's G layer groups (Op.chunk) takes 1/G of the
+    whole op, so the closed forms hold with any data parallelism."""
 
     forward: float
     backward: float
@@ -115,7 +117,13 @@ class UniformCostModel:
         return 0.0
 
     def compute_time(self, plan: Plan, topology: nx.DiGraph) -> ComputeTime:
-        return self.seconds
+        groups = plan.layer_groups
+
+        def seconds(op: Op) -> float:
+            whole = self.seconds(op)
+            return whole if op.chunk is None else whole / groups
+
+        return seconds
 
     def network(self, env: simpy.Environment, topology: nx.DiGraph) -> Network:
         return InstantNetwork(env)

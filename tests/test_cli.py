@@ -42,6 +42,22 @@ def test_uniform_costs_metrics_match_closed_form(tmp_path, schedule, vpp, expect
     assert any(e.get("ph") == "X" for e in trace["traceEvents"])
 
 
+@pytest.mark.parametrize("layout", [
+    ["--pp", "1", "--dp", "2", "--microbatches", "2"],
+    ["--pp", "1", "--dp", "2", "--microbatches", "2", "--zero", "3"],
+    ["--pp", "2", "--dp", "2", "--microbatches", "4"],
+    ["--pp", "2", "--dp", "2", "--microbatches", "4", "--zero", "1"],
+])
+def test_uniform_costs_closed_form_holds_with_data_parallelism(tmp_path, layout):
+    """Free communication: a DP pass that splits the last backward into layer groups must
+    not change the 1F1B closed form (M + P - 1)(F + B) (issue 14, item 2)."""
+    metrics = tmp_path / "m.json"
+    clustersim("simulate", *layout, "--uniform-costs", "1,2", "-o", str(tmp_path / "g.html"),
+               "--metrics-json", str(metrics))
+    pp, mb = int(layout[1]), int(layout[5])
+    assert json.loads(metrics.read_text())["iteration_time"] == pytest.approx((mb + pp - 1) * 3)
+
+
 def test_show_grid_and_torch_csv_round_trip(tmp_path):
     grid = clustersim("show", "1f1b", "--pp", "4", "--microbatches", "8").stdout
     assert grid.splitlines()[1].split()[2] == "0F0"  # rank 0 starts with 0F0

@@ -10,22 +10,30 @@ unsized DP gradient collective gets the gradient bytes of its stage (or group).
 """
 from __future__ import annotations
 
+from .costs import StageCost
 from .errors import ConfigError
 from .names import DP
-from .ops import Op, OpKind
+from .ops import WORK_KINDS, Op, OpKind
 from .p2p import boundary
 from .plan import Plan
 from .schedule import Schedule
 
 
+def work_costs(kind: OpKind, c: StageCost) -> tuple[float, int]:
+    """(FLOPs, HBM bytes) of a compute op of `kind` (F, B, I or W) on a stage or layer
+    group costing `c`: the rule of this pass (module docstring)."""
+    if kind is OpKind.F:
+        return c.forward_flops, c.forward_bytes
+    if kind is OpKind.B:
+        return c.backward_flops, c.backward_bytes
+    return c.backward_flops / 2, c.backward_bytes // 2
+
+
 def _costed(op: Op, plan: Plan) -> Op:
     c = plan.costs_of(op.stage, op.chunk)
-    if op.kind is OpKind.F:
-        return op.with_costs(flops=c.forward_flops, nbytes=c.forward_bytes)
-    if op.kind is OpKind.B:
-        return op.with_costs(flops=c.backward_flops, nbytes=c.backward_bytes)
-    if op.kind in (OpKind.I, OpKind.W):
-        return op.with_costs(flops=c.backward_flops / 2, nbytes=c.backward_bytes // 2)
+    if op.kind in WORK_KINDS:
+        flops, nbytes = work_costs(op.kind, c)
+        return op.with_costs(flops=flops, nbytes=nbytes)
     if op.kind.is_p2p:
         return op.with_costs(nbytes=plan.stage_costs[boundary(op.kind, op.stage)].boundary_bytes)
     if op.kind.is_collective and op.group == DP and not op.nbytes:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from clustersim.schedules.annotate import work_costs
 from clustersim.schedules.errors import ConfigError
 from clustersim.schedules.layer_kernels import Kernel
 from clustersim.schedules.ops import Op, OpKind
@@ -59,12 +60,16 @@ class StageKernelCost:
     """Seconds of a compute op as the sum of its kernels' rooflines on the device of its
     stage (`rooflines[s]`): F runs the stage's forward kernels, B its backward kernels, I
     and W half of them each (the FLOP split of schedules.annotate), from the plan's costs
-    of the stage or layer group (Plan.costs_of). Other ops (optimizer steps, ...) use
-    their aggregate roofline. Times are cached per (kind, stage, layer group)."""
+    of the stage or layer group (Plan.costs_of). FLOPs an op carries beyond what the costs
+    pass gave it (the busiest expert's extra GEMM work under moe_imbalance,
+    schedules.ep_comms.imbalance_flops) run at the compute roofline: the expert GEMMs are
+    compute-bound, so the busiest expert's GEMMs take f times their balanced time. Other
+    ops (optimizer steps, ...) use their aggregate roofline. Kernel times are cached per
+    (kind, stage, layer group)."""
 
     def __init__(self, rooflines: Sequence[RooflineCost], plan: Plan):
         self._rooflines, self._plan = rooflines, plan
-        self._seconds: dict[tuple, float] = {}
+        self._seconds: dict[tuple, tuple[float, float]] = {}  # key -> (seconds, base FLOPs)
 
     def _kernels(self, op: Op) -> Iterable[Kernel] | None:
         c = self._plan.costs_of(op.stage, op.chunk)
@@ -78,11 +83,15 @@ class StageKernelCost:
 
     def __call__(self, op: Op) -> float:
         key = (op.kind, op.stage, op.chunk)
-        seconds = self._seconds.get(key)
-        if seconds is None:
+        hit = self._seconds.get(key)
+        if hit is None:
             kernels = self._kernels(op)
             roofline = self._rooflines[op.stage]
-            seconds = roofline(op) if kernels is None else roofline.kernels_time(kernels)
-            if kernels is not None:
-                self._seconds[key] = seconds
+            if kernels is None:
+                return roofline(op)
+            base = work_costs(op.kind, self._plan.costs_of(op.stage, op.chunk))[0]
+            hit = self._seconds[key] = (roofline.kernels_time(kernels), base)
+        seconds, base = hit
+        if op.flops > base:  # imbalanced experts (class docstring)
+            seconds += self._rooflines[op.stage].time(op.flops - base, 0.0)
         return seconds

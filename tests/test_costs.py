@@ -124,3 +124,30 @@ def test_errors():
         plan_costs(GPT, ParallelConfig(), 2)
     with pytest.raises(ConfigError, match="pp must be an integer >= 1"):  # the stage count
         plan_costs(GPT, ParallelConfig(micro_batch_size=2), 0)
+
+
+def test_imbalanced_experts_take_longer_by_their_extra_gemm_work():
+    """moe_imbalance f: the busiest expert gets f times the balanced tokens and every rank
+    waits for it, so a forward takes (f-1) x the routed experts' GEMM FLOPs longer at the
+    compute roofline: per MoE layer 2*b*s*h*k*f_e per matrix, 3 matrices with SwiGLU
+    (Megatron's MoE MLP), on the H100's datasheet dense bf16 peak x 0.6 (issue 14, item 3:
+    the time used to stay the same)."""
+    from clustersim.schedules.ops import OpKind
+    from clustersim.sim.simulate import simulate
+    from clustersim.topologies import get_device, load_topology
+
+    model = get_model("mixtral-8x7b", num_layers=4)
+    topology = load_topology("dgx-h100")
+
+    def forward_seconds(f: float) -> float:
+        parallel = ParallelConfig(pp=1, dp=8, ep=8, zero_stage=1, num_microbatches=1,
+                                  moe_imbalance=f)
+        spans = simulate(model, parallel, topology).spans
+        return next(s.duration for s in spans if s.rank == 0 and s.op.kind is OpKind.F)
+
+    b, s, h = model.micro_batch_size, model.seq_length, model.hidden_size
+    expert_gemm_flops = 4 * 2 * b * s * h * model.moe_router_topk * model.moe_ffn_hidden_size * 3
+    peak = get_device("h100-sxm").peak("bf16") * 0.6
+    for f in (2.0, 4.0):
+        assert forward_seconds(f) - forward_seconds(1.0) == pytest.approx(
+            (f - 1) * expert_gemm_flops / peak, rel=1e-9)

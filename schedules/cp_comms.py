@@ -21,31 +21,20 @@ needs every token's K and V; two ways (`cp_comm`):
   the output back after it: per layer, forward an all-to-all of Q,K,V, S = b*(s/cp)*
   (h + 2h_kv)*dtype / t, and one of the output, S = b*(s/cp)*h*dtype / t; backward the
   same two on the gradients. A rank sends (cp-1)/cp * S of each (the paper's 4Nh/P per
-  layer for MHA, N = s*b tokens, P = cp). Blocking. Needs heads / t divisible by cp.
+  layer for MHA, N = s*b tokens, P = cp). Blocking. The all-to-all splits the heads of
+  each of Q, K and V into cp parts (Transformer Engine's flash_attn_a2a_communicate views
+  them as [cp, heads // cp]; DeepSpeed-Ulysses likewise), so both the query heads and the
+  KV groups of a TP rank must be divisible by cp: ParallelConfig.check_model refuses the
+  rest, as KV heads are not replicated over cp ranks here.
 Full recompute repeats the forward's communication in the backward; W needs none.
 """
 from __future__ import annotations
 
 from .comm_spec import Comm, Covered, comms
-from .errors import ConfigError
 from .model import ModelSpec
 from .names import CP
 from .ops import OpKind
-from .parallel import CP_COMM, ParallelConfig
-
-
-def check_cp_comm(cp_comm: str, model: ModelSpec | None = None,
-                  parallel: ParallelConfig | None = None) -> str:
-    """`cp_comm`, checked: one of CP_COMM, and Ulysses' head split possible."""
-    if cp_comm not in CP_COMM:
-        raise ConfigError(f"cp_comm={cp_comm!r} must be one of {', '.join(CP_COMM)}")
-    if cp_comm == "ulysses" and model is not None and parallel is not None and parallel.cp > 1:
-        heads = model.num_attention_heads // parallel.tp
-        if heads % parallel.cp:
-            raise ConfigError(f"cp_comm='ulysses' splits the {heads} attention heads of a TP "
-                              f"rank over cp={parallel.cp} ranks: heads / tp must be "
-                              f"divisible by cp (use cp_comm='ring')")
-    return cp_comm
+from .parallel import ParallelConfig
 
 
 def cp_comms(model: ModelSpec, parallel: ParallelConfig, cov: Covered,

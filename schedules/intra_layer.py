@@ -33,7 +33,7 @@ with the compute it hides behind (the op's communication hides behind its whole 
 from __future__ import annotations
 
 from .comm_spec import Comm, Covered
-from .cp_comms import check_cp_comm, cp_comms
+from .cp_comms import cp_comms
 from .ep_comms import ep_comms, etp_comms, imbalance_flops
 from .names import INTRA_LAYER_GROUPS, TP
 from .ops import WORK_KINDS, Op, OpKind
@@ -89,7 +89,6 @@ def add_intra_layer(schedule: Schedule, plan: Plan) -> Schedule:
     parallel = plan.parallel
     if not needs_intra_layer(parallel):
         return schedule
-    check_cp_comm(parallel.cp_comm, plan.model, parallel)
     overlapped = parallel.overlapped_groups
     scatter = scatters_p2p(parallel)
     groups = schedule.layer_groups

@@ -286,6 +286,15 @@ class ParallelConfig:
         if self.cp > 1 and model.seq_length % (2 * self.cp):
             raise ConfigError(f"seq_length={model.seq_length} is not divisible by 2*cp="
                               f"{2 * self.cp} (Megatron splits the sequence into 2*cp chunks)")
+        if self.cp > 1 and self.cp_comm == "ulysses":
+            for what, count in (("attention heads", model.num_attention_heads),
+                                ("KV groups (num_query_groups)", model.num_query_groups)):
+                if (count // self.tp) % self.cp:
+                    raise ConfigError(
+                        f"cp_comm='ulysses' splits the {count // self.tp} {what} of a TP rank "
+                        f"over cp={self.cp} ranks (Transformer Engine's a2a context "
+                        f"parallelism splits Q, K and V by heads): they must be divisible by "
+                        f"cp; use cp_comm='ring'")
         if self.sequence_parallel and (model.seq_length // self.cp) % self.tp:
             raise ConfigError(f"sequence_parallel: seq_length/cp={model.seq_length // self.cp} "
                               f"is not divisible by tp={self.tp}")

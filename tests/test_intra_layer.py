@@ -85,11 +85,12 @@ def test_cp_ulysses_volume_is_qkv_and_output_all_to_alls():
 
 
 def test_ulysses_needs_heads_divisible_by_cp():
+    """Refused before any work, when the plan is resolved (tests/test_parallel.py has the
+    rule for KV groups too)."""
     model = get_model("gpt3-1.3b", num_attention_heads=8, hidden_size=2048)
     parallel = ParallelConfig(tp=2, cp=8, num_microbatches=1, cp_comm="ulysses")
-    plan = resolve(model, parallel)
     with pytest.raises(ConfigError, match="heads"):
-        add_intra_layer(build_schedule("1f1b", 1, 1), plan)
+        resolve(model, parallel)
 
 
 def test_ep_all_to_all_bytes_are_tokens_hidden_topk_e_minus_1_over_e():

@@ -333,3 +333,17 @@ def test_etp_rules_against_the_model():
     ParallelConfig(tp=2, expert_tensor_parallel=1).check_model(MODEL)  # dense: no experts
     with pytest.raises(ConfigError, match="unknown grid axis 'xp': axes are .*etp, edp"):
         ParallelConfig().group("xp", 0)
+
+
+@pytest.mark.parametrize("tp, cp, what", [(1, 16, "KV groups"), (2, 8, "KV groups"),
+                                          (1, 64, "attention heads")])
+def test_ulysses_needs_heads_and_kv_groups_divisible_by_cp(tp, cp, what):
+    """Ulysses' all-to-all splits Q, K and V by heads into cp parts (Transformer Engine's
+    a2a context parallelism), so Llama-3 8B's 32 heads and 8 KV groups per TP rank must
+    divide by cp (issue 14, item 12: 8 KV groups over cp 16 used to be accepted)."""
+    from clustersim.schedules.model_presets import get_model
+
+    parallel = ParallelConfig(tp=tp, cp=cp, cp_comm="ulysses", num_microbatches=1)
+    with pytest.raises(ConfigError, match=f"ulysses.*{what}.*divisible by cp"):
+        parallel.check_model(get_model("llama3-8b"))
+    ParallelConfig(tp=tp, cp=cp, num_microbatches=1).check_model(get_model("llama3-8b"))  # ring

@@ -17,6 +17,8 @@ from clustersim.schedules.timeline import Timeline
 from .split_backward import EXACT_SPLIT
 from .tied_embedding import summing_ranks
 
+CPU_MEMORY = ("memory: not measured on CPU (torch keeps allocator statistics for CUDA "
+              "devices only, torch.cuda.memory_allocated); the Timeline has no memory samples")
 TP_INSIDE = ("TP collectives run inside their compute op (autograd); each TP op's span is "
              "the measured time of its collectives, laid out after the op's compute, whose "
              "span is shortened by as much (kernels.tp_ops); with SP, the gradient sum "
@@ -65,7 +67,8 @@ def merge_timeline(payloads: dict[int, dict], job: Any) -> Timeline:
                    if job.replay else [])
         + ([] if EXACT_SPLIT else ["W re-traverses the activation-gradient chain "
                                            "(old torch): W times are overstated"])
-        + (["gloo: CPU timings calibrate only this CPU and gloo"] if job.device == "cpu" else [])
+        + (["gloo: CPU timings calibrate only this CPU and gloo", CPU_MEMORY]
+           if job.device == "cpu" else [])
         + ([GLOO_REDUCE_SCATTER] if any(op.kind is OpKind.REDUCE_SCATTER
                                         for op in s.ops()) or p.sequence_parallel else [])
         + ([TP_INSIDE] if p.tp > 1 else [])

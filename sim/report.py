@@ -25,9 +25,12 @@ def format_summary(timeline: Timeline) -> str:
     bubble, flight = timeline.bubble_fractions(), timeline.peak_in_flight()
     memory = timeline.peak_memory()
     for r in timeline.ranks:
+        peak = f"{memory[r] / 1e9:>6.1f} GB" if r in memory else f"{'n/a':>9}"
         lines.append(f"{r:>4} {format_seconds(busy[r]):>12} {format_seconds(idle[r]):>12} "
-                     f"{bubble[r]:>7.4f} {flight.get(r, 0):>9} "
-                     f"{memory.get(r, 0) / 1e9:>6.1f} GB")
+                     f"{bubble[r]:>7.4f} {flight.get(r, 0):>9} {peak}")
+    if len(memory) < len(timeline.ranks):
+        lines.append("peak mem n/a: this timeline has no memory samples for those ranks "
+                     "(not measured), which is not zero memory")
     lines += format_breakdown(timeline)
     lines += [f"warning: {w}" for w in meta.get("warnings", ())]
     lines += [format_oom(entry) for entry in meta.get("oom", ())]

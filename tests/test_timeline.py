@@ -174,3 +174,17 @@ def test_time_breakdown_bubble_is_the_closed_form_with_free_communication():
     assert timeline.iteration_time == pytest.approx(33.0)
     for row in timeline.time_breakdown().values():
         assert row["bubble"] == pytest.approx(9.0) and row["compute"] == pytest.approx(24.0)
+
+
+def test_a_rank_without_memory_samples_is_reported_as_not_measured():
+    """A kernels run on CPU records no memory (torch has allocator statistics for CUDA
+    only): the summary says so instead of printing 0.0 GB (issue 14, item 16)."""
+    from clustersim.sim.report import format_summary
+
+    spans = [Span(r, "compute", Op(OpKind.F, r, 0), r, r + 1.0) for r in range(2)]
+    measured = Timeline(spans, [MemorySample(0, 0.0, 3 * 10**9)], source="kernels:cpu")
+    rows = format_summary(measured).splitlines()
+    table = rows[rows.index(next(r for r in rows if r.split()[:1] == ["rank"])) + 1:][:2]
+    assert table[0].endswith("3.0 GB") and table[1].endswith("n/a")
+    assert any("not measured" in line for line in rows)
+    assert "0.0 GB" not in format_summary(measured)

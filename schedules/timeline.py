@@ -6,8 +6,12 @@ is `sim` or `kernels:<device>`.
 
 Metrics (per rank r, T = iteration time = last end - first start):
 - compute busy(r) = total duration of r's spans on the `compute` lane;
-- idle(r) = T - busy(r); bubble fraction(r) = idle(r) / T; `bubble_fraction` is the mean
-  over ranks (for uniform costs this is the classic (P-1)/(M+P-1) of GPipe/1F1B);
+- idle(r) = T - busy(r): the time r does not compute, bubble and exposed communication;
+- bubble fraction(r) = the time breakdown's 'bubble' of r / T: nothing of r in flight,
+  neither compute nor communication (the pipeline bubble); `bubble_fraction` is the mean
+  over ranks (for uniform costs, where communication is free, the classic (P-1)/(M+P-1)
+  of GPipe/1F1B); exposed communication fraction(r) = the breakdown's exposed
+  communication of r / T, reported beside the bubble, never inside it;
 - peak in-flight microbatches(r) = the most (stage, microbatch) pairs whose forward has
   started and whose last backward op (B, or W after I) has not yet ended.
 - time breakdown(r) (`time_breakdown`, issue 6): every instant of [start, start + T] on
@@ -128,13 +132,26 @@ class Timeline:
         return {r: t - b for r, b in self.compute_busy().items()}
 
     def bubble_fractions(self) -> dict[int, float]:
+        """Per rank, the time with nothing in flight over the iteration time."""
+        return self._fractions(lambda row: row["bubble"])
+
+    def exposed_comm_fractions(self) -> dict[int, float]:
+        """Per rank, the time communication runs with no compute over the iteration time."""
+        return self._fractions(lambda row: sum(row[c] for c in EXPOSED_ORDER))
+
+    def _fractions(self, part: Callable[[dict[str, float]], float]) -> dict[int, float]:
         t = self.iteration_time
-        return {r: (idle / t if t > 0 else 0.0) for r, idle in self.idle_time().items()}
+        return {r: (part(row) / t if t > 0 else 0.0) for r, row in self.time_breakdown().items()}
 
     @property
     def bubble_fraction(self) -> float:
-        fractions = self.bubble_fractions()
-        return sum(fractions.values()) / len(fractions) if fractions else 0.0
+        """Mean over ranks of bubble_fractions."""
+        return _mean(self.bubble_fractions())
+
+    @property
+    def exposed_comm_fraction(self) -> float:
+        """Mean over ranks of exposed_comm_fractions."""
+        return _mean(self.exposed_comm_fractions())
 
     def peak_memory(self) -> dict[int, int]:
         peak: dict[int, int] = {}
@@ -168,6 +185,7 @@ class Timeline:
             "source": self.source,
             "iteration_time": self.iteration_time,
             "bubble_fraction": self.bubble_fraction,
+            "exposed_comm_fraction": self.exposed_comm_fraction,
             "time_breakdown": {  # seconds per rank; total = summed over ranks (rank-seconds)
                 "categories": list(CATEGORIES),
                 "per_rank": {str(r): v for r, v in sorted(breakdown.items())},
@@ -177,6 +195,7 @@ class Timeline:
                 "compute_time": per_rank(self.compute_busy()),
                 "idle_time": per_rank(self.idle_time()),
                 "bubble_fraction": per_rank(self.bubble_fractions()),
+                "exposed_comm_fraction": per_rank(self.exposed_comm_fractions()),
                 "peak_in_flight_microbatches": per_rank(self.peak_in_flight()),
                 "peak_memory_bytes": per_rank(self.peak_memory()),
                 "peak_memory_time": per_rank(self.peak_memory_times()),
@@ -207,6 +226,10 @@ class Timeline:
     @staticmethod
     def load(path: str | Path) -> Timeline:
         return Timeline.from_dict(json.loads(Path(path).read_text()))
+
+
+def _mean(values: Mapping[int, float]) -> float:
+    return sum(values.values()) / len(values) if values else 0.0
 
 
 def peak_in_flight(spans: Iterable[Span],

@@ -18,7 +18,8 @@ def format_summary(timeline: Timeline) -> str:
     head = header_line(meta["plan"]) if "plan" in meta else f"{timeline.source} timeline"
     lines = [f"{head} costs={meta.get('cost_model', 'unknown')}",
              f"iteration time {format_seconds(timeline.iteration_time)}, "
-             f"bubble fraction {timeline.bubble_fraction:.4f}",
+             f"bubble fraction {timeline.bubble_fraction:.4f} (nothing in flight), exposed "
+             f"communication {timeline.exposed_comm_fraction:.4f} (communication, no compute)",
              f"{'rank':>4} {'compute':>12} {'idle':>12} {'bubble':>7} {'in-flight':>9} "
              f"{'peak mem':>9}"]
     busy, idle = timeline.compute_busy(), timeline.idle_time()

@@ -81,3 +81,16 @@ def test_collectives_of_one_rank_run_in_issue_order():
                       key=lambda s: s.start)
         assert [s.op.stage for s in mine] == [rank + 2, rank]  # chunk 1's backward ends first
         assert mine[0].end <= mine[1].start
+
+
+def test_bubble_is_time_with_nothing_in_flight_and_communication_is_beside_it():
+    """pp = 1: no pipeline, so no bubble; the blocking TP all-reduces are exposed
+    communication, reported beside the bubble (issue 14, item 8: it used to say 21.9%
+    bubble while the breakdown showed none)."""
+    parallel = ParallelConfig(pp=1, tp=8, num_microbatches=2)
+    timeline = simulate(get_model("llama3-8b"), parallel, fat_tree("dgx-h100", num_nodes=1))
+    (row,) = timeline.time_breakdown().values()
+    assert timeline.bubble_fraction == 0.0 and row["bubble"] == 0.0
+    assert row["tp"] > 0
+    assert timeline.exposed_comm_fraction == pytest.approx(row["tp"] / timeline.iteration_time)
+    assert row["compute"] + row["tp"] == pytest.approx(timeline.iteration_time)

@@ -44,8 +44,12 @@ def test_iteration_time_idle_and_bubbles():
     assert t.iteration_time == 8.0
     assert t.compute_busy() == {0: 6.0, 1: 5.0, 2: 3.0}
     assert t.idle_time() == {0: 2.0, 1: 3.0, 2: 5.0}
-    assert t.bubble_fractions() == {0: 0.25, 1: 0.375, 2: 0.625}
-    assert t.bubble_fraction == pytest.approx((0.25 + 0.375 + 0.625) / 3)
+    # bubble: nothing in flight. Rank 0's send hides behind its F; rank 1's receive (0.5 s)
+    # and all-reduce (1.5 s) are exposed communication, beside its 1 s of bubble
+    assert t.bubble_fractions() == {0: 0.25, 1: 0.125, 2: 0.625}
+    assert t.exposed_comm_fractions() == {0: 0.0, 1: 0.25, 2: 0.0}
+    assert t.bubble_fraction == pytest.approx((0.25 + 0.125 + 0.625) / 3)
+    assert t.exposed_comm_fraction == pytest.approx(0.25 / 3)
 
 
 def test_iteration_time_is_measured_from_the_first_span():
@@ -96,7 +100,8 @@ def test_metrics_json():
     per_rank = m["per_rank"]
     assert per_rank["compute_time"] == {"0": 6.0, "1": 5.0, "2": 3.0}
     assert per_rank["idle_time"] == {"0": 2.0, "1": 3.0, "2": 5.0}
-    assert per_rank["bubble_fraction"] == {"0": 0.25, "1": 0.375, "2": 0.625}
+    assert per_rank["bubble_fraction"] == {"0": 0.25, "1": 0.125, "2": 0.625}
+    assert per_rank["exposed_comm_fraction"] == {"0": 0.0, "1": 0.25, "2": 0.0}
     assert per_rank["peak_in_flight_microbatches"] == {"0": 2, "1": 2, "2": 1}
     assert per_rank["peak_memory_bytes"] == {"0": 300, "1": 500}
     assert per_rank["peak_memory_time"] == {"0": 1.0, "1": 3.0}

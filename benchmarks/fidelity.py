@@ -72,8 +72,13 @@ def intra_layer_kwargs(scatter_gather: bool = True) -> dict:
 
 
 def with_intra(parallel: ParallelConfig, intra: dict | None = None) -> ParallelConfig:
-    """`parallel` with the intra-layer overrides of `intra_layer_kwargs` (None: as is)."""
-    return replace(parallel, **(intra or {}))
+    """`parallel` with the intra-layer overrides of `intra_layer_kwargs` (None: as is),
+    each where it applies: TP options with tp > 1, the scatter/gather without sequence
+    parallelism (as Megatron uses it)."""
+    tp_options = parallel.tp > 1
+    applies = {"tp_comm_overlap": tp_options,
+               "scatter_gather": tp_options and not parallel.sequence_parallel}
+    return replace(parallel, **{k: v for k, v in (intra or {}).items() if applies.get(k, True)})
 
 
 def ddp_impl(run: fd.PublishedRun) -> str:
@@ -82,13 +87,13 @@ def ddp_impl(run: fd.PublishedRun) -> str:
 
 def parallel_config(run: fd.PublishedRun) -> ParallelConfig:
     """The row's layout as a ParallelConfig (Megatron semantics, default rank order)."""
-    torch_ddp = ddp_impl(run) == "torch"
+    local_ddp = ddp_impl(run) == "local" and run.dp > 1  # (dp 1 reduces no gradient)
     return ParallelConfig(
         pp=run.pp, vpp=run.virtual_stages, dp=run.dp, tp=run.tp,
         sequence_parallel=run.sequence_parallel, global_batch_size=run.global_batch_size,
         micro_batch_size=run.micro_batch_size, recompute=run.recompute,
         schedule="interleaved-1f1b" if run.virtual_stages > 1 else "1f1b",
-        overlap_grad_reduce=torch_ddp, bucket_bytes=None if torch_ddp else WHOLE_BUFFER_BUCKET)
+        overlap_grad_reduce=not local_ddp, bucket_bytes=WHOLE_BUFFER_BUCKET if local_ddp else None)
 
 
 def cli_command(run: fd.PublishedRun, costs: RooflineCostModel,

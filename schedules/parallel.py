@@ -123,6 +123,7 @@ class ParallelConfig:
                 raise ConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.cp_comm not in CP_COMM:
             raise ConfigError(f"cp_comm={self.cp_comm!r} must be one of {', '.join(CP_COMM)}")
+        self._check_intra_layer_applies()
         object.__setattr__(self, "moe_imbalance", check_moe_imbalance(self.moe_imbalance))
         for name in ("shard_size", "bucket_bytes", "hpz_partition_size",
                      "expert_tensor_parallel", "first_stage_layers", "last_stage_layers"):
@@ -138,6 +139,21 @@ class ParallelConfig:
         self._check_expert_grid()
         self._resolve_microbatches()
         self._check_schedule()
+
+    def _check_intra_layer_applies(self) -> None:
+        """Refuse an intra-layer option where its parallelism is off (module docstring)."""
+        for name, needs in (("sequence_parallel", "tp > 1"), ("tp_comm_overlap", "tp > 1"),
+                            ("scatter_gather", "tp > 1")):
+            if getattr(self, name) and self.tp == 1:
+                raise ConfigError(f"{name}=True acts on tensor parallelism: it needs {needs}, "
+                                  f"got tp=1")
+        if self.scatter_gather and self.sequence_parallel:
+            raise ConfigError("scatter_gather=True with sequence_parallel: a pipeline transfer "
+                              "already is each TP rank's 1/tp sequence shard (SC21's "
+                              "scatter/gather applies without sequence parallelism)")
+        if self.cp_comm != "ring" and self.cp == 1:
+            raise ConfigError(f"cp_comm={self.cp_comm!r} chooses how context parallelism "
+                              f"communicates: it needs cp > 1, got cp=1")
 
     def _check_expert_grid(self) -> None:
         if self.expert_tensor_parallel is None:

@@ -61,7 +61,7 @@ class Plan:
     num_microbatches: int
     stage_ranks: tuple[int, ...]
     stage_layers: tuple[int, ...]
-    layer_groups: int  # G, the data-parallel pass's layer groups per stage
+    layer_groups: int  # G, the data-parallel pass's layer groups (or a given schedule's)
     stage_costs: tuple[StageCost, ...]
     group_costs: tuple[tuple[StageCost, ...], ...]  # [stage][group] for G groups
     dp_shard_size: int | None  # the 'dp_shard' group (hybrid or hpZ), None without one
@@ -219,7 +219,8 @@ def resolve(model: ModelSpec, parallel: ParallelConfig, cluster: ClusterFacts | 
     layers = stage_layers(model.num_layers, parallel, ranks)
     parallel.check_model(model)
     shard = shard_group_size(parallel, cluster)
-    groups = data_parallel_groups(model, parallel, layers)
+    groups = (schedule.layer_groups if schedule is not None and schedule.layer_groups > 1
+              else data_parallel_groups(model, parallel, layers))
     costs = costs_for_layers(model, parallel, layers)
     by_group = [[c] for c in costs] if groups == 1 else group_costs(model, parallel, layers, groups)
     return Plan(model, parallel, name, placement, schedule is None, microbatches, tuple(ranks),

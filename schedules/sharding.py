@@ -99,6 +99,29 @@ def _check_rules(cfg: Any, zero: int, fsdp: str) -> None:
             raise ConfigError(f"{size_field}={size} needs {want}, got {owner}={got!r}")
         if cfg.dp % size:
             raise ConfigError(f"{size_field}={size} must divide dp={cfg.dp}")
+    _check_applies(cfg, zero)
+
+
+def _check_applies(cfg: Any, zero: int) -> None:
+    """Refuse a data-parallel option set where the modelled passes cannot act on it."""
+    if not cfg.reshard_after_forward and zero != 3:
+        raise ConfigError(f"reshard_after_forward=False keeps ZeRO-3/FSDP's gathered "
+                          f"parameters from forward to backward: it needs zero_stage=3, got "
+                          f"zero_stage={zero} (whose parameters are never resharded)")
+    if not moves_gradients(cfg):
+        for name, given in (("overlap_grad_reduce=False", not cfg.overlap_grad_reduce),
+                            (f"bucket_bytes={cfg.bucket_bytes}", cfg.bucket_bytes is not None)):
+            if given:
+                raise ConfigError(f"{name}: with dp=1 and no offload no gradient leaves the "
+                                  f"rank, so there is nothing to reduce in buckets or overlap")
+    if zero == 3 and not cfg.overlap_grad_reduce:
+        raise ConfigError("overlap_grad_reduce=False with zero_stage=3: ZeRO-3/FSDP reduce-"
+                          "scatters each layer's gradients as its backward ends (every "
+                          "microbatch); reducing after the whole backward is not modelled")
+    if zero == 3 and cfg.bucket_bytes is not None:
+        raise ConfigError(f"bucket_bytes={cfg.bucket_bytes} with zero_stage=3: ZeRO-3/FSDP "
+                          f"gathers and reduce-scatters one layer unit at a time, not in "
+                          f"gradient buckets")
 
 
 def moves_gradients(cfg: Any) -> bool:

@@ -55,7 +55,7 @@ def test_each_published_row_maps_to_its_layout(run):
     assert (p.recompute, p.sequence_parallel) == (run.recompute, run.sequence_parallel)
     assert p.schedule == ("interleaved-1f1b" if run.virtual_stages > 1 else "1f1b")
     torch_ddp = run.source.startswith("SC21") and run.pp == 1  # run_table_1.sh's DDP=torch
-    assert p.overlap_grad_reduce is torch_ddp
+    assert p.overlap_grad_reduce is (torch_ddp or run.dp == 1)  # dp 1 reduces no gradient
     assert f"--tp {run.tp} --pp {run.pp} --dp {run.dp}" in fb.cli_command(run, RooflineCostModel())
 
 
@@ -166,8 +166,9 @@ def test_megatron_intra_layer_options_and_the_cli_command_parse():
     assert intra["tp_comm_overlap"] is False
     assert intra["scatter_gather"] is True
     for run in (fd.SC21_TABLE_1[6], fd.K22_TABLE_5[3]):  # 145.6B full; 175B SP + selective
-        parallel = replace(fb.parallel_config(run), **intra)
-        assert parallel.tp_comm_overlap is False and parallel.scatter_gather is True
+        parallel = fb.with_intra(fb.parallel_config(run), intra)
+        assert parallel.tp_comm_overlap is False
+        assert parallel.scatter_gather is (not run.sequence_parallel)  # where Megatron used it
         words = shlex.split(fb.cli_command(run, RooflineCostModel(compute_efficiency=0.5),
                                            intra))
         args = build_parser().parse_args(words[1:])

@@ -37,8 +37,8 @@ TIMEOUT = 90
 
 
 def setup(model=LLAMA, pp=1, dp=2, **kw):
-    par = ParallelConfig(pp=pp, dp=dp, micro_batch_size=2, num_microbatches=2,
-                         bucket_bytes=BUCKET, **kw)
+    bucket = {} if ParallelConfig(dp=dp, **kw).zero_stage == 3 else {"bucket_bytes": BUCKET}
+    par = ParallelConfig(pp=pp, dp=dp, micro_batch_size=2, num_microbatches=2, **bucket, **kw)
     base = build_schedule("1f1b", pp, 2)
     schedule = add_data_parallel(base, resolve(model, par, schedule=base))
     return schedule, par
@@ -215,7 +215,7 @@ def test_tied_embedding_copies_step_as_one_weight(monkeypatch, dp, schedule_name
     import io
     vpp = 2 if schedule_name == "interleaved-1f1b" else 1
     par = ParallelConfig(pp=2, vpp=vpp, dp=dp, micro_batch_size=2, num_microbatches=2,
-                         bucket_bytes=BUCKET, schedule=schedule_name)
+                         schedule=schedule_name, **({"bucket_bytes": BUCKET} if dp > 1 else {}))
     base = build_schedule(schedule_name, 2, 2, vpp)
     schedule = add_data_parallel(base, resolve(GPT, par, schedule=base))
     payloads = capture_payloads(monkeypatch)
@@ -278,9 +278,8 @@ def test_replay_times_a_zero3_schedule_per_layer_group(device):
     """Loopback: collectives are a group of one (no spans), so the compute of every layer
     group and the optimizer step are timed alone on one device (calibration)."""
     schedule, _ = setup(zero_stage=3)
-    # one replica; its bucket (BUCKET: about one layer) gives the plan the schedule's 4
-    # layer groups of one layer each, which the costs pass needs (Plan.layer_groups)
-    one = ParallelConfig(dp=1, micro_batch_size=2, num_microbatches=2, bucket_bytes=BUCKET)
+    # one replica; the plan takes the schedule's 4 layer groups (Plan.layer_groups)
+    one = ParallelConfig(dp=1, micro_batch_size=2, num_microbatches=2)
     timeline = run_schedule(schedule, resolve(LLAMA, one, schedule=schedule), device=device,
                             replay=True, timeout=TIMEOUT, warmup_iterations=0)
     computed = [op for op in schedule.programs[0] if op.kind.is_compute]

@@ -39,7 +39,7 @@ def test_annotate_costs_chunks_as_their_group():
     # the plan's layer groups are those of its data-parallel pass: buckets of 4 layers'
     # gradients make 2 groups of the 8 layers
     bucket = 4 * MODEL.layer_param_count(1, 1) * MODEL.dtype_bytes
-    parallel = ParallelConfig(pp=1, bucket_bytes=bucket)
+    parallel = ParallelConfig(pp=1, dp=2, bucket_bytes=bucket)
     program = [parse_op(t) for t in "0F0.0 0F0.1 0B0.1 0B0.0".split()]
     schedule = Schedule("x", 1, [program], 1, layer_groups=2)
     groups = group_costs(MODEL, parallel, [8], 2)
@@ -50,7 +50,7 @@ def test_annotate_costs_chunks_as_their_group():
                                            groups[0][1].backward_flops, groups[0][0].backward_flops]
     # a plan without costs for 2 groups per stage (one layer per group: G = 8) refuses
     with pytest.raises(ConfigError, match="layer groups"):
-        annotate(schedule, resolve(MODEL, ParallelConfig(pp=1)))
+        annotate(schedule, resolve(MODEL, ParallelConfig(pp=1, dp=2)))
     with pytest.raises(ConfigError, match="layer group"):
         to_torch_csv(schedule)
 

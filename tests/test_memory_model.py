@@ -152,12 +152,14 @@ def test_interleaved_in_flight_follows_megatron_warmup():
 
 
 def test_zero3_buffers_hold_two_gathered_layers_unless_not_resharded():
-    p = ParallelConfig(dp=4, zero_stage=3, bucket_bytes=1000, micro_batch_size=2)
+    p = ParallelConfig(dp=4, zero_stage=3, micro_batch_size=2)
     layer_bytes = 2 * GPT.layer_param_count()
     m = memory(GPT, p)[0]
-    assert m.communication_buffers == 2 * 1000  # two gradient buckets in flight
+    # two (torch DDP default, 25 MiB) gradient buckets in flight, at most all 16-bit grads
+    buckets = min(2 * 25 * 2**20, 2 * m.params)
+    assert m.communication_buffers == buckets
     assert m.gathered_parameters == pytest.approx(2 * layer_bytes)
-    assert m.total_bytes == pytest.approx(m.model_states_bytes + m.activations + 2000
+    assert m.total_bytes == pytest.approx(m.model_states_bytes + m.activations + buckets
                                           + 2 * layer_bytes)
     kept = memory(GPT, replace(p, reshard_after_forward=False))[0]
     assert kept.gathered_parameters == pytest.approx(8 * layer_bytes)

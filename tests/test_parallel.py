@@ -170,7 +170,7 @@ def test_fsdp_and_zero3_are_one_configuration():
     assert ParallelConfig(dp=1, zero_stage=1).zero_stage == 1  # trivial shard, allowed
     assert ParallelConfig(pp=2, dp=2, zero_stage=1).zero_stage == 1  # distributed optimizer
     assert ParallelConfig().grad_bucket_bytes == 25 * 2**20
-    assert ParallelConfig(bucket_bytes=1000).grad_bucket_bytes == 1000
+    assert ParallelConfig(dp=2, bucket_bytes=1000).grad_bucket_bytes == 1000
 
 
 @pytest.mark.parametrize("kw,match", [
@@ -253,7 +253,7 @@ def test_intra_layer_field_errors_name_the_field(kw, match):
     ({"moe_imbalance": 1.5}, dict(moe_imbalance=1.5)),
 ])
 def test_intra_layer_aliases_map_values(kw, expected):
-    p = ParallelConfig.from_kwargs(tp=2, **kw)
+    p = ParallelConfig.from_kwargs(tp=2, cp=2, **kw)
     assert {k: getattr(p, k) for k in expected} == expected
 
 
@@ -347,3 +347,30 @@ def test_ulysses_needs_heads_and_kv_groups_divisible_by_cp(tp, cp, what):
     with pytest.raises(ConfigError, match=f"ulysses.*{what}.*divisible by cp"):
         parallel.check_model(get_model("llama3-8b"))
     ParallelConfig(tp=tp, cp=cp, num_microbatches=1).check_model(get_model("llama3-8b"))  # ring
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(sequence_parallel=True), "sequence_parallel=True.*needs tp > 1"),
+    (dict(tp_comm_overlap=True), "tp_comm_overlap=True.*needs tp > 1"),
+    (dict(scatter_gather=True), "scatter_gather=True.*needs tp > 1"),
+    (dict(tp=2, scatter_gather=True, sequence_parallel=True), "scatter_gather.*sequence shard"),
+    (dict(cp_comm="ulysses"), "cp_comm='ulysses'.*needs cp > 1"),
+    (dict(dp=2, reshard_after_forward=False), "reshard_after_forward=False.*zero_stage=3"),
+    (dict(dp=2, zero_stage=2, reshard_after_forward=False), "zero_stage=3, got zero_stage=2"),
+    (dict(dp=2, zero_stage=3, overlap_grad_reduce=False), "overlap_grad_reduce=False.*ZeRO-3"),
+    (dict(dp=2, zero_stage=3, bucket_bytes=1 << 20), "bucket_bytes.*one layer unit"),
+    (dict(overlap_grad_reduce=False), "dp=1 and no offload"),
+    (dict(bucket_bytes=1 << 20), "dp=1 and no offload"),
+])
+def test_an_option_that_cannot_act_is_refused_with_the_reason(kw, match):
+    """Issue 14, item 15: each of these used to be accepted and change nothing."""
+    with pytest.raises(ConfigError, match=match):
+        ParallelConfig(num_microbatches=1, **kw)
+
+
+def test_the_same_options_act_where_they_apply():
+    ParallelConfig(tp=2, sequence_parallel=True, tp_comm_overlap=True, num_microbatches=1)
+    ParallelConfig(tp=2, scatter_gather=True, cp=2, cp_comm="ulysses", num_microbatches=1)
+    ParallelConfig(dp=2, zero_stage=3, reshard_after_forward=False, num_microbatches=1)
+    ParallelConfig(dp=2, overlap_grad_reduce=False, bucket_bytes=1 << 20, num_microbatches=1)
+    ParallelConfig(zero_stage=1, offload=True, overlap_grad_reduce=False, num_microbatches=1)

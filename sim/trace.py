@@ -3,8 +3,12 @@
 Units: `ts` and `dur` in microseconds (span seconds * 1e6, same origin as the Timeline);
 memory counters in GB (1e9 bytes).
 
-Mapping: process (`pid`) = rank, named `rank N`; thread (`tid`) = lane, one integer per
-lane name in the Gantt chart's lane order, named by `thread_name` metadata. Each span is a
+Mapping: process (`pid`) = rank, named `rank N`; thread (`tid`) = a track of a lane,
+named by `thread_name` metadata, lanes in the Gantt chart's order. Chrome and Perfetto nest
+the complete events of one thread and cannot draw two that overlap without one holding the
+other (two transfers of one lane in flight at once), so a lane's spans are laid out on as
+few tracks as keep every track's spans apart (interval partitioning, greedy by start):
+track 0 keeps the lane's name, the others are named `lane #2`, `lane #3`. Each span is a
 complete event (`ph: "X"`) named by its op text (`2F0`) with the op kind as category;
 memory samples are counter events (`ph: "C"`, name `memory`); every P2P transfer is a flow
 arrow (`ph: "s"` on the send, `ph: "f"`, `bp: "e"` on the matching receive). Flow ends
@@ -23,6 +27,7 @@ from clustersim.schedules.ops import OpKind
 from clustersim.schedules.timeline import Span, Timeline
 
 US_PER_S = 1e6
+TRACKS_PER_LANE = 1000  # tid = lane index * TRACKS_PER_LANE + track
 LANE_ORDER = (COMPUTE_LANE, SEND_LANE, RECV_LANE, PP, TP, CP, EP, ETP, DP, DP_SHARD,
               DP_REPLICATE, PCIE_LANE, HOST_LANE)
 
@@ -60,21 +65,40 @@ def p2p_pairs(timeline: Timeline) -> list[tuple[Span, Span]]:
     return sorted(pairs, key=lambda p: p[0].start)
 
 
-def _metadata(timeline: Timeline, tids: dict[str, int]) -> list[dict[str, Any]]:
+def span_tracks(timeline: Timeline) -> dict[int, int]:
+    """id(span) -> its thread id: the lane's index (lane_ids) * TRACKS_PER_LANE plus the
+    first track of its (rank, lane) whose previous span has ended (module docstring)."""
+    lanes = lane_ids(timeline)
+    ends: dict[tuple[int, str], list[float]] = defaultdict(list)  # track -> its last end
+    tids = {}
+    for span in sorted(timeline.spans, key=lambda s: (s.start, s.end)):
+        tracks = ends[(span.rank, span.lane)]
+        track = next((i for i, end in enumerate(tracks) if end <= span.start), len(tracks))
+        if track == len(tracks):
+            tracks.append(span.end)
+        tracks[track] = span.end
+        tids[id(span)] = lanes[span.lane] * TRACKS_PER_LANE + track
+    return tids
+
+
+def _metadata(timeline: Timeline, tracks: dict[int, int]) -> list[dict[str, Any]]:
     events: list[dict[str, Any]] = []
+    names = {index: lane for lane, index in lane_ids(timeline).items()}
     used = defaultdict(set)
     for s in timeline.spans:
-        used[s.rank].add(s.lane)
+        used[s.rank].add(tracks[id(s)])
     for rank in timeline.ranks:
         events.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0,
                        "args": {"name": f"rank {rank}"}})
         events.append({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0,
                        "args": {"sort_index": rank}})
-        for lane in sorted(used[rank], key=tids.__getitem__):
-            events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tids[lane],
-                           "args": {"name": lane}})
-            events.append({"ph": "M", "name": "thread_sort_index", "pid": rank,
-                           "tid": tids[lane], "args": {"sort_index": tids[lane]}})
+        for tid in sorted(used[rank]):
+            lane, track = divmod(tid, TRACKS_PER_LANE)
+            name = names[lane] + (f" #{track + 1}" if track else "")
+            events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid,
+                           "args": {"name": name}})
+            events.append({"ph": "M", "name": "thread_sort_index", "pid": rank, "tid": tid,
+                           "args": {"sort_index": tid}})
     return events
 
 
@@ -90,25 +114,25 @@ def _span_event(span: Span, tid: int) -> dict[str, Any]:
             "ts": span.start * US_PER_S, "dur": span.duration * US_PER_S, "args": args}
 
 
-def _flow_events(timeline: Timeline, tids: dict[str, int]) -> list[dict[str, Any]]:
+def _flow_events(timeline: Timeline, tracks: dict[int, int]) -> list[dict[str, Any]]:
     events = []
     for flow_id, (send, recv) in enumerate(p2p_pairs(timeline)):
         common = {"name": f"{send.op}→{recv.op}", "cat": "p2p", "id": flow_id}
-        events.append({"ph": "s", "pid": send.rank, "tid": tids[send.lane],
+        events.append({"ph": "s", "pid": send.rank, "tid": tracks[id(send)],
                        "ts": (send.start + send.end) / 2 * US_PER_S, **common})
-        events.append({"ph": "f", "bp": "e", "pid": recv.rank, "tid": tids[recv.lane],
+        events.append({"ph": "f", "bp": "e", "pid": recv.rank, "tid": tracks[id(recv)],
                        "ts": (recv.start + recv.end) / 2 * US_PER_S, **common})
     return events
 
 
 def chrome_trace(timeline: Timeline) -> dict[str, Any]:
     """The trace as a JSON-serialisable dict: `{"traceEvents": [...], ...}`."""
-    tids = lane_ids(timeline)
-    events = _metadata(timeline, tids)
-    events.extend(_span_event(s, tids[s.lane]) for s in timeline.spans)
+    tracks = span_tracks(timeline)
+    events = _metadata(timeline, tracks)
+    events.extend(_span_event(s, tracks[id(s)]) for s in timeline.spans)
     events.extend({"ph": "C", "name": "memory", "pid": m.rank, "ts": m.time * US_PER_S,
                    "args": {"GB": m.nbytes / 1e9}} for m in timeline.memory)
-    events.extend(_flow_events(timeline, tids))
+    events.extend(_flow_events(timeline, tracks))
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": _jsonable({"source": timeline.source, **timeline.meta})}
 

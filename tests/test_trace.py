@@ -5,7 +5,7 @@ from clustersim.schedules.registry import build_schedule
 from clustersim.schedules.ops import Op, OpKind
 from clustersim.schedules.timeline import MemorySample, Span, Timeline
 from clustersim.schedules.validate import dry_run
-from clustersim.sim.trace import chrome_trace, lane_ids, p2p_pairs, write_trace
+from clustersim.sim.trace import TRACKS_PER_LANE, chrome_trace, lane_ids, p2p_pairs, write_trace
 
 
 def pipeline_timeline(pp: int = 4, microbatches: int = 6) -> Timeline:
@@ -44,7 +44,7 @@ def test_one_complete_event_per_span_in_microseconds():
     for span, e in zip(t.spans, spans):
         assert math.isclose(e["ts"], span.start * 1e6)
         assert math.isclose(e["dur"], (span.end - span.start) * 1e6)
-        assert (e["pid"], e["tid"], e["name"], e["cat"]) == (
+        assert (e["pid"], e["tid"] // TRACKS_PER_LANE, e["name"], e["cat"]) == (
             span.rank, tids[span.lane], str(span.op), span.op.kind.value)
         assert e["args"]["stage"] == span.op.stage
         assert e["args"]["microbatch"] == span.op.microbatch
@@ -60,8 +60,8 @@ def test_processes_are_ranks_and_threads_are_named_lanes():
     assert names == {r: f"rank {r}" for r in range(4)}
     threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in meta if e["name"] == "thread_name"}
     assert lane_ids(t) == {"compute": 0, "send": 1, "recv": 2}
-    assert threads[(0, 0)] == "compute" and threads[(3, 2)] == "recv"
-    assert (3, 1) in threads  # the last stage sends gradients back
+    assert threads[(0, 0)] == "compute" and threads[(3, 2 * TRACKS_PER_LANE)] == "recv"
+    assert (3, TRACKS_PER_LANE) in threads  # the last stage sends gradients back
     assert all(isinstance(tid, int) for _, tid in threads)
 
 
@@ -114,3 +114,26 @@ def test_trace_is_json_and_written_to_disk(tmp_path):
     loaded = json.loads(path.read_text())
     assert len(loaded["traceEvents"]) == len(chrome_trace(t)["traceEvents"])
     assert loaded["otherData"]["plan"]["schedule"] == "1f1b"
+
+
+def test_spans_of_one_thread_never_overlap_partially():
+    """Chrome and Perfetto nest the complete events of one thread: two transfers of a lane
+    in flight at once (rank 5's 5SEND_F38 and 21SEND_B18 in the README's GPT-3 run, issue
+    14 item 14) go on two tracks of the lane, and no thread holds overlapping spans."""
+    send = Span(5, "send", Op(OpKind.SEND_F, 5, 38, "pp", 1), 0.0, 167e-6)
+    other = Span(5, "send", Op(OpKind.SEND_B, 21, 18, "pp", 1), 90e-6, 257e-6)
+    later = Span(5, "send", Op(OpKind.SEND_F, 5, 39, "pp", 1), 200e-6, 300e-6)
+    timeline = Timeline([send, other, later])
+    trace = chrome_trace(timeline)
+    base = lane_ids(timeline)["send"] * TRACKS_PER_LANE
+    spans = sorted(events(trace, "X"), key=lambda e: e["ts"])
+    assert [e["tid"] for e in spans] == [base, base + 1, base]
+    names = {e["tid"]: e["args"]["name"] for e in events(trace, "M")
+             if e["name"] == "thread_name"}
+    assert names == {base: "send", base + 1: "send #2"}
+    big = chrome_trace(pipeline_timeline(pp=4, microbatches=8))
+    by_thread = {}
+    for e in sorted(events(big, "X"), key=lambda e: e["ts"]):
+        end = by_thread.get((e["pid"], e["tid"]), -1.0)
+        assert e["ts"] >= end - 1e-9
+        by_thread[(e["pid"], e["tid"])] = e["ts"] + e["dur"]

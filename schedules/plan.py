@@ -143,6 +143,14 @@ class Plan:
         self.cluster.check_fits(self.world_size)
         return tuple(self.cluster.gpus[g] for g in self.replayed_ranks)
 
+    def ranks_on_host(self, stage: int) -> int:
+        """Ranks of the job whose GPUs share the host of stage `stage`'s replayed rank (1
+        without a cluster): they share that host's CPU and memory (ZeRO-Offload)."""
+        if self.cluster is None:
+            return 1
+        host = self.cluster.hosts[self.replayed_ranks[self.stage_ranks[stage]]]
+        return self.cluster.hosts[:self.world_size].count(host)
+
     def groups_spanning_hosts(self, axis: str) -> list[list[int]]:
         """The `axis` groups (global ranks) whose GPUs sit on more than one host."""
         if self.cluster is None:

@@ -78,7 +78,8 @@ class RooflineCostModel:
         rooflines = [RooflineCost(d, plan.model.dtype, self.compute_efficiency,
                                   self.memory_efficiency) for d in devices]
         return with_optimizer_steps(StageKernelCost(rooflines, plan), devices.__getitem__,
-                                    self.memory_efficiency)
+                                    self.memory_efficiency,
+                                    host_ranks_of_stage=plan.ranks_on_host)
 
     def network(self, env: simpy.Environment, topology: nx.DiGraph) -> Network:
         return FlowNetwork(env, topology)
@@ -163,7 +164,8 @@ class ProfileCostModel:
         return with_optimizer_steps(ProfileCost.for_plan(self.profile, plan),
                                     _stage_devices(plan, topology).__getitem__,
                                     self.memory_efficiency,
-                                    gpu_seconds_per_param=self.profile.optimizer_seconds_per_param)
+                                    gpu_seconds_per_param=self.profile.optimizer_seconds_per_param,
+                                    host_ranks_of_stage=plan.ranks_on_host)
 
     def network(self, env: simpy.Environment, topology: nx.DiGraph) -> Network:
         return AlphaBetaNetwork(env, self.profile.p2p.alpha, self.profile.p2p.beta)

@@ -13,7 +13,10 @@
   vectorised CPU-Adam at about 0.22 s per 1e9 parameters on a DGX-2 host (two 24-core
   Xeon Platinum 8168), 5-7x faster than PyTorch's CPU Adam. We take 0.22e-9 s/param: an
   assumption for a modern 2-socket host, not a measurement; change the constant (or pass
-  `cpu_seconds_per_param`) for another host.
+  `cpu_seconds_per_param`) for another host. That rate is the whole host's (all its
+  cores, its memory bandwidth), and every GPU of the host offloads to it: the k ranks on
+  one host step at once (by symmetry, at the same moment), so each rank's step takes
+  k x its parameters x the per-parameter time (`host_ranks`, Plan.ranks_on_host).
 Units: seconds, bytes.
 """
 from __future__ import annotations
@@ -35,25 +38,30 @@ def step_params(op: Op) -> float:
 
 def optimizer_step_time(op: Op, device: DeviceSpec, memory_efficiency: float,
                         cpu_seconds_per_param: float = CPU_ADAM_SECONDS_PER_PARAM,
-                        gpu_seconds_per_param: float | None = None) -> float:
-    """Seconds of OPT_STEP `op`: on the host at `cpu_seconds_per_param`; on the GPU at
-    `gpu_seconds_per_param` (measured) when given, else its bytes at the HBM roofline."""
+                        gpu_seconds_per_param: float | None = None,
+                        host_ranks: int = 1) -> float:
+    """Seconds of OPT_STEP `op`: on the host at `cpu_seconds_per_param`, shared by the
+    `host_ranks` ranks stepping on it at once; on the GPU at `gpu_seconds_per_param`
+    (measured) when given, else its bytes at the HBM roofline."""
     if op.group == HOST:
-        return step_params(op) * cpu_seconds_per_param
+        return step_params(op) * host_ranks * cpu_seconds_per_param
     if gpu_seconds_per_param is not None:
         return step_params(op) * gpu_seconds_per_param
     return op.nbytes / (device.hbm_bandwidth * memory_efficiency)
 
 
 def with_optimizer_steps(compute_time: Callable[[Op], float], device_of_stage,
-                         memory_efficiency: float, gpu_seconds_per_param: float | None = None
+                         memory_efficiency: float, gpu_seconds_per_param: float | None = None,
+                         host_ranks_of_stage: Callable[[int], int] = lambda stage: 1
                          ) -> Callable[[Op], float]:
     """`compute_time` with OPT_STEP costed here; `device_of_stage(s)` is the DeviceSpec of
-    stage s; `gpu_seconds_per_param`: a profile's measured step (None: the HBM roofline)."""
+    stage s; `gpu_seconds_per_param`: a profile's measured step (None: the HBM roofline);
+    `host_ranks_of_stage(s)`: the ranks sharing the host CPU of stage s's rank."""
     def timed(op: Op) -> float:
         if op.kind is OpKind.OPT_STEP:
             return optimizer_step_time(op, device_of_stage(op.stage), memory_efficiency,
-                                       gpu_seconds_per_param=gpu_seconds_per_param)
+                                       gpu_seconds_per_param=gpu_seconds_per_param,
+                                       host_ranks=host_ranks_of_stage(op.stage))
         return compute_time(op)
 
     return timed

@@ -40,7 +40,16 @@ WORD_EMBEDDING = "word_embeddings.weight"
 def tied_pipeline_ranks(schedule: Schedule, model: ModelSpec) -> tuple[int, int] | None:
     """(pipeline rank of the first stage, of the last stage) when the model's embeddings
     are tied and those stages are on two different pipeline ranks; else None."""
-    if model.untie_embeddings_and_output_weights or schedule.num_stages == 1:
+    if model.untie_embeddings_and_output_weights:
+        return
+    if schedule.num_stages == 1:
+        if any(is_parameter_gather(op) and op.chunk not in (None, 0) for op in schedule.ops()):
+            raise KernelsError(
+                "tied embeddings with ZeRO-3/FSDP on one pipeline stage: the IR gathers the "
+                "word embedding again for the output layer (the last layer group), which "
+                "the kernels' parameter units do not (a shared parameter belongs to the "
+                "first group, kernels.param_units); set untie_embeddings_and_output_weights "
+                "or use zero_stage <= 2")
         return None
     first, last = schedule.rank_of_stage(0), schedule.rank_of_stage(schedule.num_stages - 1)
     return None if first == last else (first, last)

@@ -24,11 +24,15 @@ EXTRA_TENSORS = 3  # word and position embedding, final norm / output layer
 
 @dataclass(frozen=True)
 class DPSizes:
-    """Per stage s and layer group g: gradient bytes `grads[s][g]` and parameters
-    `params[s][g]` (one rank's TP shard, tied copies included), and the run's sizes."""
+    """Per stage s and layer group g: gradient bytes `grads[s][g]`, the parameters it
+    owns `params[s][g]` (one rank's TP shard, tied copies included) and those its compute
+    needs gathered `gathered[s][g]` (its own, and with tied embeddings on a one-stage
+    pipeline the word embedding again for the head, which reuses group 0's weight), and
+    the run's sizes."""
 
     grads: list[list[int]]
     params: list[list[int]]
+    gathered: list[list[int]]
     dtype_bytes: int
     dp: int
     shard: int  # ranks one copy of the sharded state is split over (N)
@@ -60,12 +64,15 @@ class DPSizes:
 def dp_sizes(plan: Plan) -> DPSizes:
     """The sizes of `plan`'s data-parallel pass: its G layer groups per stage
     (Plan.layer_groups), their costs, the gradient bucket and the shard group."""
-    groups = plan.layer_groups
+    groups, model = plan.layer_groups, plan.model
     grads = [[c.grad_bytes for c in row] for row in plan.group_costs]
     params = [[c.param_count + c.tied_param_count for c in row] for row in plan.group_costs]
+    gathered = [list(row) for row in params]
+    if plan.num_stages == 1 and groups > 1 and not model.untie_embeddings_and_output_weights:
+        gathered[0][-1] += model.vocab_size * model.hidden_size // plan.parallel.tp
     layers = [c // groups for c in plan.stage_layers]
-    return DPSizes(grads, params, plan.model.dtype_bytes, plan.parallel.dp, plan.comm_shards,
-                   plan.parallel.grad_bucket_bytes, layers)
+    return DPSizes(grads, params, gathered, model.dtype_bytes, plan.parallel.dp,
+                   plan.comm_shards, plan.parallel.grad_bucket_bytes, layers)
 
 
 def split_op(op: Op, groups: int) -> list[Op]:

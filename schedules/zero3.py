@@ -3,7 +3,8 @@
 Every F/B/I/W op is split into layer groups (FSDP units; one transformer layer per unit,
 torch's usual transformer auto-wrap policy; the embedding rides with group 0 and the head
 with the last group, schedules.layer_groups). Before a group computes, its parameters
-must be gathered:
+must be gathered (with tied embeddings on one stage, the last group gathers the word
+embedding again for the output layer: DPSizes.gathered):
 - a parameter ALL_GATHER of (s, g) is posted before each F group and again before each B
   (or I) group; with reshard_after_forward=False the parameters gathered for F stay until
   the group's backward, which then needs no gather (torch SHARD_GRAD_OP). W needs no
@@ -45,7 +46,7 @@ def _gather(sizes: DPSizes, parallel: ParallelConfig, op: Op) -> Op:
     forward = op.kind is OpKind.F
     local = parallel.fsdp == "hybrid" or (parallel.hpz and not forward)
     group = DP_SHARD if local else DP
-    params = sizes.params[op.stage][op.chunk]
+    params = sizes.gathered[op.stage][op.chunk]
     per_param = 1 if parallel.quantized_weights and group == DP else sizes.dtype_bytes
     return Op(OpKind.ALL_GATHER, op.stage, op.microbatch, group, params * per_param,
               chunk=op.chunk)

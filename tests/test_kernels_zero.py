@@ -256,11 +256,12 @@ def test_tied_embedding_shared_by_two_stages_of_a_rank_reduces_once_per_stage():
         run(stepped, par, model=GPT)
 
 
-def test_tied_embeddings_with_zero3_at_pp1_name_the_ungathered_group():
-    """The IR gathers the tied word embedding with group 0 only, while the head (last
-    group) uses it too: the backend says so rather than compute with NaN."""
+def test_tied_embeddings_with_zero3_at_pp1_are_refused_before_the_run():
+    """The IR gathers the tied word embedding again for the head (the last layer group);
+    the kernels' parameter units do not: refused with the reason before any process
+    starts, rather than computing with NaN."""
     schedule, par = setup(model=GPT, zero_stage=3)
-    with pytest.raises(KernelsError, match="layer group 0, which are sharded"):
+    with pytest.raises(KernelsError, match="gathers the word embedding again"):
         run(schedule, par, model=GPT)
 
 

@@ -109,3 +109,23 @@ def test_zero_plus_plus_bytes():
     psi = resolve(MODEL, parallel).stage_costs[0].grad_bytes
     dp_bytes = sum(op.nbytes for op in program if op.kind.is_collective and op.group == "dp")
     assert dp_bytes == pytest.approx(psi / 2 + psi / 4, abs=8)  # vs 3 Psi without ZeRO++
+
+
+def test_the_head_gathers_the_tied_word_embedding_again():
+    """pp 1, tied embeddings (GPT-3): the output layer reuses the word embedding, which
+    the first layer group owns and reshards after its forward, so the last group's gather
+    holds its layer, the final norm and the word embedding: 2 bytes x (12h^2 + 13h + 2h +
+    V*h) (issue 14, item 5: the embedding was missing, 100.7 MB instead of 311 MB)."""
+    from clustersim.schedules.lowering import lower
+    from clustersim.schedules.plan import resolve
+
+    model = get_model("gpt3-1.3b")
+    h, v = model.hidden_size, model.vocab_size
+    plan = resolve(model, ParallelConfig(dp=8, zero_stage=3, num_microbatches=1))
+    lowered = lower(plan.build_schedule(), plan)
+    last = plan.layer_groups - 1
+    gathers = {op.nbytes for op in lowered.ops()
+               if op.kind is OpKind.ALL_GATHER and op.chunk == last}
+    assert gathers == {2 * (12 * h * h + 13 * h + 2 * h + v * h)}
+    first = {op.nbytes for op in lowered.ops() if op.kind is OpKind.ALL_GATHER and op.chunk == 0}
+    assert first == {2 * (12 * h * h + 13 * h + v * h + model.seq_length * h)}

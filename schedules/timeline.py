@@ -200,6 +200,7 @@ class Timeline:
                 "peak_memory_bytes": per_rank(self.peak_memory()),
                 "peak_memory_time": per_rank(self.peak_memory_times()),
             },
+            **({"throughput": self.meta["throughput"]} if "throughput" in self.meta else {}),
             **({"meta": self.meta} if self.meta else {}),
         }
 

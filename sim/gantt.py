@@ -93,10 +93,16 @@ def hover_text(span: Span, origin: float = 0.0) -> str:
 
 
 def describe(timeline: Timeline, label: str | None = None) -> str:
-    """One-line title: schedule name, iteration time and mean bubble fraction."""
+    """One-line title: schedule name, iteration time, mean bubble fraction, and where
+    known the throughput (tokens/s per GPU, MFU: sim.throughput)."""
     name = label or timeline.meta.get("plan", {}).get("schedule") or "timeline"
+    figures = timeline.meta.get("throughput")
+    rate = ""
+    if figures:
+        mfu = f", MFU {figures['mfu']:.1%}" if figures["mfu"] is not None else ""
+        rate = f", {figures['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU{mfu}"
     return (f"{name} — iteration {format_seconds(timeline.iteration_time)}, "
-            f"bubble {timeline.bubble_fraction:.1%} ({timeline.source})")
+            f"bubble {timeline.bubble_fraction:.1%}{rate} ({timeline.source})")
 
 
 def _spans_by_kind(timeline: Timeline) -> dict[OpKind, list[Span]]:

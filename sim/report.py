@@ -7,6 +7,7 @@ from clustersim.schedules.names import CP, DP, EP, PP, TP
 from clustersim.schedules.plan import header_line
 from clustersim.schedules.timeline import CATEGORIES, Timeline
 
+from .throughput import format_throughput
 from .units import format_seconds
 
 
@@ -20,6 +21,7 @@ def format_summary(timeline: Timeline) -> str:
              f"iteration time {format_seconds(timeline.iteration_time)}, "
              f"bubble fraction {timeline.bubble_fraction:.4f} (nothing in flight), exposed "
              f"communication {timeline.exposed_comm_fraction:.4f} (communication, no compute)",
+             *([format_throughput(meta["throughput"])] if "throughput" in meta else []),
              f"{'rank':>4} {'compute':>12} {'idle':>12} {'bubble':>7} {'in-flight':>9} "
              f"{'peak mem':>9}"]
     busy, idle = timeline.compute_busy(), timeline.idle_time()
@@ -74,10 +76,12 @@ def format_oom(entry: dict) -> str:
 
 
 def format_table(rows: Sequence[dict]) -> str:
-    """The `compare` table: one row per schedule."""
-    lines = [f"{'schedule':28} {'iteration':>12} {'bubble':>7} {'peak mem':>9}  in-flight per rank"]
+    """The `compare` table: one row per schedule (throughput: sim.throughput's formulas)."""
+    lines = [f"{'schedule':28} {'iteration':>12} {'bubble':>7} {'tokens/s/GPU':>12} "
+             f"{'MFU':>6} {'peak mem':>9}  in-flight per rank"]
     for row in rows:
+        mfu = f"{row['mfu']:>6.1%}" if row["mfu"] is not None else f"{'n/a':>6}"
         lines.append(f"{row['schedule']:28} {format_seconds(row['iteration_time_s']):>12} "
-                     f"{row['bubble_fraction']:>7.4f} {row['peak_memory_GB']:>6.1f} GB  "
-                     f"{row['peak_in_flight']}")
+                     f"{row['bubble_fraction']:>7.4f} {row['tokens_per_s_per_gpu']:>12,.0f} "
+                     f"{mfu} {row['peak_memory_GB']:>6.1f} GB  {row['peak_in_flight']}")
     return "\n".join(lines)

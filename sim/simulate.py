@@ -31,12 +31,14 @@ from clustersim.schedules.plan import Plan, resolve
 from clustersim.schedules.schedule import Schedule
 from clustersim.schedules.timeline import Timeline
 from clustersim.schedules.validate import dry_run
+from clustersim.topologies import device_of
 
 from .cluster import cluster_facts
 from .cost_model import CostModel, RooflineCostModel
 from .engine import Replay
 from .memory import memory_model, oom_report
 from .offload import host_cpus, with_host_links
+from .throughput import throughput
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +87,8 @@ def _replay(plan: Plan, topology: nx.DiGraph, costs: CostModel,
     for warning in warnings:
         log.info(warning)
     timeline.meta.update({"plan": plan.describe(), "cost_model": costs.describe(),
+                          "throughput": throughput(plan, timeline.iteration_time,
+                                                   device_of(topology, devices[0])),
                           "warnings": warnings, "oom_ranks": over,
                           "oom": oom_report(timeline, breakdown, capacity)})
     return timeline

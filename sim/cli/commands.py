@@ -206,9 +206,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def _compare_row(timeline: Timeline) -> dict:
     peaks = timeline.peak_in_flight()
     memory = timeline.peak_memory()
+    figures = timeline.meta["throughput"]
     return {
         "iteration_time_s": timeline.iteration_time,
         "bubble_fraction": timeline.bubble_fraction,
+        "exposed_comm_fraction": timeline.exposed_comm_fraction,
+        "tokens_per_s": figures["tokens_per_s"],
+        "tokens_per_s_per_gpu": figures["tokens_per_s_per_gpu"],
+        "model_tflops_per_gpu": figures["model_tflops_per_gpu"],
+        "mfu": figures["mfu"],
         "peak_in_flight": [peaks.get(r, 0) for r in timeline.ranks],
         "peak_memory_GB": max(memory.values(), default=0) / 1e9,
     }

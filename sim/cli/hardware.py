@@ -17,8 +17,10 @@ from typing import Any
 
 from clustersim.schedules.errors import ClustersimError, ConfigError
 from clustersim.schedules.plan import resolve
+from clustersim.topologies import DeviceSpec, TopologyError, get_device
 
 from ..report import format_summary
+from ..throughput import throughput
 from ..units import format_seconds
 from .commands import add_output_flags, schedule_and_parallel, write_outputs
 from .flags import add_model_flags, add_parallel_flags, model_from_args
@@ -145,6 +147,14 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _datasheet(device: str) -> DeviceSpec | None:
+    """The datasheet of the measured device, when its name is one we know (for MFU)."""
+    try:
+        return get_device(device)
+    except TopologyError:
+        return None
+
+
 def _bandwidth(beta: float) -> str:
     return f"{1 / beta / 1e9:.3g} GB/s" if beta > 0 else "bandwidth not measured"
 
@@ -175,6 +185,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                                    warmup_iterations=args.warmup_iterations,
                                    iterations=args.iterations, replay=args.replay)
     timeline.meta.setdefault("cost_model", "measured")
+    timeline.meta["throughput"] = throughput(plan, timeline.iteration_time,
+                                             _datasheet(timeline.meta.get("device", "")))
     print(format_summary(timeline))
     times = timeline.meta.get("iteration_times", [])
     if len(times) > 1:

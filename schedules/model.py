@@ -29,10 +29,22 @@ RECOMPUTE = ("none", "selective", "full")
 DEFAULT_MOE_TOPK = 2  # Megatron-LM's --moe-router-topk default
 
 
+def default_ffn_hidden_size(hidden_size: int, swiglu: bool) -> int:
+    """Megatron-LM's --ffn-hidden-size default (arguments.py, validate_args): 4h, or with
+    SwiGLU int(4h * 2/3 / 64) * 64, the 8h/3 that keeps the parameters of two up
+    projections near 4h's, rounded down to a multiple of 64."""
+    if swiglu:
+        return int(4 * hidden_size * 2 / 3 / 64) * 64
+    return 4 * hidden_size
+
+
 @dataclass(frozen=True)
 class ModelSpec:
-    """A GPT/Llama-style decoder. `ffn_hidden_size` defaults to 4*hidden_size and
-    `num_query_groups` to num_attention_heads (multi-head attention); both are filled in
+    """A GPT/Llama-style decoder. The field defaults are Megatron-LM's argument defaults:
+    `ffn_hidden_size` 4*hidden_size (SwiGLU: default_ffn_hidden_size), `num_query_groups`
+    num_attention_heads (multi-head attention), GeLU, LayerNorm, biases, learned absolute
+    positions, tied embeddings, no flash attention; `dtype` is bf16 (Megatron's is fp32
+    unless --bf16; runs at scale train in bf16). ffn and query groups are filled in
     by __post_init__, so equal shapes compare equal (`get_model` re-derives them when their
     source is overridden; `dataclasses.replace` does not). MoE: `num_experts` routed experts
     per MoE layer, each token routed to `moe_router_topk` of them (default 2, as in
@@ -68,7 +80,8 @@ class ModelSpec:
 
     def __post_init__(self) -> None:
         if self.ffn_hidden_size is None:
-            object.__setattr__(self, "ffn_hidden_size", 4 * self.hidden_size)
+            object.__setattr__(self, "ffn_hidden_size",
+                               default_ffn_hidden_size(self.hidden_size, self.swiglu))
         if self.num_query_groups is None:
             object.__setattr__(self, "num_query_groups", self.num_attention_heads)
         for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length",

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import fields, replace
 
 from .errors import ConfigError
-from .model import ModelSpec
+from .model import ModelSpec, default_ffn_hidden_size
 
 # --- presets ---------------------------------------------------------------------------
 # Each preset's shape is the published one; where a field is our choice (sequence length of
@@ -94,12 +94,15 @@ def get_model(name: str, **overrides: object) -> ModelSpec:
         raise ConfigError(f"unknown model field(s) {', '.join(unknown)}: known fields are "
                           f"{', '.join(sorted(known))}")
     preset = MODEL_PRESETS[key]
-    # derived defaults follow their source: overriding hidden_size re-derives a 4h ffn
-    for field, source, derived in (("ffn_hidden_size", "hidden_size", 4 * preset.hidden_size),
-                                   ("num_query_groups", "num_attention_heads",
-                                    preset.num_attention_heads),
-                                   ("moe_ffn_hidden_size", "ffn_hidden_size",
-                                    preset.ffn_hidden_size)):
-        if source in overrides and field not in overrides and getattr(preset, field) == derived:
+    # a field the preset derives from another (by Megatron's defaults) follows an override
+    # of its source, unless given: hidden_size or swiglu re-derive the ffn
+    ffn = default_ffn_hidden_size(preset.hidden_size, preset.swiglu)
+    for field, sources, derived in (
+            ("ffn_hidden_size", ("hidden_size", "swiglu"), ffn),
+            ("num_query_groups", ("num_attention_heads",), preset.num_attention_heads),
+            ("moe_ffn_hidden_size", ("ffn_hidden_size", "hidden_size", "swiglu"),
+             preset.ffn_hidden_size)):
+        if (any(s in overrides for s in sources) and field not in overrides
+                and getattr(preset, field) == derived):
             overrides[field] = None
     return replace(preset, **overrides)

@@ -175,6 +175,7 @@ class Plan:
             "etp": p.etp, "edp": p.edp, "microbatches": self.num_microbatches,
             "global_batch_size": p.global_batch_size, "micro_batch_size": p.micro_batch_size,
             "model": self.model.name or "custom", "model_spec": asdict(self.model),
+            "model_params": self.model.param_count(),
             "parallel": asdict(p), "stage_ranks": list(self.stage_ranks),
             "stage_layers": list(self.stage_layers), "layer_groups": self.layer_groups,
             "groups": {axis: self.group_size(axis) for axis in GROUP_AXES
@@ -190,6 +191,19 @@ class Plan:
     def header(self) -> str:
         """The run's header line (header_line of describe())."""
         return header_line(self.describe())
+
+
+def model_line(plan: dict[str, Any]) -> str:
+    """The resolved model of a described plan: its shape and parameter count (SC21 eq. 2
+    generalised, ModelSpec.param_count)."""
+    m = plan["model_spec"]
+    mlp = "SwiGLU" if m["swiglu"] else "GeLU"
+    tied = "untied" if m["untie_embeddings_and_output_weights"] else "tied"
+    return (f"model {plan['model']}: {m['num_layers']} layers, hidden {m['hidden_size']}, "
+            f"ffn {m['ffn_hidden_size']} ({mlp}), heads {m['num_attention_heads']} / KV "
+            f"groups {m['num_query_groups']}, vocabulary {m['vocab_size']} ({tied}), "
+            f"sequence {m['seq_length']}, {m['normalization']}, {m['dtype']}: "
+            f"{plan['model_params'] / 1e9:.2f} B parameters")
 
 
 def header_line(plan: dict[str, Any]) -> str:

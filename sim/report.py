@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from clustersim.schedules.names import CP, DP, EP, PP, TP
-from clustersim.schedules.plan import header_line
+from clustersim.schedules.plan import header_line, model_line
 from clustersim.schedules.timeline import CATEGORIES, Timeline
 
 from .throughput import format_throughput
@@ -18,6 +18,7 @@ def format_summary(timeline: Timeline) -> str:
     meta = timeline.meta
     head = header_line(meta["plan"]) if "plan" in meta else f"{timeline.source} timeline"
     lines = [f"{head} costs={meta.get('cost_model', 'unknown')}",
+             *([model_line(meta["plan"])] if "plan" in meta else []),
              f"iteration time {format_seconds(timeline.iteration_time)}, "
              f"bubble fraction {timeline.bubble_fraction:.4f} (nothing in flight), exposed "
              f"communication {timeline.exposed_comm_fraction:.4f} (communication, no compute)",

@@ -31,7 +31,8 @@ def test_simulate_defaults_write_gantt(tmp_path):
 def test_uniform_costs_metrics_match_closed_form(tmp_path, schedule, vpp, expected_time, idle):
     metrics = tmp_path / "m.json"
     clustersim("simulate", "--schedule", schedule, "--pp", "4", "--vpp", str(vpp),
-               "--microbatches", "8", "--uniform-costs", "1,2", "--num-layers", "32",
+               "--microbatches", "8", "--uniform-costs", "1,2", "--model", "llama3-8b",
+               "--num-layers", "32",
                "-o", str(tmp_path / "g.html"), "--metrics-json", str(metrics),
                "--trace-json", str(tmp_path / "t.json"))
     data = json.loads(metrics.read_text())
@@ -69,7 +70,7 @@ def test_show_grid_and_torch_csv_round_trip(tmp_path):
     path.write_text(csv)
     metrics = tmp_path / "m.json"
     clustersim("simulate", "--schedule-csv", str(path), "--uniform-costs", "1,2",
-               "--num-layers", "32", "-o", str(tmp_path / "g.html"),
+               "--model", "llama3-8b", "--num-layers", "32", "-o", str(tmp_path / "g.html"),
                "--metrics-json", str(metrics))
     # interleaved closed form: M*V*(F+B) + (P-1)*(F+B) = 4*2*3 + 1*3
     assert json.loads(metrics.read_text())["iteration_time"] == 27
@@ -77,7 +78,8 @@ def test_show_grid_and_torch_csv_round_trip(tmp_path):
 
 def test_compare_table_and_html(tmp_path):
     out = clustersim("compare", "--schedules", "gpipe,1f1b,interleaved-1f1b:2", "--pp", "4",
-                     "--microbatches", "8", "--uniform-costs", "1,2", "--num-layers", "32",
+                     "--microbatches", "8", "--uniform-costs", "1,2", "--model", "llama3-8b",
+               "--num-layers", "32",
                      "--json", "-o", str(tmp_path / "c.html"))
     rows = json.loads(out.stdout[:out.stdout.rindex("]") + 1])
     assert [r["iteration_time_s"] for r in rows] == [33, 33, 57]
@@ -137,7 +139,8 @@ def test_deadlocked_csv_is_reported_with_stuck_ops(tmp_path):
     path = tmp_path / "broken.csv"
     path.write_text("0F0,0F1,0B0,0B1\n1F0,1B1,1B0,1F1\n")
     result = clustersim("simulate", "--schedule-csv", str(path), "--uniform-costs", "1,2",
-                        "--num-layers", "32", "-o", str(tmp_path / "g.html"), check=False)
+                        "--model", "llama3-8b", "--num-layers", "32",
+                        "-o", str(tmp_path / "g.html"), check=False)
     assert result.returncode == 3
     assert "deadlock" in result.stderr and "1B1" in result.stderr
     assert ">1B1<" in result.stderr and "Traceback" not in result.stderr
@@ -257,3 +260,46 @@ def test_simulate_tp_cp_ep_flags_and_the_time_breakdown(tmp_path):
     for rank, row in data["time_breakdown"]["per_rank"].items():
         assert sum(row.values()) == pytest.approx(data["iteration_time"], rel=1e-9)
         assert row["cp"] > 0 and row["ep"] > 0  # Ulysses and MoE all-to-alls block
+
+
+def _model(*flags):
+    from clustersim.sim.cli import build_parser
+    from clustersim.sim.cli.flags import model_from_args
+    return model_from_args(build_parser().parse_args(["simulate", *flags]))
+
+
+def test_model_dimensions_without_a_preset_take_megatron_defaults():
+    """Issue 14, item 1: SC21's 1T from its Megatron flags alone (no llama3-8b leftovers):
+    ffn 4h, a KV group per head, GeLU, LayerNorm, learned positions, tied embeddings, no
+    flash attention; SC21 Table 1 prints 1008.0 B parameters."""
+    m = _model("--num-layers", "128", "--hidden-size", "25600", "--num-attention-heads",
+               "160", "--seq-length", "2048", "--vocab-size", "51200")
+    assert (m.ffn_hidden_size, m.num_query_groups) == (4 * 25600, 160)
+    assert (m.swiglu, m.normalization, m.position_embedding_type) == (
+        False, "LayerNorm", "learned_absolute")
+    assert not m.untie_embeddings_and_output_weights and not m.use_flash_attn
+    assert round(m.param_count() / 1e9, 1) == 1008.0
+    with pytest.raises(Exception, match="no value for --seq-length, --vocab-size"):
+        _model("--num-layers", "128", "--hidden-size", "25600", "--num-attention-heads", "160")
+    assert _model().name == "llama3-8b"  # no model flag: the built-in default job
+
+
+def test_a_preset_rederives_what_follows_an_override_and_every_switch_turns_off():
+    """Megatron's SwiGLU sizing (arguments.py): ffn = int(4h * 2/3 / 64) * 64 when --swiglu
+    is given without --ffn-hidden-size: 5440 for GPT-3 1.3B's h = 2048."""
+    assert _model("--model", "gpt3-1.3b", "--swiglu").ffn_hidden_size == 5440
+    assert _model("--model", "gpt3-1.3b", "--swiglu", "--ffn-hidden-size", "6000"
+                  ).ffn_hidden_size == 6000
+    assert _model("--model", "gpt3-1.3b", "--hidden-size", "1024").ffn_hidden_size == 4096
+    off = _model("--model", "llama3-8b", "--no-swiglu", "--no-use-flash-attn",
+                 "--no-untie-embeddings-and-output-weights", "--normalization", "LayerNorm")
+    assert not (off.swiglu or off.use_flash_attn or off.untie_embeddings_and_output_weights)
+    assert not _model("--model", "gpt3-1.3b", "--disable-bias-linear").add_bias_linear
+
+
+def test_the_summary_prints_the_resolved_model(tmp_path):
+    out = clustersim("simulate", "--num-layers", "4", "--hidden-size", "512",
+                     "--num-attention-heads", "8", "--seq-length", "1024", "--vocab-size",
+                     "32000", "--pp", "2", "--microbatches", "2", "-o", str(tmp_path / "g.html"))
+    assert ("model custom: 4 layers, hidden 512, ffn 2048 (GeLU), heads 8 / KV groups 8, "
+            "vocabulary 32000 (tied), sequence 1024") in out.stdout

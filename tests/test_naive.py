@@ -26,8 +26,8 @@ def test_unit_makespan_is_m_times_2p_and_one_microbatch_is_held(pp, mb):
 def test_simulated_with_uniform_costs(tmp_path, pp, mb):
     metrics = tmp_path / "m.json"
     clustersim("simulate", "--schedule", "naive", "--pp", str(pp), "--microbatches", str(mb),
-               "--uniform-costs", "1,2", "--num-layers", "32", "-o", str(tmp_path / "g.html"),
-               "--metrics-json", str(metrics))
+               "--uniform-costs", "1,2", "--model", "llama3-8b", "--num-layers", "32",
+               "-o", str(tmp_path / "g.html"), "--metrics-json", str(metrics))
     data = json.loads(metrics.read_text())
     assert data["iteration_time"] == mb * pp * (1 + 2)
     assert data["bubble_fraction"] == pytest.approx((pp - 1) / pp)

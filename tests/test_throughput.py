@@ -45,12 +45,13 @@ def test_throughput_follows_the_sc21_formulas(recompute):
 
 def test_every_output_reports_it(tmp_path):
     metrics = tmp_path / "m.json"
-    out = clustersim("simulate", "--pp", "2", "--microbatches", "2", "--num-layers", "4",
-                     "-o", str(tmp_path / "g.html"), "--metrics-json", str(metrics)).stdout
+    out = clustersim("simulate", "--pp", "2", "--microbatches", "2", "--model", "llama3-8b",
+                     "--num-layers", "4", "-o", str(tmp_path / "g.html"),
+                     "--metrics-json", str(metrics)).stdout
     assert "tokens/s" in out and "MFU" in out
     data = json.loads(metrics.read_text())
     assert set(data["throughput"]["formulas"]) >= {"tokens_per_s", "mfu"}
-    table = clustersim("compare", "--pp", "2", "--microbatches", "2", "--num-layers", "4",
-                       "--json").stdout
+    table = clustersim("compare", "--pp", "2", "--microbatches", "2", "--model", "llama3-8b",
+                       "--num-layers", "4", "--json").stdout
     assert all(row["mfu"] > 0 and row["tokens_per_s"] > 0 for row in json.loads(table))
     assert "MFU" in (tmp_path / "g.html").read_text()

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from clustersim.schedules.errors import ConfigError
-from clustersim.schedules.model import ModelSpec
+from clustersim.schedules.model import NORMALIZATIONS, POSITION_EMBEDDINGS, ModelSpec
 from clustersim.schedules.model_presets import get_model
 from clustersim.schedules.parallel import CP_COMM, FSDP, RECOMPUTE, ParallelConfig
 from clustersim.schedules.profile import Profile
@@ -37,7 +37,7 @@ class Flag:
     field: str
     help: str | None = None
     type: Callable[[str], Any] | None = None
-    action: str | None = None
+    action: str | type[argparse.Action] | None = None
     choices: Sequence[Any] | None = None
     metavar: str | None = None
 
@@ -67,19 +67,40 @@ def _off(names: str, field: str, help: str) -> Flag:
     return _flag(names, field, help, action="store_false")
 
 
+def _both(names: str, field: str, help: str) -> Flag:
+    """A flag given on (`--x`) or off (`--no-x`); absent, the field keeps its value."""
+    return _flag(names, field, help, action=argparse.BooleanOptionalAction)
+
+
 MODEL_FLAGS = (  # ModelSpec fields, Megatron-LM's names
     _flag("--num-layers", "num_layers", type=int, metavar="INT"),
     _flag("--hidden-size", "hidden_size", type=int, metavar="INT"),
-    _flag("--ffn-hidden-size", "ffn_hidden_size", type=int, metavar="INT"),
+    _flag("--ffn-hidden-size", "ffn_hidden_size", "MLP width (Megatron's default: 4h, with "
+          "SwiGLU int(8h/3) rounded down to a multiple of 64)", type=int, metavar="INT"),
     _flag("--num-attention-heads", "num_attention_heads", type=int, metavar="INT"),
-    _flag("--num-query-groups", "num_query_groups", type=int, metavar="INT"),
+    _flag("--num-query-groups", "num_query_groups", "KV groups (default: one per head)",
+          type=int, metavar="INT"),
     _flag("--seq-length", "seq_length", type=int, metavar="INT"),
     _flag("--vocab-size", "vocab_size", type=int, metavar="INT"),
     _flag("--micro-batch-size", "micro_batch_size", type=int, metavar="INT"),
-    _flag("--dtype", "dtype", type=str, metavar="STR"),
-    _switch("--swiglu", "swiglu", None),
-    _switch("--use-flash-attn", "use_flash_attn", None),
+    _flag("--dtype", "dtype", "bf16, fp16, fp32 or fp8 (default bf16)", type=str,
+          metavar="STR"),
+    _both("--swiglu", "swiglu", "SwiGLU MLP (default off: GeLU)"),
+    _both("--use-flash-attn", "use_flash_attn", "flash attention (default off)"),
+    _both("--untie-embeddings-and-output-weights", "untie_embeddings_and_output_weights",
+          "an output layer of its own (default off: tied to the word embedding)"),
+    _both("--add-bias-linear", "add_bias_linear", "biases in the linear layers (default on)"),
+    _off("--disable-bias-linear", "add_bias_linear", "Megatron's spelling of "
+         "--no-add-bias-linear"),
+    _flag("--normalization", "normalization", "default LayerNorm",
+          choices=NORMALIZATIONS),
+    _flag("--position-embedding-type", "position_embedding_type",
+          "default learned_absolute", choices=POSITION_EMBEDDINGS),
 )
+REQUIRED_MODEL_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "seq_length",
+                         "vocab_size")
+"""What a model without a preset must be given: Megatron-LM has no default for these (its
+vocabulary comes from the tokenizer, its sequence length must be set)."""
 
 PARALLEL_FLAGS = (  # ParallelConfig fields (pp's default depends on the command)
     _flag("--pp --pipeline-model-parallel-size", "pp", type=int),
@@ -195,12 +216,12 @@ def flag(field: str) -> Flag:
                             *MODEL_FLAGS, *COST_FLAGS) if f.field == field)
 
 
-def add_model_flags(parser: argparse.ArgumentParser, default_model: str | None = DEFAULT_MODEL
-                    ) -> None:
-    g = parser.add_argument_group("model (a preset, optionally overridden by Megatron-named "
-                                  "dims)")
-    g.add_argument("--model", default=default_model,
-                   help=f"model preset (default {DEFAULT_MODEL}); see `clustersim models`")
+def add_model_flags(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group(
+        "model (a preset, optionally overridden by Megatron-named dims; dims without a "
+        "preset take Megatron-LM's defaults)")
+    g.add_argument("--model", help=f"model preset; see `clustersim models` (default "
+                                   f"{DEFAULT_MODEL} when no model flag is given)")
     for flag in MODEL_FLAGS:
         flag.add_to(g)
 
@@ -240,8 +261,19 @@ def given(args: argparse.Namespace, flags: Sequence[Flag]) -> dict[str, Any]:
 
 
 def model_from_args(args: argparse.Namespace) -> ModelSpec:
-    """The preset `--model`, its fields overridden by the model flags given."""
-    return get_model(args.model, **given(args, MODEL_FLAGS))
+    """The preset `--model`, its fields overridden by the model flags given; model flags
+    without --model: a model of Megatron-LM's argument defaults (ModelSpec's) with those
+    fields; no model flag at all: DEFAULT_MODEL."""
+    dims = given(args, MODEL_FLAGS)
+    if args.model is not None or not dims:
+        return get_model(args.model or DEFAULT_MODEL, **dims)
+    missing = [flag.names[0] for flag in MODEL_FLAGS
+               if flag.field in REQUIRED_MODEL_FIELDS and flag.field not in dims]
+    if missing:
+        raise ConfigError(f"model dimensions without --model take Megatron-LM's defaults, "
+                          f"which have no value for {', '.join(missing)}: give them, or a "
+                          f"preset with --model")
+    return ModelSpec(**dims)
 
 
 def parallel_from_args(args: argparse.Namespace, schedule: str, vpp: int | None = None,

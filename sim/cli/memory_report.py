@@ -22,7 +22,7 @@ from clustersim.schedules.sharding import shard_group_size
 from clustersim.topologies import get_device, load_topology
 
 from ..cluster import cluster_facts
-from .flags import (DEFAULT_MODEL, MODEL_FLAGS, add_model_flags, add_parallel_flags, given,
+from .flags import (MODEL_FLAGS, add_model_flags, add_parallel_flags, given,
                     model_from_args, parallel_from_args)
 
 GB, GIB = 1e9, 2**30
@@ -51,7 +51,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="a bare parameter count (7.5e9 or 7.5B): model states only, "
                         "instead of --model")
     add_parallel_flags(p, pp_default=1)
-    add_model_flags(p, default_model=None)
+    add_model_flags(p)
     g = p.add_argument_group("device (for the OOM flag)")
     g.add_argument("--topology", help="preset or topology JSON: its GPU memory and GPUs "
                                       "per node (hybrid and hpZ groups)")
@@ -85,7 +85,6 @@ def breakdown(args: argparse.Namespace) -> tuple[dict, list[RankMemory]]:
         ranks = bare_rank_memory(args.params, parallel, shard_group_size(parallel, cluster))
         model, dtype = f"{args.params:g} parameters", "bf16"
     else:
-        args.model = args.model or DEFAULT_MODEL
         spec = model_from_args(args)
         parallel = parallel_from_args(args, args.schedule, micro_batch_size=spec.micro_batch_size)
         ranks = rank_memory(resolve(spec, parallel, cluster))

@@ -188,6 +188,14 @@ class Plan:
             "replayed_ranks": list(self.replayed_ranks), "world_size": self.world_size,
         }
 
+    def replay_statement(self) -> str:
+        """What a simulation of this plan replays and what it assumes, in one sentence."""
+        n, m = self.pp, self.world_size
+        return (f"{n} of {m} GPUs replayed op by op (the pipeline ranks of replica 0: "
+                f"global ranks {list(self.replayed_ranks) if n <= 8 else '...'}); the other "
+                f"{m - n} assumed identical to the replayed rank of their pipeline "
+                f"coordinate, their collectives' traffic on shared links included")
+
     def header(self) -> str:
         """The run's header line (header_line of describe())."""
         return header_line(self.describe())

@@ -8,9 +8,15 @@ docs/architecture.md).
 
 Two ways to run it:
 - flows (the default): the collective's algorithm runs as flows on the flow network
-  (sim.collectives), sharing links with all other traffic. A 'dp_replicate' collective
-  also starts the replica groups of the rank's other shard members (the traffic that
-  shares the inter-node links); the span is the rank's own group's.
+  (sim.collectives), sharing links with all other traffic. The job's other groups of the
+  same axis at the same pipeline coordinate whose GPUs share the hosts of the rank's
+  group (the other TP ranks' DP groups, the other shard members' replica groups, ...) run
+  the same collective at the same moment, by symmetry: their flows start with it, their
+  spans are dropped, so the whole job's load is felt on every link the groups share (two
+  DP rings crossing one PCIe root complex each get half of it). Whether they share one is
+  checked once per collective kind, axis and rank on an idle copy of the network (peers on
+  links of their own, as on a DGX's rails, are then not simulated: they cannot change
+  the rank's time, and skipping them keeps large runs fast: benchmarks/sim_speed.py).
 - cached, for intra-layer groups (INTRA_LAYER_GROUPS: tp, cp, ep, etp) whose GPUs all
   sit on one host: the collective takes its algorithm's uncontended alpha-beta time
   (sim.collective_algorithms.estimate_time, NCCL-style choice of the fastest), times
@@ -24,10 +30,8 @@ Two ways to run it:
   collectives of a 1000-GPU iteration as flows would cost minutes (issue 6's budget is
   10 s). For a ring on an NVSwitch node the estimate equals the flow simulation
   (tests/test_collective_model.py). Groups that cross hosts always run as flows, so a TP
-  group split over two nodes pays the inter-node network and its contention; the same
-  collective of the other replicas' groups on those hosts (same pipeline coordinate,
-  other tp/cp/dp coordinates) runs with it as flows whose spans are dropped, since that
-  traffic shares the hosts' NICs and the fabric (as 'dp_replicate' does below).
+  group split over two nodes pays the inter-node network and its contention, with its
+  peers' flows as above.
 """
 from __future__ import annotations
 
@@ -35,7 +39,7 @@ from collections.abc import Callable
 
 import simpy
 
-from clustersim.schedules.names import DP_REPLICATE, DP_SHARD, INTRA_LAYER_GROUPS, PP
+from clustersim.schedules.names import INTRA_LAYER_GROUPS, PP
 from clustersim.schedules.ops import Op
 from clustersim.schedules.plan import Plan
 
@@ -83,12 +87,42 @@ def collective_model(env: simpy.Environment, network: FlowNetwork, plan: Plan
             shadows[(axis, rank)] = hit
         return hit
 
-    def start(op: Op, ranks: list[int], devices: list[str]) -> simpy.Event:
+    slowed: dict[tuple, bool] = {}
+
+    def peers_that_matter(op: Op, rank: int, algo: str) -> list[tuple[list[int], list[str]]]:
+        """The rank's peer groups (shadow_groups), when running them with it slows its
+        collective down on an idle copy of the network; none when they only use links of
+        their own (a non-blocking fabric). Checked once per collective kind, axis, rank and
+        algorithm: flows share a link's bandwidth whatever their size, so the answer does
+        not depend on the message size."""
+        peers = shadow_groups(op.group, rank)
+        if not peers:
+            return peers
+        key = (op.kind, op.group, rank, algo)
+        if key not in slowed:
+            own = members(op.group, rank)[:2]
+            alone = _isolated(op, algo, [own])
+            slowed[key] = _isolated(op, algo, [own, *peers]) > alone * (1 + 1e-9)
+        return peers if slowed[key] else []
+
+    quiet = simpy.Environment()
+    idle = FlowNetwork(quiet, network.graph)  # idle between checks; keeps its route cache
+
+    def _isolated(op: Op, algo: str, groups: list[tuple[list[int], list[str]]]) -> float:
+        """Seconds the first group's collective takes with the others', on an idle network."""
+        runs = [run_collective(quiet, idle, op, devices, algorithm=algo, ranks=ranks)
+                for ranks, devices in groups]
+        quiet.run()
+        span = runs[0].value.spans[0]
+        return span.end - span.start
+
+    def algorithm(op: Op, devices: list[str]) -> str:
+        """The algorithm NCCL would pick for `op` on `devices` (the fastest estimate)."""
         key = (op.kind, tuple(devices), op.nbytes, op.count)
         if key not in chosen:  # bucketed ops repeat sizes: pick each algorithm once
             chosen[key] = collective_phases(op, devices, op.nbytes / op.count,
                                             network.graph)[0]
-        return run_collective(env, network, op, devices, algorithm=chosen[key], ranks=ranks)
+        return chosen[key]
 
     def uncontended(op: Op, devices: list[str]) -> tuple[float, dict]:
         key = (op.kind, op.nbytes, op.count, tuple(devices))
@@ -113,15 +147,11 @@ def collective_model(env: simpy.Environment, network: FlowNetwork, plan: Plan
             seconds, info = uncontended(op, devices)
             return env.timeout(seconds, value=info)
         me = ranks.index(rank)
-        if op.group == DP_REPLICATE:
-            for other in members(DP_SHARD, rank)[0]:
-                if other != rank:
-                    start(op, *members(DP_REPLICATE, other)[:2])
-        elif op.group in INTRA_LAYER_GROUPS:
-            for other in shadow_groups(op.group, rank):
-                start(op, *other)
+        algo = algorithm(op, devices)  # the peers' groups have the same shape: same choice
+        for peer_ranks, peer_devices in peers_that_matter(op, rank, algo):
+            run_collective(env, network, op, peer_devices, algorithm=algo, ranks=peer_ranks)
         result = env.event()
-        running = start(op, ranks, devices)
+        running = run_collective(env, network, op, devices, algorithm=algo, ranks=ranks)
         running.callbacks.append(lambda ev: result.succeed(dict(ev.value.spans[me].info)))
         return result
 

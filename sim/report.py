@@ -19,6 +19,7 @@ def format_summary(timeline: Timeline) -> str:
     head = header_line(meta["plan"]) if "plan" in meta else f"{timeline.source} timeline"
     lines = [f"{head} costs={meta.get('cost_model', 'unknown')}",
              *([model_line(meta["plan"])] if "plan" in meta else []),
+             *([meta["replayed"]] if "replayed" in meta else []),
              f"iteration time {format_seconds(timeline.iteration_time)}, "
              f"bubble fraction {timeline.bubble_fraction:.4f} (nothing in flight), exposed "
              f"communication {timeline.exposed_comm_fraction:.4f} (communication, no compute)",

@@ -38,6 +38,7 @@ from .cost_model import CostModel, RooflineCostModel
 from .engine import Replay
 from .memory import memory_model, oom_report
 from .offload import host_cpus, with_host_links
+from .symmetry import check_symmetric
 from .throughput import throughput
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,8 @@ def simulate(model: ModelSpec, parallel: ParallelConfig, topology: nx.DiGraph,
     """Simulate one training iteration; `schedule` (a custom one, given as data)
     overrides the registered schedule `parallel` names."""
     plan = resolve(model, parallel, cluster_facts(topology), schedule)
+    plan.devices  # every rank needs a GPU (ConfigError otherwise), checked before any work
+    check_symmetric(plan, topology)
     return _replay(plan, topology, costs, schedule)
 
 
@@ -56,7 +59,7 @@ def _replay(plan: Plan, topology: nx.DiGraph, costs: CostModel,
             schedule: Schedule | None) -> Timeline:
     """Lower `schedule` (default: the plan's registered schedule) and replay it on
     `topology`, the one the plan's cluster facts were read from."""
-    devices = plan.devices  # every rank needs a GPU: checked before any work
+    devices = plan.devices
     lowered = lower(schedule or plan.build_schedule(), plan)
     warnings = []
     if plan.parallel.offload:
@@ -86,7 +89,8 @@ def _replay(plan: Plan, topology: nx.DiGraph, costs: CostModel,
                         "(simulated as flows)")
     for warning in warnings:
         log.info(warning)
-    timeline.meta.update({"plan": plan.describe(), "cost_model": costs.describe(),
+    timeline.meta.update({"plan": plan.describe(), "replayed": plan.replay_statement(),
+                          "cost_model": costs.describe(),
                           "throughput": throughput(plan, timeline.iteration_time,
                                                    device_of(topology, devices[0])),
                           "warnings": warnings, "oom_ranks": over,

@@ -81,19 +81,53 @@ def test_next_compute_waits_for_tp_collectives_unless_overlapped():
     assert overlapped.iteration_time < blocking.iteration_time
 
 
-def test_cross_node_group_runs_with_the_other_replicas_groups_on_its_hosts():
-    """tp=8 strided over two nodes (dp innermost): replica 0's TP group and replica 1's
-    share the two hosts, so both groups' flows load the network; replica 0's span only."""
+def test_peer_groups_on_links_of_their_own_are_not_run():
+    """tp=8 strided over two nodes (dp innermost): replica 1's TP group shares replica 0's
+    hosts but, on a DGX's rails and a non-blocking fat-tree, no link, so it cannot slow
+    replica 0's collective down and is not simulated: the span and the flow count are those
+    of replica 0's group alone."""
     graph = fat_tree("dgx-h100", num_nodes=2)
     parallel = ParallelConfig(tp=8, dp=2, num_microbatches=1, rank_order="dp-tp-cp-ep-pp")
     env = simpy.Environment()
     network = FlowNetwork(env, graph)
     op = Op(OpKind.ALL_REDUCE, 0, 0, "tp", nbytes=64 << 20)
+    start = env.now
     done = collective_model(env, network, plan_on(parallel, graph))(op, 0)
     env.run()
     alone = FlowNetwork(simpy.Environment(), graph)
     run = run_collective(alone.env, alone, op, [f"gpu{i}" for i in range(0, 16, 2)],
                          algorithm=done.value["algorithm"])
     alone.env.run()
-    assert network.completed_flows == 2 * alone.completed_flows
-    assert run.value.spans[0].info["algorithm"] == done.value["algorithm"]
+    assert network.completed_flows == alone.completed_flows > 0
+    assert env.now - start == pytest.approx(run.value.spans[0].end, rel=1e-12)
+
+
+def test_the_other_tp_ranks_dp_groups_load_the_links_they_share():
+    """pcie-a100, tp 2, dp 4: the DP rings of both TP ranks (GPUs 0,2,4,6 and 1,3,5,7) cross
+    the host CPU between the two PCIe switches at once; the replayed DP all-reduce takes as
+    long as a flow-level run of both rings together, not as one ring alone (issue 14,
+    item 7: it used to take half)."""
+    import simpy
+
+    from clustersim.sim.collectives import run_collective
+    from clustersim.sim.flows import FlowNetwork
+    from clustersim.sim.simulate import simulate
+    from clustersim.topologies import load_topology
+
+    graph = load_topology("pcie-a100")
+    parallel = ParallelConfig(tp=2, dp=4, num_microbatches=2, bucket_bytes=1 << 40,
+                              overlap_grad_reduce=False)  # one bucket: one all-reduce
+    timeline = simulate(GPT, parallel, graph)
+    (replayed,) = [s for s in timeline.spans if s.rank == 0 and s.lane == "dp"]
+    env = simpy.Environment()
+    network = FlowNetwork(env, graph)
+    runs = [run_collective(env, network, replayed.op, [f"gpu{g}" for g in ring])
+            for ring in ([0, 2, 4, 6], [1, 3, 5, 7])]
+    env.run()
+    both = max(run.value.spans[0].end for run in runs)
+    assert replayed.duration == pytest.approx(both, rel=0.10)
+    env = simpy.Environment()
+    alone = run_collective(env, FlowNetwork(env, graph), replayed.op, ["gpu0", "gpu2", "gpu4",
+                                                                       "gpu6"])
+    env.run()
+    assert replayed.duration > 1.5 * alone.value.spans[0].end

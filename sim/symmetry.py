@@ -1,0 +1,52 @@
+"""The symmetry the replay assumes, checked on the topology before it is relied on.
+
+The simulator replays one program per pipeline coordinate (Plan.replayed_ranks) and
+assumes every other rank of that coordinate runs alike. That holds only where the job's
+GPUs are the same device and reach the network the same way. So, over the GPUs of the
+job, refuse with the reason:
+- a GPU of another device than the replayed ones (a slower GPU would make its whole DP or
+  TP group wait: the symmetric replay cannot see it);
+- a GPU, or a node one hop from a job GPU (its NIC, PCIe switch, host CPU, NVSwitch), whose
+  links differ from those of the nodes of its role (a slow NIC or PCIe link): nodes of one
+  type whose links are of the same kinds (an NVSwitch, a PCIe switch) share a role, and
+  the set of (kind, bandwidth, latency) of their outgoing links must be the role's first
+  node's. Counts are not compared (a partly filled node has fewer links), and switches
+  further away are not checked.
+"""
+from __future__ import annotations
+
+import networkx as nx
+
+from clustersim.schedules.errors import ConfigError
+from clustersim.schedules.plan import Plan
+
+REASON = ("the simulator replays one pipeline replica and assumes every rank of a pipeline "
+          "coordinate runs alike (docs/architecture.md, 'What is replayed'); a topology "
+          "whose GPUs or links are not all alike would be ignored, so it is refused")
+
+
+def _links(graph: nx.DiGraph, node: str) -> frozenset:
+    return frozenset((a["kind"], a["bandwidth"], a["latency"])
+                     for _, _, a in graph.out_edges(node, data=True))
+
+
+def check_symmetric(plan: Plan, topology: nx.DiGraph) -> None:
+    """Raise ConfigError naming the first node that breaks the replay's symmetry."""
+    gpus = plan.cluster.gpus[:plan.world_size]
+    device = topology.nodes[gpus[0]]["device"]
+    odd = next((g for g in gpus if topology.nodes[g]["device"] != device), None)
+    if odd is not None:
+        raise ConfigError(f"{odd} is a {topology.nodes[odd]['device']}, {gpus[0]} a {device}: "
+                          f"{REASON}")
+    first: dict[tuple, tuple[str, frozenset]] = {}
+    nodes = dict.fromkeys(gpus)
+    for g in gpus:
+        nodes.update(dict.fromkeys(topology.successors(g)))
+    for node in nodes:
+        links = _links(topology, node)
+        role = (topology.nodes[node]["type"], frozenset(kind for kind, _, _ in links))
+        name, reference = first.setdefault(role, (node, links))
+        if links != reference:
+            extra = sorted(links - reference) or sorted(reference - links)
+            raise ConfigError(f"{node}'s links differ from {name}'s ({role[0]} nodes), e.g. "
+                              f"(kind, bandwidth B/s, latency s) {extra[0]}: {REASON}")

@@ -34,6 +34,9 @@ class StageCost:
     - tied_param_count: the copy of the word embedding the last stage keeps for the output
       layer when embeddings are tied and there is more than one stage (Megatron-LM keeps
       it and all-reduces its gradient with stage 0); count it for memory, not for totals.
+    - expert_param_count: the routed experts' part of param_count
+      (ModelSpec.layer_expert_param_count), whose gradients Megatron-Core reduces over the
+      expert data-parallel group (schedules.data_parallel).
     - grad_bytes: the stage's gradients in the model dtype, (param_count + tied) *
       dtype_bytes: what a DP gradient all-reduce of the stage moves (PyTorch DDP reduces
       in the parameter dtype).
@@ -55,6 +58,7 @@ class StageCost:
     backward_bytes: int
     tied_param_count: int = 0
     grad_bytes: int = 0
+    expert_param_count: int = 0
     forward_kernels: tuple[Kernel, ...] = ()
     backward_kernels: tuple[Kernel, ...] = ()
 
@@ -94,6 +98,7 @@ def costs_for_layers(model: ModelSpec, parallel: ParallelConfig,
                        "selective": model.attention_core_flops() / shard}[parallel.recompute]
     stored = model.layer_activation_bytes(tp, parallel.sequence_parallel, parallel.recompute) / cp
     layer_params = model.layer_param_count(tp, parallel.ep, etp=parallel.etp)
+    layer_experts = model.layer_expert_param_count(tp, parallel.ep, etp=parallel.etp)
     layer_kernels_f = layer_forward(model, parallel)
     layer_kernels_b = layer_backward(model, parallel) + recompute_forward(model, parallel)
     word = model.vocab_size * model.hidden_size / tp  # vocab-parallel embedding / output
@@ -137,5 +142,6 @@ def costs_for_layers(model: ModelSpec, parallel: ParallelConfig,
             forward_bytes=math.ceil(sum(k.nbytes for k in kernels_f)),
             backward_bytes=math.ceil(sum(k.nbytes for k in kernels_b)),
             tied_param_count=math.ceil(tied), grad_bytes=math.ceil(weight_bytes),
+            expert_param_count=math.ceil(layers * layer_experts),
             forward_kernels=kernels_f, backward_kernels=kernels_b))
     return costs

@@ -33,16 +33,23 @@ Sizes (bytes) follow nccl-tests (sim.collective_algorithms): ALL_REDUCE and
 REDUCE_SCATTER carry the full gradient bucket, ALL_GATHER the full gathered parameters.
 OPT_STEP.nbytes is the Adam update's memory traffic on the rank's shard,
 ADAM_BYTES_PER_PARAM per parameter. Groups name axes: 'dp', 'dp_shard', 'dp_replicate'
-(schedules.names.DP_GROUPS; Plan.group maps them to ranks). Communication runs
-over the 'dp' axis only (cp = 1 is assumed for the collectives); MoE expert gradients too,
-not over Megatron-Core's expert data-parallel group ('edp', tp*cp*dp / (etp*ep) ranks):
-a simplification (their bytes per rank do follow ep and etp: schedules.costs).
+(schedules.names.DP_GROUPS; Plan.group maps them to ranks). As in Megatron-Core
+(parallel_state: the data-parallel group "with context parallel", and the expert
+data-parallel group):
+- dense gradients reduce, and ZeRO shards, over the dp x cp ranks of a tp and pp
+  coordinate ('dp' when cp = 1, else 'dp_cp'; Plan.grad_group): the CP ranks hold the
+  same weights and compute gradients of different sequence chunks;
+- the routed experts' gradients reduce, and their optimizer state shards, over the
+  expert data-parallel group 'edp' (tp*cp*dp / (etp*ep) ranks) when it differs from
+  that group (ep > 1 or etp != tp; Plan.expert_grad_group), in buckets of their own
+  (DPSizes.parts); with edp = 1 they do not move. ZeRO-3 and HSDP of such experts are
+  refused (ParallelConfig.check_model).
 """
 from __future__ import annotations
 
 import math
 
-from .dp_sizes import ADAM_BYTES_PER_PARAM, DPSizes, dp_sizes, split_op
+from .dp_sizes import ADAM_BYTES_PER_PARAM, DPSizes, GradPart, dp_sizes, split_op
 from .errors import ConfigError
 from .names import DP, DP_GROUPS, DP_REPLICATE, DP_SHARD, HOST, PCIE
 from .ops import BACKWARD_KINDS, WEIGHT_GRAD_KINDS, Op, OpKind
@@ -90,52 +97,60 @@ def _last_weight_grads(program: list[Op]) -> dict[int, int]:
 
 def gradient_ops(sizes: DPSizes, parallel: ParallelConfig, stage: int, chunk: int | None,
                  microbatch: int | None) -> list[Op]:
-    """The bucketed reduction of the gradients of (stage, chunk) for ZeRO 0-2, with the
-    offload copies of the reduced shards."""
-    nbytes = sum(sizes.grads[stage]) if chunk is None else sizes.grads[stage][chunk]
+    """The bucketed reduction of the gradients of (stage, chunk) for ZeRO 0-2, each part
+    over its group (DPSizes.parts), with the offload copies of the reduced shards."""
     layers = sizes.layers[stage] * (sizes.groups if chunk is None else 1)
-    hybrid = parallel.fsdp == "hybrid"
     ops = []
-    for bucket in sizes.buckets(nbytes, layers):
-        if sizes.dp == 1:  # nothing to reduce (offload on one rank: copy to the host)
-            if parallel.offload:
-                ops.append(Op(OpKind.COPY_D2H, stage, microbatch, PCIE, bucket, chunk=chunk))
-            continue
+    for part in sizes.parts(stage, chunk):
+        for bucket in sizes.buckets(part.nbytes, layers) if part.nbytes else ():
+            ops += _bucket_ops(part, bucket, parallel, Op(OpKind.COPY_D2H, stage, microbatch,
+                                                          chunk=chunk))
+    return ops
+
+
+def _bucket_ops(part: GradPart, bucket: int, parallel: ParallelConfig, at: Op) -> list[Op]:
+    """One gradient bucket of `part`: all-reduced (ZeRO-0) or reduce-scattered (ZeRO 1-2;
+    HSDP then all-reduces the shard over 'dp_replicate'), and its shard copied to the host
+    under offload. Nothing moves over a group of one rank but the offload copy. `at` gives
+    the stage, microbatch and layer group."""
+    def op(kind: OpKind, group: str, nbytes: int) -> Op:
+        return Op(kind, at.stage, at.microbatch, group, nbytes, chunk=at.chunk)
+
+    ops = []
+    if part.ranks > 1:
         if parallel.zero_stage == 0:
-            ops.append(Op(OpKind.ALL_REDUCE, stage, microbatch, DP, bucket, chunk=chunk))
-            continue
-        ops.append(Op(OpKind.REDUCE_SCATTER, stage, microbatch,
-                      DP_SHARD if hybrid else DP, bucket, chunk=chunk))
-        if hybrid:
-            ops.append(Op(OpKind.ALL_REDUCE, stage, microbatch, DP_REPLICATE,
-                          bucket // sizes.shard, chunk=chunk))
-        if parallel.offload:
-            ops.append(Op(OpKind.COPY_D2H, stage, microbatch, PCIE, bucket // sizes.shard,
-                          chunk=chunk))
+            return [op(OpKind.ALL_REDUCE, part.group, bucket)]
+        ops.append(op(OpKind.REDUCE_SCATTER, part.group, bucket))
+        if part.replicate:
+            ops.append(op(OpKind.ALL_REDUCE, DP_REPLICATE, bucket // part.shard))
+    if parallel.offload:
+        ops.append(op(OpKind.COPY_D2H, PCIE, bucket // part.shard))
     return ops
 
 
 def step_ops(sizes: DPSizes, parallel: ParallelConfig, stage: int) -> list[Op]:
     """OPT_STEP of the rank's part of `stage` (on the host when offloaded)."""
-    params = sizes.stage_params(stage)
-    shard = params if parallel.zero_stage == 0 else math.ceil(params / sizes.shard)
+    shard = sizes.stage_params(stage) if parallel.zero_stage == 0 else sizes.shard_params(stage)
     return [Op(OpKind.OPT_STEP, stage, None, HOST if parallel.offload else None,
                ADAM_BYTES_PER_PARAM * shard)]
 
 
 def gather_ops(sizes: DPSizes, parallel: ParallelConfig, stage: int) -> list[Op]:
-    """ZeRO-1/2 after the step: upload the shard (offload), gather the parameters."""
+    """ZeRO-1/2 after the step: upload the shard (offload), gather the parameters of each
+    part over the group it is sharded over."""
     if parallel.zero_stage == 0:
         return []
-    full = sizes.stage_params(stage) * sizes.dtype_bytes
     ops = []
+    parts = sizes.parts(stage, None, gradients=False)
     if parallel.offload:
-        ops.append(Op(OpKind.COPY_H2D, stage, None, PCIE, math.ceil(full / sizes.shard)))
-    group = DP_SHARD if parallel.fsdp == "hybrid" else DP
-    if sizes.shard > 1:
-        layers = sizes.layers[stage] * sizes.groups
-        ops += [Op(OpKind.ALL_GATHER, stage, None, group, b)
-                for b in sizes.buckets(full, layers)]
+        ops.append(Op(OpKind.COPY_H2D, stage, None, PCIE,
+                      sum(math.ceil(part.nbytes / part.shard) for part in parts)))
+    layers = sizes.layers[stage] * sizes.groups
+    for part in parts:
+        if part.shard > 1 and part.nbytes:
+            group = DP_SHARD if part.replicate else part.group
+            ops += [Op(OpKind.ALL_GATHER, stage, None, group, b)
+                    for b in sizes.buckets(part.nbytes, layers)]
     return ops
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .names import DP_SHARD, EDP
 from .ops import Op, OpKind
 from .plan import Plan
 
@@ -23,19 +24,38 @@ EXTRA_TENSORS = 3  # word and position embedding, final norm / output layer
 
 
 @dataclass(frozen=True)
+class GradPart:
+    """Gradients reduced over one group: the group axis, its ranks, the ranks a reduced
+    shard is 1/shard of, whether the shard is then all-reduced over 'dp_replicate'
+    (HSDP), and the bytes (per stage or layer group)."""
+
+    group: str
+    ranks: int
+    shard: int
+    replicate: bool
+    nbytes: int
+
+
+@dataclass(frozen=True)
 class DPSizes:
     """Per stage s and layer group g: gradient bytes `grads[s][g]`, the parameters it
     owns `params[s][g]` (one rank's TP shard, tied copies included) and those its compute
     needs gathered `gathered[s][g]` (its own, and with tied embeddings on a one-stage
-    pipeline the word embedding again for the head, which reuses group 0's weight), and
-    the run's sizes."""
+    pipeline the word embedding again for the head, which reuses group 0's weight); the
+    routed experts' part of params, `expert_params[s][g]`, when they reduce and shard
+    over the expert data-parallel group (`edp` ranks; Plan.expert_grad_group), else 0;
+    and the run's sizes."""
 
     grads: list[list[int]]
     params: list[list[int]]
     gathered: list[list[int]]
+    expert_params: list[list[int]]
     dtype_bytes: int
-    dp: int
-    shard: int  # ranks one copy of the sharded state is split over (N)
+    dp: int  # ranks the dense gradients reduce over (dp x cp)
+    grad_group: str  # their group axis (Plan.grad_group)
+    shard: int  # ranks one copy of the sharded dense state is split over (N)
+    hybrid: bool  # HSDP: reduce-scatter over 'dp_shard', all-reduce over 'dp_replicate'
+    edp: int  # ranks the routed experts' gradients reduce over, when apart
     bucket: int
     layers: list[int]  # layers per layer group, per stage
 
@@ -45,6 +65,13 @@ class DPSizes:
 
     def stage_params(self, stage: int) -> int:
         return sum(self.params[stage])
+
+    def shard_params(self, stage: int) -> int:
+        """Parameters of `stage` whose optimizer state one rank keeps under ZeRO: 1/N of
+        the dense ones and 1/edp of the routed experts kept apart."""
+        experts = sum(self.expert_params[stage])
+        return (math.ceil((self.stage_params(stage) - experts) / self.shard)
+                + math.ceil(experts / self.edp))
 
     def buckets(self, nbytes: int, layers: int) -> list[int]:
         """`nbytes` of gradients (or parameters) of `layers` layers split into
@@ -60,6 +87,19 @@ class DPSizes:
         sizes[-1] += rest  # bytes that are not whole elements (none for real tensors)
         return sizes
 
+    def parts(self, stage: int, chunk: int | None, gradients: bool = True) -> list[GradPart]:
+        """The gradient (or parameter) bytes of (stage, layer group `chunk`; None: the
+        whole stage) by the group they reduce (or are gathered) over: the dense ones, then
+        the routed experts kept apart."""
+        pick = sum if chunk is None else (lambda row: row[chunk])
+        experts = pick(self.expert_params[stage]) * self.dtype_bytes
+        total = pick(self.grads[stage]) if gradients else pick(self.params[stage]) * \
+            self.dtype_bytes
+        dense = GradPart(DP_SHARD if self.hybrid else self.grad_group, self.dp, self.shard,
+                         self.hybrid, total - experts)
+        return [dense, *([GradPart(EDP, self.edp, self.edp, False, experts)]
+                         if experts else [])]
+
 
 def dp_sizes(plan: Plan) -> DPSizes:
     """The sizes of `plan`'s data-parallel pass: its G layer groups per stage
@@ -71,8 +111,12 @@ def dp_sizes(plan: Plan) -> DPSizes:
     if plan.num_stages == 1 and groups > 1 and not model.untie_embeddings_and_output_weights:
         gathered[0][-1] += model.vocab_size * model.hidden_size // plan.parallel.tp
     layers = [c // groups for c in plan.stage_layers]
-    return DPSizes(grads, params, gathered, model.dtype_bytes, plan.parallel.dp,
-                   plan.comm_shards, plan.parallel.grad_bucket_bytes, layers)
+    apart = plan.expert_grad_group is not None
+    experts = [[c.expert_param_count if apart else 0 for c in row] for row in plan.group_costs]
+    p = plan.parallel
+    return DPSizes(grads, params, gathered, experts, model.dtype_bytes, p.dp * p.cp,
+                   plan.grad_group, plan.comm_shards, p.fsdp == "hybrid", p.edp,
+                   p.grad_bucket_bytes, layers)
 
 
 def split_op(op: Op, groups: int) -> list[Op]:

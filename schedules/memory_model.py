@@ -14,11 +14,11 @@ weights, momentum, variance). An fp32 model keeps 4-byte weights and gradients a
 (schedules.costs: layers / tp, routed experts E/ep per rank split over etp ranks, the
 embedding on the first stage, the output layer or the tied embedding copy on the last).
 N = dp * cp, or the hybrid shard group (schedules.sharding.state_shard_degree, from the
-plan's shard group). MoE expert parameters are
-sharded over N as well, not over the expert data-parallel group of Megatron-Core
-(edp = tp*cp*dp / (etp*ep) ranks): a simplification, as the data-parallel passes reduce
-every gradient over 'dp' (schedules.data_parallel). A bare parameter count splits evenly
-over pp * tp ranks.
+plan's shard group). The routed experts' state shards over Megatron-Core's expert
+data-parallel group instead (N_e = edp = tp*cp*dp / (etp*ep) ranks) where that group
+differs (Plan.expert_grad_group, as the data-parallel passes reduce their gradients):
+each sharded term is then Psi_dense / N + Psi_experts / N_e. A bare parameter count
+splits evenly over pp * tp ranks.
 
 Extras:
 - ZeRO++ hpZ keeps a secondary 16-bit parameter shard inside the node: 2 Psi / n_node
@@ -97,18 +97,28 @@ def precision_bytes(dtype: str = "bf16") -> tuple[int, int]:
 
 
 def model_states(params: float, parallel: ParallelConfig, dtype: str = "bf16",
-                 shard_group: int | None = None) -> dict[str, float]:
+                 shard_group: int | None = None, experts_apart: float = 0.0
+                 ) -> dict[str, float]:
     """Parameters, gradients, optimizer states, hpZ secondary shard and host bytes of a
     rank holding `params` parameters, per ZeRO stage (module docstring); `shard_group`:
     the hybrid or hpZ shard group (Plan.dp_shard_size), from which N follows
-    (schedules.sharding.state_shard_degree)."""
+    (schedules.sharding.state_shard_degree); `experts_apart`: the routed experts' part of
+    `params` when it shards over edp ranks instead (Plan.expert_grad_group)."""
     weight, k = precision_bytes(dtype)
     stage = parallel.zero_stage
     n = state_shard_degree(parallel, shard_group)
-    optimizer = k * params / (n if stage >= 1 else 1)
+
+    def per_rank(from_stage: int) -> float:
+        """Parameters whose state a rank keeps, when that state is sharded from ZeRO
+        stage `from_stage` on."""
+        if stage < from_stage:
+            return params
+        return (params - experts_apart) / n + experts_apart / parallel.edp
+
+    optimizer = k * per_rank(1)
     states = {
-        "parameters": weight * params / (n if stage >= 3 else 1),
-        "gradients": weight * params / (n if stage >= 2 else 1),
+        "parameters": weight * per_rank(3),
+        "gradients": weight * per_rank(2),
         "optimizer_states": 0.0 if parallel.offload else optimizer,
         "host": optimizer if parallel.offload else 0.0,
         "hpz_secondary": 0.0,
@@ -170,11 +180,14 @@ def rank_memory(plan: Plan, *, in_flight: Sequence[int] | None = None,
     for r in range(plan.pp):
         mine = plan.stages_of(r)
         params = sum(costs[s].param_count + costs[s].tied_param_count for s in mine)
+        experts = (sum(costs[s].expert_param_count for s in mine)
+                   if plan.expert_grad_group else 0.0)
         layers = sum(costs[s].layers for s in mine)
         result.append(RankMemory(
             pp_rank=r, params=params, activations=peaks.get(r, 0),
             in_flight=counts.get(r, 0), **_buffers(plan, params, layers),
-            **model_states(params, plan.parallel, plan.model.dtype, plan.dp_shard_size)))
+            **model_states(params, plan.parallel, plan.model.dtype, plan.dp_shard_size,
+                           experts)))
     return result
 
 

@@ -293,15 +293,27 @@ class ModelSpec:
             if tp == 1:
                 return attention + replicated + mlp + mlp_replicated
             return attention / tp + replicated + mlp / tp + mlp_replicated
-        expert, expert_replicated = self._mlp_param_parts(self.moe_ffn_hidden_size)
         shared, shared_replicated = (self._mlp_param_parts(self.moe_shared_expert_intermediate_size)
                                      if self.moe_shared_expert_intermediate_size else (0, 0))
         replicated += self.hidden_size * self.num_experts + shared_replicated
+        routed = self.layer_expert_param_count(tp, ep, layer, etp)
+        if tp == 1 and ep == 1 and (etp is None or etp == 1):
+            return attention + replicated + shared + routed
+        return (attention + shared) / tp + replicated + routed
+
+    def layer_expert_param_count(self, tp: int = 1, ep: int = 1, layer: int | None = None,
+                                 etp: int | None = None) -> int | float:
+        """The routed experts' part of layer_param_count on one rank: E/ep experts, each
+        split over `etp` ranks (None: tp) but for its replicated fc2 bias; 0 for a dense
+        layer. Megatron-Core reduces their gradients over the expert data-parallel group,
+        not the dense one (schedules.data_parallel)."""
+        if not self.is_moe_layer(layer):
+            return 0
+        expert, expert_replicated = self._mlp_param_parts(self.moe_ffn_hidden_size)
         etp = tp if etp is None else etp
-        if tp == 1 and ep == 1 and etp == 1:
-            return attention + replicated + shared + self.num_experts * (expert + expert_replicated)
-        return ((attention + shared) / tp + replicated
-                + self.num_experts / ep * (expert / etp + expert_replicated))
+        if ep == 1 and etp == 1:
+            return self.num_experts * (expert + expert_replicated)
+        return self.num_experts / ep * (expert / etp + expert_replicated)
 
     def embedding_param_count(self) -> int:
         """Word embedding Vh, plus position embedding sh when learned_absolute. Vocab

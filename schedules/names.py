@@ -6,14 +6,17 @@ Axes of the dense rank grid (ParallelConfig.rank_order names them, innermost fir
 tensor, context, expert, data and pipeline parallel. The expert grid of Megatron-Core
 re-splits a pipeline stage's tp * cp * dp ranks into expert tensor, expert and expert
 data parallel (schedules.parallel). Data-parallel collectives run on the whole DP group
-or, with HSDP / ZeRO++ hpZ, on a shard group inside a node and the replica group across
-shard groups (schedules.sharding.group_ranks).
+('dp_cp' with context parallelism: the CP ranks hold the same weights), or with HSDP /
+ZeRO++ hpZ on a shard group inside a node and the replica group across shard groups
+(schedules.sharding.group_ranks); the routed experts' gradients run on the expert
+data-parallel group 'edp' where it differs (Plan.expert_grad_group).
 """
 from __future__ import annotations
 
 TP, CP, EP, DP, PP = "tp", "cp", "ep", "dp", "pp"
 ETP, EDP = "etp", "edp"
 DP_SHARD, DP_REPLICATE = "dp_shard", "dp_replicate"
+DP_CP = "dp_cp"  # Megatron-Core's data-parallel group with context parallel (dp x cp ranks)
 HOST = "host"  # an OPT_STEP on the host CPU (ZeRO-Offload)
 PCIE = "pcie"  # a copy between a GPU and its host CPU
 
@@ -21,7 +24,7 @@ GRID_AXES = (TP, CP, EP, DP, PP)
 """The axes of ParallelConfig.rank_order (ep folds into dp and cp)."""
 EXPERT_AXES = {EP: EP, ETP: TP, EDP: DP}
 """Expert-grid group axis -> the dense axis whose place it takes in the rank order."""
-DP_GROUPS = frozenset({DP, DP_SHARD, DP_REPLICATE})
+DP_GROUPS = frozenset({DP, DP_CP, DP_SHARD, DP_REPLICATE, EDP})
 """Group axes of data-parallel communication."""
 INTRA_LAYER_GROUPS = frozenset({TP, CP, EP, ETP})
 """Group axes of communication inside a layer (tensor, context, expert parallelism)."""

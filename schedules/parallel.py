@@ -10,7 +10,9 @@ divides dp * cp). Rank order follows Megatron's `--order` string, first name inn
 with the default 'tp-cp-ep-dp-pp', TP neighbours have consecutive ranks and pipeline
 stages are farthest apart. The dense grid uses every axis but ep; the expert grid uses
 etp (in the 'tp' place), ep, edp (in the 'dp' place) and pp in the same order, cp = 1.
-Group axes (`group`): the dense tp, cp, dp, pp and the expert ep, etp, edp.
+Group axes (`group`): the dense tp, cp, dp, pp, dp_cp (the dp x cp ranks of one tp and pp
+coordinate: Megatron-Core's data-parallel group with context parallel, over which dense
+gradients reduce) and the expert ep, etp, edp.
 
 Pipeline split (schedules.pipeline_split): even by default; `first_stage_layers` /
 `last_stage_layers` (Megatron-Core's --decoder-first/last-pipeline-num-layers) or
@@ -29,7 +31,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from .errors import ConfigError, require_positive_int
-from .names import CP, DP, EP, EXPERT_AXES, GRID_AXES, PP, TP
+from .names import CP, DP, DP_CP, EDP, EP, EXPERT_AXES, GRID_AXES, PP, TP
 from .registry import DEFAULT_SCHEDULE, schedule_entry
 from .parallel_aliases import ALIASES, resolve_kwargs
 from .sharding import DEFAULT_BUCKET_BYTES, normalised_sharding
@@ -279,15 +281,25 @@ class ParallelConfig:
 
     def group(self, axis: str, rank: int) -> list[int]:
         """Ranks of `rank`'s process group along `axis`, in axis-coordinate order: a dense
-        axis (tp, cp, dp, pp) or an expert-grid one (ep, etp, edp: module docstring)."""
-        if axis not in GRID_AXES and axis not in EXPERT_AXES:
+        axis (tp, cp, dp, pp), dp_cp (in rank order) or an expert-grid one (ep, etp, edp:
+        module docstring)."""
+        if axis not in GRID_AXES and axis not in EXPERT_AXES and axis != DP_CP:
             raise ConfigError(f"unknown grid axis {axis!r}: axes are "
-                              f"{', '.join(dict.fromkeys((*GRID_AXES, *EXPERT_AXES)))}")
+                              f"{', '.join(dict.fromkeys((*GRID_AXES, DP_CP, *EXPERT_AXES)))}")
         self.coords(rank)  # range check
+        if axis == DP_CP:
+            return sorted(r for d in self.group(DP, rank) for r in self.group(CP, d))
         sizes = self._sizes(expert=axis in EXPERT_AXES)
         place = EXPERT_AXES.get(axis, axis)
         base = self._decode(rank, sizes)
         return [self._encode({**base, place: i}, sizes) for i in range(sizes[place])]
+
+    def experts_reduce_apart(self, model: Any) -> bool:
+        """Whether `model`'s routed experts reduce their gradients over another group than
+        its dense weights: an MoE model whose expert data-parallel group (edp) is not the
+        dense dp x cp group (ep > 1, or etp != tp). Megatron-Core then keeps the experts'
+        gradients and distributed-optimizer shards on 'edp'."""
+        return model.is_moe and sorted(self.group(EDP, 0)) != self.group(DP_CP, 0)
 
     # --- model compatibility -------------------------------------------------------------
     def check_model(self, model: Any) -> None:
@@ -323,6 +335,13 @@ class ParallelConfig:
                 f"expert_tensor_parallel={self.etp} differs from tp={self.tp}: needs "
                 f"sequence_parallel (Megatron-Core's MoE layer refuses tp > 1 without it in "
                 f"training; without it the experts are split by tp as the dense MLP is)")
+        if (self.zero_stage == 3 or self.fsdp == "hybrid") and self.experts_reduce_apart(model):
+            raise ConfigError(
+                f"zero_stage={self.zero_stage} fsdp={self.fsdp!r} with ep={self.ep} etp="
+                f"{self.etp}: the routed experts would be sharded over their expert data-"
+                f"parallel group (edp={self.edp}) apart from the dense weights, which is not "
+                f"modelled; use zero_stage <= 2 with fsdp='none' (Megatron's distributed "
+                f"optimizer) or ep=1 with etp=tp")
         if model.micro_batch_size != self.micro_batch_size:
             raise ConfigError(f"micro_batch_size differs: model has {model.micro_batch_size}, "
                               f"parallel config has {self.micro_batch_size}")

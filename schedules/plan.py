@@ -36,7 +36,7 @@ from .costs import StageCost, costs_for_layers
 from .errors import ConfigError
 from .layer_groups import ChunkParts, chunk_parts, data_parallel_groups, group_costs
 from .model import ModelSpec
-from .names import DP_REPLICATE, DP_SHARD, EXPERT_AXES, GRID_AXES
+from .names import DP, DP_CP, DP_REPLICATE, DP_SHARD, EDP, EXPERT_AXES, GRID_AXES
 from .parallel import CUSTOM_SCHEDULE, ParallelConfig
 from .pipeline_split import stage_layers, stage_offsets
 from .placement import PLACEMENTS
@@ -45,7 +45,7 @@ from .registry import schedule_entry
 from .schedule import Schedule
 from .sharding import group_ranks, shard_group_size
 
-GROUP_AXES = (*GRID_AXES, *(a for a in EXPERT_AXES if a not in GRID_AXES), DP_SHARD,
+GROUP_AXES = (*GRID_AXES, DP_CP, *(a for a in EXPERT_AXES if a not in GRID_AXES), DP_SHARD,
               DP_REPLICATE)
 
 
@@ -121,10 +121,25 @@ class Plan:
         return len(self.group(axis, 0))
 
     @property
+    def grad_group(self) -> str:
+        """The group dense gradients reduce over and ZeRO shards over: 'dp', or 'dp_cp'
+        when cp > 1 (the CP ranks hold the same weights; Megatron-Core's data-parallel
+        group with context parallel)."""
+        return DP_CP if self.parallel.cp > 1 else DP
+
+    @property
+    def expert_grad_group(self) -> str | None:
+        """'edp' when the routed experts reduce apart from the dense weights
+        (ParallelConfig.experts_reduce_apart), else None (they ride with the dense ones)."""
+        return EDP if self.parallel.experts_reduce_apart(self.model) else None
+
+    @property
     def comm_shards(self) -> int:
         """Ranks a sharded gradient or parameter collective splits its bytes over: the
-        hybrid shard group, else the DP group (communication runs over 'dp' only)."""
-        return self.dp_shard_size if self.parallel.fsdp == "hybrid" else self.parallel.dp
+        hybrid shard group, else the dp x cp ranks of `grad_group`."""
+        if self.parallel.fsdp == "hybrid":
+            return self.dp_shard_size
+        return self.parallel.dp * self.parallel.cp
 
     # --- what is replayed, and where ---------------------------------------------------
     @property
@@ -179,7 +194,8 @@ class Plan:
             "parallel": asdict(p), "stage_ranks": list(self.stage_ranks),
             "stage_layers": list(self.stage_layers), "layer_groups": self.layer_groups,
             "groups": {axis: self.group_size(axis) for axis in GROUP_AXES
-                       if axis not in (DP_SHARD, DP_REPLICATE) or self.dp_shard_size},
+                       if (axis not in (DP_SHARD, DP_REPLICATE) or self.dp_shard_size)
+                       and (axis != DP_CP or p.cp > 1)},
             "topology": cluster.name if cluster else None,
             "device": cluster.device if cluster else None,
             "device_memory_bytes": cluster.memory_bytes if cluster else None,

@@ -28,8 +28,12 @@ Rules (each ConfigError names the fields and the rule):
 - shard_size needs fsdp='hybrid' and must divide dp; hpz_partition_size needs hpz and must
   divide dp. Both None mean "the dp ranks on one node", resolved with the cluster by
   `shard_group_size`, which checks that a hybrid group then sits inside a node boundary.
-- zero_stage >= 1 with dp == 1 is allowed: the one shard is the whole state, so memory
-  and communication equal zero_stage 0's.
+- zero_stage >= 1 with dp * cp == 1 is allowed: the one shard is the whole state, so
+  memory and communication equal zero_stage 0's.
+- With context parallelism the CP ranks hold the same weights and reduce their gradients
+  together: every data-parallel collective runs over the dp x cp ranks ('dp_cp', Megatron-
+  Core's data-parallel group with context parallel) and ZeRO shards over them; hybrid and
+  hpZ shard groups inside it are refused (not modelled).
 """
 from __future__ import annotations
 
@@ -80,6 +84,11 @@ def _check_rules(cfg: Any, zero: int, fsdp: str) -> None:
     if cfg.hpz and zero != 3:
         raise ConfigError(f"hpz (ZeRO++ hpZ) keeps a secondary ZeRO-3 parameter shard: it "
                           f"needs zero_stage=3, got zero_stage={zero}")
+    if (fsdp == "hybrid" or cfg.hpz) and cfg.cp > 1:
+        raise ConfigError(f"{'hpz' if cfg.hpz else 'fsdp=hybrid'} with cp={cfg.cp}: dense "
+                          f"gradients reduce over dp x cp ranks (Megatron-Core), and shard "
+                          f"groups inside that group are not modelled; use fsdp='full' or "
+                          f"zero_stage <= 2, or cp=1")
     if cfg.hpz and fsdp == "hybrid":
         raise ConfigError("hpz with fsdp='hybrid': both shard parameters inside a node; "
                           "choose one (hpz for DeepSpeed ZeRO++, hybrid for torch HSDP)")
@@ -112,8 +121,9 @@ def _check_applies(cfg: Any, zero: int) -> None:
         for name, given in (("overlap_grad_reduce=False", not cfg.overlap_grad_reduce),
                             (f"bucket_bytes={cfg.bucket_bytes}", cfg.bucket_bytes is not None)):
             if given:
-                raise ConfigError(f"{name}: with dp=1 and no offload no gradient leaves the "
-                                  f"rank, so there is nothing to reduce in buckets or overlap")
+                raise ConfigError(f"{name}: with dp*cp=1 and no offload no gradient leaves "
+                                  f"the rank, so there is nothing to reduce in buckets or "
+                                  f"overlap")
     if zero == 3 and not cfg.overlap_grad_reduce:
         raise ConfigError("overlap_grad_reduce=False with zero_stage=3: ZeRO-3/FSDP reduce-"
                           "scatters each layer's gradients as its backward ends (every "
@@ -125,9 +135,10 @@ def _check_applies(cfg: Any, zero: int) -> None:
 
 
 def moves_gradients(cfg: Any) -> bool:
-    """Whether gradients leave the rank: to other DP ranks, or to the host (offload).
-    Otherwise (dp = 1) the data-parallel pass adds only the optimizer steps."""
-    return cfg.dp > 1 or cfg.offload
+    """Whether gradients leave the rank: to the other ranks of its dp x cp group, or to the
+    host (offload). Otherwise (dp * cp = 1) the data-parallel pass adds only the optimizer
+    steps."""
+    return cfg.dp * cfg.cp > 1 or cfg.offload
 
 
 def shard_group_size(cfg: Any, cluster: ClusterFacts | None = None) -> int | None:

@@ -22,7 +22,7 @@ Metrics (per rank r, T = iteration time = last end - first start):
   'bubble' when nothing of r runs at all (idle, waiting with nothing in flight). A
   span's category is its op's group axis ('tp', 'cp', 'ep', with the expert-TP 'etp' as
   'ep': MoE-layer communication; 'pp' and every SEND/RECV;
-  'dp', 'dp_shard', 'dp_replicate' are 'dp'); host copies and a host optimizer step are
+  'dp', 'dp_cp', 'dp_shard', 'dp_replicate', 'edp' are 'dp'); host copies and a host optimizer step are
   'other'. Priority: intra-layer groups first (the compute stream waits on them
   directly), then pipeline, then data-parallel traffic. A RECV's span starts when both
   ends are posted, so waiting for a peer that has not sent yet is bubble, not PP.
@@ -36,13 +36,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .names import COMPUTE_LANE, CP, DP, DP_REPLICATE, DP_SHARD, EP, ETP, PP, TP
+from .names import COMPUTE_LANE, CP, DP, DP_CP, DP_REPLICATE, DP_SHARD, EDP, EP, ETP, PP, TP
 from .ops import Op, OpKind, parse_op
 
 EXPOSED_ORDER = (TP, CP, EP, PP, DP, "other")
 CATEGORIES = ("compute", *EXPOSED_ORDER, "bubble")
-_GROUP_CATEGORY = {TP: TP, CP: CP, EP: EP, ETP: EP, PP: PP, DP: DP, DP_SHARD: DP,
-                   DP_REPLICATE: DP}
+_GROUP_CATEGORY = {TP: TP, CP: CP, EP: EP, ETP: EP, PP: PP, DP: DP, DP_CP: DP, DP_SHARD: DP,
+                   DP_REPLICATE: DP, EDP: DP}
 
 
 def span_category(span: Span) -> str:

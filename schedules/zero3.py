@@ -28,6 +28,7 @@ Training", 2023):
 - qgZ (quantized_gradients): the reduce-scatter moves int4 gradients, half a byte per
   parameter. The paper's scheme is a hierarchical all-to-all (intra-node, then across
   nodes) with dequantize-reduce between; we model its volume, as one int4 reduce-scatter.
+With context parallelism every 'dp' collective here runs over 'dp_cp' (DPSizes.grad_group).
 Units: bytes (nccl-tests sizes: an all-gather carries the gathered group, a reduce-scatter
 the group's full gradients).
 """
@@ -36,7 +37,7 @@ from __future__ import annotations
 import math
 
 from .dp_sizes import ADAM_BYTES_PER_PARAM, DPSizes, split_op
-from .names import DP, DP_REPLICATE, DP_SHARD, HOST, PCIE
+from .names import DP_REPLICATE, DP_SHARD, HOST, PCIE
 from .ops import WEIGHT_GRAD_KINDS, WORK_KINDS, Op, OpKind
 from .parallel import ParallelConfig
 from .schedule import Schedule
@@ -45,9 +46,9 @@ from .schedule import Schedule
 def _gather(sizes: DPSizes, parallel: ParallelConfig, op: Op) -> Op:
     forward = op.kind is OpKind.F
     local = parallel.fsdp == "hybrid" or (parallel.hpz and not forward)
-    group = DP_SHARD if local else DP
+    group = DP_SHARD if local else sizes.grad_group
     params = sizes.gathered[op.stage][op.chunk]
-    per_param = 1 if parallel.quantized_weights and group == DP else sizes.dtype_bytes
+    per_param = 1 if parallel.quantized_weights and not local else sizes.dtype_bytes
     return Op(OpKind.ALL_GATHER, op.stage, op.microbatch, group, params * per_param,
               chunk=op.chunk)
 
@@ -57,7 +58,8 @@ def _reduce(sizes: DPSizes, parallel: ParallelConfig, op: Op) -> list[Op]:
     hybrid = parallel.fsdp == "hybrid"
     params = sizes.params[s][g]
     nbytes = math.ceil(params / 2) if parallel.quantized_gradients else sizes.grads[s][g]
-    ops = [Op(OpKind.REDUCE_SCATTER, s, m, DP_SHARD if hybrid else DP, nbytes, chunk=g)]
+    ops = [Op(OpKind.REDUCE_SCATTER, s, m, DP_SHARD if hybrid else sizes.grad_group, nbytes,
+              chunk=g)]
     if hybrid:
         ops.append(Op(OpKind.ALL_REDUCE, s, m, DP_REPLICATE, sizes.grads[s][g] // sizes.shard,
                       chunk=g))

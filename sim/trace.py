@@ -21,15 +21,16 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from clustersim.schedules.names import (COMPUTE_LANE, CP, DP, DP_REPLICATE, DP_SHARD, EP, ETP,
-                                        HOST_LANE, PCIE_LANE, PP, RECV_LANE, SEND_LANE, TP)
+from clustersim.schedules.names import (COMPUTE_LANE, CP, DP, DP_CP, DP_REPLICATE, DP_SHARD,
+                                        EDP, EP, ETP, HOST_LANE, PCIE_LANE, PP, RECV_LANE,
+                                        SEND_LANE, TP)
 from clustersim.schedules.ops import OpKind
 from clustersim.schedules.timeline import Span, Timeline
 
 US_PER_S = 1e6
 TRACKS_PER_LANE = 1000  # tid = lane index * TRACKS_PER_LANE + track
-LANE_ORDER = (COMPUTE_LANE, SEND_LANE, RECV_LANE, PP, TP, CP, EP, ETP, DP, DP_SHARD,
-              DP_REPLICATE, PCIE_LANE, HOST_LANE)
+LANE_ORDER = (COMPUTE_LANE, SEND_LANE, RECV_LANE, PP, TP, CP, EP, ETP, DP, DP_CP, DP_SHARD,
+              DP_REPLICATE, EDP, PCIE_LANE, HOST_LANE)
 
 # A send's receiver holds the next stage for activations, the previous one for gradients.
 _RECEIVER = {OpKind.SEND_F: (OpKind.RECV_F, +1), OpKind.SEND_B: (OpKind.RECV_B, -1)}

@@ -13,6 +13,10 @@ issue 14 item 1 now requires):
   the ranks of a host share its CPU Adam (tests/test_shard_groups.py).
 - fsdp-full, zero3-keep-gathered, hsdp, zero++ (ZeRO-3 of tied GPT-3 1.3B on one stage):
   issue 14 item 5, the head gathers the tied word embedding again (tests/test_zero3.py).
+- cp2-ring, cp2-ulysses (cp 2, dp 1), mixtral-ep8, mixtral-etp-sp, deepseek-ep8 and memory
+  mixtral (ep > 1): issue 14 item 6, dense gradients reduce over dp x cp, the routed
+  experts' over the expert data-parallel group, whose ZeRO shards hold their optimizer
+  state (tests/test_gradient_groups.py).
 - pcie-a100 (tp 2, dp 4 on one PCIe host): issue 14 item 7, the other TP rank's DP ring
   crosses the same host bridge at once (tests/test_collective_model.py).
 And a number redefined on purpose leaves the comparison: the compare table's bubble
@@ -72,17 +76,6 @@ SIMULATE = {
                    *GPT],
     "tp2-overlap": ["--tp", "2", "--tp-comm-overlap", "--pp", "4", "--microbatches", "4",
                     *GPT],
-    "cp2-ring": ["--cp", "2", "--pp", "2", "--microbatches", "2", "--model", "llama3-8b",
-                 "--num-layers", "8"],
-    "cp2-ulysses": ["--cp", "2", "--cp-comm", "ulysses", "--pp", "2", "--microbatches", "2",
-                    "--model", "llama3-8b", "--num-layers", "8"],
-    "mixtral-ep8": ["--model", "mixtral-8x7b", "--num-layers", "4", "--pp", "1", "--dp", "8",
-                    "--ep", "8", "--zero", "1", "--microbatches", "1"],
-    "mixtral-etp-sp": ["--model", "mixtral-8x7b", "--num-layers", "4", "--pp", "1", "--tp", "2",
-                       "--sequence-parallel", "--etp", "1", "--ep", "4", "--dp", "4",
-                       "--microbatches", "1", "--topology", "dgx-h100-x16-ndr"],
-    "deepseek-ep8": ["--model", "deepseek-v3-like", "--num-layers", "4", "--pp", "1",
-                     "--dp", "8", "--ep", "8", "--microbatches", "1"],
     "recompute-full": ["--pp", "4", "--microbatches", "8", "--recompute", "full", *GPT],
     "recompute-selective-interleaved": ["--schedule", "interleaved-1f1b", "--pp", "2",
                                         "--vpp", "2", "--microbatches", "4",
@@ -122,8 +115,6 @@ MEMORY = {
                     "--schedule", "interleaved-1f1b"],
     "hpz": ["--model", "gpt3-1.3b", "--pp", "1", "--dp", "16", "--zero", "3", "--hpz",
             "--topology", "dgx-h100-x16-ndr"],
-    "mixtral": ["--model", "mixtral-8x7b", "--pp", "2", "--dp", "8", "--ep", "8",
-                "--zero", "1", "--microbatches", "4"],
 }
 
 COMPARE = {

@@ -18,7 +18,7 @@ the split is exact (the older-torch fallback's W re-traverses the graph and reco
 it again: exact gradients, W's time overstated further). Full recompute checkpoints whole layers: I recomputes them, and
 then every weight group of W unpacks the layer's saved inputs in its own pass and
 recomputes the layer again (measured: 8 more forwards per layer of the GPT test model),
-TP collectives included, where the IR (schedules.comm_spec.Covered.forward_passes)
+TP collectives included, where the IR (schedules.comm_spec.Covered.forward_layers)
 charges one recompute to I and none to W. `check_recompute_split` refuses that pairing.
 """
 from __future__ import annotations

@@ -23,11 +23,14 @@ or reduce-scatter along the sequence with SP; vocab-parallel cross-entropy), the
 by heads and FFN columns. With sequence parallelism a stage's input and output
 activation is this rank's sequence shard (b, s/t, h), as Megatron sends it between stages.
 
-Activation recomputation (`recompute`, ParallelConfig.recompute; kernels.layers
-`checkpointed`): 'full' runs every transformer layer under a checkpoint of its own
-(Megatron's --recompute-method uniform with --recompute-num-layers 1), so the layer keeps
-only its input and the backward reruns its forward, TP/SP collectives included; 'selective'
-checkpoints the core attention of each layer (kernels.layers.CoreAttention). The
+Activation recomputation (`recompute`, a schedules.recompute.Recompute of the run's
+ParallelConfig; kernels.layers `checkpointed`): 'full' runs the layers a checkpoint
+covers under one checkpoint (Megatron-Core's TransformerBlock: method 'uniform' one
+checkpoint per N consecutive layers of the stage, 'block' one per layer for its first N
+layers and none for the rest), so a checkpoint keeps only its input and the backward
+reruns its forward, TP/SP collectives included; a layer group that starts inside a
+uniform chunk starts a checkpoint of its own. 'selective' checkpoints the core attention
+of each layer (kernels.layers.CoreAttention). The
 embedding, the final norm, the output layer and the loss are never recomputed (as in
 Megatron). The single-process reference runs 'none': recomputation must not change a
 gradient.
@@ -42,6 +45,7 @@ from torch import nn
 
 from clustersim.schedules.layer_groups import chunk_parts
 from clustersim.schedules.model import ModelSpec
+from clustersim.schedules.recompute import INSIDE, KEPT, Recompute
 
 from .layers import (Norm, TransformerLayer, check_recompute, checkpointed, init_parameters,
                      seed_for, sharded_parameter, torch_dtype)
@@ -76,12 +80,12 @@ class Embedding(nn.Module):
 class StageModule(nn.Module):
     """Stage `stage` of `num_stages`: forward(x, labels) maps token ids (stage 0) or the
     previous stage's activation (b, s, h) to this stage's activation, or, on the last
-    stage, to the scalar mean loss over the micro-batch. `recompute`: 'none', 'selective'
-    or 'full' (module docstring)."""
+    stage, to the scalar mean loss over the micro-batch. `recompute`: a Recompute, or
+    'none', 'selective' or 'full' (uniform, one layer per checkpoint; module docstring)."""
 
     def __init__(self, spec: ModelSpec, stage: int, num_stages: int,
                  tp: TensorParallel | None = None, split: Sequence[int] | None = None,
-                 recompute: str = "none"):
+                 recompute: Recompute | str = "none"):
         super().__init__()
         self.tp = tp = tp if tp is not None else TensorParallel()
         if not 0 <= stage < num_stages:
@@ -89,7 +93,9 @@ class StageModule(nn.Module):
         self.spec, self.stage, self.num_stages = spec, stage, num_stages
         self.split = stage_split(spec, num_stages, split)
         self.first, self.last = stage == 0, stage == num_stages - 1
-        self.recompute = check_recompute(recompute)
+        if isinstance(recompute, str):
+            recompute = Recompute.named(check_recompute(recompute))
+        self.recompute = recompute
         h, v = spec.hidden_size, spec.vocab_size
         tied = not spec.untie_embeddings_and_output_weights
         if self.first or (self.last and tied):
@@ -98,7 +104,7 @@ class StageModule(nn.Module):
             self.position_embeddings = Embedding(spec.seq_length, h)
             replicated_in_sequence(self.position_embeddings.weight)
         self.layers = nn.ModuleDict({
-            str(i): TransformerLayer(spec, tp, recompute)
+            str(i): TransformerLayer(spec, tp, recompute.granularity)
             for i in chunk_parts(self.split, stage, None, 1).layers})
         if self.last:
             self.final_norm = Norm(spec)
@@ -118,9 +124,9 @@ class StageModule(nn.Module):
         embed, keys, head = self._parts(chunk, groups)
         if embed:
             x = self._embed(x)
-        full = self.recompute == "full"
-        for key in keys:
-            x = checkpointed(self.layers[key], x) if full else self.layers[key](x)
+        for checkpoint, region in self._regions(keys):
+            run = nn.Sequential(*(self.layers[key] for key in region))
+            x = checkpointed(run, x) if checkpoint else run(x)
         if not head:
             return x
         if labels is None:
@@ -128,6 +134,20 @@ class StageModule(nn.Module):
         x = self.tp.enter(self.final_norm(x), "head")
         logits = F.linear(x, self._head_weight()).float()
         return cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), self.tp)
+
+    def _regions(self, keys: list[str]) -> list[tuple[bool, list[str]]]:
+        """The layers `keys` as runs of (under one checkpoint?, layer keys), in order."""
+        first = sum(self.split[:self.stage])  # global index of the stage's first layer
+        regions: list[tuple[bool, list[str]]] = []
+        for key in keys:
+            role = self.recompute.role(int(key) - first)
+            if role == INSIDE and regions and regions[-1][0]:
+                regions[-1][1].append(key)
+            elif role == KEPT and regions and not regions[-1][0]:
+                regions[-1][1].append(key)
+            else:
+                regions.append((role != KEPT, [key]))
+        return regions
 
     def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """Token ids (b, s) -> (b, s, h), or this rank's sequence shard with SP."""
@@ -159,7 +179,7 @@ class StageModule(nn.Module):
 
 def build_stages(spec: ModelSpec, stages: list[int], num_stages: int, seed: int,
                  device: torch.device | str = "cpu", tp: TensorParallel | None = None,
-                 split: Sequence[int] | None = None, recompute: str = "none"
+                 split: Sequence[int] | None = None, recompute: Recompute | str = "none"
                  ) -> dict[int, StageModule]:
     """The modules of the stages one rank holds (its TP shard: `tp`; layers per stage:
     `split`, see stage_split; activation `recompute`), initialised from `seed` and placed

@@ -36,6 +36,7 @@ from clustersim.schedules.model import ModelSpec
 from clustersim.schedules.names import DP, DP_REPLICATE, DP_SHARD, PP, TP
 from clustersim.schedules.parallel import ParallelConfig
 from clustersim.schedules.plan import Plan
+from clustersim.schedules.recompute import Recompute
 from clustersim.schedules.schedule import Schedule
 
 from .executor import RankExecutor, RankSetup
@@ -228,7 +229,8 @@ def _iterate(rank: int, job: Job, device: torch.device, setup: RankSetup,
     clock = make_clock(device)
     tp = _tensor_parallel(job.parallel, setup, clock)
     modules = build_stages(job.model, plan.stages_of(setup.pipeline_rank), plan.num_stages,
-                           job.seed, device, tp, plan.stage_layers, job.parallel.recompute)
+                           job.seed, device, tp, plan.stage_layers,
+                           Recompute.of(job.parallel))
     tokens, labels = token_batch(job.model, job.parallel.global_batch_size, job.seed, device)
 
     def on_op(index: int) -> None:

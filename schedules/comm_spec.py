@@ -15,23 +15,31 @@ class Covered:
     """The part of the model one compute op runs: its kind (F, B, I or W), its transformer
     layers (`moe_layers` of them MoE layers), whether it holds the embedding (first layer
     group of stage 0) and the head (final norm, output layer, cross-entropy: last layer
-    group of the last stage), and the run's activation recompute ('none', 'selective',
-    'full'). Full recompute re-runs the layers' forward, and its communication, in B / I."""
+    group of the last stage), and of its layers those a full recompute reruns in B / I,
+    forward communication included (`rerun_layers`, `rerun_moe_layers` of them MoE
+    layers; schedules.recompute)."""
 
     kind: OpKind
     layers: int
     moe_layers: int = 0
     embedding: bool = False
     head: bool = False
-    recompute: str = "none"
+    rerun_layers: int = 0
+    rerun_moe_layers: int = 0
 
     @property
-    def forward_passes(self) -> int:
-        """How many times the op runs its layers' forward: 1 for F, 1 for B / I under full
-        recompute, else 0."""
+    def forward_layers(self) -> int:
+        """Layers whose forward the op runs: all for F, the recomputed ones for B / I."""
         if self.kind is OpKind.F:
-            return 1
-        return int(self.kind in INPUT_GRAD_KINDS and self.recompute == "full")
+            return self.layers
+        return self.rerun_layers if self.kind in INPUT_GRAD_KINDS else 0
+
+    @property
+    def forward_moe_layers(self) -> int:
+        """MoE layers whose forward the op runs (as forward_layers)."""
+        if self.kind is OpKind.F:
+            return self.moe_layers
+        return self.rerun_moe_layers if self.kind in INPUT_GRAD_KINDS else 0
 
     @property
     def backward(self) -> bool:

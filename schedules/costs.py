@@ -16,7 +16,8 @@ from .errors import ConfigError
 from .layer_kernels import (Kernel, embedding_forward, head_backward, head_forward,
                             layer_backward, layer_forward, merge, recompute_forward)
 from .model import ModelSpec
-from .parallel import ParallelConfig
+from .parallel import RECOMPUTE, ParallelConfig
+from .recompute import CHECKPOINT, INSIDE, KEPT, roles
 
 LOGITS_BYTES = 4  # cross-entropy keeps fp32 logits (Korthikanti et al. 2022, section 4.3)
 
@@ -25,8 +26,8 @@ LOGITS_BYTES = 4  # cross-entropy keeps fp32 logits (Korthikanti et al. 2022, se
 class StageCost:
     """Costs of one virtual pipeline stage on one rank, per micro-batch.
 
-    - forward_flops / backward_flops: FLOPs of F and B (B = 2F; full recompute adds one
-      layer forward, selective the core attention 4bs^2h per layer).
+    - forward_flops / backward_flops: FLOPs of F and B (B = 2F; full recompute adds the
+      forward of each recomputed layer, selective the core attention 4bs^2h per layer).
     - activation_bytes: kept from F until B of the same micro-batch.
     - param_count: parameters this rank holds for the stage (unique: the stages of a
       model sum to ModelSpec.param_count() at tp = ep = etp = 1); routed experts are
@@ -78,10 +79,13 @@ def output_activation_bytes(model: ModelSpec, parallel: ParallelConfig) -> float
     return (inputs + LOGITS_BYTES * sb * model.vocab_size / t) / parallel.cp
 
 
-def costs_for_layers(model: ModelSpec, parallel: ParallelConfig,
-                     counts: Sequence[int]) -> list[StageCost]:
+def costs_for_layers(model: ModelSpec, parallel: ParallelConfig, counts: Sequence[int],
+                     positions: Sequence[range] | None = None) -> list[StageCost]:
     """Costs of consecutive stages holding `counts[i]` layers each (summing to the model's
-    layers): the first also holds the embedding, the last the head.
+    layers): the first also holds the embedding, the last the head. `positions[i]`: where
+    stage i's layers sit in their (virtual) pipeline stage (default: the whole stage,
+    range(counts[i])); a full recompute's method picks by position which layers keep what
+    and rerun their forward (schedules.recompute).
 
     Per-layer FLOPs divide by tp * cp (TP shards every GEMM; CP splits the sequence, and
     each CP rank's queries attend to the whole sequence, so the s^2 term divides by cp too).
@@ -94,13 +98,19 @@ def costs_for_layers(model: ModelSpec, parallel: ParallelConfig,
     tp, cp, d = parallel.tp, parallel.cp, model.dtype_bytes
     shard = tp * cp
     layer_fwd = model.layer_forward_flops() / shard
+    if positions is None:
+        positions = [range(c) for c in counts]
+    if [len(p) for p in positions] != list(counts):
+        raise ConfigError(f"positions {list(positions)} must hold counts {list(counts)} layers")
     recompute_flops = {"none": 0.0, "full": layer_fwd,
                        "selective": model.attention_core_flops() / shard}[parallel.recompute]
-    stored = model.layer_activation_bytes(tp, parallel.sequence_parallel, parallel.recompute) / cp
+    stored = {how: model.layer_activation_bytes(tp, parallel.sequence_parallel, how) / cp
+              for how in RECOMPUTE}
     layer_params = model.layer_param_count(tp, parallel.ep, etp=parallel.etp)
     layer_experts = model.layer_expert_param_count(tp, parallel.ep, etp=parallel.etp)
     layer_kernels_f = layer_forward(model, parallel)
-    layer_kernels_b = layer_backward(model, parallel) + recompute_forward(model, parallel)
+    layer_kernels_b = layer_backward(model, parallel)
+    layer_kernels_redo = recompute_forward(model, parallel)
     word = model.vocab_size * model.hidden_size / tp  # vocab-parallel embedding / output
     position = model.embedding_param_count() - model.vocab_size * model.hidden_size
     boundary = model.micro_batch_size * model.seq_length * model.hidden_size * d / cp
@@ -111,12 +121,18 @@ def costs_for_layers(model: ModelSpec, parallel: ParallelConfig,
     for stage, layers in enumerate(counts):
         first, last = stage == 0, stage == num_stages - 1
         fwd = layers * layer_fwd
-        bwd = 2 * fwd + layers * recompute_flops
-        act = layers * stored
+        role = roles(parallel, positions[stage])
+        if parallel.recompute == "full":
+            redone = role[CHECKPOINT] + role[INSIDE]
+            act = role[CHECKPOINT] * stored["full"] + role[KEPT] * stored["none"]
+        else:
+            redone, act = layers, layers * stored[parallel.recompute]
+        bwd = 2 * fwd + redone * recompute_flops
         params = layers * layer_params
         tied = 0.0
         kernels_f = [k.scaled(layers) for k in layer_kernels_f]
-        kernels_b = [k.scaled(layers) for k in layer_kernels_b]
+        kernels_b = ([k.scaled(layers) for k in layer_kernels_b]
+                     + [k.scaled(redone) for k in layer_kernels_redo])
         if first:
             act += embedding_activation_bytes(model, parallel)
             params += word + position

@@ -45,7 +45,7 @@ def cp_comms(model: ModelSpec, parallel: ParallelConfig, cov: Covered,
         return []
     tokens = model.micro_batch_size * model.seq_length / cp
     d, h, hkv = model.dtype_bytes, model.hidden_size, model.kv_hidden_size
-    forward, backward = cov.layers * cov.forward_passes, cov.layers * cov.backward
+    forward, backward = cov.forward_layers, cov.layers * cov.backward
     if cp_comm == "ring":
         ring = cp * 2 * tokens * hkv * d / t  # S: all cp KV blocks
         passes = forward + backward

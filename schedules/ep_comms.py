@@ -64,7 +64,7 @@ def ep_comms(model: ModelSpec, parallel: ParallelConfig, cov: Covered) -> list[C
     """The EP all-to-alls of the compute op `cov` describes (module docstring)."""
     if parallel.ep == 1 or not cov.moe_layers:
         return []
-    n = 2 * cov.moe_layers * (cov.forward_passes + cov.backward)
+    n = 2 * (cov.forward_moe_layers + cov.moe_layers * cov.backward)
     return comms(OpKind.ALL_TO_ALL, EP, n * dispatch_bytes(model, parallel), n)
 
 
@@ -74,7 +74,7 @@ def etp_comms(model: ModelSpec, parallel: ParallelConfig, cov: Covered) -> list[
     (module docstring)."""
     if parallel.etp == 1 or not cov.moe_layers or experts_split_by_tp(parallel):
         return []
-    n = cov.moe_layers * (cov.forward_passes + cov.backward)
+    n = cov.forward_moe_layers + cov.moe_layers * cov.backward
     size = n * parallel.etp * dispatch_bytes(model, parallel)
     return (comms(OpKind.ALL_GATHER, ETP, size, n)
             + comms(OpKind.REDUCE_SCATTER, ETP, size, n))
@@ -92,12 +92,14 @@ def expert_forward_flops(model: ModelSpec, parallel: ParallelConfig) -> float:
 def imbalance_flops(model: ModelSpec, parallel: ParallelConfig, cov: Covered,
                     factor: float) -> float:
     """FLOPs the busiest expert adds to the compute op over the balanced cost:
-    (f - 1) * expert FLOPs of its MoE layers, x1 for F, x2 for B (+1 with full
-    recompute), half of B's for I and for W (as schedules.annotate splits B)."""
+    (f - 1) * expert FLOPs of its MoE layers, x1 for F, x2 for B (+1 for each MoE layer
+    a full recompute reruns), half of B's for I and for W (as schedules.annotate splits
+    B)."""
     if factor == 1 or not cov.moe_layers:
         return 0.0
     extra = (factor - 1) * cov.moe_layers * expert_forward_flops(model, parallel)
     if cov.kind is OpKind.F:
         return extra
-    backward = 2 * extra + (extra if cov.recompute == "full" else 0.0)
+    rerun = (factor - 1) * cov.rerun_moe_layers * expert_forward_flops(model, parallel)
+    backward = 2 * extra + rerun
     return backward if cov.kind is OpKind.B else backward / 2

@@ -39,6 +39,7 @@ from .names import INTRA_LAYER_GROUPS, TP
 from .ops import WORK_KINDS, Op, OpKind
 from .parallel import ParallelConfig
 from .plan import Plan
+from .recompute import KEPT, layer_role
 from .schedule import Schedule
 from .tp_comms import tp_comms
 
@@ -47,9 +48,12 @@ def covered(op: Op, plan: Plan, groups: int) -> Covered:
     """The layers, embedding and head compute op `op` runs, its stage split into `groups`
     layer groups (Plan.chunk_parts)."""
     parts, model = plan.chunk_parts(op.stage, op.chunk, groups), plan.model
-    moe = sum(1 for layer in parts.layers if model.is_moe_layer(layer)) if model.is_moe else 0
-    return Covered(op.kind, len(parts.layers), moe, embedding=parts.embedding,
-                   head=parts.head, recompute=plan.parallel.recompute)
+    rerun = [layer_role(plan.parallel, p) != KEPT for p in parts.positions]
+    moe = [model.is_moe_layer(layer) for layer in parts.layers] if model.is_moe \
+        else [False] * len(parts.layers)
+    return Covered(op.kind, len(parts.layers), sum(moe), embedding=parts.embedding,
+                   head=parts.head, rerun_layers=sum(rerun),
+                   rerun_moe_layers=sum(m and r for m, r in zip(moe, rerun)))
 
 
 def op_comms(plan: Plan, cov: Covered) -> list[Comm]:

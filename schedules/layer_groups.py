@@ -49,10 +49,12 @@ def chunk_layers(layers: int, groups: int, chunk: int | None) -> range:
 @dataclass(frozen=True)
 class ChunkParts:
     """What a compute op of one (stage, layer group) runs: its transformer layers (global
-    indices, model order), whether it holds the embedding (group 0 of stage 0) and the
-    head (final norm, output layer, loss: the last group of the last stage)."""
+    indices, model order; `positions`: the same layers' places in their stage), whether
+    it holds the embedding (group 0 of stage 0) and the head (final norm, output layer,
+    loss: the last group of the last stage)."""
 
     layers: range
+    positions: range
     embedding: bool
     head: bool
 
@@ -63,7 +65,7 @@ def chunk_parts(counts: Sequence[int], stage: int, chunk: int | None,
     holding `counts` layers each and split into `groups` groups (module docstring)."""
     first = sum(counts[:stage])
     local = chunk_layers(counts[stage], groups, chunk)
-    return ChunkParts(range(first + local.start, first + local.stop),
+    return ChunkParts(range(first + local.start, first + local.stop), local,
                       embedding=stage == 0 and chunk in (None, 0),
                       head=stage == len(counts) - 1 and chunk in (None, groups - 1))
 
@@ -76,7 +78,8 @@ def group_costs(model: ModelSpec, parallel: ParallelConfig, counts: Sequence[int
         return [[c] for c in costs_for_layers(model, parallel, counts)]
     for layers in counts:
         check_groups(layers, groups)
-    fine = costs_for_layers(model, parallel, [c // groups for c in counts for _ in range(groups)])
+    fine = costs_for_layers(model, parallel, [c // groups for c in counts for _ in range(groups)],
+                            [chunk_layers(c, groups, g) for c in counts for g in range(groups)])
     num_stages = len(counts)
     if num_stages == 1 and fine[-1].tied_param_count:
         last = fine[-1]

@@ -29,6 +29,11 @@ Extras:
   Korthikanti et al. 2022 Table 2, via schedules.costs) times the microbatches the
   rank holds at its peak, found by walking the schedule's programs (GPipe M; 1F1B
   min(P - rank, M); interleaved per Megatron) with schedules.timeline.peak_in_flight.
+- Recompute working set (full recompute): the backward of one checkpointed region
+  regenerates that region's activations, all of them, before freeing them: N layers'
+  under uniform, one layer's under block (schedules.recompute.working_layers), of the
+  rank's largest virtual stage, at no-recompute bytes per layer (K22 Table 2). K22's
+  2sbhL of section 5 leaves this transient out.
 - Communication buffers: two gradient buckets in flight when dp > 1 (bucket_bytes,
   torch DDP's 25 MiB by default).
 - Gathered parameters (ZeRO-3/FSDP): the unsharded 16-bit parameters of the current and
@@ -45,6 +50,7 @@ from .errors import ConfigError
 from .names import COMPUTE_LANE
 from .parallel import ParallelConfig
 from .plan import Plan
+from .recompute import working_layers
 from .schedule import Schedule
 from .sharding import hpz_degree, shard_group_size, state_shard_degree
 from .timeline import Span, peak_in_flight
@@ -70,6 +76,7 @@ class RankMemory:
     activations: float = 0.0
     communication_buffers: float = 0.0
     gathered_parameters: float = 0.0
+    recompute_working: float = 0.0
     host: float = 0.0
     in_flight: int = 0
 
@@ -80,10 +87,10 @@ class RankMemory:
 
     @property
     def total_bytes(self) -> float:
-        """Device bytes at the peak: model states, activations, buffers and gathered
-        parameters."""
-        return (self.model_states_bytes + self.activations + self.communication_buffers
-                + self.gathered_parameters)
+        """Device bytes at the peak: model states, activations, the recompute working set,
+        buffers and gathered parameters."""
+        return (self.model_states_bytes + self.activations + self.recompute_working
+                + self.communication_buffers + self.gathered_parameters)
 
     def to_dict(self) -> dict:
         return {**asdict(self), "model_states_bytes": self.model_states_bytes,
@@ -153,6 +160,12 @@ def _buffers(plan: Plan, rank_params: float, layers_here: int) -> dict[str, floa
     return {"communication_buffers": buckets, "gathered_parameters": gathered}
 
 
+def _layer_bytes_without_recompute(plan: Plan) -> float:
+    """Activation bytes one layer keeps without recompute, per microbatch (K22 Table 2)."""
+    model, parallel = plan.model, plan.parallel
+    return model.layer_activation_bytes(parallel.tp, parallel.sequence_parallel) / parallel.cp
+
+
 def rank_memory(plan: Plan, *, in_flight: Sequence[int] | None = None,
                 schedule: Schedule | None = None) -> list[RankMemory]:
     """Memory of each pipeline rank of `plan`. Activations are held for `in_flight[s]`
@@ -183,8 +196,10 @@ def rank_memory(plan: Plan, *, in_flight: Sequence[int] | None = None,
         experts = (sum(costs[s].expert_param_count for s in mine)
                    if plan.expert_grad_group else 0.0)
         layers = sum(costs[s].layers for s in mine)
+        working = max(working_layers(plan.parallel, costs[s].layers) for s in mine)
         result.append(RankMemory(
             pp_rank=r, params=params, activations=peaks.get(r, 0),
+            recompute_working=working * _layer_bytes_without_recompute(plan),
             in_flight=counts.get(r, 0), **_buffers(plan, params, layers),
             **model_states(params, plan.parallel, plan.model.dtype, plan.dp_shard_size,
                            experts)))

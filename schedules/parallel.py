@@ -32,6 +32,7 @@ from typing import Any
 
 from .errors import ConfigError, require_positive_int
 from .names import CP, DP, DP_CP, EDP, EP, EXPERT_AXES, GRID_AXES, PP, TP
+from .recompute import normalised_options
 from .registry import DEFAULT_SCHEDULE, schedule_entry
 from .parallel_aliases import ALIASES, resolve_kwargs
 from .sharding import DEFAULT_BUCKET_BYTES, normalised_sharding
@@ -80,6 +81,8 @@ class ParallelConfig:
     global_batch_size: int | None = None
     micro_batch_size: int = 1
     recompute: str = "none"
+    recompute_method: str | None = None  # full: 'uniform' (default) or 'block'
+    recompute_num_layers: int | None = None  # full: layers per checkpoint / checkpointed
     # data-parallel sharding and its communication (issue 5); see schedules.data_parallel
     fsdp: str = "none"  # 'none', 'full' (= ZeRO-3 over dp) or 'hybrid' (shard in a node)
     shard_size: int | None = None  # hybrid shard group size; None = dp ranks per node
@@ -116,6 +119,10 @@ class ParallelConfig:
             raise ConfigError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
         if self.recompute not in RECOMPUTE:
             raise ConfigError(f"recompute={self.recompute!r} must be one of {', '.join(RECOMPUTE)}")
+        method, layers = normalised_options(self.recompute, self.recompute_method,
+                                            self.recompute_num_layers)
+        object.__setattr__(self, "recompute_method", method)
+        object.__setattr__(self, "recompute_num_layers", layers)
         if self.fsdp not in FSDP:
             raise ConfigError(f"fsdp={self.fsdp!r} must be one of {', '.join(FSDP)}")
         for name in ("offload", "overlap_grad_reduce", "reshard_after_forward",

@@ -15,8 +15,9 @@ the sources of each mapping:
   2 bytes each, DeepSpeed's fp16/bf16 mixed-precision reduction).
 - Megatron-LM arguments.py: `--use-distributed-optimizer` (shards the optimizer state
   over data-parallel ranks, i.e. ZeRO-1), `--optimizer-cpu-offload`,
-  `--recompute-granularity {full,selective}`, `--recompute-activations` (= selective),
-  `--recompute-method {uniform,block}` (only with full granularity), and Megatron-FSDP's
+  `--recompute-granularity {full,selective}`, `--recompute-activations` (= selective)
+  (`--recompute-method` and `--recompute-num-layers` are fields of their own names,
+  schedules.recompute), and Megatron-FSDP's
   `--data-parallel-sharding-strategy {no_shard,optim,optim_grads,optim_grads_params}`
   = ZeRO 0/1/2/3.
 - Megatron-LM / Megatron-Core arguments.py, intra-layer: `--expert-tensor-parallel-size`
@@ -77,7 +78,6 @@ SHARDING_STRATEGIES = {  # Megatron-FSDP --data-parallel-sharding-strategy
 FSDP_STRATEGIES = {  # torch.distributed.fsdp.ShardingStrategy -> (zero_stage, fsdp)
     "no_shard": (0, "none"), "shard_grad_op": (2, "none"), "full_shard": (3, "full"),
     "hybrid_shard": (3, "hybrid"), "_hybrid_shard_zero2": (2, "hybrid")}
-RECOMPUTE_METHODS = ("uniform", "block")
 CP_COMM_TYPES = {"p2p": "ring", "a2a": "ulysses"}  # Megatron-Core --cp-comm-type
 
 
@@ -121,11 +121,6 @@ def _bytes_from(key: str, value: Any, scale: int) -> int:
     return int(value * scale)
 
 
-def _recompute_method(key: str, value: Any) -> dict[str, Any]:
-    _choice(key, value, dict.fromkeys(RECOMPUTE_METHODS))
-    return {"recompute": "full"}  # Megatron: a method only applies to full granularity
-
-
 def _cp_comm_type(key: str, value: Any) -> dict[str, Any]:
     """Megatron-Core's --cp-comm-type: a value, or a list of one value per layer."""
     values = {value} if isinstance(value, str) else set(value)
@@ -156,7 +151,6 @@ VALUE_ALIASES: dict[str, Callable[[str, Any], dict[str, Any]]] = {
         lambda k, v: {"recompute": _choice(k, v, {"full": "full", "selective": "selective",
                                                   "none": "none"})},
     "recompute_activations": lambda k, v: {"recompute": "selective"} if _flag(k, v) else {},
-    "recompute_method": _recompute_method,
     "cp_comm_type": _cp_comm_type,
     "no_scatter_gather_tensors_in_pipeline": lambda k, v: {"scatter_gather": not _flag(k, v)},
 }
@@ -172,7 +166,8 @@ def normalise_key(key: str) -> str:
 def resolve_kwargs(kw: Mapping[str, Any], known: set[str]) -> dict[str, Any]:
     """Field values from keyword arguments in any supported spelling. None means 'not
     given'. A field set twice is an error naming both spellings, except that value
-    aliases may agree (`--recompute-granularity full --recompute-method uniform`)."""
+    aliases may agree (`--use-distributed-optimizer` with
+    `--data-parallel-sharding-strategy optim`)."""
     values: dict[str, Any] = {}
     spelled: dict[str, tuple[str, bool]] = {}  # field -> (spelling, came from a value alias)
     for key, value in kw.items():

@@ -41,6 +41,8 @@ from .parallel import CUSTOM_SCHEDULE, ParallelConfig
 from .pipeline_split import stage_layers, stage_offsets
 from .placement import PLACEMENTS
 from .placement import stage_ranks as placed
+from .recompute import check_fits
+from .recompute import describe as describe_recompute
 from .registry import schedule_entry
 from .schedule import Schedule
 from .sharding import group_ranks, shard_group_size
@@ -207,6 +209,8 @@ class Plan:
     def replay_statement(self) -> str:
         """What a simulation of this plan replays and what it assumes, in one sentence."""
         n, m = self.pp, self.world_size
+        if n == m:
+            return f"all {m} GPUs replayed op by op (one pipeline replica, no other)"
         return (f"{n} of {m} GPUs replayed op by op (the pipeline ranks of replica 0: "
                 f"global ranks {list(self.replayed_ranks) if n <= 8 else '...'}); the other "
                 f"{m - n} assumed identical to the replayed rank of their pipeline "
@@ -237,8 +241,11 @@ def header_line(plan: dict[str, Any]) -> str:
                    if plan[axis] != 1)
     if plan["etp"] != plan["tp"]:
         axes += f" etp={plan['etp']}"
+    p = plan["parallel"]
+    recompute = ("" if p["recompute"] == "none" else " recompute=" + describe_recompute(
+        p["recompute"], p["recompute_method"], p["recompute_num_layers"]))
     return (f"{plan['schedule']}: pp={plan['pp']} vpp={plan['vpp']}{axes} "
-            f"microbatches={plan['microbatches']} model={plan['model']} "
+            f"microbatches={plan['microbatches']}{recompute} model={plan['model']} "
             f"topology={plan['topology'] or 'this host'}")
 
 
@@ -264,6 +271,7 @@ def resolve(model: ModelSpec, parallel: ParallelConfig, cluster: ClusterFacts | 
                           and placed(p, parallel.pp, len(ranks)) == ranks), CUSTOM_SCHEDULE)
     layers = stage_layers(model.num_layers, parallel, ranks)
     parallel.check_model(model)
+    check_fits(parallel, layers)
     shard = shard_group_size(parallel, cluster)
     groups = (schedule.layer_groups if schedule is not None and schedule.layer_groups > 1
               else data_parallel_groups(model, parallel, layers))

@@ -48,11 +48,15 @@ def tp_comms(model: ModelSpec, parallel: ParallelConfig, cov: Covered) -> list[C
         return []
     tokens = model.micro_batch_size * model.seq_length / parallel.cp
     x = tokens * model.hidden_size * model.dtype_bytes
-    mlps = cov.layers  # layers whose MLP posts TP collectives (module docstring)
-    if not experts_split_by_tp(parallel) and not model.moe_shared_expert_intermediate_size:
-        mlps -= cov.moe_layers
-    blocks = cov.layers + mlps  # attention + MLP blocks, one AR (or AG + RS) each per pass
-    layer = blocks * cov.forward_passes + (blocks if cov.backward else 0)
+    dense_mlps = experts_split_by_tp(parallel) or model.moe_shared_expert_intermediate_size
+
+    def blocks(layers: int, moe_layers: int) -> int:
+        """Attention + MLP blocks, one AR (or AG + RS) each per pass; an MoE layer's MLP
+        posts TP collectives only as the module docstring says."""
+        return layers + (layers if dense_mlps else layers - moe_layers)
+
+    layer = (blocks(cov.forward_layers, cov.forward_moe_layers)
+             + (blocks(cov.layers, cov.moe_layers) if cov.backward else 0))
     forward = cov.kind is OpKind.F
     out = []
     if parallel.sequence_parallel:

@@ -26,6 +26,7 @@ Units: seconds, bytes.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import simpy
 
@@ -36,6 +37,7 @@ from clustersim.schedules.ops import Op, OpKind
 from clustersim.schedules.parallel import ParallelConfig
 from clustersim.schedules.plan import GROUP_AXES, Plan
 from clustersim.schedules.profile import PROFILED_KINDS, Profile, shape_mismatch
+from clustersim.schedules.recompute import rerun_layers
 
 # OpKind -> the profile's collectives key
 COLLECTIVE_NAMES = {OpKind.ALL_REDUCE: "all_reduce", OpKind.ALL_GATHER: "all_gather",
@@ -67,24 +69,28 @@ def check_profile(profile: Profile, model: ModelSpec, parallel: ParallelConfig |
 class ProfileCost:
     """compute_time(op) from a profile for a pipeline of `layers_per_stage[s]` layers on
     virtual stage s (stage 0 holds the embedding, the last stage the head), each stage
-    split into `groups` layer groups for chunked ops. `recompute_full`: the backward of
-    each layer also reruns its forward (one measured layer F more in B, and in I of a
-    split backward, which reaches the layers first); K22 Table 4 measured exactly that
-    (19.5 ms = 11.9 + 7.7 ms less 0.1 for a 22B layer)."""
+    split into `groups` layer groups for chunked ops. `rerun_layers(positions)`: how many
+    of the layers at those positions of a stage a full recompute reruns
+    (schedules.recompute.rerun_layers; None: no recompute). The backward of each such
+    layer also reruns its forward (one measured layer F more in B, and in I of a split
+    backward, which reaches the layers first); K22 Table 4 measured exactly that (19.5 ms =
+    11.9 + 7.7 ms less 0.1 for a 22B layer)."""
 
     def __init__(self, profile: Profile, layers_per_stage: Sequence[int], groups: int = 1,
-                 recompute_full: bool = False):
+                 rerun_layers: Callable[[range], int] | None = None):
         if not layers_per_stage:
             raise ConfigError("ProfileCost needs at least one stage")
-        self.profile, self.recompute_full = profile, recompute_full
+        self.profile = profile
         self.layers = list(layers_per_stage)
         self.table: dict[tuple[int, OpKind, int | None], float] = {}
         for s in range(len(self.layers)):
             for chunk in [None] + (list(range(groups)) if groups > 1 else []):
                 parts = chunk_parts(self.layers, s, chunk, groups)
-                self._add(s, chunk, len(parts.layers), parts.embedding, parts.head)
+                self._add(s, chunk, len(parts.layers), parts.embedding, parts.head,
+                          rerun_layers(parts.positions) if rerun_layers else 0)
 
-    def _add(self, s: int, chunk: int | None, layers: int, embedding: bool, head: bool) -> None:
+    def _add(self, s: int, chunk: int | None, layers: int, embedding: bool, head: bool,
+             rerun: int) -> None:
         time = self.profile.compute_time
         for k in PROFILED_KINDS:
             self.table[(s, OpKind(k), chunk)] = (
@@ -95,8 +101,8 @@ class ProfileCost:
             self.table[(s, OpKind.W, chunk)] = (
                 layers * time("layer", "B") + time("embedding", "W")
                 + (time("head", "B") if head else 0.0))
-        if self.recompute_full:
-            redo = layers * time("layer", "F")
+        if rerun:
+            redo = rerun * time("layer", "F")
             for k in ("B", "W" if embedding else "I"):
                 self.table[(s, OpKind(k), chunk)] += redo
 
@@ -106,7 +112,7 @@ class ProfileCost:
         profile does not describe the plan's model and layout: check_profile)."""
         check_profile(profile, plan.model, plan.parallel)
         return ProfileCost(profile, plan.stage_layers, plan.layer_groups,
-                           recompute_full=plan.parallel.recompute == "full")
+                           rerun_layers=partial(rerun_layers, plan.parallel))
 
     def __call__(self, op: Op) -> float:
         time = self.table.get((op.stage, op.kind, op.chunk))

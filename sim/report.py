@@ -68,6 +68,7 @@ def format_oom(entry: dict) -> str:
         ("parameters", "parameters_bytes"), ("gradients", "gradients_bytes"),
         ("optimizer", "optimizer_states_bytes"), ("hpZ", "hpz_secondary_bytes"),
         ("buffers", "communication_buffers_bytes"),
+        ("recompute working set", "recompute_working_bytes"),
         ("gathered parameters", "gathered_parameters_bytes"),
         ("activations", "activations_bytes"))
         if entry.get(key))

@@ -17,6 +17,7 @@ G = GPUs of the job (tp * cp * dp * pp):
 from __future__ import annotations
 
 from clustersim.schedules.plan import Plan
+from clustersim.schedules.recompute import KEPT, layer_role
 from clustersim.topologies import DeviceSpec, TopologyError
 
 FORMULAS = {
@@ -24,9 +25,9 @@ FORMULAS = {
     "tokens_per_s_per_gpu": "tokens_per_s / GPUs",
     "model_tflops_per_gpu": "3 x forward FLOPs of the global batch (no recompute; SC21, K22 "
                             "eq. 7) / (iteration_time * GPUs) / 1e12",
-    "hardware_tflops_per_gpu": "model FLOPs + recomputed FLOPs (full: one more layer "
-                               "forward; selective: core attention) / (iteration_time * "
-                               "GPUs) / 1e12",
+    "hardware_tflops_per_gpu": "model FLOPs + recomputed FLOPs (full: one more forward of "
+                               "each recomputed layer; selective: core attention) / "
+                               "(iteration_time * GPUs) / 1e12",
     "mfu": "model FLOP/s per GPU / the device's dense peak FLOP/s for the dtype (datasheet)",
 }
 
@@ -37,7 +38,10 @@ def iteration_flops(plan: Plan) -> tuple[float, float]:
     sequences = parallel.global_batch_size // model.micro_batch_size  # microbatches, all dp
     flops = model.iteration_flops(sequences)
     if parallel.recompute == "full":
-        return flops, model.iteration_flops(sequences, recompute=True)
+        rerun = sum(model.layer_forward_flops(first + p)
+                    for first, layers in zip(plan.stage_offsets, plan.stage_layers)
+                    for p in range(layers) if layer_role(parallel, p) != KEPT)
+        return flops, flops + sequences * rerun
     if parallel.recompute == "selective":
         return flops, flops + sequences * model.num_layers * model.attention_core_flops()
     return flops, flops

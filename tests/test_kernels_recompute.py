@@ -23,6 +23,7 @@ from clustersim.schedules.data_parallel import add_data_parallel  # noqa: E402
 from clustersim.schedules.lowering import lower  # noqa: E402
 from clustersim.schedules.model import ModelSpec  # noqa: E402
 from clustersim.schedules.plan import resolve  # noqa: E402
+from clustersim.schedules.recompute import Recompute  # noqa: E402
 from clustersim.schedules.registry import build_schedule  # noqa: E402
 from clustersim.schedules.ops import Op, OpKind  # noqa: E402
 from clustersim.schedules.schedule import Schedule  # noqa: E402
@@ -68,6 +69,26 @@ def test_recomputed_modules_run_again_in_the_backward(model, recompute, layer, c
     assert_same_grads(grads, want)
 
 
+@pytest.mark.parametrize("method,n,rerun", [
+    ("block", 1, 1), ("block", 3, 3), ("uniform", 2, 4), ("uniform", 3, 4)])
+def test_the_recompute_method_picks_the_layers_that_run_again(method, n, rerun):
+    """Megatron-Core's TransformerBlock: 'block' reruns the first N of the 4 layers, each
+    under its own checkpoint; 'uniform' reruns every layer, N per checkpoint (3 over 4
+    layers: chunks of 3 and 1). Gradients are those without recompute."""
+    calls, grads = forward_and_backward(GPT, Recompute("full", method, n))
+    assert calls["TransformerLayer"] == GPT.num_layers + rerun
+    _, want = forward_and_backward(GPT, "none")
+    assert_same_grads(grads, want)
+
+
+def test_uniform_chunks_keep_only_their_inputs():
+    """Uniform with 2 layers per checkpoint keeps half the layer inputs of 1 per
+    checkpoint (and both far less than no recompute)."""
+    one, two = (saved_bytes(Recompute("full", "uniform", n)) for n in (1, 2))
+    layer_input = 2 * 32 * 64 * 4  # b*s*h fp32
+    assert one - two == 2 * layer_input  # 4 checkpoints -> 2
+
+
 def saved_bytes(recompute):
     """Bytes autograd keeps for the backward after one microbatch's forward."""
     module = build_stages(LLAMA, [0], 1, seed=0, recompute=recompute)[0]
@@ -106,13 +127,17 @@ def test_pipelined_gradients_equal_reference(name, pp, vpp, model, recompute):
     assert_same_grads(grads, run_reference(model, par))
 
 
-@pytest.mark.parametrize("recompute", RECOMPUTE)
+@pytest.mark.parametrize("recompute", [
+    dict(recompute="selective"), dict(recompute="full"),
+    dict(recompute="full", recompute_method="block", recompute_num_layers=1)],
+    ids=["selective", "full", "full-block-1"])
 @pytest.mark.parametrize("model,sp", [(GPT, False), (LLAMA, True)], ids=["gpt", "llama-sp"])
 def test_tensor_parallel_gradients_and_tp_ops_equal_the_ir(model, sp, recompute):
     """tp=2, with and without SP: gradients equal the reference, and every TP op of the
-    IR (schedules.intra_layer, which charges full recompute's rerun forward to B) finds
-    its count and bytes of collectives measured in its compute op."""
-    par = parallel(tp=2, sequence_parallel=sp, num_microbatches=2, recompute=recompute)
+    IR (schedules.intra_layer, which charges full recompute's rerun forward to B, for the
+    layers the method reruns) finds its count and bytes of collectives measured in its
+    compute op."""
+    par = parallel(tp=2, sequence_parallel=sp, num_microbatches=2, **recompute)
     schedule = with_tp_ops(build_schedule("1f1b", 1, 2), model, par)
     timeline, grads = run(schedule, model, par)
     assert_same_grads(grads, run_reference(model, par))

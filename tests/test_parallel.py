@@ -154,8 +154,12 @@ def test_check_model():
     ({"reduce_bucket_size": 5e8}, dict(bucket_bytes=10**9)),  # elements x 2 B (16-bit grads)
     ({"overlap_comm": False}, dict(overlap_grad_reduce=False)),
     ({"--recompute-granularity": "selective"}, dict(recompute="selective")),
-    ({"--recompute-granularity": "full", "--recompute-method": "uniform"}, dict(recompute="full")),
-    ({"--recompute-method": "block"}, dict(recompute="full")),
+    ({"--recompute-granularity": "full", "--recompute-method": "uniform"},
+     dict(recompute="full", recompute_method="uniform", recompute_num_layers=1)),
+    ({"--recompute": "full", "--recompute-method": "block", "--recompute-num-layers": 2},
+     dict(recompute="full", recompute_method="block", recompute_num_layers=2)),
+    ({"--recompute-granularity": "full"},  # clustersim's default method (module schedules.recompute)
+     dict(recompute="full", recompute_method="uniform", recompute_num_layers=1)),
     ({"--recompute-activations": True}, dict(recompute="selective")),
 ])
 def test_sharding_aliases_map_values(kw, expected):
@@ -181,11 +185,17 @@ def test_fsdp_and_zero3_are_one_configuration():
     ({"zero_hpz_partition_size": 0}, "zero_hpz_partition_size must be an integer >= 1"),
     ({"bucket_cap_mb": -1}, "bucket_cap_mb must be a number > 0"),
     ({"--use-distributed-optimizer": "yes"}, "use-distributed-optimizer must be a bool"),
-    ({"--recompute-method": "some"}, "recompute-method='some' must be one of uniform, block"),
+    ({"--recompute-granularity": "full", "--recompute-method": "some"},
+     "recompute_method='some' must be one of uniform, block"),
+    ({"--recompute-method": "block"}, r"recompute_method='block' needs recompute='full'"),
+    ({"--recompute-num-layers": 2}, r"recompute_num_layers=2 needs recompute='full'"),
+    ({"--recompute-granularity": "full", "--recompute-num-layers": 0},
+     "recompute_num_layers must be an integer >= 1"),
     ({"zero_stage": 2, "--use-distributed-optimizer": True},
      r"zero_stage given twice, as zero_stage=2 and --use-distributed-optimizer=True"),
     ({"--recompute-granularity": "selective", "--recompute-method": "uniform"},
-     "recompute given twice"),
+     r"recompute_method='uniform' needs recompute='full'.*got recompute='selective'"),
+    ({"--recompute": "full", "--recompute-granularity": "full"}, "recompute given twice"),
     ({"bucket_cap_mb": 25, "reduce_bucket_size": 5e8}, "bucket_bytes given twice"),
     ({"zero_stage": 2, "sharding_strategy": "FULL_SHARD"}, "zero_stage given twice"),
 ])

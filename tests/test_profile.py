@@ -136,15 +136,19 @@ def test_profile_cost_sums_layers_and_stage_extras():
 def test_full_recompute_adds_one_layer_forward_to_each_layer_backward():
     """K22 Table 4's 22B layer: backward 11.9 ms, 19.5 ms with full recompute, ~ + F 7.7 ms."""
     plain, redo = ProfileCost(make_profile(), [2, 2]), ProfileCost(make_profile(), [2, 2],
-                                                                   recompute_full=True)
+                                                                   rerun_layers=len)
     for stage in (0, 1):
         assert redo(Op(OpKind.F, stage, 0)) == plain(Op(OpKind.F, stage, 0))
         assert redo(Op(OpKind.B, stage, 0)) == pytest.approx(plain(Op(OpKind.B, stage, 0)) + 2.0)
     assert redo(Op(OpKind.I, 1, 0)) == pytest.approx(plain(Op(OpKind.I, 1, 0)) + 2.0)
     assert redo(Op(OpKind.W, 1, 0)) == plain(Op(OpKind.W, 1, 0))
     assert redo(Op(OpKind.W, 0, 0)) == pytest.approx(plain(Op(OpKind.W, 0, 0)) + 2.0)  # whole B
-    full = ParallelConfig(micro_batch_size=2, recompute="full")
-    assert ProfileCost.for_plan(make_profile(), resolve(MODEL, full)).recompute_full
+    full = ParallelConfig(micro_batch_size=2, recompute="full", pp=2)
+    planned = ProfileCost.for_plan(make_profile(), resolve(MODEL, full))
+    assert planned(Op(OpKind.B, 1, 0)) == redo(Op(OpKind.B, 1, 0))
+    block = ParallelConfig(micro_batch_size=2, recompute="full", pp=2, recompute_method="block")
+    first = ProfileCost.for_plan(make_profile(), resolve(MODEL, block))  # 1 of 2 layers
+    assert first(Op(OpKind.B, 1, 0)) == pytest.approx(plain(Op(OpKind.B, 1, 0)) + 1.0)
     with pytest.raises(ConfigError, match="selective"):
         check_profile(make_profile(), MODEL, ParallelConfig(micro_batch_size=2,
                                                             recompute="selective"))

@@ -17,6 +17,9 @@ issue 14 item 1 now requires):
   mixtral (ep > 1): issue 14 item 6, dense gradients reduce over dp x cp, the routed
   experts' over the expert data-parallel group, whose ZeRO shards hold their optimizer
   state (tests/test_gradient_groups.py).
+- recompute-full, profile-dp2 and memory llama70b-fsdp (full recompute): issue 14 item
+  11, the peak counts the activations one recomputed layer regenerates in its backward
+  (tests/test_recompute.py).
 - pcie-a100 (tp 2, dp 4 on one PCIe host): issue 14 item 7, the other TP rank's DP ring
   crosses the same host bridge at once (tests/test_collective_model.py).
 And a number redefined on purpose leaves the comparison: the compare table's bubble
@@ -76,7 +79,6 @@ SIMULATE = {
                    *GPT],
     "tp2-overlap": ["--tp", "2", "--tp-comm-overlap", "--pp", "4", "--microbatches", "4",
                     *GPT],
-    "recompute-full": ["--pp", "4", "--microbatches", "8", "--recompute", "full", *GPT],
     "recompute-selective-interleaved": ["--schedule", "interleaved-1f1b", "--pp", "2",
                                         "--vpp", "2", "--microbatches", "4",
                                         "--recompute", "selective", *GPT],
@@ -102,15 +104,11 @@ SIMULATE = {
                 "--num-layers", "8"],
     "profile-gpipe": ["--schedule", "gpipe", "--pp", "2", "--microbatches", "2", *TINY,
                       "--profile", PROFILE],
-    "profile-dp2": ["--pp", "2", "--dp", "2", "--microbatches", "2", *TINY,
-                    "--profile", PROFILE, "--recompute", "full"],
     "custom-csv": ["--schedule-csv", CUSTOM_CSV, *GPT],
 }
 
 MEMORY = {
     "zero-table1": ["--params", "7.5e9", "--dp", "64", "--zero", "3"],
-    "llama70b-fsdp": ["--model", "llama3-70b", "--dp", "8", "--pp", "1", "--fsdp", "full",
-                      "--recompute", "full", "--topology", "dgx-h100"],
     "interleaved": ["--model", "gpt3-1.3b", "--pp", "4", "--vpp", "2", "--microbatches", "8",
                     "--schedule", "interleaved-1f1b"],
     "hpz": ["--model", "gpt3-1.3b", "--pp", "1", "--dp", "16", "--zero", "3", "--hpz",
@@ -138,7 +136,7 @@ def simulate_numbers(args: list[str], tmp: Path) -> dict:
     _cli(["simulate", *args, "-o", str(tmp / "g.html"), "--metrics-json", str(metrics)])
     data = json.loads(metrics.read_text())
     per_rank = data["per_rank"]
-    oom = [{k: v for k, v in e.items() if isinstance(v, (int, float))}
+    oom = [{k: v for k, v in e.items() if isinstance(v, (int, float)) and k in RECORDED_OOM}
            for e in data.get("meta", {}).get("oom", [])]
     return {"iteration_time": data["iteration_time"],
             "time_breakdown": data["time_breakdown"]["per_rank"],
@@ -149,8 +147,20 @@ def simulate_numbers(args: list[str], tmp: Path) -> dict:
 
 def memory_numbers(args: list[str], tmp: Path) -> dict:
     data = json.loads(_cli(["memory", *args, "--json"]))
-    return {"ranks": [{k: v for k, v in r.items() if isinstance(v, (int, float))}
-                      for r in data["ranks"]]}
+    return {"ranks": [{k: v for k, v in r.items() if isinstance(v, (int, float))
+                       and k in RECORDED_MEMORY} for r in data["ranks"]]}
+
+
+# The numbers the baseline recorded; numbers added since (issue 14 item 11's recompute
+# working set, 0 without full recompute) are new outputs, not changed ones.
+RECORDED_MEMORY = ("pp_rank", "params", "parameters", "gradients", "optimizer_states",
+                   "hpz_secondary", "activations", "communication_buffers",
+                   "gathered_parameters", "host", "in_flight", "model_states_bytes",
+                   "total_bytes", "oom")
+RECORDED_OOM = ("rank", "time_s", "peak_bytes", "capacity_bytes", "over_bytes",
+                "parameters_bytes", "gradients_bytes", "optimizer_states_bytes",
+                "hpz_secondary_bytes", "communication_buffers_bytes",
+                "gathered_parameters_bytes", "activations_bytes", "host_bytes")
 
 
 def compare_numbers(args: list[str], tmp: Path) -> dict:

@@ -20,6 +20,7 @@ from clustersim.schedules.model import NORMALIZATIONS, POSITION_EMBEDDINGS, Mode
 from clustersim.schedules.model_presets import get_model
 from clustersim.schedules.parallel import CP_COMM, FSDP, RECOMPUTE, ParallelConfig
 from clustersim.schedules.profile import Profile
+from clustersim.schedules.recompute import METHODS as RECOMPUTE_METHODS
 from clustersim.schedules.registry import DEFAULT_SCHEDULE, SCHEDULES, schedule_help
 
 from ..cost_model import CostModel, ProfileCostModel, RooflineCostModel, parse_uniform_costs
@@ -173,7 +174,13 @@ SHARDING_FLAGS = (  # ZeRO/FSDP, offload, ZeRO++, buckets, recompute: schedules.
     _flag("--recompute-granularity", "recompute_granularity",
           "Megatron spelling of --recompute", choices=["selective", "full"]),
     _flag("--recompute-method", "recompute_method",
-          "Megatron: with full recompute granularity", choices=["uniform", "block"]),
+          "with full recompute: 'uniform' (default) checkpoints chunks of "
+          "--recompute-num-layers layers and recomputes every layer; 'block' checkpoints and "
+          "recomputes only the first --recompute-num-layers layers of each stage",
+          choices=list(RECOMPUTE_METHODS)),
+    _flag("--recompute-num-layers", "recompute_num_layers",
+          "with full recompute: layers per checkpoint (uniform) or checkpointed layers per "
+          "stage (block); default 1", type=int),
 )
 
 INTRA_LAYER_FLAGS = (  # how TP/CP/EP communication runs: schedules.intra_layer

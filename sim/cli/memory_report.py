@@ -18,6 +18,7 @@ from clustersim.schedules.errors import ConfigError
 from clustersim.schedules.memory_model import (RankMemory, bare_rank_memory, precision_bytes,
                                                rank_memory)
 from clustersim.schedules.plan import resolve
+from clustersim.schedules.recompute import describe as describe_recompute
 from clustersim.schedules.sharding import shard_group_size
 from clustersim.topologies import get_device, load_topology
 
@@ -113,22 +114,25 @@ def _gb(nbytes: float) -> str:
 
 def format_memory(data: dict) -> str:
     c, p = data["config"], data["config"]["parallel"]
+    recompute = describe_recompute(p["recompute"], p["recompute_method"],
+                                   p["recompute_num_layers"])
     lines = [f"{c['model']} ({c['dtype']}, Adam K={c['optimizer_bytes_per_param']} B/param): "
              f"ZeRO-{p['zero_stage']} fsdp={p['fsdp']} dp={p['dp']} tp={p['tp']} pp={p['pp']} "
-             f"{p['schedule']} microbatches={p['num_microbatches']} recompute={p['recompute']}"
+             f"{p['schedule']} microbatches={p['num_microbatches']} recompute={recompute}"
              + (" offload" if p["offload"] else ""),
              "GB = 1e9 bytes per rank"
              + (f"; {c['device']} has {c['device_memory_bytes'] / GB:.0f} GB"
                 if c["device"] else ""),
              f"{'rank':>4} {'params':>9} {'weights':>8} {'grads':>8} {'optim':>8} "
-             f"{'states':>8} {'activ.':>8} {'(mb)':>4} {'buffers':>8} {'gathered':>8} {'total':>8} "
-             f"{'GiB':>8} {'host':>8}"]
+             f"{'states':>8} {'activ.':>8} {'(mb)':>4} {'recomp.':>8} {'buffers':>8} "
+             f"{'gathered':>8} {'total':>8} {'GiB':>8} {'host':>8}"]
     for r in data["ranks"]:
         lines.append(
             f"{r['pp_rank']:>4} {r['params']:>9.3g} {_gb(r['parameters'] + r['hpz_secondary']):>8} "
             f"{_gb(r['gradients']):>8} {_gb(r['optimizer_states']):>8} "
             f"{_gb(r['model_states_bytes']):>8} {_gb(r['activations']):>8} "
-            f"{r['in_flight']:>4} {_gb(r['communication_buffers']):>8} "
+            f"{r['in_flight']:>4} {_gb(r['recompute_working']):>8} "
+            f"{_gb(r['communication_buffers']):>8} "
             f"{_gb(r['gathered_parameters']):>8} "
             f"{_gb(r['total_bytes']):>8} {r['total_bytes'] / GIB:>8.2f} {_gb(r['host']):>8}"
             + ("  OOM" if r["oom"] else ""))

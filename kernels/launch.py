@@ -98,6 +98,10 @@ def _check_layout(plan: Plan, device: str, replay: bool) -> None:
             raise KernelsError(f"{name}=True: ZeRO++ quantization/hpZ and ZeRO-Offload are "
                                f"not implemented in the kernels backend (their op sizes are "
                                f"not the tensors it moves)")
+    if parallel.overlap_param_gather:
+        raise KernelsError("overlap_param_gather=True: the kernels backend gathers the "
+                           "updated parameters after the step, not at the start of the next "
+                           "iteration (the simulator's steady-state placement)")
     if parallel.fsdp == "hybrid" and not parallel.shard_size:
         raise KernelsError("fsdp='hybrid' needs shard_size in the kernels backend (there is "
                            "no topology to take the GPUs per node from)")

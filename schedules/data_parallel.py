@@ -11,12 +11,18 @@ sharding fields are canonical, schedules.sharding) and sizes it from the plan
   group, the ALL_REDUCEs of its buckets are posted, so they overlap the rest of the
   backward. overlap_grad_reduce=False posts them after the whole backward instead.
   Then one OPT_STEP per stage.
-- zero_stage 1 (optimizer-state sharding): the gradients are REDUCE_SCATTERed once per
-  iteration after accumulation (bucketed, after the backward), each rank steps its 1/N
-  shard, and the updated parameters are ALL_GATHERed after the step (Rajbhandari et al.
-  SC20, section 5: Psi reduce-scatter + Psi all-gather = 2 Psi per rank, as DDP).
-- zero_stage 2: as 1, but the bucket reduce-scatters are posted during the last
-  microbatch's backward as DDP's all-reduces are (overlap_grad_reduce). We reduce ONCE per
+- zero_stage 1 (optimizer-state sharding; Megatron's distributed optimizer): the
+  gradients are REDUCE_SCATTERed once per iteration, each rank steps its 1/N shard, and
+  the updated parameters are ALL_GATHERed after the step (Rajbhandari et al. SC20,
+  section 5: Psi reduce-scatter + Psi all-gather = 2 Psi per rank, as DDP). With
+  overlap_grad_reduce (Megatron's --overlap-grad-reduce; on by default here, as DDP's)
+  the bucket reduce-scatters are posted during the last microbatch's backward, as DDP's
+  all-reduces are; without it, after the backward. overlap_param_gather (Megatron's
+  --overlap-param-gather) posts the all-gathers instead at the start of the program, one
+  set per layer group, and splits each stage's first forward into its layer groups, each
+  waiting for its own gathers: in the steady state the previous step's gathers run
+  during this forward (the replay's one iteration stands for every iteration).
+- zero_stage 2: as 1 (gradients sharded too: a memory difference). We reduce ONCE per
   iteration (Megatron's distributed optimizer; torch FSDP SHARD_GRAD_OP under no_sync);
   DeepSpeed's stage 2 reduces at every micro-step (M times the volume): not modelled.
   fsdp='hybrid' (torch _HYBRID_SHARD_ZERO2) reduce-scatters over 'dp_shard', all-reduces
@@ -135,21 +141,27 @@ def step_ops(sizes: DPSizes, parallel: ParallelConfig, stage: int) -> list[Op]:
                ADAM_BYTES_PER_PARAM * shard)]
 
 
-def gather_ops(sizes: DPSizes, parallel: ParallelConfig, stage: int) -> list[Op]:
-    """ZeRO-1/2 after the step: upload the shard (offload), gather the parameters of each
-    part over the group it is sharded over."""
+def upload_ops(sizes: DPSizes, parallel: ParallelConfig, stage: int) -> list[Op]:
+    """ZeRO-Offload after the step: the updated 16-bit shard back to the device."""
+    if not parallel.offload:
+        return []
+    parts = sizes.parts(stage, None, gradients=False)
+    return [Op(OpKind.COPY_H2D, stage, None, PCIE,
+               sum(math.ceil(part.nbytes / part.shard) for part in parts))]
+
+
+def gather_ops(sizes: DPSizes, parallel: ParallelConfig, stage: int,
+               chunk: int | None = None) -> list[Op]:
+    """ZeRO-1/2: gather the updated parameters of (stage, layer group `chunk`; None: the
+    whole stage) in buckets, each part over the group it is sharded over."""
     if parallel.zero_stage == 0:
         return []
+    layers = sizes.layers[stage] * (sizes.groups if chunk is None else 1)
     ops = []
-    parts = sizes.parts(stage, None, gradients=False)
-    if parallel.offload:
-        ops.append(Op(OpKind.COPY_H2D, stage, None, PCIE,
-                      sum(math.ceil(part.nbytes / part.shard) for part in parts)))
-    layers = sizes.layers[stage] * sizes.groups
-    for part in parts:
+    for part in sizes.parts(stage, chunk, gradients=False):
         if part.shard > 1 and part.nbytes:
             group = DP_SHARD if part.replicate else part.group
-            ops += [Op(OpKind.ALL_GATHER, stage, None, group, b)
+            ops += [Op(OpKind.ALL_GATHER, stage, None, group, b, chunk=chunk)
                     for b in sizes.buckets(part.nbytes, layers)]
     return ops
 
@@ -157,19 +169,27 @@ def gather_ops(sizes: DPSizes, parallel: ParallelConfig, stage: int) -> list[Op]
 def add_sharded_optimizer(schedule: Schedule, sizes: DPSizes, parallel: ParallelConfig
                           ) -> Schedule:
     """DDP and ZeRO-1/2 (module docstring)."""
-    overlap = (parallel.overlap_grad_reduce and parallel.zero_stage != 1
-               and moves_gradients(parallel))
+    overlap = parallel.overlap_grad_reduce and moves_gradients(parallel)
     groups = sizes.groups if overlap else 1
     programs = []
     for program in schedule.programs:
         last = _last_weight_grads(program)
         stages = sorted(last, key=last.__getitem__)
         out: list[Op] = []
+        if parallel.overlap_param_gather:  # the previous step's gathers, met by the forward
+            first_forwards = _first_forwards(program)
+            for s in sorted(first_forwards, key=first_forwards.__getitem__):
+                for g in range(groups):
+                    out += gather_ops(sizes, parallel, s, g)
+        else:
+            first_forwards = {}
         for index, op in enumerate(program):
             if overlap and last.get(op.stage) == index:
                 for part in split_op(op, groups):
                     out.append(part)
                     out += gradient_ops(sizes, parallel, op.stage, part.chunk, op.microbatch)
+            elif first_forwards.get(op.stage) == index:
+                out += split_op(op, groups)
             else:
                 out.append(op)
         if not overlap:
@@ -178,9 +198,20 @@ def add_sharded_optimizer(schedule: Schedule, sizes: DPSizes, parallel: Parallel
         for s in stages:
             out += step_ops(sizes, parallel, s)
         for s in stages:
-            out += gather_ops(sizes, parallel, s)
+            out += upload_ops(sizes, parallel, s)
+            if not parallel.overlap_param_gather:
+                out += gather_ops(sizes, parallel, s)
         programs.append(out)
     return schedule.with_programs(programs, layer_groups=groups)
+
+
+def _first_forwards(program: list[Op]) -> dict[int, int]:
+    """stage -> index of its first F in `program`."""
+    first: dict[int, int] = {}
+    for index, op in enumerate(program):
+        if op.kind is OpKind.F:
+            first.setdefault(op.stage, index)
+    return first
 
 
 def has_data_parallel(schedule: Schedule) -> bool:

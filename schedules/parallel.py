@@ -89,6 +89,7 @@ class ParallelConfig:
     offload: bool = False  # ZeRO-Offload: optimizer state and step on the host
     bucket_bytes: int | None = None  # gradient bucket; None = torch DDP's 25 MiB
     overlap_grad_reduce: bool = True  # post bucket reductions during the backward
+    overlap_param_gather: bool = False  # ZeRO-1/2: gathers overlap the next forward
     reshard_after_forward: bool = True  # ZeRO-3/FSDP: free gathered params after F
     quantized_weights: bool = False  # ZeRO++ qwZ: int8 weight all-gather
     hpz: bool = False  # ZeRO++ hpZ: secondary parameter shard inside the node
@@ -125,7 +126,8 @@ class ParallelConfig:
         object.__setattr__(self, "recompute_num_layers", layers)
         if self.fsdp not in FSDP:
             raise ConfigError(f"fsdp={self.fsdp!r} must be one of {', '.join(FSDP)}")
-        for name in ("offload", "overlap_grad_reduce", "reshard_after_forward",
+        for name in ("offload", "overlap_grad_reduce", "overlap_param_gather",
+                     "reshard_after_forward",
                      "quantized_weights", "hpz", "quantized_gradients", "tp_comm_overlap",
                      "scatter_gather", "account_for_embedding", "account_for_loss"):
             if not isinstance(getattr(self, name), bool):

@@ -124,6 +124,13 @@ def _check_applies(cfg: Any, zero: int) -> None:
                 raise ConfigError(f"{name}: with dp*cp=1 and no offload no gradient leaves "
                                   f"the rank, so there is nothing to reduce in buckets or "
                                   f"overlap")
+    if cfg.overlap_param_gather and (zero not in (1, 2) or cfg.dp * cfg.cp == 1
+                                     or not cfg.overlap_grad_reduce):
+        raise ConfigError(
+            f"overlap_param_gather overlaps the distributed optimizer's parameter all-gather "
+            f"with the next forward: it needs zero_stage 1 or 2 (got {zero}), dp*cp > 1 (got "
+            f"{cfg.dp * cfg.cp}) and overlap_grad_reduce (Megatron-LM: --overlap-param-gather "
+            f"needs --use-distributed-optimizer and --overlap-grad-reduce)")
     if zero == 3 and not cfg.overlap_grad_reduce:
         raise ConfigError("overlap_grad_reduce=False with zero_stage=3: ZeRO-3/FSDP reduce-"
                           "scatters each layer's gradients as its backward ends (every "

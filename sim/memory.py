@@ -28,11 +28,13 @@ def gathered_bytes(plan: Plan) -> Callable[[Op], int]:
     """Bytes a ZeRO-3 / FSDP parameter gather (chunk set) holds until its last user ends:
     the layer group's unsharded 16-bit parameters, i.e. its nbytes, or for a ZeRO++ qwZ
     int8 gather (group 'dp', one byte per parameter) nbytes * dtype bytes once dequantized.
-    ZeRO-1/2 gathers (chunk None) refill always-resident parameters: nothing extra."""
+    ZeRO-1/2 gathers (whole stage, or a layer group's with overlap_param_gather) refill
+    always-resident parameters: nothing extra."""
     scale = plan.model.dtype_bytes if plan.parallel.quantized_weights else 1
+    sharded_parameters = plan.parallel.zero_stage == 3
 
     def held(op: Op) -> int:
-        if op.chunk is None:
+        if op.chunk is None or not sharded_parameters:
             return 0
         return op.nbytes * (scale if op.group == DP else 1)
 

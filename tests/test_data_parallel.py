@@ -99,9 +99,13 @@ def test_ddp_without_overlap_reduces_after_the_whole_backward():
     validate(schedule)
 
 
-@pytest.mark.parametrize("stage", [1, 2])
-def test_zero_1_and_2_reduce_scatter_step_then_gather(stage):
-    parallel, schedule = _pass(pp=1, zero_stage=stage, bucket_bytes=LAYER_BYTES)
+@pytest.mark.parametrize("stage, overlap", [(1, True), (1, False), (2, True), (2, False)])
+def test_zero_1_and_2_reduce_scatter_step_then_gather(stage, overlap):
+    """Once per iteration, bucket by bucket during the last microbatch's backward with
+    overlap_grad_reduce (Megatron's --overlap-grad-reduce, for its distributed optimizer
+    too), else after the whole backward."""
+    parallel, schedule = _pass(pp=1, zero_stage=stage, bucket_bytes=LAYER_BYTES,
+                               overlap_grad_reduce=overlap)
     [program] = schedule.programs
     kinds = [op.kind for op in program]
     step = kinds.index(OpKind.OPT_STEP)
@@ -109,10 +113,10 @@ def test_zero_1_and_2_reduce_scatter_step_then_gather(stage):
     gathers = [i for i, k in enumerate(kinds) if k is OpKind.ALL_GATHER]
     last_backward = max(i for i, k in enumerate(kinds) if k is OpKind.B)
     assert max(scatters) < step < min(gathers) and OpKind.ALL_REDUCE not in kinds
-    if stage == 1:  # once per iteration, after accumulation
-        assert min(scatters) > last_backward
-    else:  # bucket by bucket during the last microbatch's backward
+    if overlap:
         assert min(scatters) < last_backward
+    else:
+        assert min(scatters) > last_backward
     psi = _stage_bytes(parallel, 0)
     assert sum(program[i].nbytes for i in scatters) == psi == sum(program[i].nbytes for i in gathers)
     assert program[step].nbytes == ADAM_BYTES_PER_PARAM * (psi // 2) // 4  # 1/N of the states

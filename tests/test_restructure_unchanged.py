@@ -20,6 +20,9 @@ issue 14 item 1 now requires):
 - recompute-full, profile-dp2 and memory llama70b-fsdp (full recompute): issue 14 item
   11, the peak counts the activations one recomputed layer regenerates in its backward
   (tests/test_recompute.py).
+- zero1-pp2, offload-dp1, fat-tree-2to1 (ZeRO-1): issue 14 item 10, the distributed
+  optimizer's reduce-scatters (and offload copies) overlap the backward by default
+  (tests/test_zero1_overlap.py).
 - pcie-a100 (tp 2, dp 4 on one PCIe host): issue 14 item 7, the other TP rank's DP ring
   crosses the same host bridge at once (tests/test_collective_model.py).
 And a number redefined on purpose leaves the comparison: the compare table's bubble
@@ -64,15 +67,12 @@ SIMULATE = {
     "ddp": ["--pp", "2", "--dp", "2", "--microbatches", "4", *GPT],
     "ddp-no-overlap": ["--pp", "1", "--dp", "2", "--microbatches", "2", *GPT,
                        "--no-overlap-grad-reduce"],
-    "zero1-pp2": ["--pp", "2", "--dp", "4", "--zero", "1", "--microbatches", "4", *GPT],
     "zero2": ["--pp", "1", "--dp", "8", "--zero", "2", "--microbatches", "2", *GPT],
     "zero2-bucket50": ["--pp", "1", "--dp", "8", "--zero", "2", "--microbatches", "2",
                        "--bucket-mb", "50", *GPT],
     "hsdp-zero2-shard4": ["--pp", "1", "--dp", "16", "--fsdp", "hybrid", "--zero", "2",
                           "--shard-size", "4", "--microbatches", "1", *GPT,
                           "--topology", "dgx-h100-x16-ndr"],
-    "offload-dp1": ["--pp", "1", "--dp", "1", "--zero", "1", "--offload",
-                    "--microbatches", "2", *GPT, "--topology", "hgx-h100"],
     "tp8-pp2-x16": ["--tp", "8", "--pp", "2", "--microbatches", "4",
                     "--topology", "dgx-h100-x16-ndr"],
     "tp4-sp-pp2": ["--tp", "4", "--sequence-parallel", "--pp", "2", "--microbatches", "4",
@@ -92,8 +92,6 @@ SIMULATE = {
                         "--microbatches", "2", "--topology", "dgx-h100-x16-ndr"],
     "pp8-dp16-x16": ["--pp", "8", "--dp", "16", "--microbatches", "16", "--model", "llama3-8b",
                      "--num-layers", "16", "--topology", "dgx-h100-x16-ndr"],
-    "fat-tree-2to1": ["--tp", "8", "--pp", "4", "--dp", "8", "--microbatches", "4", *GPT,
-                      "--zero", "1", "--topology", "dgx-h100-x128-ndr-ft-2to1"],
     "selene": ["--tp", "2", "--pp", "2", "--dp", "2", "--microbatches", "4", *GPT,
                "--topology", "selene-a100"],
     "roce-global-batch": ["--pp", "2", "--dp", "32", "--global-batch-size", "128", *GPT,

@@ -158,6 +158,9 @@ SHARDING_FLAGS = (  # ZeRO/FSDP, offload, ZeRO++, buckets, recompute: schedules.
     _flag("--bucket-mb", "bucket_cap_mb",
           "gradient bucket in MiB (torch DDP bucket_cap_mb; default 25)", type=float,
           metavar="MiB"),
+    _switch("--overlap-param-gather", "overlap_param_gather",
+            "ZeRO-1/2: all-gather the updated parameters during the next iteration's "
+            "forward, each layer group's before it runs (Megatron's --overlap-param-gather)"),
     _off("--no-overlap-grad-reduce", "overlap_grad_reduce",
          "reduce gradients after the backward instead of during it"),
     _off("--no-reshard-after-forward", "reshard_after_forward",

@@ -32,6 +32,12 @@ from .model import ModelSpec
 from .parallel import ParallelConfig
 
 CROSS_ENTROPY_FP32 = 4  # vocab-parallel cross-entropy runs in fp32 (K22 section 4.3)
+FP8_GEMMS = frozenset({"qkv_gemm", "proj_gemm", "fc1_gemm", "fc2_gemm"})
+"""The GEMMs Transformer Engine runs in FP8 under dtype 'fp8': those of its linear layers
+(LayerNormLinear QKV, Linear projection, LayerNormMLP / GroupedLinear FC1 and FC2). The
+core attention (DotProductAttention; FP8 attention is a separate opt-in), the router and
+Megatron's output layer (a plain ColumnParallelLinear) stay 16-bit. An FP8 GEMM reads its
+input and weight in FP8 and writes a 16-bit output."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,7 @@ class _Shape:
     def __init__(self, model: ModelSpec, parallel: ParallelConfig):
         t, cp = parallel.tp, parallel.cp
         self.d = model.dtype_bytes
+        self.d_in = model.gemm_input_bytes  # an FP8_GEMMS input or weight element
         self.h, self.t = model.hidden_size, t
         self.tokens = model.micro_batch_size * model.seq_length / cp
         self.residual = self.tokens * self.h / (t if parallel.sequence_parallel else 1)
@@ -76,7 +83,8 @@ class _Shape:
         """A (T x in) @ (in x out) GEMM: 2 * T * in * out FLOPs; reads input and weights,
         writes output. `weights` is the per-rank weight element count."""
         flops = 2 * in_elems * out_elems / self.tokens
-        return Kernel(name, flops, self.d * (in_elems + out_elems + weights))
+        d_in = self.d_in if name in FP8_GEMMS else self.d
+        return Kernel(name, flops, d_in * (in_elems + weights) + self.d * out_elems)
 
 
 def attention_core_forward(model: ModelSpec, parallel: ParallelConfig) -> list[Kernel]:

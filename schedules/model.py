@@ -22,7 +22,14 @@ from dataclasses import dataclass
 
 from .errors import ConfigError, require_positive_int
 
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2}
+"""Bytes of a stored element. 'fp8' is Transformer Engine's FP8 recipe over a bf16 model
+(Megatron-LM --bf16 --fp8-format): weights, gradients, activations and communication stay
+16-bit; only the GEMMs of TE's linear layers take FP8 inputs (FP8_GEMM_INPUT_BYTES, the
+kernels in schedules.layer_kernels.FP8_GEMMS) and the all-gathers that feed them
+(schedules.tp_comms). Activations TE keeps in FP8 for the backward are counted at 16 bit:
+an upper bound."""
+FP8_GEMM_INPUT_BYTES = 1
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 POSITION_EMBEDDINGS = ("learned_absolute", "rope", "none")
 RECOMPUTE = ("none", "selective", "full")
@@ -141,6 +148,12 @@ class ModelSpec:
     @property
     def dtype_bytes(self) -> int:
         return DTYPE_BYTES[self.dtype]
+
+    @property
+    def gemm_input_bytes(self) -> int:
+        """Bytes per element of a TE linear layer's GEMM inputs: 1 under fp8, else as
+        stored (DTYPE_BYTES' docstring)."""
+        return FP8_GEMM_INPUT_BYTES if self.dtype == "fp8" else self.dtype_bytes
 
     @property
     def kv_hidden_size(self) -> int:

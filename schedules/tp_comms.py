@@ -19,6 +19,15 @@ Outside the layers:
 - vocabulary-parallel cross-entropy (Megatron's `_VocabParallelCrossEntropy`): three
   all-reduces of b*s fp32 values in forward (max logit, target logit, sum of exps), none
   in backward. They are latency-bound: 3 alphas each microbatch.
+FP8 (dtype 'fp8': Transformer Engine's recipe, schedules.model.DTYPE_BYTES): TE quantizes
+a linear layer's GEMM input before the sequence-parallel all-gather that feeds it, in
+forward (LayerNormLinear / LayerNormMLP: the norm output is cast to FP8, then gathered)
+and backward (TransformerEngineBaseModule.grad_output_preprocess: a row-parallel layer's
+output gradient is cast to FP8, then gathered; transformer_engine/pytorch/module/). So a
+layer's SP all-gathers move 1 byte per element; every reduction (all-reduce,
+reduce-scatter) sums 16-bit GEMM outputs and stays 16-bit, as do the embedding's and the
+output layer's collectives (Megatron's own layers, not TE's) and, without SP, every TP
+all-reduce: FP8 then saves no TP traffic at all.
 Full recompute repeats the layers' forward communication in the backward. W (weight
 gradient) needs no TP communication: dW = x^T dy on local shards.
 MoE layers (schedules.ep_comms): without sequence parallelism the experts are split
@@ -48,6 +57,7 @@ def tp_comms(model: ModelSpec, parallel: ParallelConfig, cov: Covered) -> list[C
         return []
     tokens = model.micro_batch_size * model.seq_length / parallel.cp
     x = tokens * model.hidden_size * model.dtype_bytes
+    x_gemm_input = tokens * model.hidden_size * model.gemm_input_bytes  # FP8 under 'fp8'
     dense_mlps = experts_split_by_tp(parallel) or model.moe_shared_expert_intermediate_size
 
     def blocks(layers: int, moe_layers: int) -> int:
@@ -60,9 +70,10 @@ def tp_comms(model: ModelSpec, parallel: ParallelConfig, cov: Covered) -> list[C
     forward = cov.kind is OpKind.F
     out = []
     if parallel.sequence_parallel:
-        gathers = layer + (forward and cov.head) + (cov.backward and cov.embedding)
+        outside = (forward and cov.head) + (cov.backward and cov.embedding)
         scatters = layer + (forward and cov.embedding) + (cov.backward and cov.head)
-        out += comms(OpKind.ALL_GATHER, TP, gathers * x, gathers)
+        out += comms(OpKind.ALL_GATHER, TP, layer * x_gemm_input + outside * x,
+                     layer + outside)
         out += comms(OpKind.REDUCE_SCATTER, TP, scatters * x, scatters)
     else:
         reduces = layer + (forward and cov.embedding) + (cov.backward and cov.head)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from clustersim.schedules.annotate import work_costs
 from clustersim.schedules.errors import ConfigError
-from clustersim.schedules.layer_kernels import Kernel
+from clustersim.schedules.layer_kernels import FP8_GEMMS, Kernel
 from clustersim.schedules.ops import Op, OpKind
 from clustersim.schedules.plan import Plan
 from clustersim.topologies import DeviceSpec
@@ -43,14 +43,23 @@ class RooflineCost:
         check_fraction("memory_efficiency", self.memory_efficiency)
         self.device.peak(self.dtype)  # fail early on a dtype the device lacks
 
-    def time(self, flops: float, nbytes: float) -> float:
-        compute = flops / (self.device.peak(self.dtype) * self.compute_efficiency)
+    def time(self, flops: float, nbytes: float, dtype: str | None = None) -> float:
+        """Roofline seconds of `flops` at the peak of `dtype` (default: the model's)."""
+        peak = self.device.peak(dtype or self.dtype)
+        compute = flops / (peak * self.compute_efficiency)
         memory = nbytes / (self.device.hbm_bandwidth * self.memory_efficiency)
         return max(compute, memory)
 
     def kernels_time(self, kernels: Iterable[Kernel]) -> float:
-        """Kernels run one after another: the sum of their rooflines."""
-        return sum(self.time(k.flops, k.nbytes) for k in kernels)
+        """Kernels run one after another: the sum of their rooflines. Under 'fp8' only
+        Transformer Engine's FP8 GEMMs (schedules.layer_kernels.FP8_GEMMS) run at the FP8
+        peak; every other kernel at the bf16 one."""
+        return sum(self.time(k.flops, k.nbytes, self._dtype_of(k)) for k in kernels)
+
+    def _dtype_of(self, kernel: Kernel) -> str:
+        if self.dtype == "fp8" and kernel.name not in FP8_GEMMS:
+            return "bf16"
+        return self.dtype
 
     def __call__(self, op: Op) -> float:
         return self.time(op.flops, op.nbytes)

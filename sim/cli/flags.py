@@ -84,8 +84,10 @@ MODEL_FLAGS = (  # ModelSpec fields, Megatron-LM's names
     _flag("--seq-length", "seq_length", type=int, metavar="INT"),
     _flag("--vocab-size", "vocab_size", type=int, metavar="INT"),
     _flag("--micro-batch-size", "micro_batch_size", type=int, metavar="INT"),
-    _flag("--dtype", "dtype", "bf16, fp16, fp32 or fp8 (default bf16)", type=str,
-          metavar="STR"),
+    _flag("--dtype", "dtype",
+          "bf16, fp16, fp32 or fp8 (default bf16); fp8 = Transformer Engine's FP8 GEMMs over "
+          "a bf16 model: 16-bit weights, activations and communication but for the "
+          "sequence-parallel all-gathers that feed TE's GEMMs", type=str, metavar="STR"),
     _both("--swiglu", "swiglu", "SwiGLU MLP (default off: GeLU)"),
     _both("--use-flash-attn", "use_flash_attn", "flash attention (default off)"),
     _both("--untie-embeddings-and-output-weights", "untie_embeddings_and_output_weights",

@@ -98,13 +98,12 @@ class IterationState:
 
 class RankExecutor(PostedOps, P2POps, DataParallelOps, TensorParallelOps):
     """Runs `schedule.programs[pipeline_rank]` on `modules` (stage -> StageModule, built
-    with `tp`); `overlapped`: intra-layer groups whose ops precede their compute op
-    (schedules.intra_layer), as the schedule was built."""
+    with `tp`)."""
 
     def __init__(self, schedule: Schedule, modules: dict[int, StageModule], setup: RankSetup,
                  tokens: torch.Tensor, labels: torch.Tensor, clock: Any,
                  on_op: Callable[[int], None] = lambda index: None,
-                 tp: TensorParallel | None = None, overlapped: frozenset[str] = frozenset()):
+                 tp: TensorParallel | None = None):
         self.schedule, self.modules, self.setup = schedule, modules, setup
         self.program = schedule.programs[setup.pipeline_rank]
         self.tokens, self.labels, self.clock, self.on_op = tokens, labels, clock, on_op
@@ -115,7 +114,7 @@ class RankExecutor(PostedOps, P2POps, DataParallelOps, TensorParallelOps):
         self.dtype = torch_dtype(spec)
         self.device = tokens.device
         self.groups = schedule.layer_groups
-        self.contract = program_contract(self.program, overlapped)  # positional waits
+        self.contract = program_contract(self.program)  # positional waits
         self.needs = [prerequisites(op, schedule.stage_ranks, schedule.num_microbatches)
                       for op in self.program]
         self.products = program_products(self.program)
@@ -125,7 +124,7 @@ class RankExecutor(PostedOps, P2POps, DataParallelOps, TensorParallelOps):
         self.memory: list[tuple[Any, int]] = []
         self._pending: dict[int, Pending] = {}
         self._init_data_parallel(self.contract)
-        self._init_tensor_parallel(tp, overlapped)
+        self._init_tensor_parallel(tp)
 
     # --- the loop --------------------------------------------------------------------
     def run_iteration(self) -> None:

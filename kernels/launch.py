@@ -98,6 +98,10 @@ def _check_layout(plan: Plan, device: str, replay: bool) -> None:
             raise KernelsError(f"{name}=True: ZeRO++ quantization/hpZ and ZeRO-Offload are "
                                f"not implemented in the kernels backend (their op sizes are "
                                f"not the tensors it moves)")
+    if parallel.tp_comm_overlap:
+        raise KernelsError("tp_comm_overlap=True: the kernels backend runs TP collectives "
+                           "inside the layers, blocking; Transformer Engine's userbuffers "
+                           "overlap, which the simulator models, is not implemented here")
     if parallel.overlap_param_gather:
         raise KernelsError("overlap_param_gather=True: the kernels backend gathers the "
                            "updated parameters after the step, not at the start of the next "
@@ -151,7 +155,7 @@ def _check_lowered(lowered: Schedule, plan: Plan, check: bool) -> None:
                                f"by the kernels backend", op=str(op))
     check_tied_embeddings(lowered, plan.model, plan.parallel)
     if check:
-        dry_run(lowered, plan.parallel.overlapped_groups)
+        dry_run(lowered)
 
 
 def _free_port() -> int:

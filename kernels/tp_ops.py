@@ -40,9 +40,9 @@ from clustersim.schedules.ops import WEIGHT_GRAD_KINDS, WORK_KINDS, Op, OpKind
 from .tensor_parallel import CollectiveRecord, SequenceGradients, TensorParallel
 
 
-def tp_owners(program: list[Op], overlapped: frozenset[str]) -> dict[int, int]:
+def tp_owners(program: list[Op]) -> dict[int, int]:
     """TP op index -> index of the compute op it belongs to: the previous compute op for
-    a blocking op, the next one for an overlapped op (schedules.contract's placement)."""
+    a blocking op, the next one for an `alongside` op (schedules.contract's placement)."""
     owners: dict[int, int] = {}
     previous, waiting = None, []
     for index, op in enumerate(program):
@@ -50,7 +50,7 @@ def tp_owners(program: list[Op], overlapped: frozenset[str]) -> dict[int, int]:
             owners.update((w, index) for w in waiting)
             previous, waiting = index, []
         elif is_intra_layer(op) and op.group == TP:
-            if op.group in overlapped:
+            if op.alongside:
                 waiting.append(index)
             elif previous is not None:
                 owners[index] = previous
@@ -61,11 +61,11 @@ class TensorParallelOps:
     """Mixin: TP op handler, per-compute-op collective records, their span layout, and
     the SP gradient sum of weight-gradient ops."""
 
-    def _init_tensor_parallel(self, tp: TensorParallel, overlapped: frozenset[str]) -> None:
+    def _init_tensor_parallel(self, tp: TensorParallel) -> None:
         self.tp = tp
         self._sequence_grads: SequenceGradients | None = None
         self._sequence_params: dict[tuple, SequenceGradients] = {}
-        self.tp_owners = tp_owners(self.program, overlapped)
+        self.tp_owners = tp_owners(self.program)
         self._owned: dict[int, list[int]] = {}
         for tp_index, owner in sorted(self.tp_owners.items()):
             self._owned.setdefault(owner, []).append(tp_index)

@@ -236,8 +236,7 @@ def _iterate(rank: int, job: Job, device: torch.device, setup: RankSetup,
     def on_op(index: int) -> None:
         progress[2 * rank + 1] = index
 
-    executor = RankExecutor(schedule, modules, setup, tokens, labels, clock, on_op, tp,
-                            job.parallel.overlapped_groups)
+    executor = RankExecutor(schedule, modules, setup, tokens, labels, clock, on_op, tp)
     params = named_parameters(modules)
     iterations = []
     total = job.warmup_iterations + job.iterations

@@ -50,15 +50,21 @@ class Covered:
 @dataclass(frozen=True)
 class Comm:
     """`count` back-to-back collectives `kind` on group axis `group`, `nbytes` in total
-    (nbytes / count each, nccl-tests' size S): one Op with this count and nbytes."""
+    (nbytes / count each, nccl-tests' size S): one Op with this count and nbytes.
+    `te_linear`: the sequence-parallel gathers and scatters of Transformer Engine's linear
+    layers, which its userbuffers can overlap with their GEMMs (schedules.intra_layer)."""
 
     kind: OpKind
     group: str
     nbytes: int
     count: int
+    te_linear: bool = False
 
 
-def comms(kind: OpKind, group: str, nbytes: float, count: int) -> list[Comm]:
+def comms(kind: OpKind, group: str, nbytes: float, count: int, te_linear: bool = False
+          ) -> list[Comm]:
     """[Comm] of `nbytes` in total when count > 0 and nbytes > 0, else [] (so callers can
     add terms freely)."""
-    return [Comm(kind, group, max(1, round(nbytes)), count)] if count > 0 and nbytes > 0 else []
+    if count <= 0 or nbytes <= 0:
+        return []
+    return [Comm(kind, group, max(1, round(nbytes)), count, te_linear)]

@@ -46,7 +46,7 @@ in program order and starts once its waits are met and the previous op on its la
 Intra-layer communication (issue 6): collectives on a group of INTRA_LAYER_GROUPS
 ('tp', 'cp', 'ep', 'etp': schedules.intra_layer) inside the layers a compute op covers, aggregated
 per compute op (`Op.count`). Each belongs to ONE compute op, by position:
-- a blocking op (group not in `overlapped`) is posted right AFTER its compute op; the
+- a blocking op (`Op.alongside` False) is posted right AFTER its compute op; the
   next compute op of the program, and every P2P SEND and OPT_STEP before that, wait for
   it (the next layer needs the reduced activation; a SEND ships it; a step follows the
   whole backward). The blocking ops of one compute
@@ -54,15 +54,17 @@ per compute op (`Op.count`). Each belongs to ONE compute op, by position:
   alternate with its GEMMs, so their times add up on the critical path even on
   different groups. TP all-reduces (Megatron), SP all-gathers / reduce-scatters, Ulysses
   and MoE all-to-alls (and expert-TP gathers / scatters) are blocking;
-- an overlapped op (group in `overlapped`: ring attention's KV passes, or TP with
-  --tp-comm-overlap) is posted right BEFORE its compute op and runs alongside it: it waits
+- an overlapped op (`Op.alongside`: ring attention's KV passes, or TP with
+  --tp-comm-overlap but for the exposed tail of its pipelined reduce-scatters, a blocking
+  op) is posted right BEFORE its compute op and runs alongside it: it waits
   for the P2P RECVs posted since the previous compute op (its compute op's inputs), its
   compute op does NOT wait for it, and the compute op after it, and SENDs in between, do.
 Every intra-layer op also waits for the RECVs posted since the previous compute op (an
 all-gather that reassembles a scatter/gather P2P transfer, schedules.intra_layer).
 So a compute op waits for the intra-layer collectives of the previous compute op. An `I`'s
 collectives delay the `W` after it too (a simplification: W needs none of them).
-`overlapped` is the same set in both backends (schedules.intra_layer.overlapped_groups).
+The flag travels with the op (schedules.intra_layer sets it), so both backends read the
+same placement from the program alone.
 """
 from __future__ import annotations
 
@@ -174,16 +176,14 @@ def _newest(indices: list[int]) -> tuple[int, ...]:
     return (max(indices),) if indices else ()
 
 
-def local_waits(program: Sequence[Op], overlapped: frozenset[str] | set[str] = frozenset()
-                ) -> list[tuple[int, ...]]:
+def local_waits(program: Sequence[Op]) -> list[tuple[int, ...]]:
     """For each op of `program`, the indices of the earlier ops of the same program it
-    waits for under the positional rules (module docstring); () for most ops.
-    `overlapped`: intra-layer group axes whose collectives run alongside their compute op."""
+    waits for under the positional rules (module docstring); () for most ops."""
     waits: list[tuple[int, ...]] = [()] * len(program)
     if not any(op.kind in _POSITIONAL_KINDS for op in program):
         return waits
     if any(is_intra_layer(op) for op in program):
-        _intra_layer_waits(program, waits, overlapped)
+        _intra_layer_waits(program, waits)
     gathers: dict = {}    # (stage, chunk) -> latest parameter gather
     grads: dict = {}      # (stage, chunk) -> latest weight-gradient op
     reduced: dict = {}    # (stage, chunk) -> latest gradient collective
@@ -221,8 +221,7 @@ def local_waits(program: Sequence[Op], overlapped: frozenset[str] | set[str] = f
     return waits
 
 
-def _intra_layer_waits(program: Sequence[Op], waits: list[tuple[int, ...]],
-                       overlapped: frozenset[str] | set[str]) -> None:
+def _intra_layer_waits(program: Sequence[Op], waits: list[tuple[int, ...]]) -> None:
     """Fill `waits` with the intra-layer rules (module docstring)."""
     blocking: list[int] = []   # collectives the next compute op and SENDs wait for
     alongside: list[int] = []  # overlapped collectives of the coming compute op
@@ -238,7 +237,7 @@ def _intra_layer_waits(program: Sequence[Op], waits: list[tuple[int, ...]],
         elif kind in (OpKind.RECV_F, OpKind.RECV_B):
             recvs.append(index)
         elif is_intra_layer(op):
-            if op.group in overlapped:
+            if op.alongside:
                 waits[index] = tuple(recvs)
                 alongside.append(index)
             else:
@@ -258,9 +257,8 @@ class ProgramContract:
     completes: dict[int, tuple[Key, ...]]
 
 
-def program_contract(program: Sequence[Op], overlapped: frozenset[str] | set[str] = frozenset()
-                     ) -> ProgramContract:
-    return ProgramContract(local_waits(program, overlapped), chunk_completions(program))
+def program_contract(program: Sequence[Op]) -> ProgramContract:
+    return ProgramContract(local_waits(program), chunk_completions(program))
 
 
 def p2p_peer(op: Op) -> Key:

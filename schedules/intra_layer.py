@@ -21,7 +21,21 @@ scatter_gather; Megatron aliases in schedules.parallel_aliases).
 Placement (the contract's rule, schedules.contract): collectives of a blocking group go
 right after their compute op, those of an overlapped group
 (ParallelConfig.overlapped_groups: 'cp' with ring attention, 'tp' with tp_comm_overlap)
-right before it, after its RECVs. Both backends pass the same set to program_contract.
+right before it, after its RECVs, marked `Op.alongside`.
+
+TP overlap (--tp-comm-overlap: Transformer Engine's userbuffers, as Megatron-LM
+configures them by default; TE's initialize_ub, transformer_engine/pytorch/module/base.py):
+- the all-gathers feeding a GEMM (forward QKV and FC1 inputs, backward output gradients
+  of the projection and FC2) run as a ring exchange in tp chunks, each hidden behind the
+  GEMM of the chunk before it, on copy engines (1 SM): alongside;
+- the backward's reduce-scatters (dgrad of QKV and FC1) are 'bulk' overlaps beside the
+  weight-gradient GEMM: alongside;
+- the forward's reduce-scatters after the projection and FC2 GEMMs are 'pipeline'
+  overlaps in TP_OVERLAP_RS_SPLITS = 4 chunks: each chunk's reduce-scatter runs beside the
+  next chunk's GEMM, and the last chunk's has nothing to hide behind: 3/4 of the bytes
+  alongside, 1/4 (one collective per GEMM) blocking after the op;
+- the pipeline and bulk methods take TP_OVERLAP_COMM_SMS = 16 SMs from the GEMMs they
+  overlap (num_sm 16, set_sm_margin): sim.cost slows those GEMMs accordingly.
 
 Aggregation keeps time exact on the critical path when the collectives run uncontended:
 k sequential collectives of S bytes cost k*(steps*alpha) + k*S/bandwidth, which is what
@@ -35,6 +49,7 @@ from __future__ import annotations
 from .comm_spec import Comm, Covered
 from .cp_comms import cp_comms
 from .ep_comms import ep_comms, etp_comms, imbalance_flops
+from .model import ModelSpec
 from .names import INTRA_LAYER_GROUPS, TP
 from .ops import WORK_KINDS, Op, OpKind
 from .parallel import ParallelConfig
@@ -43,6 +58,23 @@ from .recompute import KEPT, layer_role
 from .schedule import Schedule
 from .tp_comms import tp_comms
 
+
+TP_OVERLAP_RS_SPLITS = 4  # TE initialize_ub default: 'pipeline' reduce-scatter, num_splits 4
+TP_OVERLAP_COMM_SMS = 16  # TE initialize_ub default: num_sm of the pipeline and bulk methods
+
+
+def sm_margin_gemms(parallel: ParallelConfig, model: ModelSpec, kind: OpKind
+                    ) -> frozenset[str]:
+    """The GEMM kernels (schedules.layer_kernels names) of a `kind` op that run beside
+    communication kernels holding TP_OVERLAP_COMM_SMS SMs under TP overlap (module
+    docstring): in F the projection and FC2 (pipelined reduce-scatter), in B, I and W the
+    QKV and FC1 GEMMs (bulk overlaps of their dgrad and wgrad). An MoE layer's experts are
+    not overlapped this way (their FC GEMMs are left out for MoE models); the forward that
+    a full recompute reruns in B is left at full speed."""
+    if TP not in parallel.overlapped_groups or kind not in WORK_KINDS:
+        return frozenset()
+    attention, mlp = ("proj_gemm", "fc2_gemm") if kind is OpKind.F else ("qkv_gemm", "fc1_gemm")
+    return frozenset({attention} if model.is_moe else {attention, mlp})
 
 def covered(op: Op, plan: Plan, groups: int) -> Covered:
     """The layers, embedding and head compute op `op` runs, its stage split into `groups`
@@ -86,6 +118,27 @@ def _scattered(op: Op, tp: int) -> list[Op]:
     return [piece]
 
 
+def _placements(comms: list[Comm], overlapped: frozenset[str], pipelined_rs: bool
+                ) -> list[tuple[Comm, bool]]:
+    """Each collective of a compute op with whether it runs alongside the op: those of an
+    overlapped group do, but on 'tp' only Transformer Engine's layers' gathers and scatters
+    (Comm.te_linear: not the embedding's, the output layer's or the cross-entropy's), and,
+    with `pipelined_rs` (a forward under TP overlap), not the last of TP_OVERLAP_RS_SPLITS
+    chunks of their reduce-scatters (module docstring)."""
+    out = []
+    for c in comms:
+        if c.group == TP and not c.te_linear:
+            out.append((c, False))
+        elif pipelined_rs and c.te_linear and c.kind is OpKind.REDUCE_SCATTER:
+            splits = TP_OVERLAP_RS_SPLITS
+            hidden = c.nbytes * (splits - 1) // splits
+            out += [(Comm(c.kind, c.group, hidden, c.count * (splits - 1), True), True),
+                    (Comm(c.kind, c.group, c.nbytes - hidden, c.count, True), False)]
+        else:
+            out.append((c, c.group in overlapped))
+    return out
+
+
 def add_intra_layer(schedule: Schedule, plan: Plan) -> Schedule:
     """`schedule` with the intra-layer collectives of every compute op (module docstring);
     `schedule` itself when tp = cp = ep = etp = 1 and experts are balanced. Run it once
@@ -95,6 +148,7 @@ def add_intra_layer(schedule: Schedule, plan: Plan) -> Schedule:
         return schedule
     overlapped = parallel.overlapped_groups
     scatter = scatters_p2p(parallel)
+    tp_overlap = TP in overlapped
     groups = schedule.layer_groups
     memo: dict[tuple, tuple[list[Op], list[Op], float]] = {}
     programs = []
@@ -107,15 +161,17 @@ def add_intra_layer(schedule: Schedule, plan: Plan) -> Schedule:
             shape = (op.kind, op.stage, op.chunk)
             if shape not in memo:  # ops of one shape differ only by microbatch
                 cov = covered(op, plan, groups)
+                placed = _placements(op_comms(plan, cov), overlapped,
+                                     tp_overlap and op.kind is OpKind.F)
                 proto = [Op(c.kind, op.stage, None, c.group, c.nbytes, chunk=op.chunk,
-                            count=c.count) for c in op_comms(plan, cov)]
-                memo[shape] = ([p for p in proto if p.group in overlapped],
-                               [p for p in proto if p.group not in overlapped],
+                            count=c.count, alongside=alongside) for c, alongside in placed]
+                memo[shape] = ([p for p in proto if p.alongside],
+                               [p for p in proto if not p.alongside],
                                imbalance_flops(plan.model, parallel, cov, parallel.moe_imbalance))
             before, after, extra = memo[shape]
             m = op.microbatch
-            out += [Op(p.kind, p.stage, m, p.group, p.nbytes, chunk=p.chunk, count=p.count)
-                    for p in before]
+            out += [Op(p.kind, p.stage, m, p.group, p.nbytes, chunk=p.chunk, count=p.count,
+                       alongside=True) for p in before]
             out.append(op.with_costs(flops=op.flops + extra) if extra else op)
             out += [Op(p.kind, p.stage, m, p.group, p.nbytes, chunk=p.chunk, count=p.count)
                     for p in after]

@@ -91,7 +91,9 @@ class Op:
 
     `group` is the group axis the op talks over (schedules.names: tp, cp, ep, etp, dp,
     dp_shard, dp_replicate, pp; host and pcie for host steps and copies), never a list of
-    ranks: ranks that differ only along other axes share one program.
+    ranks: ranks that differ only along other axes share one program. `alongside`: an
+    intra-layer collective that runs beside the compute op posted after it instead of
+    blocking after the one before it (schedules.contract; schedules.intra_layer sets it).
     """
 
     kind: OpKind
@@ -102,6 +104,7 @@ class Op:
     flops: float = 0.0
     chunk: int | None = None
     count: int = 1
+    alongside: bool = False
 
     @property
     def key(self) -> tuple:
@@ -116,7 +119,8 @@ class Op:
         # Direct construction: dataclasses.replace is ~3x slower on this hot path.
         return Op(self.kind, self.stage, self.microbatch, self.group,
                   self.nbytes if nbytes is None else nbytes,
-                  self.flops if flops is None else flops, self.chunk, self.count)
+                  self.flops if flops is None else flops, self.chunk, self.count,
+                  self.alongside)
 
     def __str__(self) -> str:
         mb = "" if self.microbatch is None else str(self.microbatch)

@@ -158,6 +158,11 @@ class ParallelConfig:
             if getattr(self, name) and self.tp == 1:
                 raise ConfigError(f"{name}=True acts on tensor parallelism: it needs {needs}, "
                                   f"got tp=1")
+        if self.tp_comm_overlap and not self.sequence_parallel:
+            raise ConfigError("tp_comm_overlap=True overlaps the sequence-parallel all-gathers "
+                              "and reduce-scatters with the GEMMs (Transformer Engine's "
+                              "userbuffers): it needs sequence_parallel (Megatron-LM refuses "
+                              "--tp-comm-overlap without --sequence-parallel)")
         if self.scatter_gather and self.sequence_parallel:
             raise ConfigError("scatter_gather=True with sequence_parallel: a pipeline transfer "
                               "already is each TP rank's 1/tp sequence shard (SC21's "

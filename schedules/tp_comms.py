@@ -70,11 +70,17 @@ def tp_comms(model: ModelSpec, parallel: ParallelConfig, cov: Covered) -> list[C
     forward = cov.kind is OpKind.F
     out = []
     if parallel.sequence_parallel:
-        outside = (forward and cov.head) + (cov.backward and cov.embedding)
-        scatters = layer + (forward and cov.embedding) + (cov.backward and cov.head)
-        out += comms(OpKind.ALL_GATHER, TP, layer * x_gemm_input + outside * x,
-                     layer + outside)
-        out += comms(OpKind.REDUCE_SCATTER, TP, scatters * x, scatters)
+        gathers = (forward and cov.head) + (cov.backward and cov.embedding)
+        scatters = (forward and cov.embedding) + (cov.backward and cov.head)
+        if parallel.tp_comm_overlap:  # TE's layers' collectives apart: they overlap
+            out += comms(OpKind.ALL_GATHER, TP, layer * x_gemm_input, layer, te_linear=True)
+            out += comms(OpKind.REDUCE_SCATTER, TP, layer * x, layer, te_linear=True)
+            out += comms(OpKind.ALL_GATHER, TP, gathers * x, gathers)
+            out += comms(OpKind.REDUCE_SCATTER, TP, scatters * x, scatters)
+        else:
+            out += comms(OpKind.ALL_GATHER, TP, layer * x_gemm_input + gathers * x,
+                         layer + gathers)
+            out += comms(OpKind.REDUCE_SCATTER, TP, (layer + scatters) * x, layer + scatters)
     else:
         reduces = layer + (forward and cov.embedding) + (cov.backward and cov.head)
         out += comms(OpKind.ALL_REDUCE, TP, reduces * x, reduces)

@@ -112,12 +112,11 @@ def _check_chunks(program: list[Op], rank: int, groups: int) -> None:
                               f"(forward in layer order, backward in reverse), got {chunks}")
 
 
-def dry_run(schedule: Schedule, overlapped: frozenset[str] = frozenset()) -> DryRun:
-    """Run the contract with unit compute time; raise DeadlockError if it cannot finish.
-    `overlapped`: intra-layer groups that run alongside compute (schedules.contract)."""
+def dry_run(schedule: Schedule) -> DryRun:
+    """Run the contract with unit compute time; raise DeadlockError if it cannot finish."""
     lowered = add_p2p(schedule)
     programs, ranks = lowered.programs, lowered.stage_ranks
-    contracts = [program_contract(p, overlapped) for p in programs]
+    contracts = [program_contract(p) for p in programs]
     done: dict[Key, int] = {}      # key -> step at which its product is available
     posted: dict[Key, int] = {}    # p2p key -> step at which it was posted
     finished = [[0] * len(p) for p in programs]  # step at which op i's product exists

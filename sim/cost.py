@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from clustersim.schedules.annotate import work_costs
 from clustersim.schedules.errors import ConfigError
+from clustersim.schedules.intra_layer import TP_OVERLAP_COMM_SMS, sm_margin_gemms
 from clustersim.schedules.layer_kernels import FP8_GEMMS, Kernel
 from clustersim.schedules.ops import Op, OpKind
 from clustersim.schedules.plan import Plan
@@ -50,11 +51,20 @@ class RooflineCost:
         memory = nbytes / (self.device.hbm_bandwidth * self.memory_efficiency)
         return max(compute, memory)
 
-    def kernels_time(self, kernels: Iterable[Kernel]) -> float:
+    def kernels_time(self, kernels: Iterable[Kernel], fewer_sms: frozenset[str] = frozenset(),
+                     comm_sms: int = 0) -> float:
         """Kernels run one after another: the sum of their rooflines. Under 'fp8' only
         Transformer Engine's FP8 GEMMs (schedules.layer_kernels.FP8_GEMMS) run at the FP8
-        peak; every other kernel at the bf16 one."""
-        return sum(self.time(k.flops, k.nbytes, self._dtype_of(k)) for k in kernels)
+        peak; every other kernel at the bf16 one. Kernels named in `fewer_sms` share the
+        GPU with communication kernels holding `comm_sms` SMs: their compute term takes
+        sm_count / (sm_count - comm_sms) times as long."""
+        slow = self.device.sm_count / (self.device.sm_count - comm_sms)
+        total = 0.0
+        for k in kernels:
+            compute = self.time(k.flops, 0.0, self._dtype_of(k))
+            total += max(compute * slow if k.name in fewer_sms else compute,
+                         self.time(0.0, k.nbytes))
+        return total
 
     def _dtype_of(self, kernel: Kernel) -> str:
         if self.dtype == "fp8" and kernel.name not in FP8_GEMMS:
@@ -73,7 +83,9 @@ class StageKernelCost:
     pass gave it (the busiest expert's extra GEMM work under moe_imbalance,
     schedules.ep_comms.imbalance_flops) run at the compute roofline: the expert GEMMs are
     compute-bound, so the busiest expert's GEMMs take f times their balanced time. Other
-    ops (optimizer steps, ...) use their aggregate roofline. Kernel times are cached per
+    ops (optimizer steps, ...) use their aggregate roofline. Under TP overlap the GEMMs
+    that share the GPU with Transformer Engine's communication kernels run on the SMs
+    those leave (schedules.intra_layer.sm_margin_gemms). Kernel times are cached per
     (kind, stage, layer group)."""
 
     def __init__(self, rooflines: Sequence[RooflineCost], plan: Plan):
@@ -99,7 +111,9 @@ class StageKernelCost:
             if kernels is None:
                 return roofline(op)
             base = work_costs(op.kind, self._plan.costs_of(op.stage, op.chunk))[0]
-            hit = self._seconds[key] = (roofline.kernels_time(kernels), base)
+            slowed = sm_margin_gemms(self._plan.parallel, self._plan.model, op.kind)
+            hit = self._seconds[key] = (
+                roofline.kernels_time(kernels, slowed, TP_OVERLAP_COMM_SMS), base)
         seconds, base = hit
         if op.flops > base:  # imbalanced experts (class docstring)
             seconds += self._rooflines[op.stage].time(op.flops - base, 0.0)

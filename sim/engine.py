@@ -9,7 +9,7 @@ order, once their positional waits are met: collectives on the lane named by the
 (`collective` hook), host copies (COPY_D2H / COPY_H2D) on lane 'pcie' as transfers
 between the rank's GPU and its host CPU (`hosts[r]`) through the network seam, and an
 OPT_STEP with group 'host' (ZeRO-Offload) on lane 'host' for `compute_time(op)`.
-`overlapped`: intra-layer groups whose collectives run alongside their compute op
+An intra-layer collective flagged `Op.alongside` runs beside the compute op after it
 (schedules.contract); a P2P op is posted once its positional waits are met.
 Events exist only for things some op waits for. Everything the replay observes goes into
 a Timeline (seconds; memory in bytes). If processes remain blocked when no event is
@@ -73,7 +73,7 @@ class Replay:
                  compute_time: Callable[[Op], float], network: Network,
                  memory: MemoryModel | None = None,
                  collective: Callable[[Op, int], simpy.Event] | None = None,
-                 hosts: Sequence[str] | None = None, overlapped: frozenset[str] = frozenset()):
+                 hosts: Sequence[str] | None = None):
         self.env, self.schedule, self.devices = env, schedule, devices
         self.compute_time, self.network, self.memory = compute_time, network, memory
         self.collective, self.hosts = collective, hosts
@@ -87,7 +87,7 @@ class Replay:
         self.allocated = [0] * schedule.num_ranks
         self.split_backward = {(op.stage, op.microbatch)
                                for op in schedule.ops() if op.kind is OpKind.W}
-        self.contracts = [program_contract(p, overlapped) for p in schedule.programs]
+        self.contracts = [program_contract(p) for p in schedule.programs]
         # positional waits: which indices are awaited, which are done, events on demand
         self.awaited = [{j for waits in c.local for j in waits} for c in self.contracts]
         self.local_done: list[set[int]] = [set() for _ in schedule.programs]

@@ -68,15 +68,14 @@ def _replay(plan: Plan, topology: nx.DiGraph, costs: CostModel,
     env = simpy.Environment()
     network = costs.network(env, topology)
     breakdown = rank_memory(plan, in_flight=[0] * plan.num_stages)
-    overlapped = plan.parallel.overlapped_groups
     replay = Replay(env, lowered, devices, costs.compute_time(plan, topology), network,
                     memory_model(lowered, plan, breakdown),
                     costs.collectives(env, network, plan),
-                    host_cpus(list(devices), topology), overlapped=overlapped)
+                    host_cpus(list(devices), topology))
     try:
         timeline = replay.run()
     except DeadlockError:
-        dry_run(lowered, overlapped)  # re-raises with the rank x step grid
+        dry_run(lowered)  # re-raises with the rank x step grid
         raise
     capacity = plan.cluster.memory_bytes
     over = [r for r, peak in timeline.peak_memory().items() if peak > capacity]

@@ -125,11 +125,14 @@ def test_intra_layer_and_etp_flags_set_parallel_config_fields():
 
     args = build_parser().parse_args([
         "simulate", "--tp", "2", "--cp", "2", "--dp", "2", "--ep", "2",
-        "--expert-tensor-parallel-size", "1", "--tp-comm-overlap", "--cp-comm-type", "a2a",
+        "--expert-tensor-parallel-size", "1", "--cp-comm-type", "a2a",
         "--moe-imbalance", "1.5", "--scatter-gather-tensors-in-pipeline"])
     p = parallel_from_args(args, args.schedule)
     assert (p.tp_comm_overlap, p.cp_comm, p.moe_imbalance, p.scatter_gather) == (
-        True, "ulysses", 1.5, True)
+        False, "ulysses", 1.5, True)
+    overlap = build_parser().parse_args(["simulate", "--tp", "2", "--sequence-parallel",
+                                         "--tp-comm-overlap"])
+    assert parallel_from_args(overlap, overlap.schedule).tp_comm_overlap
     assert (p.expert_tensor_parallel, p.etp, p.edp) == (1, 1, 4)  # tp*cp*dp / (etp*ep)
     plain = build_parser().parse_args(["simulate"])
     assert parallel_from_args(plain, plain.schedule) == ParallelConfig(pp=8, num_microbatches=16)

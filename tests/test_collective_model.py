@@ -65,12 +65,13 @@ def test_tp_group_across_two_nodes_is_slower_than_inside_one():
 
 
 def test_next_compute_waits_for_tp_collectives_unless_overlapped():
-    """Blocking TP all-reduces sit on the critical path: compute + TP time; with
-    --tp-comm-overlap they run alongside the compute and the iteration is shorter."""
+    """Blocking TP collectives (SP all-gathers and reduce-scatters) sit on the critical
+    path: compute + TP time; with --tp-comm-overlap most run alongside the compute and the
+    iteration is shorter (tests/test_tp_overlap.py: by how much)."""
     from dataclasses import replace
 
     graph = fat_tree("dgx-h100", num_nodes=1)
-    parallel = ParallelConfig(tp=8, num_microbatches=2)
+    parallel = ParallelConfig(tp=8, sequence_parallel=True, num_microbatches=2)
     blocking = simulate(GPT, parallel, graph)
     overlapped = simulate(GPT, replace(parallel, tp_comm_overlap=True), graph)
     compute = [s for s in blocking.spans if s.rank == 0 and s.lane == "compute"]

@@ -79,13 +79,15 @@ def test_deadlock_with_data_parallel_ops_is_reported():
 
 
 def _intra(text):
-    """ops() with the group after '@' ('0ALL_REDUCE0@tp'), 'pp' on P2P ops."""
+    """ops() with the group after '@' ('0ALL_REDUCE0@tp'), 'pp' on P2P ops; a trailing '+'
+    marks an op that runs alongside the compute op after it ('1ALL_GATHER0@cp+')."""
     out = []
     for token in text.split():
-        name, _, group = token.partition("@")
+        alongside = token.endswith("+")
+        name, _, group = token.rstrip("+").partition("@")
         op = parse_op(name)
         group = group or ("pp" if op.kind.is_p2p else None)
-        out.append(Op(op.kind, op.stage, op.microbatch, group))
+        out.append(Op(op.kind, op.stage, op.microbatch, group, alongside=alongside))
     return out
 
 
@@ -101,12 +103,22 @@ def test_blocking_intra_layer_collectives_gate_the_next_compute_and_send():
 
 
 def test_overlapped_collectives_run_alongside_their_compute_op():
-    program = _intra("1RECV_F0 1ALL_GATHER0@cp 1F0 1ALL_REDUCE0@tp 1SEND_F0 1B0")
-    waits = local_waits(program, overlapped={"cp"})
+    program = _intra("1RECV_F0 1ALL_GATHER0@cp+ 1F0 1ALL_REDUCE0@tp 1SEND_F0 1B0")
+    waits = local_waits(program)
     assert waits[1] == (0,)  # after its compute op's inputs arrive
     assert waits[2] == ()  # F does not wait for its own ring
     assert set(waits[4]) == {1, 3} and set(waits[5]) == {1, 3}
-    assert local_waits(program)[2] == (1,)  # not overlapped: a blocking op of nothing before
+    blocking = _intra("1RECV_F0 1ALL_GATHER0@cp 1F0 1ALL_REDUCE0@tp 1SEND_F0 1B0")
+    assert local_waits(blocking)[2] == (1,)  # not alongside: a blocking op of nothing before
+
+
+def test_one_group_can_have_an_alongside_op_and_an_exposed_tail():
+    """TP overlap's pipelined reduce-scatter: most of it beside F (posted before), its last
+    split blocking after F: the next compute op waits for both, F for neither."""
+    program = _intra("1REDUCE_SCATTER0@tp+ 1F0 1REDUCE_SCATTER0@tp 1B0")
+    waits = local_waits(program)
+    assert waits[1] == () and waits[2] == ()
+    assert set(waits[3]) == {0, 2}
 
 
 def test_intra_layer_ops_with_repeated_keys_validate():

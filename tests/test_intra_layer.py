@@ -121,7 +121,7 @@ def test_ops_are_positional_and_the_schedule_stays_valid():
     plan = resolve(GPT, parallel)
     lowered = add_intra_layer(annotate(add_p2p(build_schedule("1f1b", 2, 4)), plan), plan)
     check_structure(lowered)
-    assert dry_run(lowered, parallel.overlapped_groups).makespan > 0
+    assert dry_run(lowered).makespan > 0
     ops = [op for op in lowered.ops() if is_intra_layer(op)]
     assert {op.group for op in ops} == {"tp", "cp"}
     assert not [op for op in ops if op.kind is OpKind.W]
@@ -166,7 +166,7 @@ def lowered_ops(model, parallel):
 
 # --- the options as ParallelConfig fields ------------------------------------------------
 @pytest.mark.parametrize("model,base,field", [
-    (GPT, dict(pp=2, tp=2), dict(tp_comm_overlap=True)),
+    (GPT, dict(pp=2, tp=2, sequence_parallel=True), dict(tp_comm_overlap=True)),
     (GPT, dict(pp=2, cp=2), dict(cp_comm="ulysses")),
     (MIXTRAL, dict(pp=2, dp=2, ep=2), dict(moe_imbalance=1.5)),
     (GPT, dict(pp=2, tp=2), dict(scatter_gather=True)),

@@ -253,7 +253,7 @@ def test_intra_layer_field_errors_name_the_field(kw, match):
 
 
 @pytest.mark.parametrize("kw,expected", [
-    ({"--tp-comm-overlap": True}, dict(tp_comm_overlap=True)),
+    ({"--tp-comm-overlap": True, "sequence_parallel": True}, dict(tp_comm_overlap=True)),
     ({"--cp-comm-type": "p2p"}, dict(cp_comm="ring")),
     ({"--cp-comm-type": "a2a"}, dict(cp_comm="ulysses")),
     ({"cp_comm_type": ["a2a", "a2a"]}, dict(cp_comm="ulysses")),  # one per layer, all equal

@@ -16,7 +16,10 @@ Sources:
 - NVIDIA H200 Tensor Core GPU datasheet (H200 SXM): compute as H100 SXM, HBM3e 4.8 TB/s,
   141 GB, NVLink 900 GB/s.
 - NVIDIA A100 datasheet (A100 80GB PCIe): BF16/FP16 312 / TF32 156 TFLOPS, HBM2e
-  1,935 GB/s, 80 GB. Its optional 2-GPU NVLink bridge is not modelled: nvlink_bandwidth
+  1,935 GB/s, 80 GB.
+- SMs: 108 on an A100 (NVIDIA A100 Tensor Core GPU Architecture whitepaper), 132 on an
+  H100 SXM5 (NVIDIA H100 Tensor Core GPU Architecture whitepaper; the H200 is the same
+  GPU). Its optional 2-GPU NVLink bridge is not modelled: nvlink_bandwidth
   is 0, which only PCIe devices (name containing 'pcie') may have.
 """
 from __future__ import annotations
@@ -45,6 +48,7 @@ class DeviceSpec:
     hbm_bandwidth: float  # bytes/s
     memory_bytes: float  # bytes
     nvlink_bandwidth: float  # bytes/s per direction, per GPU, all links together
+    sm_count: int  # streaming multiprocessors (what communication kernels take from GEMMs)
 
     def __post_init__(self) -> None:
         # Read-only copy so the registry's shared instances cannot be mutated.
@@ -75,6 +79,7 @@ DEVICES: dict[str, DeviceSpec] = {
             hbm_bandwidth=2039e9,
             memory_bytes=80e9,
             nvlink_bandwidth=300e9,
+            sm_count=108,
         ),
         DeviceSpec(
             name="a100-80gb-pcie",
@@ -82,6 +87,7 @@ DEVICES: dict[str, DeviceSpec] = {
             hbm_bandwidth=1935e9,
             memory_bytes=80e9,
             nvlink_bandwidth=0.0,
+            sm_count=108,
         ),
         DeviceSpec(
             name="h100-sxm",
@@ -89,6 +95,7 @@ DEVICES: dict[str, DeviceSpec] = {
             hbm_bandwidth=3.35e12,
             memory_bytes=80e9,
             nvlink_bandwidth=450e9,
+            sm_count=132,
         ),
         DeviceSpec(
             name="h200-sxm",
@@ -96,6 +103,7 @@ DEVICES: dict[str, DeviceSpec] = {
             hbm_bandwidth=4.8e12,
             memory_bytes=141e9,
             nvlink_bandwidth=450e9,
+            sm_count=132,
         ),
     )
 }

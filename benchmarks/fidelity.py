@@ -168,7 +168,9 @@ def simulate_row(run: fd.PublishedRun, topology, costs: RooflineCostModel,
     flops, formula = paper_flops(run)
     peaks = timeline.peak_memory()
     return {"iteration_time_s": seconds, "tflops_per_gpu": tflops_per_gpu(flops, seconds, run.gpus),
-            "bubble_fraction": timeline.bubble_fraction, "formula": formula,
+            "bubble_fraction": timeline.bubble_fraction,
+            "compute_idle_fraction": timeline.bubble_fraction + timeline.exposed_comm_fraction,
+            "formula": formula,
             "peak_memory_gb": max(peaks.values(), default=0) / 1e9,
             "oom_ranks": timeline.meta.get("oom_ranks", []),
             "comm": comm_groups(timeline), "breakdown": breakdown(timeline),

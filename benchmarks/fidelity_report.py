@@ -76,7 +76,7 @@ def row_table(rows: list[dict]) -> list[str]:
         lines.append(head + f"{r['formula']} | {_num(r['published_tflops'])} | "
                      f"{r['tflops_per_gpu']:.1f} | **{_pct(r['error'])}** | "
                      f"{_num(r['published_iteration_s'], '.2f')} | {r['iteration_time_s']:.2f} | "
-                     f"{_pct(r.get('time_error'))} | {_pct(r['bubble_fraction'], False)} | "
+                     f"{_pct(r.get('time_error'))} | {_pct(r['compute_idle_fraction'], False)} | "
                      f"{r['peak_memory_gb']:.1f}{oom} | {r['wall_s']:.1f} |")
     return lines
 
@@ -301,7 +301,8 @@ def render(data: dict) -> str:
         "Megatron rank order tp-cp-ep-dp-pp: TP inside a DGX node, pipeline stages farthest "
         "apart. One pipeline replica (its TP rank 0) is simulated; each stage's DP "
         "collectives run over that stage's real DP group on the fat tree (the other TP "
-        "ranks' DP groups, concurrent on their own HCAs, are not replayed).",
+        "ranks' DP groups run with them wherever they share a link; on Selene, one HCA per "
+        "GPU, they share none, so they are not simulated).",
         "- DDP: `run_table_1.sh` sets DDP=torch for 1.7B-18.4B (PyTorch DDP: 25 MiB buckets "
         "reduced during the backward) and DDP=local for 39.1B-1T (Megatron's contiguous "
         "buffer: one all-reduce per model chunk after the backward). K22 (section 6.3) does "

@@ -141,7 +141,8 @@ def test_report_marks_skips_and_unmet_targets():
                "command": "clustersim simulate", "reason": "over the 1 s row limit"}
         if status == "ok":
             row.update(formula="SC21 eq. 3", tflops_per_gpu=140.0, error=140 / 137 - 1,
-                       iteration_time_s=3.0, bubble_fraction=0.1, peak_memory_gb=30.0,
+                       iteration_time_s=3.0, bubble_fraction=0.1, compute_idle_fraction=0.1,
+                       peak_memory_gb=30.0,
                        oom_ranks=[], comm=["ALL_REDUCE:tp"])
         rows.append(row)
     data = {"rows": rows, "summary": fb.summary(rows), "sensitivity": [],

@@ -35,17 +35,28 @@ times are alpha + beta * bytes, fitted by least squares to the measured points
 `optimizer_seconds_per_param` (> 0) is the Adam step per parameter that kernels.calibrate
 measured: sim.optimizer_cost prices an on-GPU OPT_STEP as its parameters times it; without it
 (older profiles) OPT_STEP is priced from the topology's HBM bandwidth.
+
+Limits on reading (`Profile.load`): a UTF-8 JSON file of at most MAX_PROFILE_BYTES
+(16 MiB; calibrate writes tens of KiB) nested at most 64 deep (`clustersim.user_files`);
+every time, alpha and beta finite, >= 0 and at most `schedules.limits.MAX_OP_SECONDS`
+(1e6 s, 11.6 days: no single op or transfer takes longer, and larger values overflow the
+totals to inf/NaN);
+point sizes at most MAX_BYTES (1e15 bytes); collective group sizes ASCII digits, 1 to
+MAX_GROUP_SIZE (1,048,576 ranks).
 """
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from clustersim.user_files import is_finite_number, parse_json, read_text, short_repr
+
 from .errors import ConfigError, require_positive_int
+from .limits import MAX_OP_SECONDS
+from .output_files import write_text_atomic
 
 FORMAT = "clustersim-profile/1"
 COMPUTE_PARTS = ("layer", "embedding", "head")
@@ -56,6 +67,9 @@ SHAPE_FIELDS = ("hidden_size", "ffn_hidden_size", "num_attention_heads", "num_qu
                 "seq_length", "micro_batch_size", "dtype", "vocab_size", "swiglu",
                 "add_bias_linear", "normalization", "use_flash_attn", "num_experts",
                 "moe_router_topk")
+MAX_PROFILE_BYTES = 16 * 1024 * 1024  # bytes read at most (module docstring)
+MAX_BYTES = 1e15  # largest measured size (bytes) of a point
+MAX_GROUP_SIZE = 1 << 20  # largest collective group size (ranks)
 
 
 def fit_alpha_beta(points: Iterable[Sequence[float]], relative: bool = True
@@ -92,12 +106,26 @@ def fit_alpha_beta(points: Iterable[Sequence[float]], relative: bool = True
     return alpha, beta
 
 
-def _seconds(where: str, value: Any, positive: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-            not math.isfinite(value) or value < 0 or (positive and value == 0):
-        raise ConfigError(f"profile field {where} must be a number of seconds "
-                          f"{'> 0' if positive else '>= 0'}, got {value!r}")
+def _seconds(where: str, value: Any, positive: bool = False, unit: str = "seconds",
+             limit: float = MAX_OP_SECONDS) -> float:
+    """`value` as a float: a finite number >= 0 (> 0 if `positive`) and <= `limit`."""
+    if not is_finite_number(value) or value < 0 or (positive and value == 0) \
+            or value > limit:
+        raise ConfigError(f"profile field {where} must be a finite number of {unit} "
+                          f"{'> 0' if positive else '>= 0'} and <= {limit:g}, got "
+                          f"{short_repr(value)}")
     return float(value)
+
+
+def _group_size(where: str, key: Any) -> int:
+    """A collective's group size key: ASCII digits, 1..MAX_GROUP_SIZE."""
+    text = str(key)
+    digits = len(str(MAX_GROUP_SIZE))
+    if not (text.isascii() and text.isdigit()) or len(text) > digits \
+            or not 1 <= int(text) <= MAX_GROUP_SIZE:
+        raise ConfigError(f"profile field {where}: group size {short_repr(key)} must be an "
+                          f"integer 1..{MAX_GROUP_SIZE} in ASCII digits")
+    return int(text)
 
 
 def _mapping(where: str, value: Any) -> Mapping[str, Any]:
@@ -136,10 +164,12 @@ class AlphaBeta:
                 not isinstance(p, (list, tuple)) or len(p) != 2 for p in points):
             raise ConfigError(f"profile field {where}.points must be a list of "
                               "[bytes, seconds] pairs")
-        pts = tuple((int(_seconds(f"{where}.points bytes", b)),
-                     _seconds(f"{where}.points seconds", t)) for b, t in points)
+        pts = tuple((int(_seconds(f"{where}.points[{i}] bytes", b, unit="bytes",
+                                  limit=MAX_BYTES)),
+                     _seconds(f"{where}.points[{i}] seconds", t))
+                    for i, (b, t) in enumerate(points))
         return AlphaBeta(_seconds(f"{where}.alpha", d["alpha"]),
-                         _seconds(f"{where}.beta", d["beta"]), pts)
+                         _seconds(f"{where}.beta", d["beta"], unit="s/byte"), pts)
 
 
 @dataclass(frozen=True)
@@ -229,10 +259,8 @@ class Profile:
         for op, sizes in _mapping("collectives", d.get("collectives", {})).items():
             collectives[op] = {}
             for n, fit in _mapping(f"collectives.{op}", sizes).items():
-                if not str(n).isdigit() or int(n) < 1:
-                    raise ConfigError(f"profile field collectives.{op}: group size {n!r} "
-                                      "must be a positive integer")
-                collectives[op][int(n)] = AlphaBeta.from_dict(f"collectives.{op}.{n}", fit)
+                size = _group_size(f"collectives.{op}", n)
+                collectives[op][size] = AlphaBeta.from_dict(f"collectives.{op}.{n}", fit)
         notes = d.get("notes", [])
         if not isinstance(notes, list):
             raise ConfigError("profile field notes must be a list of strings")
@@ -247,26 +275,25 @@ class Profile:
             optimizer_seconds_per_param=d.get("optimizer_seconds_per_param"))
 
     @staticmethod
-    def from_json(text: str) -> Profile:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise ConfigError(f"profile is not valid JSON: {err}") from None
-        return Profile.from_dict(data)
+    def from_json(text: str, source: str = "profile") -> Profile:
+        """The profile of JSON `text`; errors are one ConfigError line naming `source`."""
+        return Profile.from_dict(parse_json(text, source, ConfigError))
 
     @staticmethod
     def load(path: str | Path) -> Profile:
+        """The profile in file `path` (limits: module docstring); every error is one
+        ConfigError line naming the file, the field and the rule."""
+        source = f"profile {path}"
+        data = parse_json(read_text(path, source, ConfigError, MAX_PROFILE_BYTES), source,
+                          ConfigError)
         try:
-            text = Path(path).read_text()
-        except OSError as err:
-            raise ConfigError(f"cannot read profile {path}: {err.strerror or err}") from None
-        try:
-            return Profile.from_json(text)
+            return Profile.from_dict(data)
         except ConfigError as err:
             raise ConfigError(f"{path}: {err}") from None
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(self.to_json() + "\n")
+        """Write the JSON file atomically (schedules.output_files)."""
+        write_text_atomic(path, self.to_json() + "\n")
 
 
 def model_shape(model: Any) -> dict[str, Any]:

@@ -26,6 +26,15 @@ Metrics (per rank r, T = iteration time = last end - first start):
   'other'. Priority: intra-layer groups first (the compute stream waits on them
   directly), then pipeline, then data-parallel traffic. A RECV's span starts when both
   ends are posted, so waiting for a peer that has not sent yet is bubble, not PP.
+
+Reading (`Timeline.from_dict`, `Timeline.load`, what `clustersim compare` reads): every
+field is type-checked and one ConfigError names the span (`spans[i].field`) and the rule:
+`rank` an int >= 0, `lane` a non-empty string, `op` an action string (at most
+MAX_OP_CHARS characters), `start`/`end` seconds with |t| <= MAX_ABS_SECONDS (1e9)
+and end >= start, `nbytes` an integer >= 0, `flops` finite and >= 0, `count` an integer
+>= 1, `group` null or a string, `info` null or an object; memory samples `[rank, seconds,
+bytes]`. A file (`load`) is UTF-8 JSON of at most 256 MiB nested at most 64 deep
+(`clustersim.user_files`) and holds at least one span.
 """
 from __future__ import annotations
 
@@ -36,11 +45,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from clustersim.user_files import is_finite_number, parse_json, read_text, short_repr
+
+from .errors import ConfigError, ScheduleFormatError
 from .names import COMPUTE_LANE, CP, DP, DP_CP, DP_REPLICATE, DP_SHARD, EDP, EP, ETP, PP, TP
 from .ops import Op, OpKind, parse_op
+from .output_files import write_text_atomic
 
 EXPOSED_ORDER = (TP, CP, EP, PP, DP, "other")
 CATEGORIES = ("compute", *EXPOSED_ORDER, "bubble")
+MAX_OP_CHARS = 64  # longest op string read ('12SEND_F345' is 11)
+MAX_ABS_SECONDS = 1e9  # largest |time| read (s; ~32 years), so differences of times stay finite
 _GROUP_CATEGORY = {TP: TP, CP: CP, EP: EP, ETP: EP, PP: PP, DP: DP, DP_CP: DP, DP_SHARD: DP,
                    DP_REPLICATE: DP, EDP: DP}
 
@@ -82,13 +97,41 @@ class Span:
         return d
 
     @staticmethod
-    def from_dict(d: Mapping[str, Any]) -> Span:
-        op = parse_op(d["op"])
-        op = Op(op.kind, op.stage, op.microbatch, d["group"] if "group" in d else None,
-                int(d.get("nbytes", 0)), float(d.get("flops", 0.0)), op.chunk,
-                int(d.get("count", 1)))
-        return Span(int(d["rank"]), d["lane"], op, float(d["start"]), float(d["end"]),
-                    d.get("info"))
+    def from_dict(d: Mapping[str, Any], where: str = "span") -> Span:
+        """The span of `d` (`to_dict`'s form); ConfigError names `where`.field and the rule
+        (module docstring, "Reading")."""
+        if not isinstance(d, Mapping):
+            raise ConfigError(f"{where}: must be an object, got {type(d).__name__}")
+        for key in ("rank", "lane", "op", "start", "end"):
+            if key not in d:
+                raise ConfigError(f"{where}.{key}: missing; rule: a span has rank, lane, op, "
+                                  "start and end")
+        text = d["op"]
+        if not isinstance(text, str) or len(text) > MAX_OP_CHARS:
+            raise ConfigError(f"{where}.op: must be an action string such as '0F1' of at "
+                              f"most {MAX_OP_CHARS} characters, got {short_repr(text)}")
+        try:
+            op = parse_op(text)
+        except ScheduleFormatError as exc:
+            raise ConfigError(f"{where}.op: {exc}") from None
+        group, info, lane = d.get("group"), d.get("info"), d["lane"]
+        if group is not None and not isinstance(group, str):
+            raise ConfigError(f"{where}.group: must be null or a group name such as 'dp', "
+                              f"got {short_repr(group)}")
+        if info is not None and not isinstance(info, Mapping):
+            raise ConfigError(f"{where}.info: must be null or an object, got {short_repr(info)}")
+        if not isinstance(lane, str) or not lane:
+            raise ConfigError(f"{where}.lane: must be a non-empty string such as "
+                              f"'{COMPUTE_LANE}', got {short_repr(lane)}")
+        start, end = _seconds(where, "start", d["start"]), _seconds(where, "end", d["end"])
+        if end < start:
+            raise ConfigError(f"{where}: end {end!r} is before start {start!r}; rule: a span's "
+                              "duration is >= 0 s")
+        op = Op(op.kind, op.stage, op.microbatch, group,
+                _number(where, "nbytes", d.get("nbytes", 0), 0, integer=True),
+                _number(where, "flops", d.get("flops", 0.0), 0), op.chunk,
+                _number(where, "count", d.get("count", 1), 1, integer=True))
+        return Span(_rank(where, d["rank"]), lane, op, start, end, info)
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,19 +257,77 @@ class Timeline:
 
     @staticmethod
     def from_dict(d: Mapping[str, Any]) -> Timeline:
-        return Timeline(
-            [Span.from_dict(s) for s in d["spans"]],
-            [MemorySample(int(r), float(t), int(b)) for r, t, b in d.get("memory", [])],
-            d.get("source", "sim"),
-            dict(d.get("meta", {})),
-        )
+        """The Timeline of `d` (`to_dict`'s form); one ConfigError names the first bad
+        field and the rule (module docstring, "Reading")."""
+        if not isinstance(d, Mapping):
+            raise ConfigError(f"top level: must be an object, got {type(d).__name__}")
+        spans, memory = d.get("spans"), d.get("memory", [])
+        source, meta = d.get("source", "sim"), d.get("meta", {})
+        for key, value, kind in (("spans", spans, list), ("memory", memory, list),
+                                 ("source", source, str), ("meta", meta, Mapping)):
+            if not isinstance(value, kind):
+                raise ConfigError(f"{key}: must be a JSON {_JSON_NAMES[kind]}, got "
+                                  f"{short_repr(value)}")
+        return Timeline([Span.from_dict(s, f"spans[{i}]") for i, s in enumerate(spans)],
+                        [_memory_sample(f"memory[{i}]", m) for i, m in enumerate(memory)],
+                        source, dict(meta))
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict()))
+        """Write the JSON file atomically (schedules.output_files)."""
+        write_text_atomic(path, json.dumps(self.to_dict()))
 
     @staticmethod
     def load(path: str | Path) -> Timeline:
-        return Timeline.from_dict(json.loads(Path(path).read_text()))
+        """The Timeline in JSON file `path` (`save`, `--timeline-json`); every error is one
+        ConfigError line naming the file, the field and the rule, also for no spans."""
+        source = f"timeline {path}"
+        data = parse_json(read_text(path, source, ConfigError), source, ConfigError)
+        try:
+            timeline = Timeline.from_dict(data)
+        except ConfigError as err:
+            raise ConfigError(f"{source}: {err}") from None
+        if not timeline.spans:
+            raise ConfigError(f"{source}: spans: empty; rule: a Timeline to compare holds at "
+                              "least one span (write one with --timeline-json)")
+        return timeline
+
+
+_JSON_NAMES = {list: "list", str: "string", Mapping: "object"}
+
+
+def _number(where: str, key: str, value: Any, minimum: float | None = None,
+            integer: bool = False) -> Any:
+    """`value` of field `where.key`: finite, >= `minimum` when given; an int when
+    `integer` (an integral float is accepted), else a float."""
+    if not is_finite_number(value) or (minimum is not None and value < minimum) \
+            or (integer and value != int(value)):
+        rule = ("an integer" if integer else "a finite number") + \
+            ("" if minimum is None else f" >= {minimum:g}")
+        raise ConfigError(f"{where}.{key}: must be {rule}, got {short_repr(value)}")
+    return int(value) if integer else float(value)
+
+
+def _seconds(where: str, key: str, value: Any) -> float:
+    """A time of field `where.key`: finite, |value| <= MAX_ABS_SECONDS."""
+    if not is_finite_number(value) or abs(value) > MAX_ABS_SECONDS:
+        raise ConfigError(f"{where}.{key}: must be a finite number of seconds, at most "
+                          f"{MAX_ABS_SECONDS:g} in size, got {short_repr(value)}")
+    return float(value)
+
+
+def _rank(where: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{where}.rank: must be an integer >= 0, got {short_repr(value)}")
+    return value
+
+
+def _memory_sample(where: str, item: Any) -> MemorySample:
+    if not isinstance(item, (list, tuple)) or len(item) != 3:
+        raise ConfigError(f"{where}: must be a [rank, seconds, bytes] list, got "
+                          f"{short_repr(item)}")
+    rank, time, nbytes = item
+    return MemorySample(_rank(where, rank), _seconds(where, "seconds", time),
+                        _number(where, "bytes", nbytes, 0, integer=True))
 
 
 def _mean(values: Mapping[int, float]) -> float:

@@ -30,8 +30,18 @@ it more strictly than torch: a cell must be empty or exactly one action (leading
 whitespace is stripped as torch does; anything else, e.g. `0F0 x` or `0F0junk`, is an
 error naming the row, the rank and the 1-based column). `UNSHARD`, `RESHARD` and
 `REDUCE_GRAD` (FSDP and gradient-reduction steps that torch's runtime inserts itself) have no
-op in our IR and are skipped on reading; `OVERLAP_F_B` is expanded into its sub-actions.
+op in our IR and are skipped on reading; `OVERLAP_F_B` is expanded into its sub-actions
+(plain actions only, not nested). Stage and microbatch numbers are ASCII digits.
 On writing, ops torch has no action for (collectives, `OPT_STEP`) are left out.
+
+Limits on reading: a file of at most MAX_CSV_BYTES (32 MiB; a 1F1B CSV of 64 ranks and
+1,024 microbatches is under 2 MiB), at most MAX_RANKS (65,536) rows, indices of at most 9
+digits. Nothing is built from an index before the file shows it means something: stages
+0..max must all appear, and, when the microbatch count is inferred, microbatches 0..max
+must all appear, each on every stage; the checks look only at what the file holds, so
+`1000000000F0` is refused ("stage 0 appears in no row, yet stage 1000000000 does"), not
+built into a billion empty stages, and an extra microbatch on one rank is refused naming
+its cell and the stage (rank) that lacks it.
 """
 from __future__ import annotations
 
@@ -41,6 +51,8 @@ import logging
 import re
 from collections.abc import Sequence
 from pathlib import Path
+
+from clustersim.user_files import read_text, short_repr
 
 from .errors import ConfigError, ScheduleFormatError
 from .ops import Op, OpKind, compute_op, p2p_op
@@ -56,10 +68,13 @@ TORCH_SKIPPED_ACTIONS = ("UNSHARD", "RESHARD", "REDUCE_GRAD")
 
 _TYPES = sorted([k.value for k in TORCH_COMPUTE_KINDS + TORCH_P2P_KINDS]
                 + list(TORCH_SKIPPED_ACTIONS), key=len, reverse=True)
-_ACTION_RE = re.compile(rf"(\d+)({'|'.join(_TYPES)})(\d*)")
+_ACTION_RE = re.compile(rf"([0-9]+)({'|'.join(_TYPES)})([0-9]*)")
 _OVERLAP_RE = re.compile(r"\((.*)\)OVERLAP_F_B")
 _ACTION_RULE = ("a cell is empty or one torch action STAGE TYPE MICROBATCH such as '0F0' or "
                 "'1SEND_F3', TYPE one of " + ", ".join(_TYPES) + " or (A;B)OVERLAP_F_B")
+MAX_CSV_BYTES = 32 * 1024 * 1024  # bytes read at most (module docstring)
+MAX_RANKS = 65_536  # rows, one per pipeline rank
+_MAX_INDEX_DIGITS = 9  # a MAX_CSV_BYTES file holds far fewer actions than 10**9
 
 
 # ---------------------------------------------------------------- writing
@@ -127,18 +142,21 @@ def write_torch_csv(schedule: Schedule, path: str | Path, compute_only: bool = T
 # ---------------------------------------------------------------- reading
 
 def _where(row: int, col: int, cell: str) -> str:
-    return f"row {row + 1} (rank {row}), column {col + 1}, cell {cell!r}"
+    return f"row {row + 1} (rank {row}), column {col + 1}, cell {short_repr(cell)}"
 
 
-def _parse_cell(cell: str, row: int, col: int) -> list[Op]:
+def _parse_cell(cell: str, row: int, col: int, overlapped: bool = False) -> list[Op]:
     """The ops of one cell: none for an empty cell or a skipped torch action."""
     text = cell.strip()
     if not text:
         return []
     overlap = _OVERLAP_RE.fullmatch(text)
     if overlap:
+        if overlapped:
+            raise ScheduleFormatError(f"{_where(row, col, cell)}: OVERLAP_F_B inside "
+                                      f"OVERLAP_F_B; rule: {_ACTION_RULE} of plain actions")
         parts = overlap.group(1).split(";")
-        return [op for part in parts for op in _parse_cell(part, row, col)]
+        return [op for part in parts for op in _parse_cell(part, row, col, True)]
     match = _ACTION_RE.fullmatch(text)
     if not match:
         problem = ("whitespace inside the action" if any(c.isspace() for c in text)
@@ -150,16 +168,30 @@ def _parse_cell(cell: str, row: int, col: int) -> list[Op]:
     if not microbatch:
         raise ScheduleFormatError(f"{_where(row, col, cell)}: {kind} needs a microbatch "
                                   f"index; rule: {_ACTION_RULE}")
+    for what, digits in (("stage", stage), ("microbatch", microbatch)):
+        if len(digits) > _MAX_INDEX_DIGITS:
+            raise ScheduleFormatError(
+                f"{_where(row, col, cell)}: {what} index of {len(digits)} digits out of "
+                f"range; rule: at most {_MAX_INDEX_DIGITS} digits (every stage and "
+                "microbatch needs actions of its own, and a file holds far fewer)")
     kind = OpKind(kind)
     make = p2p_op if kind.is_p2p else compute_op
     return [make(kind, int(stage), int(microbatch))]
 
 
 def _read_rows(text: str) -> list[list[str]]:
+    reader = csv.reader(io.StringIO(text))
+    rows = []
     try:
-        rows = list(csv.reader(io.StringIO(text)))
+        for row in reader:
+            if len(rows) == MAX_RANKS:
+                raise ScheduleFormatError(
+                    f"row {MAX_RANKS + 1}: more than {MAX_RANKS} rows; rule: one row per "
+                    f"pipeline rank, at most {MAX_RANKS} ranks")
+            rows.append(row)
     except csv.Error as exc:
-        raise ScheduleFormatError(f"torch CSV is not valid CSV: {exc}") from exc
+        raise ScheduleFormatError(f"torch CSV is not valid CSV (line {reader.line_num}): "
+                                  f"{exc}") from None
     while rows and not any(c.strip() for c in rows[-1]):
         rows.pop()  # trailing blank lines are not ranks
     return rows
@@ -172,7 +204,7 @@ def from_torch_csv(text: str, num_microbatches: int | None = None,
     Row r is rank r. Without `stage_ranks`, stage s lives on the rank whose row holds its
     ops, and `num_stages` is the largest stage + 1; without `num_microbatches` it is the
     largest microbatch + 1. Raises ScheduleFormatError naming the row, rank, 1-based column
-    and the rule broken.
+    and the rule broken (limits: module docstring).
     """
     rows = _read_rows(text)
     if not any(c.strip() for row in rows for c in row):
@@ -188,7 +220,8 @@ def from_torch_csv(text: str, num_microbatches: int | None = None,
             raise ScheduleFormatError(f"stage_ranks names rank {bad[0]}, but the CSV has "
                                       f"rows for ranks 0..{len(rows) - 1}")
         owner = dict(enumerate(fixed))
-    max_mb = -1
+    mb_cell: dict[int, tuple[int, int, str]] = {}  # microbatch -> first (row, col, cell)
+    stage_mbs: dict[int, set[int]] = {}  # stage -> its microbatches
     for r, row in enumerate(rows):
         program: list[Op] = []
         for c, cell in enumerate(row):
@@ -199,22 +232,45 @@ def from_torch_csv(text: str, num_microbatches: int | None = None,
                         f"{_where(r, c, cell)}: microbatch {op.microbatch} out of range; rule: "
                         f"microbatches are 0..{num_microbatches - 1} (num_microbatches="
                         f"{num_microbatches})")
-                max_mb = max(max_mb, op.microbatch)
+                mb_cell.setdefault(op.microbatch, (r, c, cell))
+                stage_mbs.setdefault(op.stage, set()).add(op.microbatch)
                 program.append(op)
         programs.append(program)
-    if not owner:
+    if not mb_cell:
         raise ScheduleFormatError("torch CSV holds no F/B/I/W or SEND/RECV action; rule: one "
                                   "row per rank, each holding that rank's actions such as '0F0'")
     num_stages = len(fixed) if fixed is not None else max(owner) + 1
-    missing = [s for s in range(num_stages) if s not in owner]
-    if missing:
+    missing = next((s for s in range(num_stages) if s not in owner), None)
+    if missing is not None:
         raise ScheduleFormatError(
-            f"stage {missing[0]} appears in no row, yet stage {num_stages - 1} does; rule: "
+            f"stage {missing} appears in no row, yet stage {num_stages - 1} does; rule: "
             f"stages are 0..max and each must appear on its rank's row (or pass stage_ranks)")
-    if num_microbatches is None:
-        num_microbatches = max_mb + 1
     ranks = tuple(owner[s] for s in range(num_stages))
+    if num_microbatches is None:  # given, the programs may be partial (checked on lowering)
+        num_microbatches = max(mb_cell) + 1
+        _check_microbatches(num_microbatches, num_stages, ranks, mb_cell, stage_mbs)
     return Schedule(name, num_microbatches, programs, num_stages, ranks)
+
+
+def _check_microbatches(num_microbatches: int, num_stages: int, ranks: tuple[int, ...],
+                        mb_cell: dict[int, tuple[int, int, str]],
+                        stage_mbs: dict[int, set[int]]) -> None:
+    """Every microbatch 0..M-1 appears, and on every stage that has actions (names the
+    cell and the rank; looks only at the microbatches the file holds)."""
+    rule = (f"rule: every stage runs every microbatch 0..{num_microbatches - 1} "
+            f"(num_microbatches={num_microbatches})")
+    if len(mb_cell) < num_microbatches:  # then the first gap is at most len(mb_cell)
+        gap = next(m for m in range(len(mb_cell) + 1) if m not in mb_cell)
+        top = max(mb_cell)
+        later = f", yet microbatch {top} does ({_where(*mb_cell[top])})" if top > gap else ""
+        raise ScheduleFormatError(f"microbatch {gap} appears in no cell{later}; {rule}")
+    for s in range(num_stages):
+        mbs = stage_mbs.get(s)
+        if mbs is not None and len(mbs) < len(mb_cell):
+            m = min(set(mb_cell) - mbs)
+            raise ScheduleFormatError(
+                f"{_where(*mb_cell[m])}: microbatch {m}, but stage {s} (row {ranks[s] + 1}, "
+                f"rank {ranks[s]}) has no action for microbatch {m}; {rule}")
 
 
 def _check_stage(op: Op, r: int, c: int, cell: str, owner: dict[int, int],
@@ -243,11 +299,14 @@ def _check_stage(op: Op, r: int, c: int, cell: str, owner: dict[int, int],
 def read_torch_csv(path: str | Path, num_microbatches: int | None = None,
                    stage_ranks: Sequence[int] | None = None,
                    name: str | None = None) -> Schedule:
-    """`from_torch_csv` of a file; the schedule is named after the file unless `name`."""
+    """`from_torch_csv` of a file; the schedule is named after the file unless `name`.
+
+    Every error, also an unreadable, non-UTF-8 or oversized file, is one
+    ScheduleFormatError naming the file.
+    """
     path = Path(path)
-    with open(path, newline="", encoding="utf-8") as f:
-        text = f.read()
+    text = read_text(path, f"torch CSV {path}", ScheduleFormatError, MAX_CSV_BYTES)
     try:
         return from_torch_csv(text, num_microbatches, stage_ranks, name or path.stem)
-    except ScheduleFormatError as exc:
-        raise ScheduleFormatError(f"{path}: {exc}") from exc
+    except (ScheduleFormatError, ConfigError) as exc:
+        raise type(exc)(f"torch CSV {path}: {exc}") from None

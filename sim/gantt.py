@@ -32,6 +32,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from clustersim.schedules.ops import OpKind
+from clustersim.schedules.output_files import write_text_atomic
 from clustersim.schedules.timeline import Span, Timeline
 
 from .trace import LANE_ORDER
@@ -242,11 +243,9 @@ def count_bars(fig: go.Figure) -> int:
 
 
 def _write(fig: go.Figure, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.write_html(path, include_plotlyjs=True, full_html=True,
-                   config={"displaylogo": False, "scrollZoom": True})
-    return path
+    return write_text_atomic(path, fig.to_html(include_plotlyjs=True, full_html=True,
+                                               config={"displaylogo": False,
+                                                       "scrollZoom": True}))
 
 
 def write_gantt(timeline: Timeline, path: str | Path, title: str | None = None) -> Path:

@@ -25,6 +25,7 @@ from clustersim.schedules.names import (COMPUTE_LANE, CP, DP, DP_CP, DP_REPLICAT
                                         EDP, EP, ETP, HOST_LANE, PCIE_LANE, PP, RECV_LANE,
                                         SEND_LANE, TP)
 from clustersim.schedules.ops import OpKind
+from clustersim.schedules.output_files import write_text_atomic
 from clustersim.schedules.timeline import Span, Timeline
 
 US_PER_S = 1e6
@@ -139,8 +140,5 @@ def chrome_trace(timeline: Timeline) -> dict[str, Any]:
 
 
 def write_trace(timeline: Timeline, path: str | Path) -> Path:
-    """Write the Chrome/Perfetto trace JSON file; returns its path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(chrome_trace(timeline), separators=(",", ":")))
-    return path
+    """Write the Chrome/Perfetto trace JSON file (atomically); returns its path."""
+    return write_text_atomic(path, json.dumps(chrome_trace(timeline), separators=(",", ":")))

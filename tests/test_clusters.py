@@ -237,3 +237,36 @@ def test_errors_name_the_field():
     g.graph["fabric"] = "torus"
     with pytest.raises(TopologyError, match="graph attr fabric must be one of fat-tree, rail or None, got 'torus'"):
         validate_topology(g)
+
+
+def _layered(widths, name="layers"):
+    """gpu0 -> layer 0 switches -> ... -> gpu1, every switch linked to every switch of the
+    next layer (both directions): prod(widths) equal-cost paths of len(widths) + 1 links."""
+    g = nx.DiGraph(name=name, num_nodes=1, gpus_per_node=2)
+    for i in range(2):
+        g.add_node(f"gpu{i}", type="gpu", device="h100-sxm", index=i, host=0)
+    layers = [["gpu0"]] + [[f"s{d}.{k}" for k in range(w)] for d, w in enumerate(widths)]
+    layers.append(["gpu1"])
+    for layer in layers[1:-1]:
+        for n in layer:
+            g.add_node(n, type="switch")
+    for near, far in zip(layers, layers[1:]):
+        for a in near:
+            for b in far:
+                g.add_edge(a, b, bandwidth=1e9, latency=1e-6, kind="nvlink")
+                g.add_edge(b, a, bandwidth=1e9, latency=1e-6, kind="nvlink")
+    return g
+
+
+def test_equal_cost_paths_are_counted_and_refused_above_the_limit_not_listed():
+    assert len(routes(_layered([2] * 4), "gpu0", "gpu1")) == 2 ** 4
+    wide = _layered([2] * 40)  # 2**40 equal-cost paths: listing them would never end
+    with pytest.raises(TopologyError, match=r"route: 1,099,511,627,776 equal-cost paths from "
+                                            r"'gpu0' to 'gpu1', above the limit of 65,536"):
+        routes(wide, "gpu0", "gpu1")
+
+
+def test_routes_longer_than_the_hop_limit_are_refused_and_long_ones_do_not_recurse():
+    assert len(route(_layered([1] * 63), "gpu0", "gpu1")) == 65  # 64 links: the limit
+    with pytest.raises(TopologyError, match="no path from 'gpu0' to 'gpu1' of at most 64 links"):
+        route(_layered([1] * 64), "gpu0", "gpu1")

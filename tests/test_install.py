@@ -31,11 +31,10 @@ def test_the_wheel_installs_one_top_level_package(wheel):
     tops = {name.split("/")[0] for name in names}
     assert tops == {"clustersim", next(t for t in tops if t.endswith(".dist-info"))}
     folders = {name.split("/")[1] for name in names if name.startswith("clustersim/")}
-    assert folders == {"__init__.py", "__main__.py", "schedules", "topologies", "sim",
-                       "kernels"}
+    root_modules = {"__init__.py", "__main__.py", "user_files.py"}
+    assert folders == root_modules | {"schedules", "topologies", "sim", "kernels"}
     assert any(n.startswith("clustersim/topologies/presets/") for n in names)  # data files
-    packages = {str(p.parent.relative_to(ROOT)) for folder in folders - {"__init__.py",
-                                                                          "__main__.py"}
+    packages = {str(p.parent.relative_to(ROOT)) for folder in folders - root_modules
                 for p in (ROOT / folder).rglob("__init__.py")}
     assert {f"clustersim/{p}/__init__.py" for p in packages} <= set(names)  # none left out
 

@@ -19,6 +19,11 @@ ceil(most downlinks of a leaf / r), i.e. one NIC-rate cable per spine.
 Assumptions: `network_latency` 1 us per NIC-switch and switch-switch edge (switch hop plus
 cable; an NDR switch alone is ~0.1-0.2 us), so a cross-spine GPU pair pays 4 network
 edges + 2 PCIe edges. A three-level (core) tree is modelled as its two-level equivalent.
+
+Size limits, checked before any node is added: num_nodes x GPUs per host <= MAX_GPUS
+(`topologies.graph`, 65,536), and leaves x num_spines <= MAX_LEAF_SPINE_LINKS (131,072 =
+2 x MAX_GPUS leaf-spine links; the default spine count of a MAX_GPUS cluster needs at
+most that many, and every link is an edge of the graph and a path of the route search).
 """
 from __future__ import annotations
 
@@ -27,9 +32,14 @@ from dataclasses import dataclass
 
 import networkx as nx
 
+from clustersim.user_files import is_finite_number, short_repr
+
 from .errors import TopologyError
-from .graph import BUILDERS, validate_topology
+from .graph import BUILDERS, MAX_GPUS, check_gpu_count, validate_topology
 from .nodes import add_host, add_link, get_node_kind
+
+
+MAX_LEAF_SPINE_LINKS = 2 * MAX_GPUS  # leaves x spines (module docstring)
 
 
 @dataclass(frozen=True)
@@ -77,7 +87,8 @@ def fat_tree(
     """
     _positive_int("fat_tree", "nodes_per_leaf", nodes_per_leaf)
     graph, net, hosts = _cluster("fat_tree", "fat-tree", node_kind, num_nodes, network,
-                                 oversubscription, (nvlink_latency, pcie_latency), name)
+                                 oversubscription, (nvlink_latency, pcie_latency), name,
+                                 nodes_per_leaf, num_spines)
     leaves: dict[str, int] = {}
     for h, nics in enumerate(hosts):
         leaf = f"leaf{h // nodes_per_leaf}"
@@ -109,7 +120,8 @@ def rail_optimized(
     if nodes_per_group is not None:
         _positive_int("rail_optimized", "nodes_per_group", nodes_per_group)
     graph, net, hosts = _cluster("rail_optimized", "rail", node_kind, num_nodes, network,
-                                 oversubscription, (nvlink_latency, pcie_latency), name)
+                                 oversubscription, (nvlink_latency, pcie_latency), name,
+                                 nodes_per_group, num_spines)
     per_group = nodes_per_group or num_nodes
     grouped = num_nodes > per_group
     leaves: dict[str, int] = {}
@@ -129,17 +141,42 @@ def rail_optimized(
 
 def _positive_int(builder: str, field: str, value) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise TopologyError(f"{builder}: {field} must be a positive integer, got {value!r}")
+        raise TopologyError(f"{builder}: {field} must be a positive integer, "
+                            f"got {short_repr(value)}")
 
 
-def _cluster(builder, fabric, node_kind, num_nodes, network, oversubscription, latencies, name):
-    """A graph with all hosts (GPUs, NICs) added; returns (graph, network, NICs per host)."""
+def _check_spines(builder: str, num_spines, leaves: int) -> None:
+    """`num_spines` (None: the default) is a positive integer and, with `leaves` leaf
+    switches (spines join >= 2), makes at most MAX_LEAF_SPINE_LINKS leaf-spine links."""
+    if num_spines is None:
+        return
+    _positive_int(builder, "num_spines", num_spines)
+    most = MAX_LEAF_SPINE_LINKS // max(leaves, 2)
+    if num_spines > most:
+        raise TopologyError(
+            f"{builder}: num_spines must be at most {most} for {leaves} leaf switch(es), "
+            f"got {num_spines}; rule: leaves x spines <= {MAX_LEAF_SPINE_LINKS} leaf-spine "
+            f"links (MAX_LEAF_SPINE_LINKS = 2 x MAX_GPUS: more than a {MAX_GPUS}-GPU "
+            f"cluster's default spine count needs)")
+
+
+def _cluster(builder, fabric, node_kind, num_nodes, network, oversubscription, latencies, name,
+             per_leaf, num_spines):
+    """A graph with all hosts (GPUs, NICs) added; returns (graph, network, NICs per host).
+
+    Checks the sizes first (module docstring): `per_leaf` hosts share a leaf (fat-tree)
+    or a group of rail switches (rail; None: all hosts).
+    """
     _positive_int(builder, "num_nodes", num_nodes)
     r = oversubscription
-    if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r) or r < 1:
+    if not is_finite_number(r) or r < 1:
         raise TopologyError(f"{builder}: oversubscription must be a number >= 1 "
-                            f"(downlink : uplink bandwidth of a leaf), got {r!r}")
+                            f"(downlink : uplink bandwidth of a leaf), got {short_repr(r)}")
     kind, net = get_node_kind(node_kind), get_network(network)
+    check_gpu_count(f"{builder}: num_nodes={short_repr(num_nodes)} x {kind.num_gpus} GPUs of "
+                    f"{kind.name!r}", num_nodes * kind.num_gpus)
+    leaves = -(-num_nodes // (per_leaf or num_nodes)) * (kind.num_gpus if fabric == "rail" else 1)
+    _check_spines(builder, num_spines, leaves)
     suffix = {"fat-tree": "ft", "rail": "rail"}[fabric] + ("" if r == 1 else f"-{r:g}to1")
     graph = nx.DiGraph(name=name or f"{kind.name}-x{num_nodes}-{net.name}-{suffix}",
                        num_nodes=num_nodes, gpus_per_node=kind.num_gpus, fabric=fabric)

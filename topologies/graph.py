@@ -26,20 +26,28 @@ Schema (the one place it is defined):
 Builders are pure functions returning a new, validated graph; `BUILDERS` maps the names
 preset files use to them: 'single_node' (here), 'node' (`topologies.nodes`), 'fat_tree'
 and 'rail_optimized' (`topologies.clusters`). Routing lives in `topologies.routing`.
+
+Size limit: MAX_GPUS (65,536) GPUs per topology, and `num_nodes` / `gpus_per_node` at most
+as many; builders check it before adding a node, `validate_topology` on every graph. Why:
+the largest clusters simulated are tens of thousands of GPUs, and at the limit a builder
+already takes seconds and ~0.4 GB (fat_tree of 8,192 DGX H100: 150k nodes, 655k edges,
+3.6 s on one core), while a mistyped 1e7 would take many minutes and ~60 GB.
 """
 from __future__ import annotations
 
-import math
 import re
 from typing import Callable
 
 import networkx as nx
+
+from clustersim.user_files import is_finite_number, short_repr
 
 from .devices import DEVICES, DeviceSpec, canonical_device_name, get_device
 from .errors import TopologyError
 from .routing import path_bandwidth, path_latency, route, routes  # noqa: F401 (re-exported)
 
 NODE_TYPES = ("gpu", "switch", "nic", "host")
+MAX_GPUS = 65_536  # GPUs per topology (module docstring: why)
 _GPU_ID = re.compile(r"gpu(\d+)")
 
 
@@ -59,6 +67,7 @@ def single_node(
     spec = get_device(device)
     if isinstance(num_gpus, bool) or not isinstance(num_gpus, int) or num_gpus < 1:
         raise TopologyError(f"single_node: num_gpus must be a positive integer, got {num_gpus!r}")
+    check_gpu_count("single_node: num_gpus", num_gpus)
     bw = spec.nvlink_bandwidth if bandwidth is None else bandwidth
     if not bw:
         raise TopologyError(
@@ -96,8 +105,13 @@ def device_of(graph: nx.DiGraph, gpu: str) -> DeviceSpec:
     return get_device(graph.nodes[gpu]["device"])
 
 
-def _is_number(x: object) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+def check_gpu_count(what: str, count: int) -> None:
+    """Raise TopologyError unless `count` GPUs are within MAX_GPUS (`what` names the field)."""
+    if count > MAX_GPUS:
+        raise TopologyError(
+            f"{what}: {short_repr(count)} GPUs, over the limit of {MAX_GPUS} GPUs per topology "
+            f"(topologies.graph.MAX_GPUS: the graph's time and memory grow with its GPUs, "
+            f"seconds and ~0.4 GB at the limit)")
 
 
 def _is_count(x: object) -> bool:
@@ -106,17 +120,18 @@ def _is_count(x: object) -> bool:
 
 def validate_topology(graph: nx.DiGraph) -> None:
     """Check `graph` against the module schema; raise TopologyError naming the first violation."""
-    where = f"topology {graph.graph.get('name')!r}"
+    where = f"topology {short_repr(graph.graph.get('name'))}"
     name = graph.graph.get("name")
     if not isinstance(name, str) or not name:
-        raise TopologyError(f"{where}: graph attr name must be a non-empty string, got {name!r}")
+        raise TopologyError(f"{where}: graph attr name must be a non-empty string, got {short_repr(name)}")
     for attr in ("num_nodes", "gpus_per_node"):
         value = graph.graph.get(attr)
-        if not _is_count(value) or value < 1:
-            raise TopologyError(f"{where}: graph attr {attr} must be a positive integer, got {value!r}")
+        if not _is_count(value) or not 1 <= value <= MAX_GPUS:
+            raise TopologyError(f"{where}: graph attr {attr} must be an integer 1..{MAX_GPUS} "
+                                f"(MAX_GPUS), got {short_repr(value)}")
     fabric = graph.graph.get("fabric")
     if fabric is not None and fabric not in FABRICS:
-        raise TopologyError(f"{where}: graph attr fabric must be one of {', '.join(FABRICS)} or None, got {fabric!r}")
+        raise TopologyError(f"{where}: graph attr fabric must be one of {', '.join(FABRICS)} or None, got {short_repr(fabric)}")
     _validate_nodes(graph, where)
     _validate_edges(graph)
     _validate_reachability(graph, where)
@@ -124,12 +139,14 @@ def validate_topology(graph: nx.DiGraph) -> None:
 
 def _validate_nodes(graph: nx.DiGraph, where: str) -> None:
     num_nodes, per_node = graph.graph["num_nodes"], graph.graph["gpus_per_node"]
+    check_gpu_count(f"{where}: gpu nodes",
+                    sum(1 for _, attrs in graph.nodes(data=True) if attrs.get("type") == "gpu"))
     by_index: dict[int, str] = {}
     per_host: dict[int, int] = {}
     for node, attrs in graph.nodes(data=True):
         kind = attrs.get("type")
         if kind not in NODE_TYPES:
-            raise TopologyError(f"node {node!r}: type must be one of {', '.join(NODE_TYPES)}, got {kind!r}")
+            raise TopologyError(f"node {short_repr(node)}: type must be one of {', '.join(NODE_TYPES)}, got {short_repr(kind)}")
         if kind != "gpu":
             continue
         device = attrs.get("device")
@@ -138,18 +155,19 @@ def _validate_nodes(graph: nx.DiGraph, where: str) -> None:
                 hint = f" (did you mean {canonical_device_name(device)!r}?)"
             except TopologyError as exc:
                 hint = f"; {exc}"
-            raise TopologyError(f"node {node!r}: device must be a canonical device name, got {device!r}{hint}")
+            raise TopologyError(f"node {short_repr(node)}: device must be a canonical device name, got {short_repr(device)}{hint}")
         index, host = attrs.get("index"), attrs.get("host")
-        if not _is_count(index) or index < 0:
-            raise TopologyError(f"node {node!r}: index must be a non-negative integer, got {index!r}")
+        if not _is_count(index) or not 0 <= index < MAX_GPUS:
+            raise TopologyError(f"node {short_repr(node)}: index must be an integer "
+                                f"0..{MAX_GPUS - 1} (MAX_GPUS), got {short_repr(index)}")
         if index in by_index:
-            raise TopologyError(f"node {node!r}: duplicate gpu index {index} (also on {by_index[index]!r})")
+            raise TopologyError(f"node {short_repr(node)}: duplicate gpu index {index} (also on {by_index[index]!r})")
         by_index[index] = node
         if node != f"gpu{index}":
-            raise TopologyError(f"node {node!r}: gpu node id must be 'gpu{{index}}', i.e. 'gpu{index}'")
+            raise TopologyError(f"node {short_repr(node)}: gpu node id must be 'gpu{{index}}', i.e. 'gpu{index}'")
         if not _is_count(host) or not 0 <= host < num_nodes:
             raise TopologyError(
-                f"node {node!r}: host must be an integer in 0..{num_nodes - 1} (num_nodes={num_nodes}), got {host!r}"
+                f"node {short_repr(node)}: host must be an integer in 0..{num_nodes - 1} (num_nodes={num_nodes}), got {short_repr(host)}"
             )
         per_host[host] = per_host.get(host, 0) + 1
         if per_host[host] > per_node:
@@ -166,14 +184,19 @@ def _validate_nodes(graph: nx.DiGraph, where: str) -> None:
 
 def _validate_edges(graph: nx.DiGraph) -> None:
     for u, v, attrs in graph.edges(data=True):
-        edge = f"edge {u}->{v}"
+        edge = f"edge {node_text(u)}->{node_text(v)}"
         bw, lat, kind = attrs.get("bandwidth"), attrs.get("latency"), attrs.get("kind")
-        if not _is_number(bw) or bw <= 0:
-            raise TopologyError(f"{edge}: bandwidth must be a positive number of bytes/s, got {bw!r}")
-        if not _is_number(lat) or lat < 0:
-            raise TopologyError(f"{edge}: latency must be a non-negative number of seconds, got {lat!r}")
+        if not is_finite_number(bw) or bw <= 0:
+            raise TopologyError(f"{edge}: bandwidth must be a positive number of bytes/s, got {short_repr(bw)}")
+        if not is_finite_number(lat) or lat < 0:
+            raise TopologyError(f"{edge}: latency must be a non-negative number of seconds, got {short_repr(lat)}")
         if not isinstance(kind, str) or not kind:
-            raise TopologyError(f"{edge}: kind must be a non-empty string (e.g. 'nvlink'), got {kind!r}")
+            raise TopologyError(f"{edge}: kind must be a non-empty string (e.g. 'nvlink'), got {short_repr(kind)}")
+
+
+def node_text(node: object) -> str:
+    """A node id as messages write it: unquoted if a short string, else cut short."""
+    return node if isinstance(node, str) and len(node) <= 60 else short_repr(node)
 
 
 def _validate_reachability(graph: nx.DiGraph, where: str) -> None:
@@ -183,4 +206,4 @@ def _validate_reachability(graph: nx.DiGraph, where: str) -> None:
     for gpu in gpus:
         if gpu not in component:
             src, dst = (gpu, gpus[0]) if gpu in nx.descendants(graph, gpus[0]) else (gpus[0], gpu)
-            raise TopologyError(f"{where}: gpu {src!r} cannot reach gpu {dst!r} along directed edges")
+            raise TopologyError(f"{where}: gpu {short_repr(src)} cannot reach gpu {short_repr(dst)} along directed edges")

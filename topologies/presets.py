@@ -32,23 +32,44 @@ canonical::
 
 Units as in the graph schema (`topologies.graph`): bandwidth bytes/s per direction,
 latency seconds. Every loaded graph is checked with `validate_topology`.
+
+Checks on reading, each failure one TopologyError naming the file, the field and the
+rule: a UTF-8 JSON file of at most MAX_TOPOLOGY_BYTES (128 MiB; the explicit form of the
+largest graph a builder makes, 65,536 GPUs, is 73 MiB, 103 MiB indented) nested at most
+64 deep (`clustersim.user_files`); `name` and `description` strings; `builder` a string
+naming a builder; `params` an object whose values have the types of the builder's
+signature (int; float: finite; bool; str; null where the default is None), checked before
+the builder runs; the builders' and the schema's size limits (MAX_GPUS GPUs,
+`topologies.clusters.MAX_LEAF_SPINE_LINKS`).
 """
 from __future__ import annotations
 
 import inspect
-import json
+import types
+import typing
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import networkx as nx
 
+from clustersim.user_files import is_finite_number, parse_json, read_text, short_repr
+
 from .devices import canonical_device_name
 from .errors import TopologyError
-from .graph import BUILDERS, validate_topology
+from .graph import BUILDERS, node_text, validate_topology
 
 _TOP_LEVEL_KEYS = {"name", "description", "builder", "params", "nodes", "edges",
                    "num_nodes", "gpus_per_node", "fabric"}
+MAX_TOPOLOGY_BYTES = 128 * 1024 * 1024  # bytes read at most (module docstring)
+# What a builder's parameter annotation accepts from JSON, and how messages name it.
+_PARAM_TYPES: dict[Any, tuple[str, Any]] = {
+    bool: ("a boolean (true or false)", lambda v: isinstance(v, bool)),
+    int: ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+    float: ("a finite number", is_finite_number),
+    str: ("a string", lambda v: isinstance(v, str)),
+    type(None): ("null", lambda v: v is None),
+}
 
 
 def _preset_dir():
@@ -70,23 +91,16 @@ def load_topology(name_or_path: str) -> nx.DiGraph:
     looks_like_path = path.suffix == ".json" or len(path.parts) > 1
     if not path.exists() and not looks_like_path:
         raise TopologyError(
-            f"unknown topology preset {name_or_path!r}; known presets: "
+            f"unknown topology preset {short_repr(name_or_path)}; known presets: "
             f"{', '.join(list_presets())} (or give the path of a topology .json file)"
         )
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TopologyError(f"cannot read topology file {str(path)!r}: {exc}") from exc
-    return _load_text(text, f"topology file {str(path)!r}", default_name=path.stem)
+    source = f"topology file {str(path)!r}"
+    text = read_text(path, source, TopologyError, MAX_TOPOLOGY_BYTES)
+    return _load_text(text, source, default_name=path.stem)
 
 
 def _load_text(text: str, source: str, default_name: str) -> nx.DiGraph:
-    try:
-        spec = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise TopologyError(
-            f"{source}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
-        ) from exc
+    spec = parse_json(text, source, TopologyError)
     try:
         return topology_from_dict(spec, default_name=default_name)
     except TopologyError as exc:
@@ -103,6 +117,9 @@ def topology_from_dict(spec: Any, default_name: str = "topology") -> nx.DiGraph:
     has_builder, has_lists = "builder" in spec, "nodes" in spec or "edges" in spec
     if has_builder == has_lists:
         raise TopologyError("give either 'builder' (+ 'params') or 'nodes' + 'edges', not both or neither")
+    for field in ("name", "description"):
+        if field in spec and not isinstance(spec[field], str):
+            raise TopologyError(f"{field} must be a string, got {short_repr(spec[field])}")
     name = spec.get("name", default_name)
     graph = _from_builder(spec, name) if has_builder else _from_lists(spec, name)
     if "description" in spec:
@@ -112,10 +129,11 @@ def topology_from_dict(spec: Any, default_name: str = "topology") -> nx.DiGraph:
 
 
 def _from_builder(spec: dict, name: str) -> nx.DiGraph:
-    builder = BUILDERS.get(spec["builder"])
+    key = spec["builder"]
+    builder = BUILDERS.get(key) if isinstance(key, str) else None
     if builder is None:
         raise TopologyError(
-            f"builder must be one of {', '.join(sorted(BUILDERS))}, got {spec['builder']!r}"
+            f"builder must be one of {', '.join(sorted(BUILDERS))}, got {short_repr(key)}"
         )
     params = spec.get("params", {})
     if not isinstance(params, dict):
@@ -124,15 +142,30 @@ def _from_builder(spec: dict, name: str) -> nx.DiGraph:
     unknown = sorted(set(params) - set(accepted))
     if unknown:
         raise TopologyError(
-            f"params {unknown} not accepted by builder {spec['builder']!r}; "
+            f"params {short_repr(unknown)} not accepted by builder {key!r}; "
             f"it takes: {', '.join(accepted)}"
         )
+    _check_param_types(key, builder, params)
     if "name" in accepted and "name" not in params:
         params = {**params, "name": name}
     try:
         return builder(**params)
     except TypeError as exc:  # e.g. a required parameter left out
-        raise TopologyError(f"builder {spec['builder']!r}: {exc}") from exc
+        raise TopologyError(f"builder {key!r}: {exc}") from exc
+
+
+def _check_param_types(key: str, builder: Any, params: dict) -> None:
+    """Each param has a type its annotation allows (`_PARAM_TYPES`; others unchecked)."""
+    hints = typing.get_type_hints(builder)
+    for param, value in params.items():
+        hint = hints.get(param)
+        allowed = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+        if not all(t in _PARAM_TYPES for t in allowed):
+            continue  # a type this check does not know: the builder checks it
+        if not any(_PARAM_TYPES[t][1](value) for t in allowed):
+            expected = " or ".join(_PARAM_TYPES[t][0] for t in allowed)
+            raise TopologyError(f"builder {key!r}: param {param!r} must be {expected}, got "
+                                f"{short_repr(value)}")
 
 
 def _from_lists(spec: dict, name: str) -> nx.DiGraph:
@@ -143,32 +176,32 @@ def _from_lists(spec: dict, name: str) -> nx.DiGraph:
     graph = nx.DiGraph(name=name)
     for i, entry in enumerate(nodes):
         if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
-            raise TopologyError(f"nodes[{i}]: must be an object with a string 'id', got {entry!r}")
+            raise TopologyError(f"nodes[{i}]: must be an object with a string 'id', got {short_repr(entry)}")
         node, attrs = entry["id"], {k: v for k, v in entry.items() if k != "id"}
         if node in graph:
-            raise TopologyError(f"nodes[{i}]: duplicate node id {node!r}")
+            raise TopologyError(f"nodes[{i}]: duplicate node id {short_repr(node)}")
         if attrs.get("type") == "gpu" and isinstance(attrs.get("device"), str):
             try:
                 attrs["device"] = canonical_device_name(attrs["device"])
             except TopologyError as exc:
-                raise TopologyError(f"node {node!r}: device: {exc}") from exc
+                raise TopologyError(f"node {short_repr(node)}: device: {exc}") from exc
         graph.add_node(node, **attrs)
     for i, entry in enumerate(edges):
         if not isinstance(entry, dict):
-            raise TopologyError(f"edges[{i}]: must be an object, got {entry!r}")
+            raise TopologyError(f"edges[{i}]: must be an object, got {short_repr(entry)}")
         src, dst = entry.get("src"), entry.get("dst")
         for end, node in (("src", src), ("dst", dst)):
             if not isinstance(node, str) or node not in graph:
-                raise TopologyError(f"edge {src}->{dst}: {end} {node!r} is not a declared node")
+                raise TopologyError(f"edge {node_text(src)}->{node_text(dst)}: {end} {short_repr(node)} is not a declared node")
         if graph.has_edge(src, dst):
-            raise TopologyError(f"edge {src}->{dst}: declared twice")
+            raise TopologyError(f"edge {node_text(src)}->{node_text(dst)}: declared twice")
         graph.add_edge(src, dst, **{k: v for k, v in entry.items() if k not in ("src", "dst")})
-    hosts: dict[Any, int] = {}
+    hosts: dict[int, int] = {}  # GPUs per host; a host that is not an int fails validation
     for _, attrs in graph.nodes(data=True):
-        if attrs.get("type") == "gpu":
-            hosts[attrs.get("host")] = hosts.get(attrs.get("host"), 0) + 1
-    int_hosts = [h for h in hosts if isinstance(h, int) and not isinstance(h, bool)]
-    graph.graph["num_nodes"] = spec.get("num_nodes", max(int_hosts, default=0) + 1)
+        host = attrs.get("host")
+        if attrs.get("type") == "gpu" and isinstance(host, int) and not isinstance(host, bool):
+            hosts[host] = hosts.get(host, 0) + 1
+    graph.graph["num_nodes"] = spec.get("num_nodes", max(hosts, default=0) + 1)
     graph.graph["gpus_per_node"] = spec.get("gpus_per_node", max(hosts.values(), default=1))
     if "fabric" in spec:
         graph.graph["fabric"] = spec["fabric"]

@@ -11,6 +11,13 @@ The routing rule (what `routes` returns, best first):
 4. sorted by node ids in natural order (`spine2` before `spine10`), so `route` (= the
    first) is deterministic and ECMP spreads over spines in index order.
 
+Bounds (a topology file may describe any graph): a route has at most MAX_ROUTE_HOPS links
+(64; a 3-tier fabric's GPU-to-GPU route has about 10) and a pair at most
+MAX_EQUAL_COST_PATHS equal-cost paths (65,536; the largest builder fabric has
+MAX_LEAF_SPINE_LINKS / leaves spines, a few hundred); the paths are counted before they
+are listed, so a graph with exponentially many (layers of parallel switches) is refused
+in one TopologyError naming the pair, not enumerated.
+
 Cost: a bidirectional layered breadth-first search from both ends that meets in the
 middle, so only the neighbourhoods of the two GPUs and the spine layer are visited; no
 state is kept between calls, so mutating the graph never leaves stale routes (callers
@@ -30,6 +37,9 @@ import networkx as nx
 
 from .errors import TopologyError
 
+MAX_ROUTE_HOPS = 64
+MAX_EQUAL_COST_PATHS = 65_536
+
 
 def routes(graph: nx.DiGraph, src: str, dst: str, limit: int | None = None) -> list[list[str]]:
     """All equal-cost paths src..dst (inclusive), best first (module docstring: the rule).
@@ -46,6 +56,9 @@ def routes(graph: nx.DiGraph, src: str, dst: str, limit: int | None = None) -> l
     found = _equal_cost_paths(graph, src, dst, gpu_transit=False)
     if not found:
         found = _equal_cost_paths(graph, src, dst, gpu_transit=True)
+    if found is None:
+        raise TopologyError(f"route: no path from {src!r} to {dst!r} of at most "
+                            f"{MAX_ROUTE_HOPS} links (topologies.routing.MAX_ROUTE_HOPS)")
     if not found:
         raise TopologyError(f"route: no path from {src!r} to {dst!r}")
     if len(found) > 1:
@@ -87,8 +100,9 @@ def _natural_key(name: str) -> tuple:
     return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
 
 
-def _equal_cost_paths(graph: nx.DiGraph, src, dst, gpu_transit: bool) -> list[list]:
-    """Fewest-hop, widest paths src..dst by bidirectional layered BFS (unsorted)."""
+def _equal_cost_paths(graph: nx.DiGraph, src, dst, gpu_transit: bool) -> list[list] | None:
+    """Fewest-hop, widest paths src..dst by bidirectional layered BFS (unsorted); [] when
+    there is none, None when none has at most MAX_ROUTE_HOPS links."""
     nodes, succ, pred = graph._node, graph._succ, graph._pred  # plain dicts: faster than views
     # Per side: BFS depth of each node, its neighbours one layer nearer that side's end,
     # and the widest bottleneck (bytes/s) from that end (edges of a layer are final before
@@ -97,6 +111,8 @@ def _equal_cost_paths(graph: nx.DiGraph, src, dst, gpu_transit: bool) -> list[li
     bdist, bback, bwide, bfront = {dst: 0}, {dst: []}, {dst: math.inf}, [dst]
     meet: list = []
     while ffront and bfront and not meet:
+        if fdist[ffront[0]] + bdist[bfront[0]] >= MAX_ROUTE_HOPS:
+            return None
         forward = len(ffront) <= len(bfront)
         dist, back, wide, front, adj, end, other = (
             (fdist, fback, fwide, ffront, succ, dst, bdist) if forward
@@ -125,19 +141,43 @@ def _equal_cost_paths(graph: nx.DiGraph, src, dst, gpu_transit: bool) -> list[li
     if not meet:
         return []
     best = max(min(fwide[m], bwide[m]) for m in meet)
-    heads = _chains(fback, fwide, succ, best)
-    tails = _chains(bback, bwide, pred, best)
-    return [head[::-1] + tail[1:] for m in meet if min(fwide[m], bwide[m]) >= best
-            for head in heads(m) for tail in tails(m)]
+    meet = [m for m in meet if min(fwide[m], bwide[m]) >= best]
+    heads = _Chains(fback, fwide, succ, best, fdist, meet)
+    tails = _Chains(bback, bwide, pred, best, bdist, meet)
+    count = sum(heads.count[m] * tails.count[m] for m in meet)
+    if count > MAX_EQUAL_COST_PATHS:
+        raise TopologyError(f"route: {count:,} equal-cost paths from {src!r} to {dst!r}, "
+                            f"above the limit of {MAX_EQUAL_COST_PATHS:,} "
+                            f"(topologies.routing.MAX_EQUAL_COST_PATHS)")
+    return [head[::-1] + tail[1:] for m in meet for head in heads.of(m) for tail in tails.of(m)]
 
 
-def _chains(back: dict, wide: dict, adj: dict, best: float):
-    """Memoised node-to-end chains (node first) with every link at least `best` wide."""
-    memo: dict = {}
+class _Chains:
+    """Node-to-end chains (node first) of one search side with every link at least `best`
+    wide, for the nodes that lead back from `targets`: counted first (`count`), listed on
+    demand (`of`), both in order of BFS depth, so no recursion however long a route."""
 
-    def chains(v) -> list[list]:
-        if v not in memo:
-            memo[v] = [[v, *chain] for u in back[v] if wide[u] >= best and adj[u][v]["bandwidth"] >= best
-                       for chain in chains(u)] if back[v] else [[v]]
-        return memo[v]
-    return chains
+    def __init__(self, back: dict, wide: dict, adj: dict, best: float, dist: dict,
+                 targets: list):
+        self.links = {}
+        stack = list(targets)
+        while stack:
+            v = stack.pop()
+            if v not in self.links:
+                self.links[v] = [u for u in back[v]
+                                 if wide[u] >= best and adj[u][v]["bandwidth"] >= best]
+                stack.extend(self.links[v])
+        self.order = sorted(self.links, key=dist.__getitem__)
+        self.ends = {v for v in self.order if not back[v]}
+        self.count = {}
+        for v in self.order:
+            self.count[v] = 1 if v in self.ends else sum(self.count[u] for u in self.links[v])
+        self._memo: dict | None = None
+
+    def of(self, v) -> list[list]:
+        if self._memo is None:
+            self._memo = {}
+            for node in self.order:
+                self._memo[node] = [[node]] if node in self.ends else [
+                    [node, *chain] for u in self.links[node] for chain in self._memo[u]]
+        return self._memo[v]

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .errors import ConfigError, require_positive_int
+from .limits import MAX_LAYERS, check_dimension
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2}
 """Bytes of a stored element. 'fp8' is Transformer Engine's FP8 recipe over a bf16 model
@@ -94,6 +95,11 @@ class ModelSpec:
         for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length",
                      "vocab_size", "ffn_hidden_size", "num_query_groups", "micro_batch_size"):
             require_positive_int(name, getattr(self, name))
+            check_dimension(name, getattr(self, name))
+        if self.num_layers > MAX_LAYERS:
+            raise ConfigError(f"num_layers={self.num_layers} is above the limit of "
+                              f"{MAX_LAYERS:,} (schedules.limits.MAX_LAYERS; the largest "
+                              f"published models have about 200)")
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(f"hidden_size={self.hidden_size} must be divisible by "
                               f"num_attention_heads={self.num_attention_heads}")

@@ -30,8 +30,11 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+from clustersim.user_files import is_finite_number
+
 from .errors import ConfigError, require_positive_int
 from .names import CP, DP, DP_CP, EDP, EP, EXPERT_AXES, GRID_AXES, PP, TP
+from .limits import check_dimension
 from .recompute import normalised_options
 from .registry import DEFAULT_SCHEDULE, schedule_entry
 from .parallel_aliases import ALIASES, resolve_kwargs
@@ -49,9 +52,9 @@ CUSTOM_SCHEDULE = "custom"
 
 def check_moe_imbalance(factor: Any) -> float:
     """`moe_imbalance` as a float, or ConfigError unless it is a number >= 1."""
-    if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not factor >= 1:
-        raise ConfigError(f"moe_imbalance must be a number >= 1 (the busiest expert's tokens "
-                          f"over the balanced share), got {factor!r}")
+    if not is_finite_number(factor) or not factor >= 1:
+        raise ConfigError(f"moe_imbalance must be a finite number >= 1 (the busiest expert's "
+                          f"tokens over the balanced share), got {factor!r}")
     return float(factor)
 
 
@@ -114,6 +117,7 @@ class ParallelConfig:
             object.__setattr__(self, "vpp", entry.default_vpp if entry else 1)
         for name in ("pp", "vpp", "dp", "tp", "cp", "ep", "micro_batch_size"):
             require_positive_int(name, getattr(self, name))
+            check_dimension(name, getattr(self, name))
         if not isinstance(self.sequence_parallel, bool):
             raise ConfigError(f"sequence_parallel must be a bool, got {self.sequence_parallel!r}")
         if self.zero_stage not in (0, 1, 2, 3) or isinstance(self.zero_stage, bool):
@@ -187,8 +191,10 @@ class ParallelConfig:
         m, gbs, per_mb = self.num_microbatches, self.global_batch_size, self.micro_batch_size * self.dp
         if m is not None:
             require_positive_int("num_microbatches", m)
+            check_dimension("num_microbatches", m)
         if gbs is not None:
             require_positive_int("global_batch_size", gbs)
+            check_dimension("global_batch_size", gbs)
             if gbs % per_mb:
                 raise ConfigError(
                     f"global_batch_size={gbs} must be divisible by micro_batch_size*dp="
@@ -340,6 +346,11 @@ class ParallelConfig:
         if self.sequence_parallel and (model.seq_length // self.cp) % self.tp:
             raise ConfigError(f"sequence_parallel: seq_length/cp={model.seq_length // self.cp} "
                               f"is not divisible by tp={self.tp}")
+        if model.is_moe and self.moe_imbalance > model.num_experts / model.moe_router_topk:
+            raise ConfigError(
+                f"moe_imbalance={self.moe_imbalance} is above num_experts / topk = "
+                f"{model.num_experts}/{model.moe_router_topk}: the busiest expert cannot get "
+                f"more than every token (the balanced share is topk/num_experts of them)")
         if self.ep > 1 and (model.num_experts is None or model.num_experts % self.ep):
             raise ConfigError(f"ep={self.ep} needs num_experts divisible by ep, got "
                               f"num_experts={model.num_experts}")

@@ -40,6 +40,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from clustersim.user_files import is_finite_number
+
 from .errors import ConfigError
 
 # Megatron-LM / torchtitan / DeepSpeed names of fields (after normalisation).
@@ -72,6 +74,7 @@ RENAMES: dict[str, str] = {
 
 DEEPSPEED_GRAD_BYTES = 2  # reduce_bucket_size counts elements of 16-bit gradients
 MIB = 1024 * 1024
+MAX_BUCKET_BYTES = 1 << 40  # a gradient bucket above 1 TiB is a typo
 
 SHARDING_STRATEGIES = {  # Megatron-FSDP --data-parallel-sharding-strategy
     "no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
@@ -116,8 +119,9 @@ def _hpz(key: str, value: Any) -> dict[str, Any]:
 
 
 def _bytes_from(key: str, value: Any, scale: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise ConfigError(f"{key} must be a number > 0, got {value!r}")
+    if not is_finite_number(value) or not value > 0 or value * scale > MAX_BUCKET_BYTES:
+        raise ConfigError(f"{key} must be a finite number > 0 of at most "
+                          f"{MAX_BUCKET_BYTES // scale:,} (1 TiB of gradients), got {value!r}")
     return int(value * scale)
 
 

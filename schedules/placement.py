@@ -39,5 +39,7 @@ def stage_ranks(placement: str, pp: int, num_stages: int) -> tuple[int, ...]:
 def stages_by_rank(placement: str, pp: int, num_stages: int) -> list[list[int]]:
     """The stages each rank holds under `placement`, in stage order (a rank's model chunks
     0, 1, ...): what schedule generators number their ops by."""
-    ranks = stage_ranks(placement, pp, num_stages)
-    return [[s for s, r in enumerate(ranks) if r == rank] for rank in range(pp)]
+    held: list[list[int]] = [[] for _ in range(pp)]
+    for s, r in enumerate(stage_ranks(placement, pp, num_stages)):
+        held[r].append(s)
+    return held

@@ -35,6 +35,7 @@ from .cluster_facts import ClusterFacts
 from .costs import StageCost, costs_for_layers
 from .errors import ConfigError
 from .layer_groups import ChunkParts, chunk_parts, data_parallel_groups, group_costs
+from .limits import MAX_OPS, check_op_budget
 from .model import ModelSpec
 from .names import DP, DP_CP, DP_REPLICATE, DP_SHARD, EDP, EXPERT_AXES, GRID_AXES
 from .parallel import CUSTOM_SCHEDULE, ParallelConfig
@@ -68,6 +69,7 @@ class Plan:
     group_costs: tuple[tuple[StageCost, ...], ...]  # [stage][group] for G groups
     dp_shard_size: int | None  # the 'dp_shard' group (hybrid or hpZ), None without one
     cluster: ClusterFacts | None = None
+    max_ops: int = MAX_OPS  # the op budget of a schedule built from the registry
 
     # --- the pipeline ----------------------------------------------------------------
     @property
@@ -106,7 +108,7 @@ class Plan:
             raise ConfigError(f"schedule {self.schedule!r} was given as data: it has no "
                               f"generator; use the schedule itself")
         return schedule_entry(self.schedule).build(self.pp, self.num_microbatches,
-                                                   self.stages_per_rank)
+                                                   self.stages_per_rank, self.max_ops)
 
     # --- groups ----------------------------------------------------------------------
     @property
@@ -250,11 +252,16 @@ def header_line(plan: dict[str, Any]) -> str:
 
 
 def resolve(model: ModelSpec, parallel: ParallelConfig, cluster: ClusterFacts | None = None,
-            schedule: Schedule | None = None) -> Plan:
+            schedule: Schedule | None = None, max_ops: int = MAX_OPS) -> Plan:
     """The Plan of running `model` split by `parallel` on `cluster` (None: no topology, as
     in the kernels backend), with `schedule`'s shape when one is given as data (a custom
-    or partly lowered schedule) and otherwise the registered schedule `parallel` names."""
+    or partly lowered schedule) and otherwise the registered schedule `parallel` names.
+    `max_ops`: the op budget of a registered schedule (schedules.limits), checked first."""
     if schedule is None:
+        if parallel.num_stages > model.num_layers:
+            raise ConfigError(f"pp*vpp={parallel.num_stages} stages need at least as many "
+                              f"layers, the model has num_layers={model.num_layers}")
+        check_op_budget(parallel.num_stages, parallel.num_microbatches, max_ops)
         entry = schedule_entry(parallel.schedule)
         name, placement = entry.name, entry.placement
         ranks = placed(placement, parallel.pp, parallel.num_stages)
@@ -279,4 +286,4 @@ def resolve(model: ModelSpec, parallel: ParallelConfig, cluster: ClusterFacts | 
     by_group = [[c] for c in costs] if groups == 1 else group_costs(model, parallel, layers, groups)
     return Plan(model, parallel, name, placement, schedule is None, microbatches, tuple(ranks),
                 layers, groups, tuple(costs), tuple(tuple(row) for row in by_group), shard,
-                cluster)
+                cluster, max_ops)

@@ -15,6 +15,7 @@ import pkgutil
 
 from . import pipelines
 from .errors import ConfigError
+from .limits import MAX_OPS
 from .schedule import Schedule
 from .schedule_entry import ScheduleEntry
 
@@ -58,9 +59,11 @@ def canonical_schedule_name(name: str) -> str:
     return schedule_entry(name).name
 
 
-def build_schedule(name: str, pp: int, microbatches: int, vpp: int | None = None) -> Schedule:
-    """Compute-only schedule by name (aliases accepted; vpp None = the entry's default)."""
-    return schedule_entry(name).build(pp, microbatches, vpp)
+def build_schedule(name: str, pp: int, microbatches: int, vpp: int | None = None,
+                   max_ops: int = MAX_OPS) -> Schedule:
+    """Compute-only schedule by name (aliases accepted; vpp None = the entry's default;
+    `max_ops`: the op budget, schedules.limits)."""
+    return schedule_entry(name).build(pp, microbatches, vpp, max_ops)
 
 
 def schedule_help() -> str:

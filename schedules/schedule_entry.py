@@ -5,6 +5,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .errors import ConfigError
+from .limits import MAX_OPS, check_op_budget
 from .ops import Op
 from .placement import LOOP, PLACEMENTS, stage_ranks, stages_by_rank
 from .schedule import Schedule
@@ -57,10 +58,13 @@ class ScheduleEntry:
             raise ConfigError(f"schedule {self.name!r} runs microbatches in groups of pp={pp}: "
                               f"microbatches must be a multiple of pp, got {microbatches}")
 
-    def build(self, pp: int, microbatches: int, vpp: int | None = None) -> Schedule:
-        """The compute-only Schedule (vpp None = default_vpp)."""
+    def build(self, pp: int, microbatches: int, vpp: int | None = None,
+              max_ops: int = MAX_OPS) -> Schedule:
+        """The compute-only Schedule (vpp None = default_vpp), refused before it is built
+        when it would exceed `max_ops` (schedules.limits)."""
         vpp = self.default_vpp if vpp is None else vpp
         self.check(pp, microbatches, vpp)
+        check_op_budget(pp * vpp, microbatches, max_ops)
         stages = pp * vpp
         programs = self.programs(stages_by_rank(self.placement, pp, stages), microbatches)
         return Schedule(self.name, microbatches, programs, stages,

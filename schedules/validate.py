@@ -8,13 +8,14 @@ is that grid with each rank's stuck op marked `>op<`.
 """
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass
 
 from .contract import (Key, is_gradient_collective, is_intra_layer, is_parameter_gather,
                        p2p_peer, prerequisites, produces, program_contract,
                        runs_on_compute_stream)
 from .errors import ConfigError, DeadlockError
+from .limits import MAX_GRID_CELLS
 from .ops import Op, OpKind
 from .p2p import add_p2p
 from .schedule import Schedule
@@ -27,8 +28,17 @@ class DryRun:
     steps: list[list[tuple[Op, int]]]
     makespan: int
 
+    def cells(self) -> int:
+        """Cells of the rank x step grid."""
+        return len(self.steps) * (self.makespan + 1)
+
     def grid(self, stuck: dict[int, Op] | None = None) -> str:
-        """Rank x step table; idle steps are `.`; stuck ops appear as `>op<` after the end."""
+        """Rank x step table; idle steps are `.`; stuck ops appear as `>op<` after the end.
+        ConfigError above MAX_GRID_CELLS cells (a text of gigabytes)."""
+        if self.cells() > MAX_GRID_CELLS:
+            raise ConfigError(f"the rank x step grid would have {len(self.steps):,} ranks x "
+                              f"{self.makespan:,} steps, above {MAX_GRID_CELLS:,} cells "
+                              f"(schedules.limits.MAX_GRID_CELLS): use --format text or csv")
         stuck = stuck or {}
         cells = []
         for r, ops in enumerate(self.steps):
@@ -85,6 +95,37 @@ def check_structure(schedule: Schedule) -> None:
             if not (full == 1 and split == (0, 0) or full == 0 and split == (1, 1)):
                 raise ConfigError(f"stage {s} microbatch {m} needs one backward: either "
                                   f"{s}B{m}, or both {s}I{m} and {s}W{m}")
+    check_p2p_order(schedule)
+
+
+def check_p2p_order(schedule: Schedule) -> None:
+    """ConfigError when a rank's sends to another rank come in another order than that
+    rank's receives from it. NCCL matches the point-to-point operations of a rank pair in
+    issue order, not by tag (torch.distributed P2P over NCCL), so a swapped pair would
+    deliver one microbatch's tensor as another's on real hardware, while a simulator
+    that matches by key would run it. Only the P2P ops in the programs are compared (a
+    missing one is the dry run's deadlock)."""
+    sent: dict[tuple[int, int], list[Op]] = {}      # (src, dst) -> sends, issue order
+    received: dict[tuple[int, int], list[Op]] = {}  # (src, dst) -> receives, issue order
+    for rank, program in enumerate(schedule.programs):
+        for op in program:
+            if not op.kind.is_p2p:
+                continue
+            peer = schedule.rank_of_stage(p2p_peer(op)[1])
+            if peer == rank:
+                continue
+            if op.kind in (OpKind.SEND_F, OpKind.SEND_B):
+                sent.setdefault((rank, peer), []).append(op)
+            else:
+                received.setdefault((peer, rank), []).append(op)
+    for (src, dst), sends in sent.items():
+        for send, recv in zip(sends, received.get((src, dst), [])):
+            if p2p_peer(send) != recv.key:
+                raise ConfigError(
+                    f"rank {src} sends {send} to rank {dst} where rank {dst} receives {recv}: "
+                    f"NCCL pairs a rank pair's sends and receives in issue order, so "
+                    f"{recv} would get {send}'s tensor; order rank {dst}'s receives (or "
+                    f"rank {src}'s sends) alike")
 
 
 def _check_chunks(program: list[Op], rank: int, groups: int) -> None:
@@ -124,34 +165,45 @@ def dry_run(schedule: Schedule) -> DryRun:
     pc = [0] * len(programs)
     steps: list[list[tuple[Op, int]]] = [[] for _ in programs]
 
-    progress = True
-    while progress:
-        progress = False
-        for r, program in enumerate(programs):
-            contract = contracts[r]
-            while pc[r] < len(program):
-                i = pc[r]
-                op = program[i]
-                needs = prerequisites(op, ranks, lowered.num_microbatches)
-                if any(n not in done for n in needs):
-                    break
-                ready = max([done[n] for n in needs] + [finished[r][j] for j in contract.local[i]],
-                            default=0)
-                if runs_on_compute_stream(op):
-                    start = max(clock[r], ready)
-                    steps[r].append((op, start))
-                    clock[r] = finished[r][i] = start + 1
-                    for key in produces(op) + contract.completes.get(i, ()):
-                        done[key] = start + 1
-                elif op.kind.is_p2p:
-                    posted[op.key] = max(clock[r], ready)
-                    peer = p2p_peer(op)
-                    if peer in posted:
-                        done[op.key] = done[peer] = max(posted[op.key], posted[peer])
-                else:  # collectives (members are symmetric replicas: all post now), copies
-                    finished[r][i] = done[op.key] = max(clock[r], ready)
-                pc[r] += 1
-                progress = True
+    waiting: dict[Key, list[int]] = {}  # missing key -> ranks blocked on it
+    queue, queued = deque(range(len(programs))), set(range(len(programs)))
+
+    def finish(keys, at: int) -> None:
+        for key in keys:
+            done[key] = at
+            for blocked in waiting.pop(key, ()):
+                if blocked not in queued:
+                    queue.append(blocked)
+                    queued.add(blocked)
+
+    while queue:  # a worklist: a rank runs again only when a key it waits for appears
+        r = queue.popleft()
+        queued.discard(r)
+        program, contract = programs[r], contracts[r]
+        while pc[r] < len(program):
+            i = pc[r]
+            op = program[i]
+            needs = prerequisites(op, ranks, lowered.num_microbatches)
+            missing = next((n for n in needs if n not in done), None)
+            if missing is not None:
+                waiting.setdefault(missing, []).append(r)
+                break
+            ready = max([done[n] for n in needs] + [finished[r][j] for j in contract.local[i]],
+                        default=0)
+            if runs_on_compute_stream(op):
+                start = max(clock[r], ready)
+                steps[r].append((op, start))
+                clock[r] = finished[r][i] = start + 1
+                finish(produces(op) + contract.completes.get(i, ()), start + 1)
+            elif op.kind.is_p2p:
+                posted[op.key] = max(clock[r], ready)
+                peer = p2p_peer(op)
+                if peer in posted:
+                    finish((op.key, peer), max(posted[op.key], posted[peer]))
+            else:  # collectives (members are symmetric replicas: all post now), copies
+                finished[r][i] = max(clock[r], ready)
+                finish((op.key,), finished[r][i])
+            pc[r] += 1
 
     result = DryRun(steps, max(clock))
     stuck = {r: programs[r][pc[r]] for r in range(len(programs)) if pc[r] < len(programs[r])}
@@ -162,9 +214,13 @@ def dry_run(schedule: Schedule) -> DryRun:
                        if n not in done]
             waits = ", ".join(_describe_wait(n, posted) for n in missing)
             lines.append(f"rank {r} stuck at {op} waiting for {waits}")
+        cells = result.cells()
+        report = (result.grid(stuck) if cells <= MAX_GRID_CELLS else
+                  f"(the rank x step grid, {cells:,} cells, is above {MAX_GRID_CELLS:,}: "
+                  f"not drawn)")
         raise DeadlockError(
             f"deadlock: {len(stuck)} rank(s) can never finish; " + "; ".join(lines),
-            stuck, result.grid(stuck),
+            stuck, report,
         )
     return result
 

@@ -28,6 +28,7 @@ import networkx as nx
 import simpy
 
 from clustersim.schedules.errors import ConfigError
+from clustersim.schedules.limits import MAX_OP_SECONDS
 from clustersim.schedules.ops import Op, OpKind
 from clustersim.schedules.plan import Plan
 from clustersim.schedules.profile import Profile
@@ -105,8 +106,10 @@ class UniformCostModel:
 
     def __post_init__(self) -> None:
         for name, value in (("forward", self.forward), ("backward", self.backward)):
-            if not value >= 0:
-                raise ConfigError(f"uniform cost {name} must be >= 0 seconds, got {value}")
+            if not 0 <= value <= MAX_OP_SECONDS:
+                raise ConfigError(f"uniform cost {name} must be a number of seconds in [0, "
+                                  f"{MAX_OP_SECONDS:g}] (finite: an op of a real iteration), "
+                                  f"got {value}")
 
     def seconds(self, op: Op) -> float:
         if op.kind is OpKind.F:

@@ -22,6 +22,7 @@ import networkx as nx
 import simpy
 
 from clustersim.schedules.errors import DeadlockError
+from clustersim.schedules.limits import MAX_OPS
 from clustersim.schedules.lowering import lower
 from clustersim.schedules.memory_model import rank_memory
 from clustersim.schedules.model import ModelSpec
@@ -46,10 +47,11 @@ log = logging.getLogger(__name__)
 
 def simulate(model: ModelSpec, parallel: ParallelConfig, topology: nx.DiGraph,
              schedule: Schedule | None = None,
-             costs: CostModel = RooflineCostModel()) -> Timeline:
+             costs: CostModel = RooflineCostModel(), max_ops: int = MAX_OPS) -> Timeline:
     """Simulate one training iteration; `schedule` (a custom one, given as data)
-    overrides the registered schedule `parallel` names."""
-    plan = resolve(model, parallel, cluster_facts(topology), schedule)
+    overrides the registered schedule `parallel` names; `max_ops`: the op budget of a
+    registered schedule (schedules.limits), checked before it is built."""
+    plan = resolve(model, parallel, cluster_facts(topology), schedule, max_ops)
     plan.devices  # every rank needs a GPU (ConfigError otherwise), checked before any work
     check_symmetric(plan, topology)
     return _replay(plan, topology, costs, schedule)

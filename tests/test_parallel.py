@@ -183,7 +183,7 @@ def test_fsdp_and_zero3_are_one_configuration():
     ({"offload_optimizer": {"device": "nvme"}}, "'nvme' .*not modelled"),
     ({"offload_optimizer": "gpu"}, "device must be 'cpu' or 'none'"),
     ({"zero_hpz_partition_size": 0}, "zero_hpz_partition_size must be an integer >= 1"),
-    ({"bucket_cap_mb": -1}, "bucket_cap_mb must be a number > 0"),
+    ({"bucket_cap_mb": -1}, "bucket_cap_mb must be a finite number > 0"),
     ({"--use-distributed-optimizer": "yes"}, "use-distributed-optimizer must be a bool"),
     ({"--recompute-granularity": "full", "--recompute-method": "some"},
      "recompute_method='some' must be one of uniform, block"),
@@ -242,8 +242,8 @@ def test_intra_layer_fields_default_as_before():
 
 @pytest.mark.parametrize("kw,match", [
     (dict(cp_comm="allgather"), "cp_comm='allgather' must be one of ring, ulysses"),
-    (dict(moe_imbalance=0.5), "moe_imbalance must be a number >= 1"),
-    (dict(moe_imbalance=True), "moe_imbalance must be a number >= 1"),
+    (dict(moe_imbalance=0.5), "moe_imbalance must be a finite number >= 1"),
+    (dict(moe_imbalance=True), "moe_imbalance must be a finite number >= 1"),
     (dict(tp_comm_overlap=1), "tp_comm_overlap must be a bool"),
     (dict(scatter_gather="yes"), "scatter_gather must be a bool"),
 ])

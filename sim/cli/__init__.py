@@ -3,12 +3,14 @@ and run on hardware (sim.cli.commands, .hardware, .memory_report, .collective_re
 flags and the fields they set: sim.cli.flags).
 
 Every error a user can cause ends in one `clustersim: error: ...` line (a deadlock adds
-its rank x step report) and a non-zero exit, never a traceback.
+its rank x step report) and a non-zero exit, never a traceback. A value the user gave that
+the line repeats is cut to its first MAX_ECHO characters (`shorten`).
 """
 from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
 
 from clustersim import __version__
@@ -18,13 +20,22 @@ from clustersim.topologies import TopologyError
 from . import collective_report, commands, hardware, memory_report
 
 EXIT_USAGE, EXIT_DEADLOCK = 2, 3
+MAX_ECHO = 200  # characters of one word (a value echoed back) in an error line
+
+
+def shorten(message: str) -> str:
+    """`message` with every word longer than MAX_ECHO characters cut, saying how long it
+    was (a 100,000-character model name echoed back would bury the rule)."""
+    return re.sub(rf"\S{{{MAX_ECHO + 1},}}",
+                  lambda m: f"{m[0][:MAX_ECHO]}...({len(m[0]):,} characters)", message)
 
 
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (no usage dump), like every other error."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {shorten(message)} "
+                              f"(see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,13 +67,14 @@ def main(argv: list[str] | None = None) -> int:
         print(err.report, file=sys.stderr)
         return EXIT_DEADLOCK
     except (ClustersimError, TopologyError) as err:
-        print(f"clustersim: error: {err}", file=sys.stderr)
+        print(f"clustersim: error: {shorten(str(err))}", file=sys.stderr)
         return EXIT_USAGE
     except BrokenPipeError:  # output piped into `head` and closed early: not an error
         sys.stderr.close()
         return 0
     except OSError as err:
-        print(f"clustersim: error: {err.filename or ''}: {err.strerror or err}", file=sys.stderr)
+        print(shorten(f"clustersim: error: {err.filename or ''}: {err.strerror or err}"),
+              file=sys.stderr)
         return EXIT_USAGE
 
 

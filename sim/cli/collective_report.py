@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 
 from clustersim.schedules.errors import ConfigError
@@ -21,6 +22,8 @@ for _i, _p in enumerate("kmgt", start=1):
     _UNITS.update({_p: 1024 ** _i, f"{_p}i": 1024 ** _i, f"{_p}ib": 1024 ** _i,
                    f"{_p}b": 1000 ** _i})
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?(?:e\d+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
+MAX_COLLECTIVE_BYTES = 1e15  # one collective's buffer above 1 PB is a typo
+MAX_SWEEP_SIZES = 1000  # nccl-tests' default sweep (8 B .. 1 GB, factor 2) has 28
 DTYPE_BYTES = {"int8": 1, "uint8": 1, "half": 2, "fp16": 2, "bfloat16": 2, "bf16": 2,
                "float": 4, "fp32": 4, "int32": 4, "double": 8, "fp64": 8, "int64": 8}
 
@@ -33,8 +36,9 @@ def parse_size(text: str, flag: str = "--size") -> int:
         raise ConfigError(f"{flag}: {text!r} is not a size; give bytes with an optional unit, "
                           "e.g. 8, 8K, 256M, 1G (binary, as nccl-tests) or 1GB (decimal)")
     value = float(match.group(1)) * unit
-    if value < 1 or value != int(value):
-        raise ConfigError(f"{flag}: {text!r} is {value:g} bytes; it must be a whole number >= 1")
+    if not 1 <= value <= MAX_COLLECTIVE_BYTES or value != int(value):
+        raise ConfigError(f"{flag}: {text!r} is {value:g} bytes; it must be a whole number "
+                          f"from 1 to {MAX_COLLECTIVE_BYTES:.0e} (1 PB)")
     return int(value)
 
 
@@ -62,10 +66,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def sweep_sizes(min_size: int, max_size: int, factor: float) -> list[int]:
-    if not factor > 1:
-        raise ConfigError(f"--factor must be > 1, got {factor}")
+    if not factor > 1 or not math.isfinite(factor):
+        raise ConfigError(f"--factor must be a finite number > 1, got {factor}")
     if min_size > max_size:
         raise ConfigError(f"--min-size ({min_size}) must be <= --max-size ({max_size})")
+    count = math.floor(math.log(max_size / min_size) / math.log(factor)) + 1
+    if count > MAX_SWEEP_SIZES:
+        raise ConfigError(f"--factor {factor} from {min_size} to {max_size} bytes makes "
+                          f"{count:,} sizes, above {MAX_SWEEP_SIZES:,}: raise --factor or "
+                          f"narrow the range")
     sizes, size = [], float(min_size)
     while size <= max_size * (1 + 1e-12):
         sizes.append(int(round(size)))

@@ -10,6 +10,7 @@ from pathlib import Path
 from clustersim.schedules.errors import ClustersimError, ConfigError
 from clustersim.schedules.model import ModelSpec
 from clustersim.schedules.model_presets import MODEL_PRESETS
+from clustersim.schedules.output_files import check_outputs, write_output, write_text_atomic
 from clustersim.schedules.p2p import add_p2p
 from clustersim.schedules.parallel import CUSTOM_SCHEDULE, ParallelConfig
 from clustersim.schedules.registry import SCHEDULES, build_schedule, canonical_schedule_name
@@ -22,9 +23,9 @@ from clustersim.topologies import list_presets, load_topology
 from ..report import format_summary, format_table
 from ..simulate import simulate
 from ..timeline_compare import compare_timelines, format_comparison
-from .flags import (add_cluster_flags, add_intra_layer_flags, add_model_flags,
-                    add_parallel_flags, cost_model_from_args, flag, model_from_args,
-                    parallel_from_args)
+from .flags import (add_cluster_flags, add_intra_layer_flags, add_limit_flags,
+                    add_model_flags, add_parallel_flags, cost_model_from_args, flag,
+                    max_ops_from_args, model_from_args, parallel_from_args)
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -47,6 +48,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                            "rank; torch-csv: torch.distributed.pipelining CSV")
     show.add_argument("--with-p2p", action="store_true",
                       help="include SEND/RECV ops (text and torch-csv formats)")
+    add_limit_flags(show)
 
     cmp = sub.add_parser(
         "compare", help="simulate several schedules side by side, or compare two Timelines",
@@ -85,51 +87,82 @@ def add_output_flags(parser: argparse.ArgumentParser, timeline_default: str | No
                                                       if timeline_default else ""))
 
 
-def _write_json(path: str, data: object) -> None:
-    Path(path).write_text(json.dumps(data, indent=2))
-    print(f"wrote {path}")
+def _json_writer(data: object):
+    return lambda path: write_text_atomic(path, json.dumps(data, indent=2))
 
 
 def schedule_and_parallel(args: argparse.Namespace,
                           model: ModelSpec) -> tuple[Schedule | None, ParallelConfig]:
     """The custom schedule of `--schedule-csv` (None without it) and the parallel config;
-    a custom schedule fixes pp, vpp and the microbatch count. Shared by simulate and run."""
-    custom = read_torch_csv(args.schedule_csv) if args.schedule_csv else None
-    if custom is not None:
-        args.pp, args.vpp = custom.num_ranks, custom.stages_per_rank
-        args.num_microbatches, args.schedule = custom.num_microbatches, CUSTOM_SCHEDULE
-    return custom, parallel_from_args(args, args.schedule,
+    a custom schedule fixes pp, vpp, the microbatch count and the schedule, so a flag
+    that sets one of them differently is refused. Shared by simulate and run."""
+    if args.schedule_csv is None:
+        return None, parallel_from_args(args, args.schedule,
+                                        micro_batch_size=model.micro_batch_size)
+    if not args.schedule_csv.strip():
+        raise ConfigError("--schedule-csv: an empty path (give the CSV file, or leave the "
+                          "flag out to run --schedule)")
+    custom = read_torch_csv(args.schedule_csv)
+    fixed = {"--pp": ("pp", custom.num_ranks), "--vpp": ("vpp", custom.stages_per_rank),
+             "--microbatches": ("num_microbatches", custom.num_microbatches)}
+    for name, (field, value) in fixed.items():
+        given_value = getattr(args, field, None)
+        if given_value is not None and given_value != value:
+            raise ConfigError(f"{name} {given_value} conflicts with --schedule-csv "
+                              f"{args.schedule_csv}, which has {value}: leave {name} out")
+    if args.schedule is not None:
+        raise ConfigError(f"--schedule {args.schedule} conflicts with --schedule-csv "
+                          f"{args.schedule_csv}: the CSV is the schedule; give one of them")
+    for _, (field, value) in fixed.items():
+        setattr(args, field, value)
+    return custom, parallel_from_args(args, CUSTOM_SCHEDULE,
                                       micro_batch_size=model.micro_batch_size)
 
 
+def output_paths(args: argparse.Namespace) -> dict[str, str | None]:
+    """The files simulate and run write: flag -> path (None: not asked for)."""
+    return {"--output": args.output, "--trace-json": args.trace_json,
+            "--metrics-json": args.metrics_json, "--timeline-json": args.timeline_json}
+
+
+def input_paths(args: argparse.Namespace) -> dict[str, str | None]:
+    """The files a run reads: flag -> path (None: not given; a topology preset name is
+    not a file)."""
+    topology = getattr(args, "topology", None)
+    return {"--schedule-csv": args.schedule_csv, "--profile": getattr(args, "profile", None),
+            "--topology": topology if topology and Path(topology).exists() else None}
+
+
 def write_outputs(timeline: Timeline, args: argparse.Namespace) -> None:
-    """Gantt HTML, and the trace, metrics and Timeline JSON files the flags ask for."""
+    """Gantt HTML, and the trace, metrics and Timeline JSON files the flags ask for, each
+    written atomically (schedules.output_files)."""
     from ..gantt import write_gantt
     from ..trace import write_trace
 
-    print(f"wrote {write_gantt(timeline, args.output)}")
-    if args.trace_json:
-        write_trace(timeline, args.trace_json)
-        print(f"wrote {args.trace_json}")
-    if args.metrics_json:
-        _write_json(args.metrics_json, timeline.metrics())
-    if args.timeline_json:
-        timeline.save(args.timeline_json)
-        print(f"wrote {args.timeline_json}")
+    writers = {"--output": lambda path: write_gantt(timeline, path),
+               "--trace-json": lambda path: write_trace(timeline, path),
+               "--metrics-json": _json_writer(timeline.metrics()),
+               "--timeline-json": timeline.save}
+    for flag_name, path in output_paths(args).items():
+        if path is not None:
+            print(write_output(path, writers[flag_name]))
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    check_outputs(output_paths(args), input_paths(args))
     model = model_from_args(args)
     custom, parallel = schedule_and_parallel(args, model)
     topology = load_topology(args.topology)
-    timeline = simulate(model, parallel, topology, custom, cost_model_from_args(args))
+    timeline = simulate(model, parallel, topology, custom, cost_model_from_args(args),
+                        max_ops_from_args(args))
     print(format_summary(timeline))
     write_outputs(timeline, args)
     return 0
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    schedule = build_schedule(args.schedule, args.pp, args.num_microbatches, args.vpp)
+    schedule = build_schedule(args.schedule, args.pp, args.num_microbatches, args.vpp,
+                              max_ops_from_args(args))
     dry = validate(schedule)
     if args.with_p2p:
         schedule = add_p2p(schedule)
@@ -155,6 +188,9 @@ def _parse_schedule_list(text: str) -> list[tuple[str, int | None]]:
 
 
 def cmd_compare_schedules(args: argparse.Namespace) -> int:
+    check_outputs({"--output": args.output},
+                  {"--topology": args.topology if Path(args.topology).exists() else None,
+                   "--profile": args.profile})
     model = model_from_args(args)
     topology = load_topology(args.topology)
     costs = cost_model_from_args(args)
@@ -162,12 +198,13 @@ def cmd_compare_schedules(args: argparse.Namespace) -> int:
     for name, vpp in _parse_schedule_list(args.schedules):
         parallel = parallel_from_args(args, name, vpp, model.micro_batch_size)
         label = name if parallel.vpp == 1 else f"{name} (vpp={parallel.vpp})"
-        results.append((label, simulate(model, parallel, topology, None, costs)))
+        results.append((label, simulate(model, parallel, topology, None, costs,
+                                        max_ops_from_args(args))))
     rows = [{"schedule": label, **_compare_row(t)} for label, t in results]
     print(json.dumps(rows, indent=2) if args.json else format_table(rows))
     if args.output:
         from ..gantt import write_gantt_comparison
-        print(f"wrote {write_gantt_comparison(results, args.output)}")
+        print(write_output(args.output, lambda path: write_gantt_comparison(results, path)))
     return 0
 
 
@@ -176,6 +213,7 @@ def cmd_compare_timelines(args: argparse.Namespace) -> int:
         raise ConfigError(f"compare takes two Timeline JSON files (A B), got "
                           f"{len(args.timelines)}: {' '.join(args.timelines)}")
     path_a, path_b = args.timelines
+    check_outputs({"--output": args.output}, {"TIMELINE A": path_a, "TIMELINE B": path_b})
     timelines = []
     for path in (path_a, path_b):
         try:
@@ -192,7 +230,7 @@ def cmd_compare_timelines(args: argparse.Namespace) -> int:
         from ..gantt import write_gantt_comparison
         items = [(f"A: {path_a} ({timelines[0].source})", timelines[0]),
                  (f"B: {path_b} ({timelines[1].source})", timelines[1])]
-        print(f"wrote {write_gantt_comparison(items, args.output)}")
+        print(write_output(args.output, lambda path: write_gantt_comparison(items, path)))
     return 0
 
 

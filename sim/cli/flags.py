@@ -15,7 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from clustersim.schedules.errors import ConfigError
+from clustersim.schedules.errors import ConfigError, require_positive_int
+from clustersim.schedules.limits import MAX_OPS
 from clustersim.schedules.model import NORMALIZATIONS, POSITION_EMBEDDINGS, ModelSpec
 from clustersim.schedules.model_presets import get_model
 from clustersim.schedules.parallel import CP_COMM, FSDP, RECOMPUTE, ParallelConfig
@@ -240,15 +241,33 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
 
 def add_parallel_flags(parser: argparse.ArgumentParser, with_schedule: bool = True,
                        pp_default: int = DEFAULT_PP) -> None:
+    """The parallel and sharding flags (and --schedule, --max-ops). A flag not given stays
+    None, so a schedule given as data can tell a conflicting flag from a default (the
+    defaults apply in parallel_from_args: pp `pp_default`, DEFAULT_SCHEDULE)."""
     g = parser.add_argument_group("parallelism (Megatron spellings accepted)")
     if with_schedule:
-        SCHEDULE_FLAG.add_to(g, DEFAULT_SCHEDULE)
+        SCHEDULE_FLAG.add_to(g)
     for flag in PARALLEL_FLAGS:
-        flag.add_to(g, pp_default if flag.field == "pp" else None)
+        flag.add_to(g)
+    parser.set_defaults(pp_default=pp_default)
+    add_limit_flags(parser)
     g = parser.add_argument_group("data-parallel sharding and recompute "
                                   "(DeepSpeed/Megatron/FSDP spellings accepted)")
     for flag in SHARDING_FLAGS:
         flag.add_to(g)
+
+
+def add_limit_flags(parser: argparse.ArgumentParser) -> None:
+    """--max-ops: the op budget checked before a schedule is built (schedules.limits)."""
+    parser.add_argument("--max-ops", type=int, default=MAX_OPS, metavar="N",
+                        help=f"refuse a schedule of more than about N ops per iteration "
+                             f"before building it (default {MAX_OPS:,}, about a minute of "
+                             f"replay)")
+
+
+def max_ops_from_args(args: argparse.Namespace) -> int:
+    require_positive_int("--max-ops", args.max_ops)
+    return args.max_ops
 
 
 def add_intra_layer_flags(parser: argparse.ArgumentParser) -> None:
@@ -288,13 +307,16 @@ def model_from_args(args: argparse.Namespace) -> ModelSpec:
     return ModelSpec(**dims)
 
 
-def parallel_from_args(args: argparse.Namespace, schedule: str, vpp: int | None = None,
+def parallel_from_args(args: argparse.Namespace, schedule: str | None,
+                       vpp: int | None = None,
                        micro_batch_size: int = 1) -> ParallelConfig:
     """The ParallelConfig of the parallel, sharding and intra-layer flags, for `schedule`
     (CUSTOM_SCHEDULE for a schedule given as data; vpp: `vpp`, --vpp, or the schedule's
     default). Microbatches default to DEFAULT_MICROBATCHES when neither they nor the
     global batch size are given."""
     values = given(args, PARALLEL_FLAGS + SHARDING_FLAGS + INTRA_LAYER_FLAGS)
+    values.setdefault("pp", getattr(args, "pp_default", DEFAULT_PP))
+    schedule = schedule or DEFAULT_SCHEDULE
     if vpp is not None:
         values["vpp"] = vpp
     if "num_microbatches" not in values and "global_batch_size" not in values:

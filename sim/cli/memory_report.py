@@ -24,9 +24,10 @@ from clustersim.topologies import get_device, load_topology
 
 from ..cluster import cluster_facts
 from .flags import (MODEL_FLAGS, add_model_flags, add_parallel_flags, given,
-                    model_from_args, parallel_from_args)
+                    max_ops_from_args, model_from_args, parallel_from_args)
 
 GB, GIB = 1e9, 2**30
+MAX_PARAMS = 1e18  # a bare count far above any model, below float overflow in the formulas
 _SUFFIXES = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
 
 
@@ -38,8 +39,9 @@ def parse_count(text: str) -> float:
         value = float(key[:-1] if scale != 1 else key) * scale
     except ValueError:
         value = 0.0
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a parameter count (e.g. 7.5e9, 7.5B)")
+    if not 1 <= value <= MAX_PARAMS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a parameter count between 1 and "
+                                         f"{MAX_PARAMS:.0e} (e.g. 7.5e9, 7.5B)")
     return value
 
 
@@ -88,7 +90,7 @@ def breakdown(args: argparse.Namespace) -> tuple[dict, list[RankMemory]]:
     else:
         spec = model_from_args(args)
         parallel = parallel_from_args(args, args.schedule, micro_batch_size=spec.micro_batch_size)
-        ranks = rank_memory(resolve(spec, parallel, cluster))
+        ranks = rank_memory(resolve(spec, parallel, cluster, max_ops=max_ops_from_args(args)))
         model, dtype = spec.name or "custom", spec.dtype
     config = {"model": model, "dtype": dtype, "optimizer_bytes_per_param": precision_bytes(dtype)[1],
               "parallel": asdict(parallel),

@@ -12,6 +12,10 @@ returning measured Timelines. Imports schedules and torch only — never sim or 
   must reproduce; `run_reference_steps` the same with torch.optim.Adam steps.
 - `KernelsError`: a failed run, naming the rank and the op.
 
+Rank processes die with the process that started them, meet on a loopback-only store,
+and are refused above kernels.preflight's limit before any starts; `timeout` is a
+no-progress watchdog (kernels.lifecycle, kernels.rendezvous, kernels.watchdog).
+
 Supported so far: pipeline (any schedule of F/B/I/W with P2P ops, layer groups), data
 parallelism (DDP, ZeRO 1-3, FSDP/HSDP ops over 'dp', 'dp_shard', 'dp_replicate', OPT_STEP)
 and tensor parallelism with or without sequence parallelism (Megatron column/row-parallel

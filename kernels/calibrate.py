@@ -25,8 +25,12 @@ What is measured (medians over `repeats` after `warmup` untimed runs):
 P2P and collective points are fitted with schedules.profile.fit_alpha_beta.
 
 Processes: `nproc` = max(group_sizes, 2 where P2P is wanted) rank processes, gloo on CPU,
-NCCL on CUDA (one GPU per rank: a single GPU measures compute only, no P2P). Units:
-seconds, bytes. Every rank process runs one torch thread.
+NCCL on CUDA (one GPU per rank: a single GPU measures compute only, no P2P), at most
+kernels.preflight.local_rank_limit() (refused before any starts). They die with the
+calling process and meet on its loopback store, as kernels.launch's do
+(kernels.lifecycle, kernels.rendezvous). `timeout` is a no-progress watchdog: the
+calibration fails when no benchmark step finished for that long. Units: seconds, bytes.
+Every rank process runs one torch thread.
 """
 from __future__ import annotations
 
@@ -35,12 +39,11 @@ import multiprocessing as mp
 import os
 import platform
 import queue
-import socket
 import statistics
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 import torch
@@ -49,12 +52,17 @@ import torch.distributed as dist
 from clustersim.schedules.errors import ConfigError
 from clustersim.schedules.model import ModelSpec
 from clustersim.schedules.profile import COLLECTIVE_OPS, PROFILED_KINDS, AlphaBeta, Profile
+from clustersim.user_files import is_finite_number
 
 from .errors import KernelsError
 from .layers import torch_dtype
+from .lifecycle import die_with_parent, rank_session
 from .microbench import (OPTIMIZER_PARAMS, PARTS, BenchPlan, default_collective_sizes,
                          default_p2p_sizes, measure_collectives, measure_compute,
                          measure_optimizer, measure_p2p)
+from .preflight import check_local_ranks
+from .rendezvous import join_group
+from .worker import backstop_timeout
 
 Progress = Callable[[int, int, str], None]
 """progress(done, total, label): called in the parent as steps complete."""
@@ -66,18 +74,17 @@ ONE_GPU = ("one GPU cannot run NCCL between ranks ('Duplicate GPU'): P2P and col
 
 
 # --- the rank process -----------------------------------------------------------------
-def _rank_main(rank: int, plan: BenchPlan, results: Any) -> None:
+def _rank_main(rank: int, plan: BenchPlan, results: Any, link: Any) -> None:
     """Process entry point: join the group, run the benchmarks, report to the parent."""
+    die_with_parent(link)
     try:
         torch.set_num_threads(1)
-        os.environ["MASTER_ADDR"] = "127.0.0.1"
-        os.environ["MASTER_PORT"] = str(plan.port)
         cuda = plan.device == "cuda"
         device = torch.device("cuda", rank) if cuda else torch.device("cpu")
         if cuda:
             torch.cuda.set_device(device)
-        dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=plan.nproc,
-                                timeout=datetime.timedelta(seconds=plan.timeout))
+        join_group("nccl" if cuda else "gloo", rank, plan.nproc, plan.port,
+                   backstop_timeout(plan.timeout))
 
         def step(label: str) -> None:
             if rank == 0:
@@ -105,55 +112,53 @@ def _rank_main(rank: int, plan: BenchPlan, results: Any) -> None:
         os._exit(1)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(plan: BenchPlan, progress: Progress | None) -> dict[int, dict]:
+    check_local_ranks(plan.nproc, f"nproc={plan.nproc}")
     ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    procs = [ctx.Process(target=_rank_main, args=(r, plan, results), daemon=True,
-                         name=f"clustersim-calibrate-{r}") for r in range(plan.nproc)]
-    deadline = time.monotonic() + plan.timeout
+    with rank_session(ctx, backstop_timeout(plan.timeout)) as session:
+        plan = replace(plan, port=session.port)
+        session.start([ctx.Process(target=_rank_main, daemon=True,
+                                   name=f"clustersim-calibrate-{r}",
+                                   args=(r, plan, session.results, session.link))
+                       for r in range(plan.nproc)])
+        return _collect(plan, session.procs, session.results, progress)
+
+
+def _collect(plan: BenchPlan, procs: list, results: Any,
+             progress: Progress | None) -> dict[int, dict]:
+    """The ranks' payloads; KernelsError when a rank fails or dies, or when no message
+    (a finished benchmark step) arrived for `plan.timeout` seconds."""
     payloads: dict[int, dict] = {}
     done = 0
-    try:
-        for p in procs:
-            p.start()
-        while len(payloads) < plan.nproc:
-            if time.monotonic() > deadline:
-                raise KernelsError(f"calibration timed out after {plan.timeout:g} s "
-                                   f"({done} of {plan.total_steps} steps done)")
-            try:
-                message = results.get(timeout=0.1)
-            except queue.Empty:
-                dead = [r for r, p in enumerate(procs)
-                        if r not in payloads and p.exitcode not in (None, 0)]
-                if dead:
-                    time.sleep(1.0)  # let its error message arrive
-                    if results.empty():
-                        raise KernelsError(f"calibration rank {dead[0]} died (exit code "
-                                           f"{procs[dead[0]].exitcode})", rank=dead[0])
-                continue
-            if message[0] == "step":
-                done += 1
-                if progress:
-                    progress(done, plan.total_steps, message[2])
-            elif message[0] == "error":
-                _, rank, text, tb = message
-                raise KernelsError(f"calibration rank {rank} failed: {text}", rank=rank,
-                                   details=tb)
-            else:
-                payloads[message[1]] = message[2]
-        return payloads
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-        for p in procs:
-            p.join(timeout=5)
+    last = time.monotonic()
+    while len(payloads) < plan.nproc:
+        if time.monotonic() - last > plan.timeout:
+            raise KernelsError(f"calibration timed out: no benchmark step finished for "
+                               f"{plan.timeout:g} s (timeout; {done} of {plan.total_steps} "
+                               f"steps done)")
+        try:
+            message = results.get(timeout=0.1)
+        except queue.Empty:
+            dead = [r for r, p in enumerate(procs)
+                    if r not in payloads and p.exitcode not in (None, 0)]
+            if dead:
+                time.sleep(1.0)  # let its error message arrive
+                if results.empty():
+                    raise KernelsError(f"calibration rank {dead[0]} died (exit code "
+                                       f"{procs[dead[0]].exitcode})", rank=dead[0])
+            continue
+        last = time.monotonic()
+        if message[0] == "step":
+            done += 1
+            if progress:
+                progress(done, plan.total_steps, message[2])
+        elif message[0] == "error":
+            _, rank, text, tb = message
+            raise KernelsError(f"calibration rank {rank} failed: {text}", rank=rank,
+                               details=tb)
+        else:
+            payloads[message[1]] = message[2]
+    return payloads
 
 
 def _median_compute(payloads: dict[int, dict]) -> dict[str, dict[str, float]]:
@@ -181,7 +186,9 @@ def calibrate(model: ModelSpec, device: str = "cpu", repeats: int = 7, warmup: i
               progress: Progress | None = None) -> dict[str, Any]:
     """Run the micro-benchmarks and return the profile as JSON-ready data
     (schedules.profile format). `concurrent` (default: on CPU) runs the compute
-    benchmarks in every rank process at once. Raises KernelsError if a rank fails."""
+    benchmarks in every rank process at once. `timeout`: seconds without a finished
+    benchmark step before the calibration fails. Raises KernelsError if a rank fails,
+    ConfigError on bad input (before any process starts)."""
     if device not in ("cpu", "cuda"):
         raise ConfigError(f"device={device!r} must be 'cpu' or 'cuda'")
     for name, value, least in (("repeats", repeats, 1), ("warmup", warmup, 0)):
@@ -190,9 +197,14 @@ def calibrate(model: ModelSpec, device: str = "cpu", repeats: int = 7, warmup: i
     unknown = [c for c in collectives if c not in COLLECTIVE_OPS]
     if unknown:
         raise ConfigError(f"unknown collective {unknown[0]!r}: use {', '.join(COLLECTIVE_OPS)}")
+    if not is_finite_number(timeout) or not timeout > 0:
+        raise ConfigError(f"timeout must be a finite number of seconds > 0 (calibration "
+                          f"fails when no benchmark step finished for that long), got "
+                          f"{timeout!r}")
     torch_dtype(model)  # fp8 and friends fail here, before any process starts
     notes = []
     nproc = max([2, *group_sizes])
+    check_local_ranks(nproc, f"group_sizes (largest {nproc})")
     if device == "cuda":
         if not torch.cuda.is_available():
             raise KernelsError(f"device='cuda' but torch {torch.__version__} sees no CUDA device")
@@ -214,7 +226,7 @@ def calibrate(model: ModelSpec, device: str = "cpu", repeats: int = 7, warmup: i
                  tuple(p2p_sizes or default_p2p_sizes(model)),
                  tuple(collective_sizes or default_collective_sizes(model)),
                  tuple(group_sizes), tuple(collectives), concurrent, seed, float(timeout),
-                 nproc, _free_port())
+                 nproc, 0)  # port: _launch's store
     started = time.perf_counter()
     payloads = _launch(plan, progress)
     rank0 = payloads[0]

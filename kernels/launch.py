@@ -4,10 +4,17 @@
 (schedules.lowering: data parallel, P2P, costs, intra-layer collectives; a pass whose ops
 the schedule already has leaves it), starts the plan's world size of processes (ranks in
 ParallelConfig's rank order; a rank runs the program of its pipeline coordinate), gloo on
-CPU or NCCL on CUDA, and watches them: a
-rank that raises or dies, or a run that passes `timeout` seconds (a transfer or
-collective that never completes), ends with a KernelsError naming the rank and the op it
-was on, and every rank process is killed — never a hang.
+CPU or NCCL on CUDA, and watches them: a rank that raises or dies, or a run in which no
+op finished on any rank for `timeout` seconds (a transfer or collective that never
+completes: kernels.watchdog), ends with a KernelsError naming the rank and the op it was
+on, and every rank process is killed — never a hang. A long run that keeps finishing ops
+is never cut short.
+
+Process lifetime (kernels.lifecycle): the ranks die with the launching process, even
+when it is SIGKILLed, and SIGTERM/SIGHUP to it kill the ranks before it exits. The ranks
+meet on a TCPStore this process serves on 127.0.0.1 only (kernels.rendezvous). At most
+kernels.preflight.local_rank_limit() rank processes (64 unless
+$CLUSTERSIM_MAX_LOCAL_RANKS says otherwise) are started.
 
 Processes come from a forkserver that has imported torch once, so a run after the first
 starts in well under a second instead of paying torch's import per rank.
@@ -34,6 +41,7 @@ import multiprocessing as mp
 import queue
 import socket
 import time
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -48,13 +56,17 @@ from clustersim.schedules.plan import Plan
 from clustersim.schedules.schedule import Schedule
 from clustersim.schedules.timeline import Timeline
 from clustersim.schedules.validate import dry_run
+from clustersim.user_files import is_finite_number
 
 from .errors import KernelsError
+from .lifecycle import rank_session
+from .preflight import check_local_ranks
 from .reference import run_reference, run_reference_steps
 from .results import gather_grads, gather_state, merge_timeline
 from .split_backward import check_recompute_split
 from .tied_embedding import check_tied_embeddings
-from .worker import STARTUP, Job, describe_progress, run_rank
+from .watchdog import ProgressWatch, stall_report
+from .worker import STARTUP, Job, backstop_timeout, describe_progress, run_rank
 
 __all__ = ["gather_grads", "gather_state", "merge_timeline", "run_reference",
            "run_reference_steps", "run_schedule"]
@@ -76,8 +88,9 @@ def _check_run(device: str, iterations: int, warmup_iterations: int, timeout: fl
     if iterations < 1 or warmup_iterations < 0:
         raise ConfigError(f"iterations must be >= 1 and warmup_iterations >= 0, got "
                           f"{iterations} and {warmup_iterations}")
-    if not timeout > 0:
-        raise ConfigError(f"timeout must be > 0 seconds, got {timeout!r}")
+    if not is_finite_number(timeout) or not timeout > 0:
+        raise ConfigError(f"timeout must be a finite number of seconds > 0 (the run fails "
+                          f"when no op finished on any rank for that long), got {timeout!r}")
 
 
 def _check_layout(plan: Plan, device: str, replay: bool) -> None:
@@ -159,6 +172,7 @@ def _check_lowered(lowered: Schedule, plan: Plan, check: bool) -> None:
 
 
 def _free_port() -> int:
+    """A free loopback port (kept for callers building a Job; _launch serves its own)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -187,7 +201,10 @@ def run_schedule(schedule: Schedule, plan: Plan, device: str = "cpu", seed: int 
     The Timeline is the iteration with the median time, and meta['iteration_times'] lists
     all of them. The lowering checks the schedule's structure; `check` also dry-runs it
     (a deadlock is reported before any process starts).
-    `timeout` bounds the whole run in seconds (start-up included). `replay` runs each
+    `timeout` is a no-progress watchdog in seconds: the run fails when no op finished on
+    any rank for that long (start-up included), naming each rank's last op and the op it
+    is stuck on; a long run that keeps finishing ops is not cut short. (It bounded the
+    whole run before issue 15.) `replay` runs each
     pipeline rank's program in turn in one process on one device, P2P and collectives in
     loopback (kernels.worker): per-op compute times of every rank from a single GPU;
     needs dp = tp = 1, returns no gradients. Raises KernelsError on failure, ConfigError on
@@ -208,6 +225,10 @@ def run_schedule(schedule: Schedule, plan: Plan, device: str = "cpu", seed: int 
         raise ConfigError("replay returns no gradients or parameters (its RECVs are random "
                           "data)")
     _check_run(device, iterations, warmup_iterations, timeout)
+    if not replay:
+        par = plan.parallel
+        check_local_ranks(par.world_size, f"world size tp*cp*dp*pp = {par.tp}*{par.cp}*"
+                                          f"{par.dp}*{par.pp} = {par.world_size}")
     _check_layout(plan, device, replay)
     lowered = lower(schedule, plan)
     _check_lowered(lowered, plan, check)
@@ -225,39 +246,31 @@ def run_schedule(schedule: Schedule, plan: Plan, device: str = "cpu", seed: int 
 
 
 def _launch(job: Job) -> dict[int, dict]:
-    """Start the rank processes and collect their payloads, or raise KernelsError."""
+    """Start the rank processes and collect their payloads, or raise KernelsError. The
+    ranks die with this process (kernels.lifecycle) and meet on its loopback store."""
+    check_local_ranks(job.world_size, f"world size {job.world_size}")
     ctx = _context()
     world = job.world_size
-    results = ctx.Queue()
-    progress = ctx.Array("i", [STARTUP] * (2 * world), lock=False)
-    procs = [ctx.Process(target=run_rank, args=(r, job, results, progress), daemon=True,
-                         name=f"clustersim-rank-{r}") for r in range(world)]
-    deadline = time.monotonic() + job.timeout
-    try:
-        for p in procs:
-            p.start()
-        return _collect(job, procs, results, progress, deadline)
-    finally:
-        started = [p for p in procs if p.pid is not None]
-        for p in started:
-            if p.is_alive():
-                p.kill()
-        for p in started:
-            p.join(timeout=5)
-        results.close()
+    with rank_session(ctx, backstop_timeout(job.timeout)) as session:
+        job = replace(job, master_port=session.port)
+        progress = ctx.Array("i", [STARTUP] * (2 * world), lock=False)
+        session.start([ctx.Process(target=run_rank, daemon=True, name=f"clustersim-rank-{r}",
+                                   args=(r, job, session.results, progress, session.link))
+                       for r in range(world)])
+        return _collect(job, session.procs, session.results, progress)
 
 
-def _collect(job: Job, procs: list, results: Any, progress: Any, deadline: float) -> dict:
+def _collect(job: Job, procs: list, results: Any, progress: Any) -> dict:
     payloads: dict[int, dict] = {}
     dead_since: float | None = None
+    watch = ProgressWatch(progress, len(procs), time.monotonic())
     while len(payloads) < len(procs):
         now = time.monotonic()
-        if now >= deadline:
-            raise KernelsError(f"run timed out after {job.timeout:g} s: a transfer or "
-                               f"collective never completed (a deadlocked schedule, or a "
-                               f"stalled rank): " + _where_stuck(job, progress, payloads))
+        watch.poll(now)
+        if watch.idle(now) >= job.timeout:
+            raise KernelsError(stall_report(job, watch, payloads, now))
         try:
-            message = results.get(timeout=min(_POLL_S, deadline - now))
+            message = results.get(timeout=_POLL_S)
         except queue.Empty:
             dead = [r for r, p in enumerate(procs)
                     if r not in payloads and p.exitcode not in (None, 0)]
@@ -279,6 +292,7 @@ def _collect(job: Job, procs: list, results: Any, progress: Any, deadline: float
             raise KernelsError(f"rank {rank} (pipeline rank {job.parallel.coords(rank)[PP]}) "
                                f"failed on {op}: {text}{dead}", rank=rank, op=op, details=tb)
         payloads[message[1]] = message[2]
+        watch.touch(time.monotonic())
     return payloads
 
 

@@ -54,9 +54,9 @@ class BenchPlan:
     collectives: tuple[str, ...]
     concurrent: bool
     seed: int
-    timeout: float
+    timeout: float  # seconds without a finished step before calibration fails
     nproc: int
-    port: int
+    port: int  # the launcher's loopback TCPStore (kernels.rendezvous)
 
     @property
     def compute_steps(self) -> int:

@@ -11,9 +11,17 @@ Messages to the parent (one per rank, on a multiprocessing queue):
   over a tied weight's copies (kernels.tied_embedding)], 'device_name': str};
 - ('error', rank, op text or phase, message, traceback).
 `progress[2*rank : 2*rank+2]` = (iteration, op index) says where a rank is, so the parent
-can name a stuck op: iteration -1 = starting up, N = at the final barrier; index -1 =
-at the barrier before the program, len(program) = completing comm after it.
+can name a stuck op: iteration -1 = starting up (index -1: process starting, 0: joining
+the process group, 1: building its stages), N = at the final barrier; index -1 = at the
+barrier before the program, i = op i started (ops 0..i-1 done, a comm op done when
+posted), len(program) = completing comm after it. Every change is progress to the
+parent's no-progress watchdog (kernels.watchdog).
 Times are perf_counter seconds (CLOCK_MONOTONIC, shared by all processes of a host).
+
+Lifetime and rendezvous: a rank first ties its life to the launcher's
+(kernels.lifecycle.die_with_parent), then joins the launcher's loopback store
+(kernels.rendezvous). Its own waits time out after `backstop_timeout(job.timeout)`,
+later than the launcher's watchdog, which names every rank's op when a run stalls.
 
 Replay (`Job.replay`): one process runs every pipeline rank's program in turn on one
 device, in loopback (kernels.executor: RECVs yield random data, SENDs are dropped), so a
@@ -40,6 +48,8 @@ from clustersim.schedules.recompute import Recompute
 from clustersim.schedules.schedule import Schedule
 
 from .executor import RankExecutor, RankSetup
+from .lifecycle import die_with_parent
+from .rendezvous import join_group
 from .stage import build_stages, named_parameters, token_batch
 from .tensor_parallel import TensorParallel
 from .tied_embedding import AXIS as EMBEDDING
@@ -48,12 +58,24 @@ from .timing import make_clock
 
 BEFORE_PROGRAM = -1
 STARTUP = -1
+JOINING, BUILDING = 0, 1  # op index while starting up
+MAX_WAIT_S = 1e7  # what datetime.timedelta and gloo's millisecond timeouts can hold
+
+
+def backstop_timeout(timeout: float) -> float:
+    """Seconds a rank's own waits allow (gloo collectives, the store, a posted op's
+    completion): 2 * timeout + 10, past the launcher's no-progress watchdog of `timeout`
+    seconds (kernels.launch), so the launcher reports a stall first, naming every rank's
+    op; this only ends a rank the launcher cannot."""
+    return min(2 * timeout + 10, MAX_WAIT_S)
 
 
 def describe_progress(program: list, iterations: int, iteration: int, index: int) -> str:
     """Where a rank is, in words, from its (iteration, op index) progress pair."""
     if iteration == STARTUP:
-        return "starting up (joining the process group, building its stages)"
+        return {JOINING: "starting up (joining the process group)",
+                BUILDING: "starting up (building its stages)"}.get(
+                    index, "starting up (its process starting)")
     if iteration >= iterations:
         return "at the final barrier (done with its program)"
     of = f"iteration {iteration + 1} of {iterations}"
@@ -73,11 +95,11 @@ class Job:
     plan: Plan
     device: str  # 'cpu' or 'cuda'
     seed: int
-    timeout: float
+    timeout: float  # seconds with no op finished on any rank before the run fails
     warmup_iterations: int
     iterations: int
     return_grads: bool
-    master_port: int
+    master_port: int  # the launcher's loopback TCPStore (kernels.rendezvous)
     replay: bool = False
     return_params: bool = False
 
@@ -151,20 +173,23 @@ def _setup_device(job: Job, rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def run_rank(rank: int, job: Job, results: Any, progress: Any) -> None:
-    """Process entry point (top level, so the multiprocessing context can pickle it)."""
+def run_rank(rank: int, job: Job, results: Any, progress: Any, link: Any = None) -> None:
+    """Process entry point (top level, so the multiprocessing context can pickle it).
+    `link`: the read end of kernels.lifecycle.parent_link (None: not tied)."""
+    if link is not None:
+        die_with_parent(link)
     where = "startup"
     try:
         torch.set_num_threads(1)
-        progress[2 * rank], progress[2 * rank + 1] = STARTUP, BEFORE_PROGRAM
-        os.environ["MASTER_ADDR"] = "127.0.0.1"
-        os.environ["MASTER_PORT"] = str(job.master_port)
+        progress[2 * rank], progress[2 * rank + 1] = STARTUP, JOINING
         device = _setup_device(job, rank)
-        timeout = datetime.timedelta(seconds=job.timeout)
+        wait_s = backstop_timeout(job.timeout)
         where = "joining the process group"
-        dist.init_process_group("nccl" if job.device == "cuda" else "gloo", rank=rank,
-                                world_size=job.world_size, timeout=timeout)
-        groups = {} if job.replay else _groups(job, rank, timeout)
+        join_group("nccl" if job.device == "cuda" else "gloo", rank, job.world_size,
+                   job.master_port, wait_s)
+        groups = {} if job.replay else _groups(job, rank,
+                                               datetime.timedelta(seconds=wait_s))
+        progress[2 * rank + 1] = BUILDING
         where = "building its stages"
         payload = _replay(job, device, progress) if job.replay else _run(
             rank, job, device, groups, progress)
@@ -185,7 +210,7 @@ def _run(rank: int, job: Job, device: torch.device, groups: dict, progress: Any)
     coords = job.parallel.coords(rank)
     setup = RankSetup(rank=rank, pipeline_rank=coords[PP], dp_rank=coords[DP],
                       pp_ranks=job.plan.group(PP, rank), groups=groups,
-                      dp_size=job.parallel.dp, timeout=job.timeout,
+                      dp_size=job.parallel.dp, timeout=backstop_timeout(job.timeout),
                       group_ranks=dp_axes(job.plan, rank))
     iterations, results = _iterate(rank, job, device, setup, progress)
     return {"iterations": iterations, **results, "device_name": _device_name(device)}
@@ -197,7 +222,7 @@ def _replay(job: Job, device: torch.device, progress: Any) -> dict:
     for pipeline_rank in range(job.parallel.pp):
         setup = RankSetup(rank=pipeline_rank, pipeline_rank=pipeline_rank, dp_rank=0,
                           pp_ranks=list(range(job.parallel.pp)), groups={}, dp_size=1,
-                          timeout=job.timeout, loopback=True)
+                          timeout=backstop_timeout(job.timeout), loopback=True)
         iterations, _ = _iterate(0, job, device, setup, progress)
         per_rank.append([_from_zero(it) for it in iterations])
     merged = [{"t0": 0.0, "spans": [s for its in per_rank for s in its[i]["spans"]],

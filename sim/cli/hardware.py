@@ -12,18 +12,19 @@ import importlib.util
 import json
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from clustersim.schedules.errors import ClustersimError, ConfigError
+from clustersim.schedules.output_files import check_outputs, write_output, write_text_atomic
 from clustersim.schedules.plan import resolve
 from clustersim.topologies import DeviceSpec, TopologyError, get_device
 
 from ..report import format_summary
 from ..throughput import throughput
 from ..units import format_seconds
-from .commands import add_output_flags, schedule_and_parallel, write_outputs
-from .flags import add_model_flags, add_parallel_flags, model_from_args
+from .commands import (add_output_flags, input_paths, output_paths, schedule_and_parallel,
+                       write_outputs)
+from .flags import add_model_flags, add_parallel_flags, max_ops_from_args, model_from_args
 
 INSTALL_HINT = "the kernels backend needs PyTorch: pip install -e '.[kernels]'"
 GLOO_REDUCE_SCATTER = "note: gloo reduce-scatter is an all-reduce underneath"
@@ -110,7 +111,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--warmup-iterations", type=int, default=1,
                      help="untimed iterations first (default 1)")
     run.add_argument("--timeout", type=float, default=300.0,
-                     help="seconds before a stuck run is ended with an error (default 300)")
+                     help="no-progress watchdog: the run ends with an error, naming each "
+                          "rank's last op, when no op finished on any rank for this many "
+                          "seconds (default 300)")
     run.add_argument("--seed", type=int, default=0)
     add_parallel_flags(run)
     add_model_flags(run)
@@ -125,6 +128,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                         if c.strip())
     if args.ranks < 2:
         raise ConfigError(f"--ranks must be >= 2 (P2P needs two ranks), got {args.ranks}")
+    check_outputs({"--output": args.output})  # before any rank starts or any measurement
+    _kernels("preflight").check_local_ranks(args.ranks, f"--ranks={args.ranks}")
     if args.device == "cpu":
         _note(CPU_ONLY)
         if "reduce_scatter" in collectives:
@@ -136,14 +141,15 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     for note in profile.get("notes", ()):
         if "one GPU" in note:
             _note(f"note: {note}")
-    Path(args.output).write_text(json.dumps(profile, indent=2) + "\n")
+    written = write_output(args.output, lambda path: write_text_atomic(
+        path, json.dumps(profile, indent=2) + "\n"))
     layer = profile["compute"]["layer"]
     print(f"{profile['device']}: one layer F {format_seconds(layer['F'])}, "
           f"B {format_seconds(layer['B'])}, I {format_seconds(layer['I'])}, "
           f"W {format_seconds(layer['W'])}; optimizer step "
           f"{profile['optimizer_seconds_per_param'] * 1e9:.3g} ns/parameter; P2P alpha "
           f"{format_seconds(profile['p2p']['alpha'])}, {_bandwidth(profile['p2p']['beta'])}")
-    print(f"wrote {args.output}")
+    print(written)
     return 0
 
 
@@ -161,9 +167,9 @@ def _bandwidth(beta: float) -> str:
 
 # --- run --------------------------------------------------------------------------------
 def cmd_run(args: argparse.Namespace) -> int:
+    check_outputs(output_paths(args), input_paths(args))
     model = model_from_args(args)
     custom, parallel = schedule_and_parallel(args, model)
-    plan = resolve(model, parallel, schedule=custom)
     if args.replay and args.nproc not in (None, 1):
         raise ConfigError(f"--replay runs in one process: --nproc must be 1 or absent, got "
                           f"{args.nproc}")
@@ -173,6 +179,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.iterations < 1 or args.warmup_iterations < 0:
         raise ConfigError("--iterations must be >= 1 and --warmup-iterations >= 0")
     launch = _kernels("launch")
+    if not args.replay:  # before building the schedule, starting ranks or measuring
+        p = parallel
+        _kernels("preflight").check_local_ranks(
+            p.world_size, f"--tp*--cp*--dp*--pp = {p.tp}*{p.cp}*{p.dp}*{p.pp} = {p.world_size}")
+    plan = resolve(model, parallel, schedule=custom, max_ops=max_ops_from_args(args))
     if args.device == "cpu":
         _note(CPU_ONLY)
     elif parallel.world_size > 1 and not args.replay:

@@ -122,13 +122,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 # --- calibrate --------------------------------------------------------------------------
 def cmd_calibrate(args: argparse.Namespace) -> int:
+    check_outputs({"--output": args.output})  # before importing torch or measuring
     model = model_from_args(args)
-    calibrate = _kernels("calibrate")
     collectives = tuple(c.strip().replace("-", "_") for c in args.collectives.split(",")
                         if c.strip())
     if args.ranks < 2:
         raise ConfigError(f"--ranks must be >= 2 (P2P needs two ranks), got {args.ranks}")
-    check_outputs({"--output": args.output})  # before any rank starts or any measurement
+    calibrate = _kernels("calibrate")
     _kernels("preflight").check_local_ranks(args.ranks, f"--ranks={args.ranks}")
     if args.device == "cpu":
         _note(CPU_ONLY)

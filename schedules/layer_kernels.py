@@ -14,6 +14,8 @@ GEMM FLOPs of `ModelSpec` (SC21): the kernels of a layer's forward sum to exactl
 `layer_forward_flops() / (tp * cp)`, elementwise kernels count 0 FLOPs. Bytes are the
 tensors each kernel reads and writes once (elements of `dtype_bytes`, dropout masks 1
 byte, cross-entropy in fp32), counted from the kernel's inputs and outputs, not measured.
+Rotary position embeddings (`position_embedding_type='rope'`) add one elementwise kernel
+that reads and writes Q and K (Megatron-Core's fused RoPE), forward and backward.
 Notation (per rank): T = b*s/cp tokens, R = T*h residual-stream elements (/t with sequence
 parallelism), S = b*(a/t)*s^2/cp attention scores, F = T*f/t MLP elements, d = dtype bytes.
 MLP weights read per GEMM: h*f/t per matrix; in an MoE layer the k routed experts a token
@@ -22,6 +24,16 @@ experts h*f_sh/t (an approximation: a rank's grouped GEMM reads all its E/ep exp
 Backward: each GEMM runs twice (input and weight gradient: 2x FLOPs and bytes, SC21);
 elementwise backward kernels read the forward's saved tensor and the incoming gradient
 and write the outgoing one.
+
+FLOPs and work. `Kernel.flops` are the model FLOPs of the FLOP formulas (what MFU counts);
+`Kernel.work` the FLOPs the kernel executes, which a cost model charges. They differ for
+flash attention only. These models are decoder-only language models, so attention is
+causal: Megatron's unfused path computes all s^2 scores and masks them (work = FLOPs),
+but a flash kernel skips the masked blocks and executes half of the forward's 4bs^2h,
+and its backward recomputes the scores and runs five GEMMs to the forward's two, 2.5x
+the forward's work (not 2x): the FLOP count of flash-attention's own benchmark,
+`flops = 4*batch*seqlen^2*nheads*headdim // (2 if causal else 1)`, backward `2.5 * f`
+(Dao-AILab/flash-attention, benchmarks/benchmark_flash_attention.py; Dao 2023, FA2).
 """
 from __future__ import annotations
 
@@ -32,6 +44,8 @@ from .model import ModelSpec
 from .parallel import ParallelConfig
 
 CROSS_ENTROPY_FP32 = 4  # vocab-parallel cross-entropy runs in fp32 (K22 section 4.3)
+CAUSAL_FLASH_SHARE = 0.5  # of the score blocks a causal flash kernel computes (docstring)
+FLASH_BACKWARD_WORK = 2.5  # flash backward work / forward work (docstring)
 FP8_GEMMS = frozenset({"qkv_gemm", "proj_gemm", "fc1_gemm", "fc2_gemm"})
 """The GEMMs Transformer Engine runs in FP8 under dtype 'fp8': those of its linear layers
 (LayerNormLinear QKV, Linear projection, LayerNormMLP / GroupedLinear FC1 and FC2). The
@@ -42,24 +56,35 @@ input and weight in FP8 and writes a 16-bit output."""
 
 @dataclass(frozen=True)
 class Kernel:
-    """One kernel (or `count`-fold repeat, summed): FLOPs and HBM bytes."""
+    """One kernel (or a repeat of it, summed): model FLOPs, HBM bytes and the FLOPs it
+    executes (`work`; None = its FLOPs; module docstring)."""
 
     name: str
     flops: float
     nbytes: float
+    work: float | None = None
+
+    @property
+    def executed(self) -> float:
+        """FLOPs the kernel runs: what a cost model charges."""
+        return self.flops if self.work is None else self.work
 
     def scaled(self, factor: float) -> Kernel:
-        return Kernel(self.name, self.flops * factor, self.nbytes * factor)
+        return Kernel(self.name, self.flops * factor, self.nbytes * factor,
+                      None if self.work is None else self.work * factor)
 
 
 def merge(kernels: Iterable[Kernel]) -> tuple[Kernel, ...]:
     """Sum kernels of the same name (exact for a roofline: equal shapes, equal ratio)."""
     total: dict[str, list[float]] = {}
     for k in kernels:
-        entry = total.setdefault(k.name, [0.0, 0.0])
+        entry = total.setdefault(k.name, [0.0, 0.0, 0.0, False])
         entry[0] += k.flops
         entry[1] += k.nbytes
-    return tuple(Kernel(name, f, b) for name, (f, b) in total.items())
+        entry[2] += k.executed
+        entry[3] = entry[3] or k.work is not None
+    return tuple(Kernel(name, f, b, w if own else None)
+                 for name, (f, b, w, own) in total.items())
 
 
 class _Shape:
@@ -93,7 +118,8 @@ def attention_core_forward(model: ModelSpec, parallel: ParallelConfig) -> list[K
     x = _Shape(model, parallel)
     flops = 2 * x.scores * x.head_dim
     if model.use_flash_attn:
-        return [Kernel("flash_attention", 2 * flops, x.d * (2 * x.q + 2 * x.kv))]
+        return [Kernel("flash_attention", 2 * flops, x.d * (2 * x.q + 2 * x.kv),
+                       work=2 * flops * CAUSAL_FLASH_SHARE)]
     return [Kernel("scores_bmm", flops, x.d * (x.scores + x.q + x.kv)),
             Kernel("softmax", 0.0, 2 * x.d * x.scores),
             Kernel("attention_dropout", 0.0, 2 * x.d * x.scores + x.scores),
@@ -114,8 +140,11 @@ def layer_forward(model: ModelSpec, parallel: ParallelConfig,
                 + (model.moe_shared_expert_intermediate_size or 0) / t)
     norm = Kernel("norm", 0.0, 2 * d * x.residual)
     residual_add = Kernel("bias_dropout_add", 0.0, 3 * d * x.residual + x.residual)
+    rope = ([Kernel("rope", 0.0, 2 * d * (x.q + x.kv))]
+            if model.position_embedding_type == "rope" else [])
     kernels = [norm,
                x.gemm("qkv_gemm", x.full, x.q + 2 * x.kv, h * (h + 2 * hkv) / t),
+               *rope,
                *attention_core_forward(model, parallel),
                x.gemm("proj_gemm", x.q, x.full, h * h / t),
                residual_add, norm,
@@ -143,10 +172,14 @@ def layer_backward(model: ModelSpec, parallel: ParallelConfig,
         "softmax": 3 * d * x.scores,
         "attention_dropout": 2 * d * x.scores + x.scores,
         "bias_dropout_add": 3 * d * x.residual + x.residual,  # dropout grad + residual add
+        "rope": 2 * d * (x.q + x.kv),  # rotate the Q and K gradients back
     }
     out = []
     for k in layer_forward(model, parallel, layer):
-        if k.flops or k.name == "token_permute":
+        if k.name == "flash_attention":  # reads Q, K, V, O, dO; writes dQ, dK, dV
+            out.append(Kernel(k.name, 2 * k.flops, x.d * (4 * x.q + 4 * x.kv),
+                              work=FLASH_BACKWARD_WORK * k.executed))
+        elif k.flops or k.name == "token_permute":
             out.append(k.scaled(2))
         elif k.name == "activation":
             out.append(Kernel(k.name, 0.0, k.nbytes * 5 / 3 if model.swiglu else k.nbytes * 3 / 2))

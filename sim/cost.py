@@ -61,7 +61,7 @@ class RooflineCost:
         slow = self.device.sm_count / (self.device.sm_count - comm_sms)
         total = 0.0
         for k in kernels:
-            compute = self.time(k.flops, 0.0, self._dtype_of(k))
+            compute = self.time(k.executed, 0.0, self._dtype_of(k))
             total += max(compute * slow if k.name in fewer_sms else compute,
                          self.time(0.0, k.nbytes))
         return total

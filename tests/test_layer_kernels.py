@@ -113,3 +113,47 @@ def test_op_time_is_the_sum_of_kernel_rooflines_and_at_least_the_op_roofline():
     assert cost(forward) >= roofline(forward) * (1 - 1e-12)  # sum of max >= max of sums
     w = Op(OpKind.W, 0, 0)
     assert cost(w) == pytest.approx(roofline.kernels_time(costs[0].backward_kernels) / 2)
+
+
+@pytest.mark.parametrize("tp,cp", [(1, 1), (2, 1), (1, 2)])
+def test_causal_flash_attention_executes_flash_attentions_own_flop_count(tp, cp):
+    """flash-attention's benchmark (benchmarks/benchmark_flash_attention.py) counts
+    4*b*s^2*heads*head_dim // 2 for a causal forward and 2.5x that for its backward; the
+    model FLOPs (what MFU counts) stay SC21's full 4bs^2h and 2x for the backward."""
+    model = replace(LLAMA, micro_batch_size=2, seq_length=4096)
+    par = ParallelConfig(tp=tp, cp=cp)
+    b, s, a = 2, 4096, model.num_attention_heads
+    d = model.hidden_size // a
+    causal_forward = 4 * b * s ** 2 * a * d // 2 / (tp * cp)
+    (fwd,) = [k for k in lk.layer_forward(replace(model, use_flash_attn=True), par)
+              if k.name == "flash_attention"]
+    (bwd,) = [k for k in lk.layer_backward(replace(model, use_flash_attn=True), par)
+              if k.name == "flash_attention"]
+    assert fwd.executed == pytest.approx(causal_forward, rel=1e-12)
+    assert bwd.executed == pytest.approx(2.5 * causal_forward, rel=1e-12)
+    assert (fwd.flops, bwd.flops) == pytest.approx((2 * causal_forward, 4 * causal_forward))
+    # Megatron's unfused path computes every score: its work is its FLOPs
+    unfused = lk.layer_forward(replace(model, use_flash_attn=False), par)
+    assert all(k.executed == k.flops for k in unfused)
+
+
+def test_an_op_is_charged_the_work_its_kernels_execute():
+    model = replace(GPT, use_flash_attn=True)
+    plan = resolve(model, ParallelConfig(num_microbatches=1, micro_batch_size=2))
+    roofline = RooflineCost(get_device("a100-80gb-sxm"), compute_efficiency=0.7,
+                            memory_efficiency=0.8)
+    kernels = plan.stage_costs[0].backward_kernels
+    expected = sum(max(k.executed / (312e12 * 0.7), k.nbytes / (2.039e12 * 0.8))
+                   for k in kernels)
+    assert roofline.kernels_time(kernels) == pytest.approx(expected, rel=1e-12)
+    flash = next(k for k in kernels if k.name == "flash_attention")
+    assert flash.executed == pytest.approx(flash.flops * 2.5 / 4)  # 2.5 x half vs 2 x full
+
+
+def test_rotary_embedding_reads_and_writes_q_and_k_only_under_rope():
+    par = ParallelConfig(tp=2)
+    rope = next(k for k in lk.layer_forward(LLAMA, par) if k.name == "rope")
+    q = LLAMA.micro_batch_size * LLAMA.seq_length * LLAMA.hidden_size / 2
+    kv = LLAMA.micro_batch_size * LLAMA.seq_length * LLAMA.kv_hidden_size / 2
+    assert rope.flops == 0 and rope.nbytes == 2 * 2 * (q + kv)
+    assert "rope" not in {k.name for k in lk.layer_forward(GPT, par)}

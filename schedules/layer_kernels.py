@@ -14,6 +14,11 @@ GEMM FLOPs of `ModelSpec` (SC21): the kernels of a layer's forward sum to exactl
 `layer_forward_flops() / (tp * cp)`, elementwise kernels count 0 FLOPs. Bytes are the
 tensors each kernel reads and writes once (elements of `dtype_bytes`, dropout masks 1
 byte, cross-entropy in fp32), counted from the kernel's inputs and outputs, not measured.
+GEMM shapes: each GEMM kernel carries (M, N, K), an (M x K) @ (K x N) product (T tokens
+as M in the forward; its backward's input- and weight-gradient GEMMs as two kernels,
+`Kernel.gradient_gemms`), for cost models that know how GEMM speed depends on the shape.
+An MoE layer's routed-expert GEMMs carry the shape of all k experts' columns over the
+T tokens, not one expert's grouped-GEMM slice.
 Rotary position embeddings (`position_embedding_type='rope'`) add one elementwise kernel
 that reads and writes Q and K (Megatron-Core's fused RoPE), forward and backward.
 Notation (per rank): T = b*s/cp tokens, R = T*h residual-stream elements (/t with sequence
@@ -38,7 +43,7 @@ the forward's work (not 2x): the FLOP count of flash-attention's own benchmark,
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .model import ModelSpec
 from .parallel import ParallelConfig
@@ -63,6 +68,14 @@ class Kernel:
     flops: float
     nbytes: float
     work: float | None = None
+    gemm: tuple[float, float, float] | None = None  # (M, N, K) of a GEMM kernel
+
+    def gradient_gemms(self) -> list[Kernel]:
+        """A GEMM's backward: the input gradient dX = dY W^T, an (M x K) output over N,
+        and the weight gradient dW = X^T dY, (K x N) over M; each the forward's FLOPs and
+        bytes (SC21: backward = 2x forward)."""
+        m, n, k = self.gemm
+        return [replace(self, gemm=(m, k, n)), replace(self, gemm=(k, n, m))]
 
     @property
     def executed(self) -> float:
@@ -70,21 +83,22 @@ class Kernel:
         return self.flops if self.work is None else self.work
 
     def scaled(self, factor: float) -> Kernel:
-        return Kernel(self.name, self.flops * factor, self.nbytes * factor,
-                      None if self.work is None else self.work * factor)
+        return replace(self, flops=self.flops * factor, nbytes=self.nbytes * factor,
+                       work=None if self.work is None else self.work * factor)
 
 
 def merge(kernels: Iterable[Kernel]) -> tuple[Kernel, ...]:
-    """Sum kernels of the same name (exact for a roofline: equal shapes, equal ratio)."""
-    total: dict[str, list[float]] = {}
+    """Sum kernels of the same name and GEMM shape (exact for a roofline: equal shapes,
+    equal ratio)."""
+    total: dict[tuple, list] = {}
     for k in kernels:
-        entry = total.setdefault(k.name, [0.0, 0.0, 0.0, False])
+        entry = total.setdefault((k.name, k.gemm), [0.0, 0.0, 0.0, False])
         entry[0] += k.flops
         entry[1] += k.nbytes
         entry[2] += k.executed
         entry[3] = entry[3] or k.work is not None
-    return tuple(Kernel(name, f, b, w if own else None)
-                 for name, (f, b, w, own) in total.items())
+    return tuple(Kernel(name, f, b, w if own else None, gemm)
+                 for (name, gemm), (f, b, w, own) in total.items())
 
 
 class _Shape:
@@ -109,7 +123,9 @@ class _Shape:
         writes output. `weights` is the per-rank weight element count."""
         flops = 2 * in_elems * out_elems / self.tokens
         d_in = self.d_in if name in FP8_GEMMS else self.d
-        return Kernel(name, flops, d_in * (in_elems + weights) + self.d * out_elems)
+        shape = (self.tokens, out_elems / self.tokens, in_elems / self.tokens)
+        return Kernel(name, flops, d_in * (in_elems + weights) + self.d * out_elems,
+                      gemm=shape)
 
 
 def attention_core_forward(model: ModelSpec, parallel: ParallelConfig) -> list[Kernel]:
@@ -180,7 +196,7 @@ def layer_backward(model: ModelSpec, parallel: ParallelConfig,
             out.append(Kernel(k.name, 2 * k.flops, x.d * (4 * x.q + 4 * x.kv),
                               work=FLASH_BACKWARD_WORK * k.executed))
         elif k.flops or k.name == "token_permute":
-            out.append(k.scaled(2))
+            out.extend(k.gradient_gemms() if k.gemm else [k.scaled(2)])
         elif k.name == "activation":
             out.append(Kernel(k.name, 0.0, k.nbytes * 5 / 3 if model.swiglu else k.nbytes * 3 / 2))
         else:
@@ -224,4 +240,4 @@ def head_backward(model: ModelSpec, parallel: ParallelConfig) -> list[Kernel]:
     logits = x.tokens * model.vocab_size / x.t
     norm, gemm, _ = head_forward(model, parallel)
     return [Kernel("cross_entropy", 0.0, logits * (2 * CROSS_ENTROPY_FP32 + x.d)),
-            gemm.scaled(2), Kernel("norm", 0.0, 3 * x.d * x.residual)]
+            *gemm.gradient_gemms(), Kernel("norm", 0.0, 3 * x.d * x.residual)]

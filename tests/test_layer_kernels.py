@@ -157,3 +157,26 @@ def test_rotary_embedding_reads_and_writes_q_and_k_only_under_rope():
     kv = LLAMA.micro_batch_size * LLAMA.seq_length * LLAMA.kv_hidden_size / 2
     assert rope.flops == 0 and rope.nbytes == 2 * 2 * (q + kv)
     assert "rope" not in {k.name for k in lk.layer_forward(GPT, par)}
+
+
+@pytest.mark.parametrize("model", [GPT, LLAMA, MOE])
+def test_every_gemm_carries_a_shape_whose_2mnk_is_its_flops(model):
+    """An (M x K) @ (K x N) GEMM is 2MNK FLOPs; the backward's input gradient is (M x N)
+    @ (N x K) and its weight gradient (K x M) @ (M x N): the same 2MNK each."""
+    par = ParallelConfig(tp=2, sequence_parallel=True)
+    forward = lk.layer_forward(model, par) + lk.head_forward(model, par)
+    backward = lk.layer_backward(model, par) + lk.head_backward(model, par)
+    gemms = [k for k in forward + backward if k.gemm]
+    assert {k.name for k in gemms} >= {"qkv_gemm", "proj_gemm", "fc1_gemm", "fc2_gemm",
+                                      "logits_gemm"}
+    for k in gemms:
+        m, n, kk = k.gemm
+        assert k.flops == pytest.approx(2 * m * n * kk, rel=1e-12), k
+    for f in (k for k in forward if k.gemm):
+        m, n, kk = f.gemm
+        grads = sorted(b.gemm for b in backward if b.name == f.name)
+        assert grads == sorted([(m, kk, n), (kk, n, m)]), f.name
+    tokens = model.micro_batch_size * model.seq_length
+    qkv = next(k for k in forward if k.name == "qkv_gemm")
+    assert qkv.gemm == (tokens, (model.hidden_size + 2 * model.kv_hidden_size) / 2,
+                        model.hidden_size)

@@ -6,13 +6,14 @@ sim.cost_model).
   Patterson, CACM 2009) with achievable fractions of the datasheet peaks — applied to each
   kernel of an op and summed (`kernels_time`; the kernels of F/B/I/W come from
   schedules.layer_kernels via `StageKernelCost`), or to the op as a whole when it has no
-  kernel list. The defaults (0.6 of dense peak FLOP/s, 0.8 of HBM bandwidth) are
-  assumptions, not measurements; override them, or replace the model by a profile
-  calibrated with `kernels`.
+  kernel list. A GEMM kernel's compute term comes from `gemm_seconds` (measured GEMM
+  times) where it has a measurement. The defaults (0.6 of dense peak FLOP/s, 0.8 of HBM
+  bandwidth) are assumptions, not measurements; override them, or replace the model by a
+  profile calibrated with `kernels`.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from clustersim.schedules.annotate import work_costs
@@ -32,12 +33,18 @@ def check_fraction(name: str, value: float) -> None:
         raise ConfigError(f"{name} must be in (0, 1], got {value}")
 
 
+GemmSeconds = Callable[[Kernel, str], "float | None"]
+"""(GEMM kernel, dtype) -> its measured seconds, or None where there is no measurement
+(a table of GEMM times, issue 16 item 2); the roofline prices the rest."""
+
+
 @dataclass(frozen=True)
 class RooflineCost:
     device: DeviceSpec
     dtype: str = "bf16"
     compute_efficiency: float = DEFAULT_COMPUTE_EFFICIENCY
     memory_efficiency: float = DEFAULT_MEMORY_EFFICIENCY
+    gemm_seconds: GemmSeconds | None = None
 
     def __post_init__(self) -> None:
         check_fraction("compute_efficiency", self.compute_efficiency)
@@ -61,10 +68,20 @@ class RooflineCost:
         slow = self.device.sm_count / (self.device.sm_count - comm_sms)
         total = 0.0
         for k in kernels:
-            compute = self.time(k.executed, 0.0, self._dtype_of(k))
+            compute = self._compute_seconds(k)
             total += max(compute * slow if k.name in fewer_sms else compute,
                          self.time(0.0, k.nbytes))
         return total
+
+    def _compute_seconds(self, kernel: Kernel) -> float:
+        """A GEMM's measured time where `gemm_seconds` has one, else its work at the
+        compute roofline."""
+        dtype = self._dtype_of(kernel)
+        if kernel.gemm is not None and self.gemm_seconds is not None:
+            measured = self.gemm_seconds(kernel, dtype)
+            if measured is not None:
+                return measured
+        return self.time(kernel.executed, 0.0, dtype)
 
     def _dtype_of(self, kernel: Kernel) -> str:
         if self.dtype == "fp8" and kernel.name not in FP8_GEMMS:

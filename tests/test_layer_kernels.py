@@ -180,3 +180,16 @@ def test_every_gemm_carries_a_shape_whose_2mnk_is_its_flops(model):
     qkv = next(k for k in forward if k.name == "qkv_gemm")
     assert qkv.gemm == (tokens, (model.hidden_size + 2 * model.kv_hidden_size) / 2,
                         model.hidden_size)
+
+
+def test_measured_gemm_seconds_replace_the_gemms_compute_roofline_only():
+    kernels = lk.layer_forward(GPT, ParallelConfig())
+    device = get_device("a100-80gb-sxm")
+    plain = RooflineCost(device, compute_efficiency=0.7, memory_efficiency=0.8)
+    measured = {"fc1_gemm": 1e-3}
+    table = RooflineCost(device, compute_efficiency=0.7, memory_efficiency=0.8,
+                         gemm_seconds=lambda k, dtype: measured.get(k.name))
+    fc1 = [k for k in kernels if k.name == "fc1_gemm"]
+    rest = [k for k in kernels if k.name != "fc1_gemm"]
+    assert table.kernels_time(fc1) == pytest.approx(max(1e-3, plain.time(0.0, fc1[0].nbytes)))
+    assert table.kernels_time(rest) == pytest.approx(plain.kernels_time(rest), rel=1e-12)

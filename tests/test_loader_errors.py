@@ -235,7 +235,8 @@ def topology_error(tmp_path, spec) -> str:
 @pytest.mark.parametrize("builder", [["single_node"], {"a": 1}, 5, None])
 def test_topology_builder_must_be_a_string(builder, tmp_path):
     message = topology_error(tmp_path, {"builder": builder})
-    assert "builder must be one of fat_tree, node, rail_optimized, single_node, got" in message
+    assert ("builder must be one of fat_tree, fat_tree_3tier, node, rail_optimized, "
+            "single_node, got") in message
 
 
 @pytest.mark.parametrize("builder,param,value,expected", [

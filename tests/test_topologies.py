@@ -53,7 +53,8 @@ def test_get_device_is_lenient():
 
 
 def test_unknown_device_lists_known_names():
-    with pytest.raises(TopologyError, match="unknown device 'v100'.*a100-80gb-sxm, h100-sxm, h200-sxm"):
+    with pytest.raises(TopologyError, match="unknown device 'v100'; known devices: a100-40gb-sxm, "
+                                            ".*h100-sxm, h200-sxm, mi300x"):
         get_device("v100")
 
 
@@ -62,9 +63,11 @@ def test_missing_dtype_names_device_and_dtypes():
         get_device("a100").peak("fp8")
 
 
-ALL_PRESETS = ["dgx-a100", "dgx-h100", "dgx-h100-x128-ndr-ft", "dgx-h100-x128-ndr-ft-2to1",
-               "dgx-h100-x16-ndr", "dgx-h200", "hgx-h100", "hgx-h100-x8-roce", "pcie-a100",
-               "selene-a100"]
+ALL_PRESETS = ["dgx-a100", "dgx-b200", "dgx-h100", "dgx-h100-x128-ndr-ft",
+               "dgx-h100-x128-ndr-ft-2to1", "dgx-h100-x16-ndr", "dgx-h200",
+               "dgx-superpod-h100-16su", "dgx-superpod-h100-4su", "gb200-nvl72", "hgx-h100",
+               "hgx-h100-x8-roce", "llama3-24k-roce", "mi300x-8", "pcie-a100",
+               "pcie-h100-nvl", "selene-a100"]
 
 
 def test_presets_are_listed():
@@ -228,8 +231,9 @@ def test_error_gpu_cannot_reach_gpu(tmp_path):
 
 
 def test_error_unknown_preset_lists_known():
-    with pytest.raises(TopologyError, match="unknown topology preset 'dgx-b200'; known presets: " + ", ".join(ALL_PRESETS)):
-        load_topology("dgx-b200")
+    with pytest.raises(TopologyError, match="unknown topology preset 'dgx-v100'; known "
+                                            "presets: " + ", ".join(ALL_PRESETS)):
+        load_topology("dgx-v100")
 
 
 def test_error_invalid_json_names_file_and_position(tmp_path):
@@ -246,5 +250,6 @@ def test_error_builder_params(tmp_path):
     msg = _error(tmp_path, {"name": "x", "builder": "single_node", "params": {"device": "h100", "gpus": 8}})
     assert "params ['gpus'] not accepted by builder 'single_node'" in msg and "num_gpus" in msg
     msg = _error(tmp_path, {"name": "x", "builder": "three_level", "params": {}})
-    assert "builder must be one of fat_tree, node, rail_optimized, single_node, got 'three_level'" in msg
+    assert ("builder must be one of fat_tree, fat_tree_3tier, node, rail_optimized, "
+            "single_node, got 'three_level'") in msg
     assert "unknown field(s) ['edgs']" in _error(tmp_path, {"name": "x", "nodes": [], "edgs": []})

@@ -17,15 +17,18 @@ Schema (the one place it is defined):
   `nic{i}` (nic): the network adapter of GPU i (one per GPU, on its PCIe link);
   `leaf{k}`, `spine{k}` (switch, attr `tier` 'leaf'/'spine'): fat-tree switches;
   `rail{i}` (switch, tier 'leaf', attr `rail`): the switch of rail i, i.e. of every
-  host's local GPU i; `rail{i}.{g}` when the hosts are split into groups g.
+  host's local GPU i; `rail{i}.{g}` when the hosts are split into groups g;
+  three-tier fabrics: `spine{p}.{j}` (tier 'spine', attrs `pod`, `plane`): spine j of
+  pod p; `core{j}.{c}` (tier 'core', attr `plane`): core switch c of plane j.
 - directed edges, one per direction of a link, each with `bandwidth` (> 0, bytes/s per
   direction), `latency` (>= 0, s) and `kind` (non-empty str: 'nvlink', 'pcie', 'ib',
   'roce', ...).
 - every GPU can reach every other GPU along directed edges.
 
 Builders are pure functions returning a new, validated graph; `BUILDERS` maps the names
-preset files use to them: 'single_node' (here), 'node' (`topologies.nodes`), 'fat_tree'
-and 'rail_optimized' (`topologies.clusters`). Routing lives in `topologies.routing`.
+preset files use to them: 'single_node' (here), 'node' (`topologies.nodes`), 'fat_tree',
+'rail_optimized' and 'fat_tree_3tier' (`topologies.clusters`). Routing lives in
+`topologies.routing`.
 
 Size limit: MAX_GPUS (65,536) GPUs per topology, and `num_nodes` / `gpus_per_node` at most
 as many; builders check it before adding a node, `validate_topology` on every graph. Why:

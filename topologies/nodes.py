@@ -1,5 +1,6 @@
-"""One host (a cluster node) of the topology graph: its GPUs, their NVSwitch or PCIe
-switches, the host CPU and, in clusters, one NIC per GPU. Units: bytes/s per direction, s.
+"""One host (a cluster node) of the topology graph: its GPUs, their NVSwitch, PCIe or direct
+GPU-to-GPU links, the host CPU and, in clusters, one NIC per GPU. Units: bytes/s per
+direction, s.
 
 Node kinds (`NODE_KINDS`) and their sources:
 - 'dgx-a100' / 'hgx-a100': 8x A100 80GB SXM on NVSwitch (NVLink3, 600 GB/s bidirectional
@@ -8,14 +9,36 @@ Node kinds (`NODE_KINDS`) and their sources:
 - 'dgx-h100' / 'hgx-h100', 'dgx-h200' / 'hgx-h200': 8x H100 / H200 SXM on NVSwitch
   (NVLink4, 900 GB/s bidirectional = 450e9 per direction), PCIe Gen5, 8x ConnectX-7 NDR
   (NVIDIA DGX H100 / DGX H200 datasheets). DGX and HGX are the same graph.
+- 'dgx-b200' / 'hgx-b200': 8x B200 on NVSwitch (NVLink5, 1.8 TB/s bidirectional = 900e9 per
+  direction; 14.4 TB/s for the 8), PCIe Gen5, 8x single-port ConnectX-7 400 Gb/s (NVIDIA
+  DGX B200 datasheet; HGX B200 on NVIDIA's HGX page).
+- 'gb200-nvl72': a GB200 NVL72 rack, 72 Blackwell GPUs (36 GB200 superchips of 1 Grace CPU
+  + 2 GPUs, 18 compute trays of 4 GPUs) on one NVLink5 switch fabric (9 NVLink switch trays;
+  130 TB/s = 1.8 TB/s per GPU, all-to-all; NVIDIA GB200 NVL72 specifications), modelled as
+  ONE host: `host` is what the simulator treats as a node (the GPUs its intra-host
+  collectives and the 'TP spans nodes' warning group together), and in an NVL72 that is
+  the whole NVLink domain, as NCCL's multi-node NVLink treats it. The 18 trays and 36 Grace
+  CPUs are therefore not separate hosts: the single `host0` CPU node stands for the Grace
+  CPUs, each GPU linked to it by NVLink-C2C at 225e9 B/s per direction. NVIDIA publishes
+  900 GB/s bidirectional per Grace (Grace CPU / GH200 pages) and no per-GPU figure; 225e9
+  assumes a Grace's 450e9 per direction is shared evenly by its two GPUs. The 72 switch
+  chips are one non-blocking `nvswitch0`. NICs: one 400 Gb/s ConnectX-7 per GPU (DGX GB200
+  user guide: 4 per compute tray), each on a PCIe Gen5 x16 link (assumed, as in DGX B200).
 - 'pcie-a100': 8x A100 80GB PCIe without NVLink bridges, in a common dual-switch layout:
   two PCIe switches of 4 GPUs each, each switch on one x16 uplink to the host CPU, so
-  traffic between the two halves crosses the CPU.
+  traffic between the two halves crosses the CPU. 'pcie-h100': the same with 8x H100 PCIe
+  (Gen5). 'pcie-h100-nvl': the same with 8x H100 NVL, GPUs 2k and 2k+1 joined by their
+  2-way NVLink bridge (600 GB/s bidirectional = 300e9 per direction, H100 datasheet).
+- 'mi300x-8': the AMD Instinct MI300X platform, 8x MI300X as a fully connected mesh: every
+  GPU pair on its own Infinity Fabric link (7 per GPU), 64e9 B/s per direction each (AMD's
+  'peak 128 GB/s' per link read as bidirectional; `topologies.devices` says why), no switch,
+  each GPU on a PCIe Gen5 x16 link to the host CPU (AMD MI300X datasheet and platform page).
 PCIe rates are the PCI-SIG per-direction raw rates of an x16 link: Gen4 16 GT/s x 16 =
 32e9 B/s, Gen5 32 GT/s x 16 = 64e9 B/s (128b/130b encoding leaves ~98%; measured
-host-device copies reach ~25 / ~50 GB/s). Every GPU <-> host CPU, GPU <-> NIC and PCIe
-switch link is one x16 link at that rate. Latencies are assumptions: 1 us per NVLink and
-per PCIe edge (the existing single-node default), so GPU-to-GPU over a switch costs 2 us.
+host-device copies reach ~25 / ~50 GB/s). Every GPU <-> host CPU (except GB200's C2C),
+GPU <-> NIC and PCIe switch link is one x16 link at that rate. Latencies are assumptions:
+1 us per NVLink / Infinity Fabric / C2C and per PCIe edge (the existing single-node
+default), so GPU-to-GPU over a switch costs 2 us and over a direct link 1 us.
 """
 from __future__ import annotations
 
@@ -29,6 +52,8 @@ from .graph import BUILDERS, validate_topology
 
 PCIE_GEN4_X16 = 32e9  # bytes/s per direction
 PCIE_GEN5_X16 = 64e9  # bytes/s per direction
+GRACE_C2C_PER_GPU = 900e9 / 2 / 2  # bytes/s per direction: a Grace's C2C shared by 2 GPUs
+GPU_SWITCHES = ("nvswitch", "pcie", "mesh")
 
 
 @dataclass(frozen=True)
@@ -38,22 +63,56 @@ class NodeKind:
     name: str
     device: str  # canonical DeviceSpec name
     num_gpus: int
-    gpu_switch: str  # 'nvswitch': all GPUs on one NVSwitch; 'pcie': on PCIe switches only
+    # 'nvswitch': all GPUs on one NVLink switch; 'pcie': on PCIe switches only;
+    # 'mesh': one direct link per GPU pair, nvlink_bandwidth / (num_gpus - 1) each.
+    gpu_switch: str
     pcie_bandwidth: float  # bytes/s per direction of each x16 PCIe link
     gpus_per_pcie_switch: int = 4  # 'pcie' kinds only
+    nvlink_pairs: bool = False  # 'pcie' kinds: GPUs 2k, 2k+1 joined by an NVLink bridge
+    host_link_bandwidth: float | None = None  # GPU <-> host CPU, bytes/s; None: pcie_bandwidth
+    host_link_kind: str = "pcie"  # edge kind of the GPU <-> host CPU links
+    link_kind: str = "nvlink"  # edge kind of the GPU fabric ('xgmi': Infinity Fabric)
+
+    def __post_init__(self) -> None:
+        where = f"node kind {self.name!r}"
+        if self.gpu_switch not in GPU_SWITCHES:
+            raise TopologyError(f"{where}: gpu_switch must be one of {', '.join(GPU_SWITCHES)}, "
+                                f"got {self.gpu_switch!r}")
+        nvlink = get_device(self.device).nvlink_bandwidth
+        if self.gpu_switch in ("nvswitch", "mesh") and not nvlink:
+            raise TopologyError(f"{where}: gpu_switch {self.gpu_switch!r} needs a device with "
+                                f"nvlink_bandwidth > 0; {self.device!r} has none")
+        if self.gpu_switch == "mesh" and self.num_gpus < 2:
+            raise TopologyError(f"{where}: num_gpus must be >= 2 for a 'mesh', got {self.num_gpus}")
+        if self.nvlink_pairs and (self.gpu_switch != "pcie" or self.num_gpus % 2 or not nvlink):
+            raise TopologyError(f"{where}: nvlink_pairs needs gpu_switch 'pcie', an even "
+                                f"num_gpus and a device with NVLink bridges")
+
+    @property
+    def host_link(self) -> float:
+        """Bytes/s per direction of each GPU's link to the host CPU."""
+        return self.pcie_bandwidth if self.host_link_bandwidth is None else self.host_link_bandwidth
 
 
 NODE_KINDS: dict[str, NodeKind] = {}
 for _name, _device, _pcie in (("a100", "a100-80gb-sxm", PCIE_GEN4_X16),
                               ("h100", "h100-sxm", PCIE_GEN5_X16),
-                              ("h200", "h200-sxm", PCIE_GEN5_X16)):
+                              ("h200", "h200-sxm", PCIE_GEN5_X16),
+                              ("b200", "b200", PCIE_GEN5_X16)):
     for _brand in ("dgx", "hgx"):
         NODE_KINDS[f"{_brand}-{_name}"] = NodeKind(f"{_brand}-{_name}", _device, 8, "nvswitch", _pcie)
+NODE_KINDS["gb200-nvl72"] = NodeKind("gb200-nvl72", "gb200", 72, "nvswitch", PCIE_GEN5_X16,
+                                     host_link_bandwidth=GRACE_C2C_PER_GPU,
+                                     host_link_kind="nvlink-c2c")
 NODE_KINDS["pcie-a100"] = NodeKind("pcie-a100", "a100-80gb-pcie", 8, "pcie", PCIE_GEN4_X16)
+NODE_KINDS["pcie-h100"] = NodeKind("pcie-h100", "h100-pcie", 8, "pcie", PCIE_GEN5_X16)
+NODE_KINDS["pcie-h100-nvl"] = NodeKind("pcie-h100-nvl", "h100-nvl", 8, "pcie", PCIE_GEN5_X16,
+                                       nvlink_pairs=True)
+NODE_KINDS["mi300x-8"] = NodeKind("mi300x-8", "mi300x", 8, "mesh", PCIE_GEN5_X16, link_kind="xgmi")
 
 
 def get_node_kind(name: str) -> NodeKind:
-    """The NodeKind for `name` (case-insensitive, e.g. 'dgx-h100', 'pcie-a100')."""
+    """The NodeKind for `name` (case-insensitive, e.g. 'dgx-h100', 'gb200-nvl72', 'mi300x-8')."""
     key = str(name).strip().lower().replace("_", "-")
     if key not in NODE_KINDS:
         raise TopologyError(f"unknown node kind {name!r}; known: {', '.join(sorted(NODE_KINDS))}")
@@ -86,12 +145,19 @@ def add_host(
     gpus = [f"gpu{first_gpu_index + i}" for i in range(spec.num_gpus)]
     for i, gpu in enumerate(gpus):
         graph.add_node(gpu, type="gpu", device=device, index=first_gpu_index + i, host=host)
+    nvlink = get_device(device).nvlink_bandwidth
     if spec.gpu_switch == "nvswitch":
-        nvswitch, nvlink = f"nvswitch{host}", get_device(device).nvlink_bandwidth
+        nvswitch = f"nvswitch{host}"
         graph.add_node(nvswitch, type="switch", host=host)
         for gpu in gpus:
-            add_link(graph, gpu, nvswitch, nvlink, nvlink_latency, "nvlink")
-            add_link(graph, gpu, cpu, spec.pcie_bandwidth, pcie_latency, "pcie")
+            add_link(graph, gpu, nvswitch, nvlink, nvlink_latency, spec.link_kind)
+            add_link(graph, gpu, cpu, spec.host_link, pcie_latency, spec.host_link_kind)
+    elif spec.gpu_switch == "mesh":
+        per_link = nvlink / (spec.num_gpus - 1)
+        for i, gpu in enumerate(gpus):
+            for other in gpus[i + 1:]:
+                add_link(graph, gpu, other, per_link, nvlink_latency, spec.link_kind)
+            add_link(graph, gpu, cpu, spec.host_link, pcie_latency, spec.host_link_kind)
     else:
         per_switch = spec.gpus_per_pcie_switch
         for k in range(0, spec.num_gpus, per_switch):
@@ -100,6 +166,9 @@ def add_host(
             add_link(graph, switch, cpu, spec.pcie_bandwidth, pcie_latency, "pcie")
             for gpu in gpus[k:k + per_switch]:
                 add_link(graph, gpu, switch, spec.pcie_bandwidth, pcie_latency, "pcie")
+        if spec.nvlink_pairs:
+            for a, b in zip(gpus[::2], gpus[1::2]):
+                add_link(graph, a, b, nvlink, nvlink_latency, spec.link_kind)
     if nics:
         for i, gpu in enumerate(gpus):
             nic = f"nic{first_gpu_index + i}"

@@ -11,7 +11,13 @@ called with `params` as keyword arguments; `name` names the graph. Builders and 
 - "fat_tree": node_kind, num_nodes, network="ndr", nodes_per_leaf=4, num_spines=null,
   oversubscription=1, nvlink_latency, pcie_latency, network_latency;
 - "rail_optimized": as fat_tree but nodes_per_group=null instead of nodes_per_leaf
-  (networks in `clusters.NETWORKS`: "hdr", "ndr", "roce-400g", ...)::
+  (networks in `clusters.NETWORKS`: "hdr", "ndr", "roce-400g", ...);
+- "fat_tree_3tier": node_kind, num_nodes, network="ndr", nodes_per_pod=8,
+  nodes_per_leaf=4, rails=false, num_spines=null (per pod), cores_per_plane=null,
+  leaf_oversubscription=1, pod_oversubscription=1, nvlink_latency, pcie_latency,
+  network_latency: leaves, pods of spines and a core tier joining the pods, with rail
+  leaves inside a pod when rails=true (`clusters.fat_tree_3tier`; presets
+  "llama3-24k-roce", "dgx-superpod-h100-4su", "dgx-superpod-h100-16su")::
 
     {"name": "dgx-h100", "description": "...", "builder": "single_node",
      "params": {"device": "h100-sxm", "num_gpus": 8, "latency": 1e-06}}
@@ -40,7 +46,7 @@ largest graph a builder makes, 65,536 GPUs, is 73 MiB, 103 MiB indented) nested 
 naming a builder; `params` an object whose values have the types of the builder's
 signature (int; float: finite; bool; str; null where the default is None), checked before
 the builder runs; the builders' and the schema's size limits (MAX_GPUS GPUs,
-`topologies.clusters.MAX_LEAF_SPINE_LINKS`).
+`topologies.clusters.MAX_LEAF_SPINE_LINKS` leaf-spine and spine-core links).
 """
 from __future__ import annotations
 
@@ -79,6 +85,18 @@ def _preset_dir():
 def list_presets() -> list[str]:
     """Names of the bundled presets, sorted (e.g. 'dgx-a100', 'dgx-h100-x16-ndr', 'selene-a100')."""
     return sorted(p.name[:-5] for p in _preset_dir().iterdir() if p.name.endswith(".json"))
+
+
+def preset_description(name: str) -> str:
+    """A bundled preset's `description`, read without building its graph (the largest,
+    24,576 GPUs, takes seconds to build)."""
+    import json
+    key = str(name).strip().lower()
+    if key not in list_presets():
+        raise TopologyError(f"unknown topology preset {short_repr(name)}; known presets: "
+                            f"{', '.join(list_presets())}")
+    spec = json.loads(_preset_dir().joinpath(f"{key}.json").read_text(encoding="utf-8"))
+    return str(spec.get("description", ""))
 
 
 def load_topology(name_or_path: str) -> nx.DiGraph:

@@ -70,7 +70,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     cmp.add_argument("--json", action="store_true", help="print the table as JSON")
 
     sub.add_parser("models", help="list model presets")
-    sub.add_parser("topologies", help="list topology presets")
+    sub.add_parser("topologies", help="list topology presets and device datasheets (peaks, "
+                                      "HBM, scale-up links, measured matmul ceilings)")
 
 
 def add_output_flags(parser: argparse.ArgumentParser, timeline_default: str | None) -> None:
@@ -266,9 +267,26 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_topologies(args: argparse.Namespace) -> int:
+    """The presets, then one line per device: dense bf16/fp8 peaks (TFLOP/s), HBM (GB,
+    TB/s), scale-up link bandwidth per GPU per direction (GB/s) and the achievable matmul
+    fraction per dtype with its source (topologies.devices documents every number)."""
+    from clustersim.topologies import DEVICES, preset_description
     for name in list_presets():
-        graph = load_topology(name)
-        print(f"{name:12} {graph.graph.get('description', '')}")
+        print(f"{name:12} {preset_description(name)}")
+    print("\ndevices (dense peaks; links per GPU per direction; matmul ceiling = best "
+          "measured GEMM / peak):")
+    print(f"{'device':15} {'bf16 TF':>8} {'fp8 TF':>8} {'HBM GB':>7} {'TB/s':>5} "
+          f"{'link GB/s':>19}  matmul ceiling [source]")
+    for spec in DEVICES.values():
+        fp8 = (f"{spec.peak_flops['fp8'] / 1e12:8.0f}" if "fp8" in spec.peak_flops
+               else f"{'-':>8}")
+        link = (f"{spec.nvlink_bandwidth / 1e9:.0f} {spec.interconnect}"
+                if spec.nvlink_bandwidth else "none (PCIe)")
+        ceiling = ", ".join(f"{k} {v:.0%}" for k, v in spec.matmul_ceiling.items()) or "-"
+        source = f" [{spec.matmul_ceiling_source}]" if spec.matmul_ceiling_source else ""
+        print(f"{spec.name:15} {spec.peak_flops['bf16'] / 1e12:8.0f} {fp8} "
+              f"{spec.memory_bytes / 1e9:7.0f} {spec.hbm_bandwidth / 1e12:5.2f} {link:>19}  "
+              f"{ceiling}{source}")
     return 0
 
 

@@ -42,16 +42,17 @@ from run_cli import command
 from clustersim.schedules.model_presets import get_model
 from clustersim.schedules.ops import OpKind
 from clustersim.schedules.parallel import ParallelConfig
+from clustersim.sim.cost import ATTAINMENT, compute_fraction, memory_fraction
 from clustersim.sim.cost_model import RooflineCostModel
 from clustersim.sim.simulate import simulate
-from clustersim.topologies import load_topology
+from clustersim.topologies import get_device, load_topology
 
 RESULTS = Path(__file__).parent / "results"
 
-# Datasheet / documented constants (see the results page for the sources).
-MEMORY_EFFICIENCY = 0.88  # 1.80 of 2.04 TB/s read on an A100 80GB SXM (NVIDIA forum, 2025)
-# (the HBM ceiling; MAMF_EFFICIENCY below is the matmul ceiling)
-MAMF_EFFICIENCY = 267.9 / 312  # max achievable bf16 matmul on A100 SXM (ml-engineering)
+# The A100's measured ceilings, from the device registry (topologies.devices: sources).
+A100 = get_device("a100-80gb-sxm")
+MAMF_EFFICIENCY = A100.matmul_ceiling_of("bf16")  # max achievable bf16 matmul / peak
+MEMORY_EFFICIENCY = A100.hbm_ceiling  # best measured HBM read bandwidth / datasheet
 K22_LAYER_SECONDS = 19.6e-3  # K22 Table 4: 22B layer, t=8, b=4, fwd+bwd, no recompute
 
 # run_table_1.sh's DDP= per SC21 row: 'torch' (PyTorch DDP: 25 MiB buckets reduced during
@@ -112,9 +113,18 @@ def cli_command(run: fd.PublishedRun, costs: RooflineCostModel,
         args += ["--no-overlap-grad-reduce", "--bucket-mb", str(WHOLE_BUFFER_BUCKET >> 20)]
     if p.scatter_gather and p.tp > 1 and not p.sequence_parallel:
         args.append("--scatter-gather-tensors-in-pipeline")
-    args += ["--compute-efficiency", f"{costs.compute_efficiency:.4f}",
-             "--memory-efficiency", f"{costs.memory_efficiency:.4f}"]
+    if costs.compute_efficiency is not None or costs.attainment != ATTAINMENT:
+        compute, memory = a100_fractions(costs)  # the CLI has no attainment flag
+        args += ["--compute-efficiency", f"{compute:.4f}", "--memory-efficiency",
+                 f"{memory:.4f}"]
     return command(*args)
+
+
+def a100_fractions(costs: RooflineCostModel) -> tuple[float, float]:
+    """(compute, memory) fractions of the A100's bf16 peak and HBM bandwidth that `costs`
+    charges (sim.cost: the ceilings x attainment, or the explicit efficiencies)."""
+    return (compute_fraction(A100, "bf16", costs.compute_efficiency, costs.attainment),
+            memory_fraction(A100, costs.memory_efficiency, costs.attainment))
 
 
 def paper_flops(run: fd.PublishedRun) -> tuple[int, str]:
@@ -240,10 +250,9 @@ def one_layer(topology, costs: RooflineCostModel, intra: dict | None = None,
 
 
 def ceiling_costs(attainment: float) -> RooflineCostModel:
-    """Both measured ceilings (matmul, HBM read) scaled by one attainment factor, rounded
-    to the 4 decimals the CLI commands print (so they reproduce a row exactly)."""
-    return RooflineCostModel(round(MAMF_EFFICIENCY * attainment, 4),
-                             round(MEMORY_EFFICIENCY * attainment, 4))
+    """The default roofline (each device's measured ceilings) at another attainment
+    factor, rounded to 4 decimals as sim.cost.ATTAINMENT is."""
+    return RooflineCostModel(attainment=round(attainment, 4))
 
 
 def k22_layer_attainment(topology, intra: dict | None = None) -> dict:
@@ -251,7 +260,7 @@ def k22_layer_attainment(topology, intra: dict | None = None) -> dict:
     forward + backward) takes the measured 19.6 ms: bisection (time falls as it rises).
     One published micro-measurement, not the benchmark's rows."""
     def layer(a: float) -> float:
-        return sum(one_layer(topology, ceiling_costs(a), intra))
+        return sum(one_layer(topology, RooflineCostModel(attainment=a), intra))
 
     at_ceilings = layer(1.0)
     if at_ceilings >= K22_LAYER_SECONDS:
@@ -262,9 +271,9 @@ def k22_layer_attainment(topology, intra: dict | None = None) -> dict:
         mid = (low + high) / 2
         low, high = (mid, high) if layer(mid) > K22_LAYER_SECONDS else (low, mid)
     attainment = (low + high) / 2
-    costs = ceiling_costs(attainment)
-    return {"attainment": attainment, "compute_efficiency": costs.compute_efficiency,
-            "memory_efficiency": costs.memory_efficiency,
+    compute, memory = a100_fractions(ceiling_costs(attainment))
+    return {"attainment": attainment, "compute_efficiency": compute,
+            "memory_efficiency": memory,
             "layer_ms_at_ceilings": at_ceilings * 1e3, "layer_ms": layer(attainment) * 1e3}
 
 
@@ -386,9 +395,10 @@ def main() -> int:
     if (args.compute_efficiency is None) != (args.memory_efficiency is None):
         parser.error("give both --compute-efficiency and --memory-efficiency, or neither")
     costs = (RooflineCostModel(args.compute_efficiency, args.memory_efficiency)
-             if args.compute_efficiency else ceiling_costs(calibration["attainment"]))
-    print(f"efficiencies {costs.compute_efficiency:.4f} / {costs.memory_efficiency:.4f} "
-          f"(K22 layer: {calibration})", flush=True)
+             if args.compute_efficiency else RooflineCostModel())  # the default model
+    compute, memory = a100_fractions(costs)
+    print(f"A100 efficiencies {compute:.4f} / {memory:.4f}; attainment constant "
+          f"{ATTAINMENT} (K22 layer bisection: {calibration})", flush=True)
     table_4 = k22_table_4(topology, costs, intra)
     rows = run_all(runs, topology, costs, args.row_limit_s, deadline, intra)
     sensitivity = []
@@ -396,18 +406,19 @@ def main() -> int:
         alt_costs = ceiling_costs(alt)
         print(f"sensitivity: attainment {alt:.4f}", flush=True)
         alt_rows = run_all(runs, topology, alt_costs, args.row_limit_s, deadline, intra)
-        sensitivity.append({"attainment": alt, "compute_efficiency": alt_costs.compute_efficiency,
-                            "memory_efficiency": alt_costs.memory_efficiency,
+        alt_compute, alt_memory = a100_fractions(alt_costs)
+        sensitivity.append({"attainment": alt, "compute_efficiency": alt_compute,
+                            "memory_efficiency": alt_memory,
                             "summary": summary(alt_rows),
                             "errors": {f"{r['source']}|{r['label']}|{r['recompute']}":
                                        r.get("error") for r in alt_rows}})
     data = {"environment": environment(), "simulator": simulator_version(),
             "command": "python " + " ".join(["benchmarks/fidelity.py", *sys.argv[1:]]),
             "constants": {"peak_tflops": fd.SELENE.peak_tflops, "hbm_tb_s": 2.039,
-                          "compute_efficiency": costs.compute_efficiency,
-                          "memory_efficiency": costs.memory_efficiency,
+                          "compute_efficiency": compute, "memory_efficiency": memory,
                           "efficiency_source": "option" if args.compute_efficiency
-                          else "ceilings x K22 Table 4 attainment",
+                          else "the default model: device ceilings x sim.cost.ATTAINMENT",
+                          "attainment_constant": ATTAINMENT,
                           "k22_layer": calibration, "mamf_efficiency": MAMF_EFFICIENCY,
                           "memory_ceiling": MEMORY_EFFICIENCY},
             "k22_table_4": table_4,

@@ -1,15 +1,27 @@
 """Compute time on a device: seconds for one compute op (the roofline cost model's part,
 sim.cost_model).
 
-- `RooflineCost`: time = max(flops / (peak * compute_efficiency),
-  nbytes / (hbm_bandwidth * memory_efficiency)) — the roofline model (Williams, Waterman &
-  Patterson, CACM 2009) with achievable fractions of the datasheet peaks — applied to each
-  kernel of an op and summed (`kernels_time`; the kernels of F/B/I/W come from
-  schedules.layer_kernels via `StageKernelCost`), or to the op as a whole when it has no
-  kernel list. A GEMM kernel's compute term comes from `gemm_seconds` (measured GEMM
-  times) where it has a measurement. The defaults (0.6 of dense peak FLOP/s, 0.8 of HBM
-  bandwidth) are assumptions, not measurements; override them, or replace the model by a
-  profile calibrated with `kernels`.
+- `RooflineCost`: time = max(work / (peak * compute fraction), bytes / (HBM bandwidth *
+  memory fraction)) — the roofline model (Williams, Waterman & Patterson, CACM 2009) with
+  achievable fractions of the datasheet peaks — applied to each kernel of an op and
+  summed (`kernels_time`; the kernels of F/B/I/W come from schedules.layer_kernels via
+  `StageKernelCost`), or to the op as a whole when it has no kernel list. A GEMM kernel's
+  compute term comes from `gemm_seconds` (measured GEMM times) where it has a measurement.
+
+The fractions (`compute_fraction`, `memory_fraction`). By default, the device's measured
+ceilings times one attainment factor: a GEMM reaches its device's maximum achievable
+matmul FLOP/s for its dtype (DeviceSpec.matmul_ceiling: S. Bekman's MAMF table, per device
+and dtype, with its source) and a memory-bound kernel its best measured HBM bandwidth
+(DeviceSpec.hbm_ceiling), each times ATTAINMENT: kernels inside a training layer run below
+their best-case ceilings (launch gaps, wave tails, dropout's random numbers). ATTAINMENT is
+the one factor at which the simulated 22B layer of K22 Table 4 (Megatron on Selene A100s:
+h 6144, t 8, micro-batch 4, s 2048, no recompute; 19.6 ms forward + backward, two layers
+minus one) takes the measured time; benchmarks/fidelity.py (`k22_layer_attainment`)
+derives it by bisection and tests/test_fidelity.py checks that this constant is what it
+gives. One published micro-measurement, never a row of a fidelity table. A device
+without a measured ceiling for a dtype is refused (give --compute-efficiency /
+--memory-efficiency); explicit efficiencies replace the ceilings x attainment for every
+device and dtype.
 """
 from __future__ import annotations
 
@@ -24,13 +36,51 @@ from clustersim.schedules.ops import Op, OpKind
 from clustersim.schedules.plan import Plan
 from clustersim.topologies import DeviceSpec
 
-DEFAULT_COMPUTE_EFFICIENCY = 0.6
-DEFAULT_MEMORY_EFFICIENCY = 0.8
+ATTAINMENT = 0.8301  # module docstring: K22 Table 4's 22B layer (benchmarks/fidelity.py)
 
 
-def check_fraction(name: str, value: float) -> None:
-    if not 0 < value <= 1:
+def check_fraction(name: str, value: float | None) -> None:
+    if value is not None and not 0 < value <= 1:
         raise ConfigError(f"{name} must be in (0, 1], got {value}")
+
+
+def compute_fraction(device: DeviceSpec, dtype: str, compute_efficiency: float | None = None,
+                     attainment: float = ATTAINMENT) -> float:
+    """The fraction of `device`'s dense `dtype` peak a GEMM reaches: `compute_efficiency`
+    when given, else the device's measured matmul ceiling x `attainment`."""
+    if compute_efficiency is not None:
+        return compute_efficiency
+    ceiling = device.matmul_ceiling_of(dtype)
+    if ceiling is None and assumed_ceiling(device, dtype):
+        ceiling = device.matmul_ceiling_of("bf16")
+    if ceiling is None:
+        raise ConfigError(f"device {device.name!r} has no measured matmul ceiling for "
+                          f"{dtype}: give --compute-efficiency (a fraction of its peak)")
+    return ceiling * attainment
+
+
+def assumed_ceiling(device: DeviceSpec, dtype: str) -> str | None:
+    """The note when `dtype`'s GEMMs take the device's bf16 ceiling fraction for lack of
+    a measurement of their own (fp32, which runs on TF32 tensor cores: no published
+    maximum-achievable TF32 matmul), else None."""
+    if (device.peak_flops.get("fp32") and dtype in ("fp32", "tf32")
+            and device.matmul_ceiling_of(dtype) is None
+            and device.matmul_ceiling_of("bf16") is not None):
+        return (f"assumed: {device.name} fp32 (TF32) GEMMs reach the same fraction of their "
+                f"peak as its measured bf16 ones (no published TF32 matmul ceiling)")
+    return None
+
+
+def memory_fraction(device: DeviceSpec, memory_efficiency: float | None = None,
+                    attainment: float = ATTAINMENT) -> float:
+    """The fraction of `device`'s HBM bandwidth a memory-bound kernel reaches:
+    `memory_efficiency` when given, else its measured HBM ceiling x `attainment`."""
+    if memory_efficiency is not None:
+        return memory_efficiency
+    if device.hbm_ceiling is None:
+        raise ConfigError(f"device {device.name!r} has no measured HBM ceiling: give "
+                          f"--memory-efficiency (a fraction of its HBM bandwidth)")
+    return device.hbm_ceiling * attainment
 
 
 GemmSeconds = Callable[[Kernel, str], "float | None"]
@@ -40,23 +90,34 @@ GemmSeconds = Callable[[Kernel, str], "float | None"]
 
 @dataclass(frozen=True)
 class RooflineCost:
+    """Rooflines on one device (module docstring); efficiencies None = the device's
+    measured ceilings x `attainment`."""
+
     device: DeviceSpec
     dtype: str = "bf16"
-    compute_efficiency: float = DEFAULT_COMPUTE_EFFICIENCY
-    memory_efficiency: float = DEFAULT_MEMORY_EFFICIENCY
+    compute_efficiency: float | None = None
+    memory_efficiency: float | None = None
     gemm_seconds: GemmSeconds | None = None
+    attainment: float = ATTAINMENT
 
     def __post_init__(self) -> None:
         check_fraction("compute_efficiency", self.compute_efficiency)
         check_fraction("memory_efficiency", self.memory_efficiency)
-        self.device.peak(self.dtype)  # fail early on a dtype the device lacks
+        check_fraction("attainment", self.attainment)
+        for dtype in {self.dtype, "bf16"}:  # fail early on a dtype or ceiling it lacks
+            self._flops_per_second(dtype)
+        object.__setattr__(self, "_bandwidth", self.device.hbm_bandwidth * memory_fraction(
+            self.device, self.memory_efficiency, self.attainment))
+
+    def _flops_per_second(self, dtype: str) -> float:
+        return self.device.peak(dtype) * compute_fraction(
+            self.device, dtype, self.compute_efficiency, self.attainment)
 
     def time(self, flops: float, nbytes: float, dtype: str | None = None) -> float:
-        """Roofline seconds of `flops` at the peak of `dtype` (default: the model's)."""
-        peak = self.device.peak(dtype or self.dtype)
-        compute = flops / (peak * self.compute_efficiency)
-        memory = nbytes / (self.device.hbm_bandwidth * self.memory_efficiency)
-        return max(compute, memory)
+        """Roofline seconds of `flops` at the achievable rate of `dtype` (default: the
+        model's) and `nbytes` at the achievable HBM bandwidth."""
+        compute = flops / self._flops_per_second(dtype or self.dtype) if flops else 0.0
+        return max(compute, nbytes / self._bandwidth)
 
     def kernels_time(self, kernels: Iterable[Kernel], fewer_sms: frozenset[str] = frozenset(),
                      comm_sms: int = 0) -> float:

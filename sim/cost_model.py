@@ -5,23 +5,26 @@ with (sim.simulate). A cost model gives
 - `network(env, topology)`: the transfer seam (sim.network) P2P and host copies use;
 - `collectives(env, network, plan)`: the replay's collective hook, (op, pipeline rank) ->
   an event that fires when the collective has run;
-- `describe()`: one line for the outputs (meta['cost_model']).
+- `describe()`: one line for the outputs (meta['cost_model']);
+- `notes(plan, topology)`: what the run assumed for want of a measurement (run warnings).
 
 Three implementations:
 - RooflineCostModel (the default): each compute op is the sum of its kernels' rooflines on
-  the device of its stage (sim.cost), an optimizer step its bytes at the HBM roofline
+  the device of its stage at that device's measured ceilings x one attainment factor
+  (sim.cost), an optimizer step its bytes at the HBM roofline
   (sim.optimizer_cost); transfers and collectives are flows on the topology
   (sim.flows, sim.collective_model);
 - UniformCostModel: fixed F and B seconds (I and W half of B), everything else free, for
   checking schedules against their closed forms;
 - ProfileCostModel: times measured by `clustersim calibrate` (sim.profile_cost), alpha-beta
   transfers and collectives, no contention.
-To add one: a class with these four methods (docs/architecture.md, "Add a cost model").
+To add one: a class with these five methods (docs/architecture.md, "Add a cost model").
 """
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Protocol
 
 import networkx as nx
@@ -35,8 +38,8 @@ from clustersim.schedules.profile import Profile
 from clustersim.topologies import DeviceSpec, device_of
 
 from .collective_model import collective_model
-from .cost import (DEFAULT_COMPUTE_EFFICIENCY, DEFAULT_MEMORY_EFFICIENCY, RooflineCost,
-                   StageKernelCost, check_fraction)
+from .cost import (ATTAINMENT, RooflineCost, StageKernelCost, assumed_ceiling, check_fraction,
+                   memory_fraction)
 from .flows import FlowNetwork
 from .network import InstantNetwork, Network
 from .optimizer_cost import with_optimizer_steps
@@ -56,6 +59,8 @@ class CostModel(Protocol):
 
     def describe(self) -> str: ...
 
+    def notes(self, plan: Plan, topology: nx.DiGraph) -> list[str]: ...
+
 
 def _stage_devices(plan: Plan, topology: nx.DiGraph) -> list[DeviceSpec]:
     """The DeviceSpec of the GPU that holds each stage (its replayed pipeline rank's)."""
@@ -65,22 +70,37 @@ def _stage_devices(plan: Plan, topology: nx.DiGraph) -> list[DeviceSpec]:
 
 @dataclass(frozen=True)
 class RooflineCostModel:
-    """Per-kernel rooflines at these fractions of the datasheet peaks (sim.cost)."""
+    """Per-kernel rooflines (sim.cost): by default at each device's measured ceilings x
+    `attainment`; explicit efficiencies (fractions of the datasheet peaks) replace them."""
 
-    compute_efficiency: float = DEFAULT_COMPUTE_EFFICIENCY
-    memory_efficiency: float = DEFAULT_MEMORY_EFFICIENCY
+    compute_efficiency: float | None = None
+    memory_efficiency: float | None = None
+    attainment: float = ATTAINMENT
 
     def __post_init__(self) -> None:
         check_fraction("compute_efficiency", self.compute_efficiency)
         check_fraction("memory_efficiency", self.memory_efficiency)
+        check_fraction("attainment", self.attainment)
 
     def compute_time(self, plan: Plan, topology: nx.DiGraph) -> ComputeTime:
         devices = _stage_devices(plan, topology)
         rooflines = [RooflineCost(d, plan.model.dtype, self.compute_efficiency,
-                                  self.memory_efficiency) for d in devices]
+                                  self.memory_efficiency, attainment=self.attainment)
+                     for d in devices]
         return with_optimizer_steps(StageKernelCost(rooflines, plan), devices.__getitem__,
-                                    self.memory_efficiency,
+                                    self._memory_fraction,
                                     host_ranks_of_stage=plan.ranks_on_host)
+
+    def _memory_fraction(self, device: DeviceSpec) -> float:
+        return memory_fraction(device, self.memory_efficiency, self.attainment)
+
+    def notes(self, plan: Plan, topology: nx.DiGraph) -> list[str]:
+        """What the run assumed for want of a measured ceiling (sim.cost.assumed_ceiling)."""
+        if self.compute_efficiency is not None:
+            return []
+        devices = {d.name: d for d in _stage_devices(plan, topology)}
+        found = (assumed_ceiling(d, plan.model.dtype) for d in devices.values())
+        return [note for note in found if note]
 
     def network(self, env: simpy.Environment, topology: nx.DiGraph) -> Network:
         return FlowNetwork(env, topology)
@@ -90,8 +110,13 @@ class RooflineCostModel:
         return collective_model(env, network, plan)
 
     def describe(self) -> str:
-        return (f"roofline(compute_efficiency={self.compute_efficiency}, "
-                f"memory_efficiency={self.memory_efficiency})")
+        compute = (f"compute_efficiency={self.compute_efficiency}"
+                   if self.compute_efficiency is not None
+                   else f"compute: device matmul ceiling x attainment {self.attainment}")
+        memory = (f"memory_efficiency={self.memory_efficiency}"
+                  if self.memory_efficiency is not None
+                  else f"memory: device HBM ceiling x attainment {self.attainment}")
+        return f"roofline({compute}, {memory})"
 
 
 @dataclass(frozen=True)
@@ -139,6 +164,9 @@ class UniformCostModel:
     def describe(self) -> str:
         return "uniform"
 
+    def notes(self, plan: Plan, topology: nx.DiGraph) -> list[str]:
+        return []
+
 
 def parse_uniform_costs(text: str) -> UniformCostModel:
     """`"F,B"` in seconds, e.g. `"1,2"`."""
@@ -158,7 +186,7 @@ class ProfileCostModel:
     the HBM roofline with `memory_efficiency`."""
 
     profile: Profile
-    memory_efficiency: float = DEFAULT_MEMORY_EFFICIENCY
+    memory_efficiency: float | None = None  # None: the device's HBM ceiling x attainment
 
     def __post_init__(self) -> None:
         check_fraction("memory_efficiency", self.memory_efficiency)
@@ -166,7 +194,8 @@ class ProfileCostModel:
     def compute_time(self, plan: Plan, topology: nx.DiGraph) -> ComputeTime:
         return with_optimizer_steps(ProfileCost.for_plan(self.profile, plan),
                                     _stage_devices(plan, topology).__getitem__,
-                                    self.memory_efficiency,
+                                    partial(memory_fraction,
+                                            memory_efficiency=self.memory_efficiency),
                                     gpu_seconds_per_param=self.profile.optimizer_seconds_per_param,
                                     host_ranks_of_stage=plan.ranks_on_host)
 
@@ -179,3 +208,6 @@ class ProfileCostModel:
 
     def describe(self) -> str:
         return f"profile({self.profile.device})"
+
+    def notes(self, plan: Plan, topology: nx.DiGraph) -> list[str]:
+        return []

@@ -2,7 +2,7 @@
 
 - On the GPU the mixed-precision Adam update is memory-bound: its traffic is
   OPT_STEP.nbytes = schedules.dp_sizes.ADAM_BYTES_PER_PARAM (28) bytes per parameter
-  of the rank's shard, at the device's HBM bandwidth times the memory efficiency (the
+  of the rank's shard, at the device's HBM bandwidth times the memory fraction (the
   roofline's; sim.cost). Its FLOPs (~10 per parameter) are negligible beside that.
   With a calibrated profile that measured it (schedules.profile
   optimizer_seconds_per_param: kernels.optimizer.FlatAdam.step timed on the calibrating
@@ -42,7 +42,7 @@ def optimizer_step_time(op: Op, device: DeviceSpec, memory_efficiency: float,
                         host_ranks: int = 1) -> float:
     """Seconds of OPT_STEP `op`: on the host at `cpu_seconds_per_param`, shared by the
     `host_ranks` ranks stepping on it at once; on the GPU at `gpu_seconds_per_param`
-    (measured) when given, else its bytes at the HBM roofline."""
+    (measured) when given, else its bytes at `memory_efficiency` of the HBM bandwidth."""
     if op.group == HOST:
         return step_params(op) * host_ranks * cpu_seconds_per_param
     if gpu_seconds_per_param is not None:
@@ -51,15 +51,19 @@ def optimizer_step_time(op: Op, device: DeviceSpec, memory_efficiency: float,
 
 
 def with_optimizer_steps(compute_time: Callable[[Op], float], device_of_stage,
-                         memory_efficiency: float, gpu_seconds_per_param: float | None = None,
+                         memory_fraction: Callable[[DeviceSpec], float],
+                         gpu_seconds_per_param: float | None = None,
                          host_ranks_of_stage: Callable[[int], int] = lambda stage: 1
                          ) -> Callable[[Op], float]:
     """`compute_time` with OPT_STEP costed here; `device_of_stage(s)` is the DeviceSpec of
-    stage s; `gpu_seconds_per_param`: a profile's measured step (None: the HBM roofline);
-    `host_ranks_of_stage(s)`: the ranks sharing the host CPU of stage s's rank."""
+    stage s, `memory_fraction(device)` the fraction of its HBM bandwidth a step reaches
+    (sim.cost.memory_fraction); `gpu_seconds_per_param`: a profile's measured step (None:
+    the HBM roofline); `host_ranks_of_stage(s)`: the ranks sharing the host CPU of stage
+    s's rank."""
     def timed(op: Op) -> float:
         if op.kind is OpKind.OPT_STEP:
-            return optimizer_step_time(op, device_of_stage(op.stage), memory_efficiency,
+            device = device_of_stage(op.stage)
+            return optimizer_step_time(op, device, memory_fraction(device),
                                        gpu_seconds_per_param=gpu_seconds_per_param,
                                        host_ranks=host_ranks_of_stage(op.stage))
         return compute_time(op)

@@ -227,7 +227,7 @@ def test_simulate_prices_opt_step_from_the_profile_per_parameter():
 
 def test_measured_optimizer_step_leaves_offloaded_steps_to_cpu_adam():
     from clustersim.sim.optimizer_cost import CPU_ADAM_SECONDS_PER_PARAM, with_optimizer_steps
-    timed = with_optimizer_steps(lambda op: 0.0, lambda s: None, 0.8,  # no device needed
+    timed = with_optimizer_steps(lambda op: 0.0, lambda s: None, lambda device: 0.8,
                                  gpu_seconds_per_param=3e-9)
     assert timed(Op(OpKind.OPT_STEP, 0, None, None, 28 * 10**6)) == pytest.approx(3e-3)
     assert timed(Op(OpKind.OPT_STEP, 0, None, "host", 28 * 10**6)) == pytest.approx(

@@ -211,9 +211,12 @@ COST_FLAGS = (  # the cost model: sim.cost_model
           "fixed seconds per forward/backward of one virtual stage on one microbatch; "
           "communication then costs zero", metavar="F,B"),
     _flag("--compute-efficiency", "compute_efficiency",
-          "fraction of dense peak FLOP/s each kernel reaches (default 0.6)", type=float),
+          "fraction of dense peak FLOP/s every GEMM reaches on every device (default: the "
+          "device's measured matmul ceiling for the dtype x the attainment factor, "
+          "sim.cost)", type=float),
     _flag("--memory-efficiency", "memory_efficiency",
-          "fraction of HBM bandwidth each kernel reaches (default 0.8)", type=float),
+          "fraction of HBM bandwidth every memory-bound kernel reaches (default: the "
+          "device's measured HBM ceiling x the attainment factor)", type=float),
     _flag("--profile", "profile", "measured compute and P2P times from `clustersim calibrate` "
           "instead of the roofline (the topology then only places ranks)", metavar="PATH"),
 )

@@ -27,7 +27,17 @@ sharding fields are canonical, schedules.sharding) and sizes it from the plan
   DeepSpeed's stage 2 reduces at every micro-step (M times the volume): not modelled.
   fsdp='hybrid' (torch _HYBRID_SHARD_ZERO2) reduce-scatters over 'dp_shard', all-reduces
   the shard over 'dp_replicate' and gathers over 'dp_shard'.
-- zero_stage 3 / FSDP / HSDP / ZeRO++: schedules.zero3.
+  With pp > 1, ZeRO-2 is Megatron-FSDP's "optim_grads" (schedules.sharding): its gradient
+  hook reduce-scatters on every backward (megatron_fsdp.py: `grad_reduce_every_bprop` for
+  optim_grads / optim_grads_params), so EVERY microbatch's weight-gradient op is split
+  into layer groups and each group's buckets are REDUCE_SCATTERed after it (M times the
+  pp = 1 volume: the gradients live only as shards, the ZeRO-2 memory of
+  schedules.memory_model); the HSDP outer reduction ('dp_replicate' all-reduce of the
+  shard) runs only after the last microbatch's (`outer_fsdp_group_grad_reduce` is
+  `is_last_microbatch or model_auto_sync`). The parameters are not sharded: no gather
+  before compute; the updated ones are ALL_GATHERed after the step, as ZeRO-1's.
+- zero_stage 3 / FSDP / HSDP / ZeRO++: schedules.zero3 (with pp > 1: FSDP2 under
+  torch.distributed.pipelining, as torchtitan runs it).
 - offload (ZeRO-Offload, Ren et al. ATC 2021; zero_stage >= 1): each reduced gradient
   bucket's shard goes to the host (COPY_D2H on lane 'pcie'), the step runs on the host CPU
   (OPT_STEP with group 'host', costed by sim.optimizer_cost), the updated 16-bit shard comes
@@ -102,23 +112,26 @@ def _last_weight_grads(program: list[Op]) -> dict[int, int]:
 
 
 def gradient_ops(sizes: DPSizes, parallel: ParallelConfig, stage: int, chunk: int | None,
-                 microbatch: int | None) -> list[Op]:
+                 microbatch: int | None, replicate: bool = True) -> list[Op]:
     """The bucketed reduction of the gradients of (stage, chunk) for ZeRO 0-2, each part
-    over its group (DPSizes.parts), with the offload copies of the reduced shards."""
+    over its group (DPSizes.parts), with the offload copies of the reduced shards;
+    `replicate=False` leaves out HSDP's 'dp_replicate' all-reduce (a microbatch before
+    the last under Megatron-FSDP, module docstring)."""
     layers = sizes.layers[stage] * (sizes.groups if chunk is None else 1)
     ops = []
     for part in sizes.parts(stage, chunk):
         for bucket in sizes.buckets(part.nbytes, layers) if part.nbytes else ():
             ops += _bucket_ops(part, bucket, parallel, Op(OpKind.COPY_D2H, stage, microbatch,
-                                                          chunk=chunk))
+                                                          chunk=chunk), replicate)
     return ops
 
 
-def _bucket_ops(part: GradPart, bucket: int, parallel: ParallelConfig, at: Op) -> list[Op]:
+def _bucket_ops(part: GradPart, bucket: int, parallel: ParallelConfig, at: Op,
+                replicate: bool = True) -> list[Op]:
     """One gradient bucket of `part`: all-reduced (ZeRO-0) or reduce-scattered (ZeRO 1-2;
-    HSDP then all-reduces the shard over 'dp_replicate'), and its shard copied to the host
-    under offload. Nothing moves over a group of one rank but the offload copy. `at` gives
-    the stage, microbatch and layer group."""
+    HSDP then all-reduces the shard over 'dp_replicate' when `replicate`), and its shard
+    copied to the host under offload. Nothing moves over a group of one rank but the
+    offload copy. `at` gives the stage, microbatch and layer group."""
     def op(kind: OpKind, group: str, nbytes: int) -> Op:
         return Op(kind, at.stage, at.microbatch, group, nbytes, chunk=at.chunk)
 
@@ -127,7 +140,7 @@ def _bucket_ops(part: GradPart, bucket: int, parallel: ParallelConfig, at: Op) -
         if parallel.zero_stage == 0:
             return [op(OpKind.ALL_REDUCE, part.group, bucket)]
         ops.append(op(OpKind.REDUCE_SCATTER, part.group, bucket))
-        if part.replicate:
+        if part.replicate and replicate:
             ops.append(op(OpKind.ALL_REDUCE, DP_REPLICATE, bucket // part.shard))
     if parallel.offload:
         ops.append(op(OpKind.COPY_D2H, PCIE, bucket // part.shard))
@@ -171,6 +184,7 @@ def add_sharded_optimizer(schedule: Schedule, sizes: DPSizes, parallel: Parallel
     """DDP and ZeRO-1/2 (module docstring)."""
     overlap = parallel.overlap_grad_reduce and moves_gradients(parallel)
     groups = sizes.groups if overlap else 1
+    every = overlap and reduces_every_microbatch(parallel)
     programs = []
     for program in schedule.programs:
         last = _last_weight_grads(program)
@@ -184,10 +198,13 @@ def add_sharded_optimizer(schedule: Schedule, sizes: DPSizes, parallel: Parallel
         else:
             first_forwards = {}
         for index, op in enumerate(program):
-            if overlap and last.get(op.stage) == index:
+            if overlap and (last.get(op.stage) == index
+                            or (every and op.kind in WEIGHT_GRAD_KINDS)):
+                final = last.get(op.stage) == index
                 for part in split_op(op, groups):
                     out.append(part)
-                    out += gradient_ops(sizes, parallel, op.stage, part.chunk, op.microbatch)
+                    out += gradient_ops(sizes, parallel, op.stage, part.chunk, op.microbatch,
+                                        replicate=final)
             elif first_forwards.get(op.stage) == index:
                 out += split_op(op, groups)
             else:
@@ -203,6 +220,13 @@ def add_sharded_optimizer(schedule: Schedule, sizes: DPSizes, parallel: Parallel
                 out += gather_ops(sizes, parallel, s)
         programs.append(out)
     return schedule.with_programs(programs, layer_groups=groups)
+
+
+def reduces_every_microbatch(parallel: ParallelConfig) -> bool:
+    """Whether gradients are reduce-scattered after every microbatch's backward instead
+    of once per step: ZeRO-2 with pp > 1, as Megatron-FSDP's optim_grads runs it (module
+    docstring)."""
+    return parallel.zero_stage == 2 and parallel.pp > 1 and moves_gradients(parallel)
 
 
 def _first_forwards(program: list[Op]) -> dict[int, int]:

@@ -39,6 +39,17 @@ Extras:
 - Gathered parameters (ZeRO-3/FSDP): the unsharded 16-bit parameters of the current and
   the prefetched unit (one transformer layer), or of every layer when
   reshard_after_forward is off, since they then stay gathered until the backward.
+- FSDP with a pipeline (zero_stage 3, pp > 1; FSDP2 under torch.distributed.pipelining,
+  schedules.zero3): no unit is resharded after a backward and gradient sync is off until
+  the stage's last backward, so during the step a rank holds its stages' whole unsharded
+  parameters, `gathered_parameters` = w Psi (with reshard_after_forward on too: after a
+  backward every unit stays gathered, and a forward reshards only the unit it ran), and
+  their unsharded accumulated gradients, `unsharded_gradients` = w Psi (w: bytes per
+  16-bit weight; torch accumulates them in the reduce dtype, which torchtitan's
+  mixed_precision_reduce='float32' default would make 4 bytes: we count the model dtype).
+  The ZeRO-3 terms stay (2 + 2 + K) Psi / N: the shards persist between steps. ZeRO-2
+  with a pipeline (Megatron-FSDP optim_grads) reduce-scatters every microbatch and keeps
+  ZeRO-2's (2 + (2 + K) / N) Psi plus its buckets.
 A bare parameter count has neither activations nor buffers: model states only.
 """
 from __future__ import annotations
@@ -76,6 +87,7 @@ class RankMemory:
     activations: float = 0.0
     communication_buffers: float = 0.0
     gathered_parameters: float = 0.0
+    unsharded_gradients: float = 0.0
     recompute_working: float = 0.0
     host: float = 0.0
     in_flight: int = 0
@@ -88,9 +100,10 @@ class RankMemory:
     @property
     def total_bytes(self) -> float:
         """Device bytes at the peak: model states, activations, the recompute working set,
-        buffers and gathered parameters."""
+        buffers, gathered parameters and (FSDP with a pipeline) unsharded gradients."""
         return (self.model_states_bytes + self.activations + self.recompute_working
-                + self.communication_buffers + self.gathered_parameters)
+                + self.communication_buffers + self.gathered_parameters
+                + self.unsharded_gradients)
 
     def to_dict(self) -> dict:
         return {**asdict(self), "model_states_bytes": self.model_states_bytes,
@@ -147,17 +160,28 @@ def activation_peaks(schedule: Schedule, stage_bytes: Sequence[float]
 
 
 def _buffers(plan: Plan, rank_params: float, layers_here: int) -> dict[str, float]:
-    """Gradient buckets and ZeRO-3 gathered parameters of a rank (module docstring)."""
+    """Gradient buckets, ZeRO-3 gathered parameters and (FSDP with a pipeline) unsharded
+    gradients of a rank (module docstring)."""
     model, parallel = plan.model, plan.parallel
     weight, _ = precision_bytes(model.dtype)
-    buckets = gathered = 0.0
+    buckets = gathered = unsharded = 0.0
     if parallel.dp * parallel.cp > 1:
         buckets = min(BUCKETS_IN_FLIGHT * parallel.grad_bucket_bytes, weight * rank_params)
-    if parallel.zero_stage == 3:
+    if parallel.zero_stage == 3 and parallel.pp > 1:
+        gathered = unsharded = pipelined_fsdp_buffers(rank_params, model.dtype)
+    elif parallel.zero_stage == 3:
         unit = weight * model.layer_param_count(parallel.tp, parallel.ep, etp=parallel.etp)
         units = PREFETCHED_UNITS if parallel.reshard_after_forward else layers_here
         gathered = unit * min(units, layers_here)
-    return {"communication_buffers": buckets, "gathered_parameters": gathered}
+    return {"communication_buffers": buckets, "gathered_parameters": gathered,
+            "unsharded_gradients": unsharded}
+
+
+def pipelined_fsdp_buffers(params: float, dtype: str = "bf16") -> float:
+    """Bytes of each of the two whole-stage unsharded buffers FSDP keeps through a
+    pipelined step (module docstring): parameters, and accumulated gradients, w Psi."""
+    weight, _ = precision_bytes(dtype)
+    return weight * params
 
 
 def _layer_bytes_without_recompute(plan: Plan) -> float:

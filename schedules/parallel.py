@@ -65,7 +65,8 @@ class ParallelConfig:
     `num_microbatches` M per pipeline: given, or global_batch_size / (micro_batch_size*dp),
     or pp by default; __post_init__ fills both M and global_batch_size in. The sharding
     fields are put in one canonical form and checked by schedules.sharding (fsdp='full'
-    is zero_stage=3; ZeRO-2/3 refuse pp > 1; ZeRO++ and offload need their stages).
+    is zero_stage=3; ZeRO-2/3 with pp > 1 as Megatron-FSDP and torchtitan run them;
+    ZeRO++ and offload need their stages).
     `expert_tensor_parallel` stays None when not given; `etp` reads it resolved (= tp).
     The intra-layer fields are read by schedules.intra_layer and `overlapped_groups`
     (module docstring).

@@ -12,12 +12,28 @@ Canonical form (what `normalised_sharding` returns):
   _HYBRID_SHARD_ZERO2 (zero_stage 2).
 
 Rules (each ConfigError names the fields and the rule):
-- zero_stage >= 2 needs pp == 1: sharded gradients are reduce-scattered per microbatch,
-  while a pipeline accumulates them over microbatches; DeepSpeed's PipelineEngine asserts
-  "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"
-  (deepspeed/runtime/pipe/engine.py). ZeRO-1 with pp > 1 is allowed: it is what DeepSpeed
-  pipelines and Megatron-LM's distributed optimizer (`--use-distributed-optimizer`) run.
-  (torchtitan combines FSDP2 with pipelining; that combination is not modelled.)
+- Sharding with pipeline parallelism (pp > 1) follows the framework that runs it:
+  - ZeRO-1 (zero_stage 1): DeepSpeed pipelines and Megatron-LM's distributed optimizer
+    (`--use-distributed-optimizer`), unchanged from pp = 1.
+  - ZeRO-2 (zero_stage 2, fsdp 'none' or 'hybrid'): Megatron-FSDP's "optim_grads"
+    (megatron/core/distributed/fsdp/src/megatron_fsdp/megatron_fsdp.py, the gradient
+    hook: `grad_reduce_every_bprop` for optim_grads / optim_grads_params, so every
+    microbatch's backward reduce-scatters its gradients into the gradient shard; the
+    HSDP outer reduction only on the last microbatch). Megatron-LM's arguments.py does
+    not refuse it with pp > 1 (its FSDP v2 adapter does; v1 is the default).
+    schedules.data_parallel models it; it needs overlap_grad_reduce (the reduce-scatter
+    runs from the backward hook).
+  - ZeRO-3 / FSDP / HSDP (zero_stage 3): torchtitan's FSDP2 (`fully_shard`) under
+    torch.distributed.pipelining (torchtitan/distributed/fsdp.py,
+    get_fsdp_reshard_after_forward_policy: reshard_after_forward defaults to off with
+    PP; torch/distributed/pipelining/stage.py: backward_maybe_with_nosync turns gradient
+    sync and reshard-after-backward off for every microbatch, and _post_backward /
+    perform_reduce_grad reduce-scatters once per step). schedules.zero3 models it.
+  - still refused with pp > 1, each naming its rule: ZeRO++ (qwZ, hpZ, qgZ: DeepSpeed's
+    ZeRO-3 engine, whose PipelineEngine asserts "ZeRO-2 and ZeRO-3 are incompatible with
+    pipeline parallelism", deepspeed/runtime/pipe/engine.py) and offload with zero_stage
+    >= 2 (ZeRO-Offload is DeepSpeed's; FSDP2's or Megatron-FSDP's CPU offload under a
+    pipeline is not modelled).
 - ZeRO++ (Wang et al. 2023; DeepSpeed `zero_quantized_weights`, `zero_hpz_partition_size`,
   `zero_quantized_gradients`): qwZ and hpZ act on ZeRO-3's parameter all-gathers, so they
   need zero_stage 3; qgZ replaces the gradient reduce-scatter, so it needs zero_stage >= 2
@@ -73,11 +89,7 @@ def normalised_sharding(cfg: Any) -> dict[str, Any]:
 
 def _check_rules(cfg: Any, zero: int, fsdp: str) -> None:
     if zero >= 2 and cfg.pp > 1:
-        raise ConfigError(
-            f"zero_stage={zero} (fsdp={fsdp!r}) with pp={cfg.pp}: ZeRO-2/3 and FSDP shard "
-            f"gradients per microbatch while a pipeline accumulates them; DeepSpeed refuses "
-            f"it ('ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism'). Use "
-            f"zero_stage <= 1 (Megatron's distributed optimizer) with pp > 1, or pp=1")
+        _check_pipelined(cfg, zero, fsdp)
     if cfg.quantized_weights and zero != 3:
         raise ConfigError(f"quantized_weights (ZeRO++ qwZ) quantizes ZeRO-3's parameter "
                           f"all-gather: it needs zero_stage=3, got zero_stage={zero}")
@@ -109,6 +121,30 @@ def _check_rules(cfg: Any, zero: int, fsdp: str) -> None:
         if cfg.dp % size:
             raise ConfigError(f"{size_field}={size} must divide dp={cfg.dp}")
     _check_applies(cfg, zero)
+
+
+def _check_pipelined(cfg: Any, zero: int, fsdp: str) -> None:
+    """Refuse what no modelled framework runs with ZeRO-2/3 and pp > 1 (module docstring):
+    ZeRO++, offload, and ZeRO-2 without overlap_grad_reduce."""
+    for name, given in (("quantized_weights", cfg.quantized_weights), ("hpz", cfg.hpz),
+                        ("quantized_gradients", cfg.quantized_gradients)):
+        if given:
+            raise ConfigError(
+                f"{name} (ZeRO++) with zero_stage={zero} and pp={cfg.pp}: ZeRO++ lives in "
+                f"DeepSpeed's ZeRO-3 engine, and DeepSpeed's PipelineEngine refuses ZeRO-2/3 "
+                f"('ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism'); use pp=1, "
+                f"or FSDP (zero_stage=3) without ZeRO++")
+    if cfg.offload:
+        raise ConfigError(
+            f"offload with zero_stage={zero} and pp={cfg.pp}: ZeRO-Offload is DeepSpeed's, "
+            f"whose PipelineEngine refuses ZeRO-2/3; CPU offload of FSDP2 or Megatron-FSDP "
+            f"under a pipeline is not modelled; use zero_stage=1 with offload, or pp=1")
+    if zero == 2 and not cfg.overlap_grad_reduce:
+        raise ConfigError(
+            f"overlap_grad_reduce=False with zero_stage=2 (fsdp={fsdp!r}) and pp={cfg.pp}: "
+            f"ZeRO-2 with a pipeline is Megatron-FSDP's optim_grads, which reduce-scatters "
+            f"every microbatch's gradients from the backward hook; reducing after the "
+            f"backward is not modelled")
 
 
 def _check_applies(cfg: Any, zero: int) -> None:

@@ -17,6 +17,26 @@ embedding again for the output layer: DPSizes.gathered):
   reduce-scatter, the ZeRO paper's 3 Psi (section 7.2.2, with the ring factor (n-1)/n);
 - then one OPT_STEP per stage on the rank's 1/N shard (on the host with offload, after a
   COPY_D2H of each reduced shard; a COPY_H2D of the updated shard follows it).
+With pipeline parallelism (pp > 1) the ops follow FSDP2 under torch.distributed.pipelining,
+as torchtitan runs it (torchtitan/distributed/fsdp.py, get_fsdp_reshard_after_forward_policy;
+torch/distributed/pipelining/stage.py, _PipelineStageBase):
+- backward_maybe_with_nosync calls set_requires_gradient_sync(False) and
+  set_reshard_after_backward(False) before every microbatch's backward: gradients
+  accumulate unsharded and parameters stay gathered after each backward;
+- _post_backward (the REDUCE_GRAD action, perform_reduce_grad, once per step after the
+  stage's last backward) turns both back on and runs every FSDP unit's post_backward: one
+  REDUCE_SCATTER per layer group per step, posted right after the stage's last
+  weight-gradient op, in layer order (HSDP: then the replica all-reduce of the shard);
+- reshard_after_forward=False (torchtitan's default with PP: "do not reshard after forward
+  to avoid per-microbatch all-gathers") therefore gathers each unit ONCE per step, before
+  its first forward, and keeps it until the step ends; reshard_after_forward=True
+  (torchtitan's "always") reshards after each forward, and the next backward gathers
+  again; a unit gathered for a backward stays gathered for the next forward.
+Per step and stage this moves one all-gather of the stage's parameters (with
+reshard_after_forward=False) and one reduce-scatter of its gradients, whatever the number
+of microbatches. APPROXIMATION: torch's _root_post_backward_final_callback makes the
+compute stream wait for the stage's reduce-scatters; here they overlap whatever compute
+the rank runs next (another virtual stage's backward under interleaving).
 HSDP (fsdp='hybrid', torch HYBRID_SHARD): gathers and reduce-scatters over 'dp_shard'
 (the node), then the shard's gradients are ALL_REDUCEd over 'dp_replicate'.
 ZeRO++ (Wang et al., "ZeRO++: Extremely Efficient Collective Communication for Giant Model
@@ -47,14 +67,15 @@ def _gather(sizes: DPSizes, parallel: ParallelConfig, op: Op) -> Op:
     forward = op.kind is OpKind.F
     local = parallel.fsdp == "hybrid" or (parallel.hpz and not forward)
     group = DP_SHARD if local else sizes.grad_group
-    params = sizes.gathered[op.stage][op.chunk]
+    g = op.chunk or 0  # a stage of one layer group: its compute ops are unchunked
+    params = sizes.gathered[op.stage][g]
     per_param = 1 if parallel.quantized_weights and not local else sizes.dtype_bytes
     return Op(OpKind.ALL_GATHER, op.stage, op.microbatch, group, params * per_param,
-              chunk=op.chunk)
+              chunk=g)
 
 
 def _reduce(sizes: DPSizes, parallel: ParallelConfig, op: Op) -> list[Op]:
-    s, m, g = op.stage, op.microbatch, op.chunk
+    s, m, g = op.stage, op.microbatch, op.chunk or 0
     hybrid = parallel.fsdp == "hybrid"
     params = sizes.params[s][g]
     nbytes = math.ceil(params / 2) if parallel.quantized_gradients else sizes.grads[s][g]
@@ -68,8 +89,16 @@ def _reduce(sizes: DPSizes, parallel: ParallelConfig, op: Op) -> list[Op]:
     return ops
 
 
+def pipelined(parallel: ParallelConfig) -> bool:
+    """Whether the FSDP2 + torch.distributed.pipelining rules apply (pp > 1)."""
+    return parallel.pp > 1
+
+
 def _needs_gather(parts: list[Op], parallel: ParallelConfig) -> set[int]:
-    """Indices of the compute groups whose parameters are not gathered when they run."""
+    """Indices of the compute groups whose parameters are not gathered when they run.
+    Parameters are resharded after F when reshard_after_forward, and after a backward
+    unless a pipeline keeps them until the step ends (module docstring)."""
+    after_backward = not pipelined(parallel)
     gathered: set[tuple[int, int]] = set()
     needs = set()
     for index, op in enumerate(parts):
@@ -79,9 +108,14 @@ def _needs_gather(parts: list[Op], parallel: ParallelConfig) -> set[int]:
         if unit not in gathered:
             needs.add(index)
             gathered.add(unit)
-        if op.kind is not OpKind.F or parallel.reshard_after_forward:
-            gathered.discard(unit)  # resharded after F (if asked) and after backward
+        if parallel.reshard_after_forward if op.kind is OpKind.F else after_backward:
+            gathered.discard(unit)
     return needs
+
+
+def _last_weight_grads(parts: list[Op]) -> dict[int, int]:
+    """stage -> index in `parts` of its last weight-gradient group (B or W)."""
+    return {op.stage: index for index, op in enumerate(parts) if op.kind in WEIGHT_GRAD_KINDS}
 
 
 def _program(program: list[Op], sizes: DPSizes, parallel: ParallelConfig) -> list[Op]:
@@ -102,11 +136,18 @@ def _program(program: list[Op], sizes: DPSizes, parallel: ParallelConfig) -> lis
         previous = index
     out: list[Op] = []
     stages: list[int] = []
+    once = pipelined(parallel)
+    last = _last_weight_grads(parts) if once else {}
     for index, op in enumerate(parts):
         out += before.get(index, [])
         out.append(op)
         if op.kind in WEIGHT_GRAD_KINDS:
-            out += _reduce(sizes, parallel, op)
+            if not once:
+                out += _reduce(sizes, parallel, op)
+            elif last[op.stage] == index:  # the stage's REDUCE_GRAD (module docstring)
+                for g in range(sizes.groups):
+                    out += _reduce(sizes, parallel, Op(op.kind, op.stage, op.microbatch,
+                                                       chunk=g))
             if op.stage in stages:
                 stages.remove(op.stage)
             stages.append(op.stage)

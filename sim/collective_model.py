@@ -37,15 +37,59 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import networkx as nx
 import simpy
 
-from clustersim.schedules.names import INTRA_LAYER_GROUPS, PP
+from clustersim.schedules.errors import ConfigError
+from clustersim.schedules.names import DP_GROUPS, INTRA_LAYER_GROUPS, PP
 from clustersim.schedules.ops import Op
 from clustersim.schedules.plan import Plan
+from clustersim.topologies import device_of
 
 from .collective_algorithms import estimate_time
 from .collectives import collective_phases, parse_collective, run_collective
 from .flows import FlowNetwork
+
+
+DP_COMM_SMS = 24
+"""SMs one data-parallel NCCL collective holds while it runs: the 24 thread blocks (one
+per NCCL channel, each resident on one SM) of the ncclAllGather that FSDP's prefetch
+launched beside a GEMM on an H100, in the Nsight Systems profile of NVIDIA Developer
+Forums thread 337991, "Compute-Communication Overlap Causes Severe GEMM Performance
+Degradation because of Tail Effect" (2025). NCCL_MIN_CTAS / NCCL_MAX_CTAS (ncclConfig_t
+minCTAs / maxCTAs) set it on a real run."""
+
+
+def overlap_slowdown(sm_count: int, comm_sms: int = DP_COMM_SMS) -> float:
+    """The factor f by which a compute op slows while a data-parallel collective runs
+    beside it on the same GPU: the GEMMs keep sm_count - comm_sms SMs, so they take
+    sm_count / (sm_count - comm_sms) = 1 + f times as long, f = comm_sms / (sm_count -
+    comm_sms). It is the law sim.cost applies to the GEMMs under Transformer Engine's TP
+    overlap (schedules.intra_layer.TP_OVERLAP_COMM_SMS), here with NCCL's CTAs. On an H100
+    (132 SMs) f = 24/108 = 0.22, against the average compute slowdown of 18.9% (at most
+    40%) measured for overlapped compute and communication on A100, H100, MI210 and MI250
+    GPUs in "Characterizing Compute-Communication Overlap in GPU-Accelerated Distributed
+    Deep Learning: Performance and Power Implications", arXiv:2507.03114 (2025). The collective itself is not slowed (its flows keep their
+    rates): NCCL's bandwidth loss to the GEMMs' HBM traffic is not modelled."""
+    if sm_count <= comm_sms:
+        raise ConfigError(f"a device with {sm_count} SMs cannot give {comm_sms} of them to a "
+                          f"collective and keep computing")
+    return comm_sms / (sm_count - comm_sms)
+
+
+def compute_slowdowns(plan: Plan, topology: nx.DiGraph) -> list[float]:
+    """Per replayed pipeline rank: overlap_slowdown of its GPU (sim.engine applies it to
+    a compute op while one of the rank's data-parallel collectives runs)."""
+    return [overlap_slowdown(device_of(topology, gpu).sm_count) for gpu in plan.devices]
+
+
+def slows_compute(op: Op) -> bool:
+    """Whether `op` is a collective whose NCCL kernels slow the compute beside it
+    (overlap_slowdown): the data-parallel ones (DP_GROUPS). TP collectives overlapped by
+    Transformer Engine are charged statically by sim.cost (TP_OVERLAP_COMM_SMS); blocking
+    intra-layer collectives overlap no compute; ring attention's KV passes and pipeline
+    P2P are left at perfect overlap."""
+    return op.kind.is_collective and op.group in DP_GROUPS
 
 
 def collective_model(env: simpy.Environment, network: FlowNetwork, plan: Plan

@@ -11,6 +11,12 @@ between the rank's GPU and its host CPU (`hosts[r]`) through the network seam, a
 OPT_STEP with group 'host' (ZeRO-Offload) on lane 'host' for `compute_time(op)`.
 An intra-layer collective flagged `Op.alongside` runs beside the compute op after it
 (schedules.contract); a P2P op is posted once its positional waits are met.
+Overlap is not free (`slowdown`, per rank; sim.collective_model.overlap_slowdown): while
+at least one of a rank's data-parallel collectives runs (sim.collective_model.slows_compute),
+its F/B/I/W ops progress at 1 / (1 + f) of their speed, the NCCL kernels holding SMs the
+GEMMs lose; re-rated whenever such a collective starts or ends. An op of t seconds that
+overlaps collectives for o of its seconds therefore ends after t + o * f / (1 + f): its
+work done while overlapped takes (1 + f) times as long, the rest none longer.
 Events exist only for things some op waits for. Everything the replay observes goes into
 a Timeline (seconds; memory in bytes). If processes remain blocked when no event is
 left, the replay raises DeadlockError naming each rank's stuck op. Each op kind goes to
@@ -35,6 +41,7 @@ from clustersim.schedules.ops import (COLLECTIVE_KINDS, COPY_KINDS, P2P_KINDS, W
 from clustersim.schedules.schedule import Schedule
 from clustersim.schedules.timeline import MemorySample, Span, Timeline
 
+from .collective_model import slows_compute
 from .network import Network
 
 
@@ -73,10 +80,18 @@ class Replay:
                  compute_time: Callable[[Op], float], network: Network,
                  memory: MemoryModel | None = None,
                  collective: Callable[[Op, int], simpy.Event] | None = None,
-                 hosts: Sequence[str] | None = None):
+                 hosts: Sequence[str] | None = None,
+                 slowdown: Sequence[float] | None = None):
         self.env, self.schedule, self.devices = env, schedule, devices
         self.compute_time, self.network, self.memory = compute_time, network, memory
         self.collective, self.hosts = collective, hosts
+        # overlap slowdown (module docstring): f per rank, the rank's running slowing
+        # collectives, and the event that fires when that count leaves or reaches 0
+        self.slowdown = [f if any(slows_compute(op) for op in program) else 0.0
+                         for f, program in zip(slowdown, schedule.programs)] \
+            if slowdown is not None else [0.0] * schedule.num_ranks
+        self.slowing = [0] * schedule.num_ranks
+        self.slowing_changed: list[simpy.Event | None] = [None] * schedule.num_ranks
         self.last_on_lane: dict[tuple[int, str], simpy.Event] = {}
         self.done: set[Key] = set()
         self.waiting: dict[Key, simpy.Event] = {}  # events exist only for awaited keys
@@ -192,14 +207,49 @@ class Replay:
         allocates, releases = self.activation_ends[rank]
         if self.memory and index in allocates:
             self._allocate(rank, self.memory.activations[op.stage])
-        yield env.timeout(self.compute_time(op))
-        self.spans.append(Span(rank, COMPUTE_LANE, op, start, env.now))
+        seconds = self.compute_time(op)
+        factor = self.slowdown[rank] if op.kind in WORK_KINDS else 0.0
+        if factor and seconds > 0:
+            yield from self._slowed(rank, seconds, factor)
+            extra = env.now - start - seconds
+            info = {"overlap_slowdown_s": extra} if extra > 1e-9 * seconds else None
+        else:
+            yield env.timeout(seconds)
+            info = None
+        self.spans.append(Span(rank, COMPUTE_LANE, op, start, env.now, info))
         if self.memory and index in releases:
             self._allocate(rank, -self.memory.activations[op.stage])
         if self.releases is not None:
             for gather in self.releases[rank].get(index, ()):
                 self._allocate(rank, -self._gathered(rank, gather))
         self._complete(rank, index, op)
+
+    def _slowed(self, rank: int, seconds: float, factor: float):
+        """Run `seconds` of compute work on `rank`'s stream at speed 1 / (1 + factor)
+        while a slowing collective of the rank runs, 1 otherwise (module docstring)."""
+        env, remaining = self.env, seconds
+        while True:
+            rate = 1.0 / (1.0 + factor) if self.slowing[rank] else 1.0
+            changed = self.slowing_changed[rank]
+            if changed is None:
+                changed = self.slowing_changed[rank] = env.event()
+            begin = env.now
+            timer = env.timeout(remaining / rate)
+            yield timer | changed
+            if timer.processed:
+                return
+            remaining -= (env.now - begin) * rate
+            if remaining <= 0:
+                return
+
+    def _slowing(self, rank: int, delta: int) -> None:
+        """A slowing collective of `rank` starts (+1) or ends (-1)."""
+        before = self.slowing[rank]
+        self.slowing[rank] = before + delta
+        if (before == 0) != (self.slowing[rank] == 0):
+            changed, self.slowing_changed[rank] = self.slowing_changed[rank], None
+            if changed is not None:
+                changed.succeed()
 
     def _optimizer_step(self, rank: int, index: int, op: Op, local: Sequence[simpy.Event]):
         """On the compute stream, or (group 'host', ZeRO-Offload) on the host's lane."""
@@ -259,8 +309,13 @@ class Replay:
                     return
             begin = self.env.now
             running = run()
+            slowing = self.slowdown[rank] and slows_compute(op)
+            if slowing:
+                self._slowing(rank, +1)
 
             def finish(event: simpy.Event) -> None:
+                if slowing:
+                    self._slowing(rank, -1)
                 info = event.value if isinstance(event.value, dict) else None
                 self.spans.append(Span(rank, lane, op, begin, self.env.now, info))
                 if self.releases is not None and index in self.held[rank]:

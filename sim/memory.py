@@ -45,14 +45,16 @@ def memory_model(lowered: Schedule, plan: Plan, breakdown: Sequence[RankMemory]
                  ) -> MemoryModel:
     """The replay's memory of `lowered`: static bytes per pipeline rank from `breakdown`
     (schedules.memory_model.rank_memory of the plan at no activations in flight: model
-    states, buffers and the full-recompute working set (held all iteration: it counts at
+    states, buffers, FSDP-with-a-pipeline's unsharded gradients and the full-recompute
+    working set (held all iteration: it counts at
     the peak, which falls in a backward), and its estimate of ZeRO-3's gathered
     parameters unless the schedule gathers parameters, which the replay then tracks),
     activations per stage."""
     activations = [c.activation_bytes for c in plan.stage_costs]
     tracked = any(is_parameter_gather(op) for op in lowered.ops())
     static = [round(r.model_states_bytes + r.communication_buffers + r.recompute_working
-                    + (0 if tracked else r.gathered_parameters)) for r in breakdown]
+                    + r.unsharded_gradients + (0 if tracked else r.gathered_parameters))
+              for r in breakdown]
     if not tracked:
         return MemoryModel(static, activations)
     return MemoryModel(static, activations, gathered=gathered_bytes(plan))
@@ -71,7 +73,7 @@ def oom_report(timeline: Timeline, breakdown: Sequence[RankMemory],
             continue
         parts = breakdown[rank]
         held = max(peak - parts.model_states_bytes - parts.communication_buffers
-                   - parts.recompute_working, 0.0)
+                   - parts.recompute_working - parts.unsharded_gradients, 0.0)
         gathered = min(parts.gathered_parameters, held)
         report.append({
             "rank": rank, "time_s": times[rank], "peak_bytes": peak,
@@ -82,6 +84,7 @@ def oom_report(timeline: Timeline, breakdown: Sequence[RankMemory],
             "communication_buffers_bytes": parts.communication_buffers,
             "recompute_working_bytes": parts.recompute_working,
             "gathered_parameters_bytes": gathered,
+            "unsharded_gradients_bytes": parts.unsharded_gradients,
             "activations_bytes": held - gathered,
             "host_bytes": parts.host,
         })

@@ -70,6 +70,7 @@ def format_oom(entry: dict) -> str:
         ("buffers", "communication_buffers_bytes"),
         ("recompute working set", "recompute_working_bytes"),
         ("gathered parameters", "gathered_parameters_bytes"),
+        ("unsharded gradients", "unsharded_gradients_bytes"),
         ("activations", "activations_bytes"))
         if entry.get(key))
     return (f"OOM: rank {entry['rank']} peaks at {entry['peak_bytes'] / 1e9:.1f} GB at "

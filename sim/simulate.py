@@ -6,9 +6,10 @@ Timeline; the wiring of the parts, nothing more:
 2. lower the schedule (schedules.lowering: structure check, data parallel, P2P, costs,
    intra-layer collectives);
 3. replay it in SimPy (sim.engine) on the replayed GPUs of the plan, with the cost
-   model's compute times, network and collective hook (sim.cost_model), and the memory
-   model (sim.memory); ZeRO-Offload's host copies go over the GPU's PCIe link to its
-   host CPU (sim.offload);
+   model's compute times, network and collective hook (sim.cost_model), the memory
+   model (sim.memory) and the slowdown of compute beside data-parallel collectives
+   (sim.collective_model.compute_slowdowns); ZeRO-Offload's host copies go over the GPU's
+   PCIe link to its host CPU (sim.offload);
 4. describe the run in the Timeline's meta: the plan, the cost model, warnings, the OOM
    report.
 A deadlock found by the replay is re-reported through the unit-time dry run, whose rank x
@@ -35,6 +36,7 @@ from clustersim.schedules.validate import dry_run
 from clustersim.topologies import device_of
 
 from .cluster import cluster_facts
+from .collective_model import compute_slowdowns
 from .cost_model import CostModel, RooflineCostModel
 from .engine import Replay
 from .memory import memory_model, oom_report
@@ -63,7 +65,7 @@ def _replay(plan: Plan, topology: nx.DiGraph, costs: CostModel,
     `topology`, the one the plan's cluster facts were read from."""
     devices = plan.devices
     lowered = lower(schedule or plan.build_schedule(), plan)
-    warnings = []
+    warnings = costs.notes(plan, topology)
     if plan.parallel.offload:
         topology, assumed = with_host_links(topology)
         warnings += [assumed] if assumed else []
@@ -73,7 +75,8 @@ def _replay(plan: Plan, topology: nx.DiGraph, costs: CostModel,
     replay = Replay(env, lowered, devices, costs.compute_time(plan, topology), network,
                     memory_model(lowered, plan, breakdown),
                     costs.collectives(env, network, plan),
-                    host_cpus(list(devices), topology))
+                    host_cpus(list(devices), topology),
+                    slowdown=compute_slowdowns(plan, topology))
     try:
         timeline = replay.run()
     except DeadlockError:

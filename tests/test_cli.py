@@ -220,7 +220,7 @@ def test_memory_breakdown_of_a_model_and_oom(tmp_path):
     (["--params", "seven"], "'seven' is not a parameter count"),
     (["--params", "7B", "--dp", "4", "--zero", "1", "--fsdp", "full"],
      r"fsdp='full' shards parameters \(ZeRO-3\) but zero_stage=1"),
-    (["--params", "7B", "--dp", "4", "--pp", "2", "--zero", "3"],
+    (["--params", "7B", "--dp", "4", "--pp", "2", "--zero", "3", "--quantized-weights"],
      "incompatible with pipeline parallelism"),
     (["--params", "7B", "--dp", "4", "--offload"], "offload .*needs zero_stage >= 1"),
     (["--params", "7B", "--dp", "4", "--fsdp", "hybrid"], "needs shard_size, or a topology"),

@@ -208,11 +208,12 @@ def test_sharding_alias_errors(kw, match):
     (dict(dp=4, fsdp="full", zero_stage=1), r"fsdp='full' shards parameters \(ZeRO-3\) but zero_stage=1"),
     (dict(dp=4, fsdp="full", zero_stage=2), r"fsdp='full'.*zero_stage=2.*SHARD_GRAD_OP"),
     (dict(dp=4, fsdp="hybrid", zero_stage=1), r"fsdp='hybrid'.*but zero_stage=1"),
-    (dict(dp=2, pp=2, zero_stage=3), r"zero_stage=3 \(fsdp='full'\) with pp=2.*incompatible with "
-                                     r"pipeline parallelism"),
-    (dict(dp=2, pp=2, zero_stage=2), r"zero_stage=2 \(fsdp='none'\) with pp=2"),
-    (dict(dp=2, pp=2, fsdp="full"), r"zero_stage=3 \(fsdp='full'\) with pp=2"),
-    (dict(dp=4, pp=2, fsdp="hybrid", shard_size=2), r"zero_stage=3 \(fsdp='hybrid'\) with pp=2"),
+    (dict(dp=2, pp=2, zero_stage=3, quantized_weights=True),
+     r"quantized_weights \(ZeRO\+\+\) with zero_stage=3 and pp=2.*incompatible with pipeline "
+     r"parallelism"),
+    (dict(dp=2, pp=2, zero_stage=2, offload=True), r"offload with zero_stage=2 and pp=2"),
+    (dict(dp=2, pp=2, zero_stage=2, overlap_grad_reduce=False),
+     r"overlap_grad_reduce=False with zero_stage=2 \(fsdp='none'\) and pp=2.*optim_grads"),
     (dict(dp=4, zero_stage=2, quantized_weights=True), "quantized_weights .*needs zero_stage=3"),
     (dict(dp=4, zero_stage=2, hpz=True), r"hpz \(ZeRO\+\+ hpZ\).*needs zero_stage=3, got zero_stage=2"),
     (dict(dp=4, zero_stage=1, quantized_gradients=True), "quantized_gradients .*zero_stage >= 2"),

@@ -16,6 +16,14 @@ What is measured (medians over `repeats` after `warmup` untimed runs):
   as a real rank's step is; stored as seconds per parameter (the profile's
   optimizer_seconds_per_param; sim.optimizer_cost prices a GPU OPT_STEP with it). Timed like
   the compute, in the same processes.
+- GEMM table: torch.matmul at every (M, N, K) of microbench.gemm_shapes: the model's
+  GEMM kernels (schedules.layer_kernels: forward, input- and weight-gradient GEMMs of
+  each layer GEMM and of the logits) at tp 1, 2, 4, 8 (where the heads split evenly) and
+  T/4, T/2, T, 2T tokens, in the model's dtype; and causal
+  scaled_dot_product_attention forward and backward at microbench.attention_shapes (the
+  model's attention per rank at those tp degrees). Medians over rounds, each round
+  timing every shape once (microbench.measure_gemms), in the same processes as the
+  compute; stored as the profile's `gemm` and `attention` (sim.gemm_table reads them).
 - P2P: ping-pong between ranks 0 and 1 with `dist.isend`/`dist.irecv` (as the executor);
   one-way time = half the round trip timed on rank 0 (no cross-process clock needed).
 - collectives: each op over the first n ranks for every n in `group_sizes`, started
@@ -51,15 +59,17 @@ import torch.distributed as dist
 
 from clustersim.schedules.errors import ConfigError
 from clustersim.schedules.model import ModelSpec
-from clustersim.schedules.profile import COLLECTIVE_OPS, PROFILED_KINDS, AlphaBeta, Profile
+from clustersim.schedules.profile import (COLLECTIVE_OPS, PROFILED_KINDS, AlphaBeta,
+                                          AttentionTimes, GemmTimes, Profile)
 from clustersim.user_files import is_finite_number
 
 from .errors import KernelsError
 from .layers import torch_dtype
 from .lifecycle import die_with_parent, rank_session
-from .microbench import (OPTIMIZER_PARAMS, PARTS, BenchPlan, default_collective_sizes,
-                         default_p2p_sizes, measure_collectives, measure_compute,
-                         measure_optimizer, measure_p2p)
+from .microbench import (OPTIMIZER_PARAMS, PARTS, BenchPlan, attention_shapes,
+                         default_collective_sizes, default_p2p_sizes, gemm_shapes,
+                         measure_attention, measure_collectives, measure_compute,
+                         measure_gemms, measure_optimizer, measure_p2p)
 from .preflight import check_local_ranks
 from .rendezvous import join_group
 from .worker import backstop_timeout
@@ -97,6 +107,10 @@ def _rank_main(rank: int, plan: BenchPlan, results: Any, link: Any) -> None:
         dist.barrier()  # the concurrent optimizer steps start together
         if measures:
             payload["optimizer"] = measure_optimizer(plan, device, step)
+        dist.barrier()  # and the GEMM tables
+        if measures:
+            payload["gemm"] = measure_gemms(plan, device, step)
+            payload["attention"] = measure_attention(plan, device, step)
         dist.barrier()
         if plan.nproc >= 2:
             payload["p2p"] = measure_p2p(plan, rank, device, step)
@@ -178,6 +192,34 @@ def _median_optimizer(payloads: dict[int, dict]) -> float:
     return statistics.median(t for p in payloads.values() for t in p.get("optimizer", ()))
 
 
+SMALLEST_SECONDS = time.get_clock_info("perf_counter").resolution
+"""A measured median below the clock's resolution is stored as the resolution (a
+profile's times are > 0)."""
+
+
+def _median_gemm(payloads: dict[int, dict], model: ModelSpec) -> GemmTimes | None:
+    """Median seconds per shape over the samples of every measuring rank (shapes no rank
+    could measure, microbench.measure_gemms, left out)."""
+    tables = [p["gemm"] for p in payloads.values() if p.get("gemm")]
+    samples = {shape: [t for table in tables for t in table[shape]] for shape in
+               sorted(tables[0])} if tables else {}
+    points = tuple((*shape, max(SMALLEST_SECONDS, statistics.median(times)))
+                   for shape, times in samples.items() if times)
+    return GemmTimes(model.dtype, points) if points else None
+
+
+def _median_attention(payloads: dict[int, dict], model: ModelSpec) -> AttentionTimes | None:
+    """Median forward and backward seconds per shape over every measuring rank."""
+    shapes = [p["attention"] for p in payloads.values() if p.get("attention")]
+    if not shapes:
+        return None
+    return AttentionTimes(model.dtype, True, tuple(
+        (*shape, *(max(SMALLEST_SECONDS, statistics.median(t[j] for s in shapes
+                                                              for t in s[shape]))
+                   for j in (0, 1)))
+        for shape in shapes[0]))
+
+
 def calibrate(model: ModelSpec, device: str = "cpu", repeats: int = 7, warmup: int = 2,
               p2p_sizes: Sequence[int] | None = None,
               collective_sizes: Sequence[int] | None = None,
@@ -226,7 +268,8 @@ def calibrate(model: ModelSpec, device: str = "cpu", repeats: int = 7, warmup: i
                  tuple(p2p_sizes or default_p2p_sizes(model)),
                  tuple(collective_sizes or default_collective_sizes(model)),
                  tuple(group_sizes), tuple(collectives), concurrent, seed, float(timeout),
-                 nproc, 0)  # port: _launch's store
+                 nproc, 0,  # port: _launch's store
+                 gemm_shapes(model), attention_shapes(model))
     started = time.perf_counter()
     payloads = _launch(plan, progress)
     rank0 = payloads[0]
@@ -234,11 +277,18 @@ def calibrate(model: ModelSpec, device: str = "cpu", repeats: int = 7, warmup: i
     fits = {op: {n: AlphaBeta.fit(points) for n, points in sizes.items() if points}
             for op, sizes in rank0["collectives"].items()}
     name = rank0["device_name"]
+    gemm = _median_gemm(payloads, model)
+    if len(plan.gemm_shapes) > (0 if gemm is None else len(gemm.points)):
+        notes.append(f"{len(plan.gemm_shapes) - (0 if gemm is None else len(gemm.points))} "
+                     f"of {len(plan.gemm_shapes)} GEMM shapes did not fit in memory and "
+                     "were not measured")
     profile = Profile(
         device="cpu" if device == "cpu" else f"cuda:{name}",
         source=f"kernels.calibrate: medians of {repeats} after {warmup} warm-up; P2P one-way "
                f"= half the isend/irecv round trip on rank 0; optimizer = FlatAdam.step "
-               f"on {OPTIMIZER_PARAMS} fp32 parameters; {nproc} rank processes, "
+               f"on {OPTIMIZER_PARAMS} fp32 parameters; GEMM table = torch.matmul, "
+               f"attention = causal scaled_dot_product_attention, in {model.dtype}; "
+               f"{nproc} rank processes, "
                f"{'gloo' if device == 'cpu' else 'nccl'}; "
                f"{time.perf_counter() - started:.1f} s",
         versions={"torch": torch.__version__, "python": platform.python_version(),
@@ -247,5 +297,6 @@ def calibrate(model: ModelSpec, device: str = "cpu", repeats: int = 7, warmup: i
         threads=1, model=asdict(model), tp=1,
         compute=_median_compute(payloads), p2p=p2p,
         optimizer_seconds_per_param=_median_optimizer(payloads),
+        gemm=gemm, attention=_median_attention(payloads, model),
         collectives={op: f for op, f in fits.items() if f}, notes=tuple(notes))
     return profile.to_dict()

@@ -1,6 +1,7 @@
 """Calibration micro-benchmarks, run inside each rank process of kernels.calibrate:
 a model's layer ops at its shapes, the optimizer step (kernels.optimizer.FlatAdam, the
-kernels' OPT_STEP), P2P ping-pong and collective size sweeps.
+kernels' OPT_STEP), a table of GEMM shapes and the attention kernel at the model's
+shapes, P2P ping-pong and collective size sweeps.
 
 See kernels.calibrate for what is measured and how the profile is fitted. Units: seconds,
 bytes. Functions return raw samples; `step(label)` is called after each unit of work.
@@ -17,7 +18,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from clustersim.schedules.errors import ConfigError
+from clustersim.schedules.layer_kernels import head_forward, layer_forward
 from clustersim.schedules.model import ModelSpec
+from clustersim.schedules.parallel import ParallelConfig
 from clustersim.schedules.profile import PROFILED_KINDS
 
 from .layers import torch_dtype
@@ -57,6 +61,8 @@ class BenchPlan:
     timeout: float  # seconds without a finished step before calibration fails
     nproc: int
     port: int  # the launcher's loopback TCPStore (kernels.rendezvous)
+    gemm_shapes: tuple[tuple[int, int, int], ...] = ()  # (M, N, K): gemm_shapes(model)
+    attention_shapes: tuple[tuple[int, int, int, int, int], ...] = ()  # attention_shapes
 
     @property
     def compute_steps(self) -> int:
@@ -66,9 +72,10 @@ class BenchPlan:
     def total_steps(self) -> int:
         p2p = len(self.p2p_sizes) if self.nproc >= 2 else 0
         groups = [n for n in self.group_sizes if 2 <= n <= self.nproc]
-        optimizer = self.warmup + self.repeats
-        return self.compute_steps + optimizer + p2p + len(groups) * len(self.collectives) * len(
-            self.collective_sizes)
+        rounds = self.warmup + self.repeats  # the optimizer's, and the tables' (one each)
+        tables = rounds * (bool(self.gemm_shapes) + bool(self.attention_shapes))
+        return self.compute_steps + rounds + tables + p2p + len(groups) * len(
+            self.collectives) * len(self.collective_sizes)
 
 
 # --- compute --------------------------------------------------------------------------
@@ -177,6 +184,134 @@ def measure_optimizer(plan: BenchPlan, device: torch.device, step: Callable[[str
         if i >= plan.warmup:
             samples.append(seconds / OPTIMIZER_PARAMS)
         step("optimizer step")
+    return samples
+
+
+# --- GEMM table and attention ---------------------------------------------------------
+TOKEN_SCALES = (0.25, 0.5, 1.0, 2.0)
+"""Token counts of the GEMM grid, as multiples of the model's T = b*s: micro-batches
+from a quarter to twice the calibrated one interpolate (sim.gemm_table)."""
+TP_DEGREES = (1, 2, 4, 8)
+"""TP degrees of the GEMM grid and attention shapes (those dividing the attention heads
+and query groups): the column- and row-parallel shards of each GEMM, so other TP
+degrees than the calibrated one interpolate."""
+
+
+def tp_degrees(model: ModelSpec) -> tuple[int, ...]:
+    """The TP_DEGREES that split the model's heads and query groups evenly."""
+    return tuple(t for t in TP_DEGREES if model.num_attention_heads % t == 0
+                 and model.num_query_groups % t == 0)
+
+
+def _forward_gemms(model: ModelSpec, tp: int) -> list:
+    """The forward GEMM kernels (schedules.layer_kernels) of each kind of layer and of the
+    head at TP degree `tp`; [] when that layout is not valid for the model."""
+    try:
+        parallel = ParallelConfig(tp=tp)
+    except ConfigError:
+        return []
+    layers = (None, 0) if model.is_moe else (None,)  # MoE: the dense first layers too
+    kernels = [k for layer in layers for k in layer_forward(model, parallel, layer)]
+    return [k for k in kernels + head_forward(model, parallel) if k.gemm is not None]
+
+
+def gemm_shapes(model: ModelSpec, token_scales: tuple[float, ...] = TOKEN_SCALES
+                ) -> tuple[tuple[int, int, int], ...]:
+    """(M, N, K) of every GEMM kernel of the model's layers and head
+    (schedules.layer_kernels: the forward (T x K) @ (K x N) and the two GEMMs of its
+    backward, Kernel.gradient_gemms), at each of `tp_degrees(model)` and with the T tokens
+    scaled by each of `token_scales` (at least 1 token); sorted, each once. Shapes with a
+    dimension that is not a whole number (a layout the model does not split evenly) are
+    left out. At scale 1 and tp=1 these are exactly the shapes a tp=1 run prices."""
+    shapes = set()
+    for tp in tp_degrees(model):
+        for kernel in _forward_gemms(model, tp):
+            tokens, n, k = kernel.gemm
+            for scale in token_scales:
+                scaled = replace(kernel, gemm=(max(1, round(tokens * scale)), n, k))
+                for g in (scaled, *scaled.gradient_gemms()):
+                    if all(float(d).is_integer() and d >= 1 for d in g.gemm):
+                        shapes.add(tuple(int(d) for d in g.gemm))
+    return tuple(sorted(shapes))
+
+
+def attention_shapes(model: ModelSpec) -> tuple[tuple[int, int, int, int, int], ...]:
+    """(batch, heads, kv_heads, seq, head_dim) of the model's core attention on one rank
+    at each of `tp_degrees(model)` (heads and query groups split over tp)."""
+    head_dim = model.hidden_size // model.num_attention_heads
+    return tuple((model.micro_batch_size, model.num_attention_heads // t,
+                  model.num_query_groups // t, model.seq_length, head_dim)
+                 for t in tp_degrees(model))
+
+
+def measure_gemms(plan: BenchPlan, device: torch.device, step: Callable[[str], None]
+                  ) -> dict[tuple[int, int, int], list[float]]:
+    """Seconds of one torch.matmul(a, b, out=c), a: M x K, b: K x N, in the model's dtype,
+    per shape of `plan.gemm_shapes`. Rounds: each of warmup + repeats rounds times every
+    shape once (fresh random operands each round, allocated outside the timing), so a
+    burst of noise hits one sample of many shapes rather than all samples of one; timed
+    like time_part (on CUDA the mean of BACK_TO_BACK calls queued back to back). Operands
+    are row-major (NN); autograd's transposed layouts may run at other speeds. A shape
+    whose operands do not fit in GPU memory is left out (no samples; kernels.calibrate
+    notes how many)."""
+    dtype = torch_dtype(plan.model)
+    timer = Timer(device)
+    count = BACK_TO_BACK if timer.cuda else 1
+    torch.manual_seed(plan.seed)
+    samples: dict[tuple[int, int, int], list[float]] = {s: [] for s in plan.gemm_shapes}
+    too_big: set[tuple[int, int, int]] = set()
+    for i in range(plan.warmup + plan.repeats):
+        for m, n, k in plan.gemm_shapes:
+            if (m, n, k) in too_big:
+                continue
+            try:
+                a = torch.randn(m, k, device=device, dtype=dtype)
+                b = torch.randn(k, n, device=device, dtype=dtype)
+                c = torch.empty(m, n, device=device, dtype=dtype)
+            except torch.cuda.OutOfMemoryError:
+                too_big.add((m, n, k))
+                samples[(m, n, k)] = []
+                a = b = c = None
+                torch.cuda.empty_cache()
+                continue
+            seconds, _ = _timed(timer, count, lambda _: torch.matmul(a, b, out=c))
+            if i >= plan.warmup:
+                samples[(m, n, k)].append(seconds)
+            a = b = c = None  # free this shape's operands before the next's
+        step("gemm table")
+    return samples
+
+
+def measure_attention(plan: BenchPlan, device: torch.device, step: Callable[[str], None]
+                      ) -> dict[tuple[int, int, int, int, int], list[tuple[float, float]]]:
+    """(forward, backward) seconds of causal torch.nn.functional.scaled_dot_product_attention
+    per shape of `plan.attention_shapes`, in the model's dtype: the forward with autograd
+    recording (as in training), the backward torch.autograd.backward of its output with a
+    random gradient; rounds as measure_gemms, timed like time_part. With kv_heads < heads,
+    K and V are expanded to `heads` (repeat_interleave, as kernels.layers does) outside the
+    timing: the time is the attention kernel's, on whichever backend torch picks."""
+    dtype = torch_dtype(plan.model)
+    timer = Timer(device)
+    count = BACK_TO_BACK if timer.cuda else 1
+    torch.manual_seed(plan.seed)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    samples: dict[tuple, list[tuple[float, float]]] = {s: [] for s in plan.attention_shapes}
+    for i in range(plan.warmup + plan.repeats):
+        for shape in plan.attention_shapes:
+            batch, heads, kv_heads, seq, head_dim = shape
+            q = torch.randn(batch, heads, seq, head_dim, device=device, dtype=dtype,
+                            requires_grad=True)
+            k, v = (torch.randn(batch, kv_heads, seq, head_dim, device=device, dtype=dtype)
+                    .repeat_interleave(heads // kv_heads, dim=1).requires_grad_()
+                    for _ in range(2))
+            grad = torch.randn(batch, heads, seq, head_dim, device=device, dtype=dtype)
+            forward, outs = _timed(timer, count, lambda _: sdpa(q, k, v, is_causal=True))
+            backward, _ = _timed(timer, count,
+                                 lambda j: torch.autograd.backward(outs[j], grad))
+            if i >= plan.warmup:
+                samples[shape].append((forward, backward))
+            q = k = v = grad = outs = None  # free them before the next shape's
+        step("attention")
     return samples
 
 

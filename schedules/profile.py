@@ -25,7 +25,15 @@ JSON format (all keys required unless marked optional):
         "all_reduce": {"2": {"alpha": s, "beta": s/byte, "points": [[bytes, s], ...]}}
       },
       "notes": ["gloo reduce-scatter is an all-reduce underneath", ...],  # optional
-      "optimizer_seconds_per_param": s       # optional; fp32 Adam step, s per parameter
+      "optimizer_seconds_per_param": s,      # optional; fp32 Adam step, s per parameter
+      "gemm": {                              # optional; measured GEMM times
+        "dtype": "bf16",                     # the dtype they ran in (a ModelSpec dtype)
+        "points": [[M, N, K, s], ...]        # (M x K) @ (K x N), median seconds of one
+      },
+      "attention": {                         # optional; scaled_dot_product_attention
+        "dtype": "bf16", "causal": true,
+        "points": [[batch, heads, kv_heads, seq, head_dim, forward s, backward s], ...]
+      }
     }
 
 Compute times of a pipeline stage of L layers are L * layer[kind], plus embedding[kind]
@@ -35,6 +43,14 @@ times are alpha + beta * bytes, fitted by least squares to the measured points
 `optimizer_seconds_per_param` (> 0) is the Adam step per parameter that kernels.calibrate
 measured: sim.optimizer_cost prices an on-GPU OPT_STEP as its parameters times it; without it
 (older profiles) OPT_STEP is priced from the topology's HBM bandwidth.
+`gemm` (optional; `GemmTimes`) holds the median seconds of single GEMMs at the model's
+GEMM shapes (schedules.layer_kernels) and a grid around them (kernels.microbench.
+gemm_shapes); sim.gemm_table interpolates it for the roofline's GEMM kernels. `attention`
+(optional; `AttentionTimes`) holds torch's scaled_dot_product_attention forward and
+backward at the model's attention shapes (q: batch x heads x seq x head_dim; k, v with
+kv_heads). Profiles without them stay valid. Their dimensions are integers 1 to
+`schedules.limits.MAX_DIMENSION` (1e9), kv_heads divides heads, every time is finite,
+> 0 and <= MAX_OP_SECONDS, no shape appears twice, and each has at least one point.
 
 Limits on reading (`Profile.load`): a UTF-8 JSON file of at most MAX_PROFILE_BYTES
 (16 MiB; calibrate writes tens of KiB) nested at most 64 deep (`clustersim.user_files`);
@@ -55,7 +71,8 @@ from typing import Any
 from clustersim.user_files import is_finite_number, parse_json, read_text, short_repr
 
 from .errors import ConfigError, require_positive_int
-from .limits import MAX_OP_SECONDS
+from .limits import MAX_DIMENSION, MAX_OP_SECONDS
+from .model import DTYPE_BYTES
 from .output_files import write_text_atomic
 
 FORMAT = "clustersim-profile/1"
@@ -172,6 +189,117 @@ class AlphaBeta:
                          _seconds(f"{where}.beta", d["beta"], unit="s/byte"), pts)
 
 
+def _dim(where: str, value: Any) -> int:
+    """A shape dimension: an int (not a bool) 1..MAX_DIMENSION."""
+    if isinstance(value, bool) or not isinstance(value, int) \
+            or not 1 <= value <= MAX_DIMENSION:
+        raise ConfigError(f"profile field {where} must be an integer 1..{MAX_DIMENSION}, "
+                          f"got {short_repr(value)}")
+    return value
+
+
+def _dtype(where: str, value: Any) -> str:
+    if value not in DTYPE_BYTES:
+        raise ConfigError(f"profile field {where} must be one of "
+                          f"{', '.join(DTYPE_BYTES)}, got {short_repr(value)}")
+    return value
+
+
+def _rows(where: str, rows: Any, names: Sequence[str], dims: int) -> tuple[tuple, ...]:
+    """`rows`: a non-empty list of lists of len(names) values, the first `dims` of them
+    dimensions (_dim), the rest seconds > 0; no two rows with the same dimensions."""
+    if not isinstance(rows, (list, tuple)) or not rows:
+        raise ConfigError(f"profile field {where} must be a non-empty list of "
+                          f"[{', '.join(names)}] rows")
+    out, seen = [], {}
+    for i, row in enumerate(rows):
+        if not isinstance(row, (list, tuple)) or len(row) != len(names):
+            raise ConfigError(f"profile field {where}[{i}] must be a list "
+                              f"[{', '.join(names)}], got {short_repr(row)}")
+        shape = tuple(_dim(f"{where}[{i}] {n}", v) for n, v in zip(names[:dims], row))
+        times = tuple(_seconds(f"{where}[{i}] {n}", v, positive=True)
+                      for n, v in zip(names[dims:], row[dims:]))
+        if shape in seen:
+            raise ConfigError(f"profile field {where}[{i}]: shape {list(shape)} appears "
+                              f"twice (also {where}[{seen[shape]}]); give each shape once")
+        seen[shape] = i
+        out.append(shape + times)
+    return tuple(out)
+
+
+GEMM_COLUMNS = ("M", "N", "K", "seconds")
+ATTENTION_COLUMNS = ("batch", "heads", "kv_heads", "seq", "head_dim", "forward seconds",
+                     "backward seconds")
+
+
+@dataclass(frozen=True)
+class GemmTimes:
+    """Median seconds of one (M x K) @ (K x N) GEMM in `dtype`, per shape:
+    `points` = ((M, N, K, seconds), ...). Validated on construction (module docstring)."""
+
+    dtype: str
+    points: tuple[tuple[int, int, int, float], ...]
+
+    def __post_init__(self) -> None:
+        _dtype("gemm.dtype", self.dtype)
+        object.__setattr__(self, "points", _rows("gemm.points", self.points, GEMM_COLUMNS, 3))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"dtype": self.dtype, "points": [list(p) for p in self.points]}
+
+    @staticmethod
+    def from_dict(d: Any) -> GemmTimes:
+        d = _mapping("gemm", d)
+        for key in ("dtype", "points"):
+            if key not in d:
+                raise ConfigError(f"profile field gemm.{key} is missing")
+        return GemmTimes(d["dtype"], d["points"])
+
+
+@dataclass(frozen=True)
+class AttentionTimes:
+    """Median seconds of torch's scaled_dot_product_attention (causal if `causal`) in
+    `dtype`, forward and backward, per shape: `points` = ((batch, heads, kv_heads, seq,
+    head_dim, forward, backward), ...); q is batch x heads x seq x head_dim, k and v have
+    kv_heads (grouped-query attention when fewer)."""
+
+    dtype: str
+    causal: bool
+    points: tuple[tuple[int, int, int, int, int, float, float], ...]
+
+    def __post_init__(self) -> None:
+        _dtype("attention.dtype", self.dtype)
+        if not isinstance(self.causal, bool):
+            raise ConfigError(f"profile field attention.causal must be true or false, got "
+                              f"{short_repr(self.causal)}")
+        rows = _rows("attention.points", self.points, ATTENTION_COLUMNS, 5)
+        for i, row in enumerate(rows):
+            if row[1] % row[2]:
+                raise ConfigError(f"profile field attention.points[{i}]: kv_heads={row[2]} "
+                                  f"must divide heads={row[1]}")
+        object.__setattr__(self, "points", rows)
+
+    def seconds(self, batch: int, heads: int, kv_heads: int, seq: int, head_dim: int
+                ) -> tuple[float, float] | None:
+        """(forward, backward) seconds measured at exactly this shape, or None."""
+        for row in self.points:
+            if row[:5] == (batch, heads, kv_heads, seq, head_dim):
+                return row[5], row[6]
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"dtype": self.dtype, "causal": self.causal,
+                "points": [list(p) for p in self.points]}
+
+    @staticmethod
+    def from_dict(d: Any) -> AttentionTimes:
+        d = _mapping("attention", d)
+        for key in ("dtype", "causal", "points"):
+            if key not in d:
+                raise ConfigError(f"profile field attention.{key} is missing")
+        return AttentionTimes(d["dtype"], d["causal"], d["points"])
+
+
 @dataclass(frozen=True)
 class Profile:
     """A calibration profile (see the module docstring for the JSON it reads and writes)."""
@@ -188,6 +316,8 @@ class Profile:
     tp: int = 1
     notes: tuple[str, ...] = ()
     optimizer_seconds_per_param: float | None = None  # s per parameter; None: not measured
+    gemm: GemmTimes | None = None  # measured GEMM times; None: not measured
+    attention: AttentionTimes | None = None  # measured attention times; None: not measured
 
     def __post_init__(self) -> None:
         if not isinstance(self.device, str) or not self.device:
@@ -209,6 +339,11 @@ class Profile:
             require_positive_int(f"profile field {name}", getattr(self, name))
         if self.optimizer_seconds_per_param is not None:
             _seconds("optimizer_seconds_per_param", self.optimizer_seconds_per_param, True)
+        for name, kind in (("gemm", GemmTimes), ("attention", AttentionTimes)):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, kind):
+                raise ConfigError(f"profile field {name} must be a {kind.__name__}, got "
+                                  f"{type(value).__name__}")
 
     def compute_time(self, part: str, kind: str) -> float:
         return float(self.compute[part][kind])
@@ -240,6 +375,8 @@ class Profile:
             "notes": list(self.notes),
             **({} if self.optimizer_seconds_per_param is None else
                {"optimizer_seconds_per_param": float(self.optimizer_seconds_per_param)}),
+            **({} if self.gemm is None else {"gemm": self.gemm.to_dict()}),
+            **({} if self.attention is None else {"attention": self.attention.to_dict()}),
         }
 
     def to_json(self) -> str:
@@ -272,7 +409,10 @@ class Profile:
             compute={p: dict(_mapping(f"compute.{p}", v)) for p, v in compute.items()},
             p2p=AlphaBeta.from_dict("p2p", d["p2p"]), collectives=collectives,
             notes=tuple(str(n) for n in notes),
-            optimizer_seconds_per_param=d.get("optimizer_seconds_per_param"))
+            optimizer_seconds_per_param=d.get("optimizer_seconds_per_param"),
+            gemm=None if d.get("gemm") is None else GemmTimes.from_dict(d["gemm"]),
+            attention=(None if d.get("attention") is None
+                       else AttentionTimes.from_dict(d["attention"])))
 
     @staticmethod
     def from_json(text: str, source: str = "profile") -> Profile:

@@ -41,6 +41,7 @@ from .collective_model import collective_model
 from .cost import (ATTAINMENT, RooflineCost, StageKernelCost, assumed_ceiling, check_fraction,
                    memory_fraction)
 from .flows import FlowNetwork
+from .gemm_table import gemm_seconds_of
 from .network import InstantNetwork, Network
 from .optimizer_cost import with_optimizer_steps
 from .profile_cost import AlphaBetaNetwork, ProfileCost, profile_collective_model
@@ -76,16 +77,23 @@ class RooflineCostModel:
     compute_efficiency: float | None = None
     memory_efficiency: float | None = None
     attainment: float = ATTAINMENT
+    gemm_table: Profile | None = None  # a profile whose measured GEMM times replace the
+    # GEMMs' compute rooflines where its table answers (sim.gemm_table)
 
     def __post_init__(self) -> None:
         check_fraction("compute_efficiency", self.compute_efficiency)
         check_fraction("memory_efficiency", self.memory_efficiency)
         check_fraction("attainment", self.attainment)
+        if self.gemm_table is not None and self.gemm_table.gemm is None:
+            raise ConfigError("--gemm-table: the profile has no gemm section (calibrate it "
+                              "with this version of `clustersim calibrate`)")
 
     def compute_time(self, plan: Plan, topology: nx.DiGraph) -> ComputeTime:
         devices = _stage_devices(plan, topology)
+        measured = gemm_seconds_of(self.gemm_table)
         rooflines = [RooflineCost(d, plan.model.dtype, self.compute_efficiency,
-                                  self.memory_efficiency, attainment=self.attainment)
+                                  self.memory_efficiency, gemm_seconds=measured,
+                                  attainment=self.attainment)
                      for d in devices]
         return with_optimizer_steps(StageKernelCost(rooflines, plan), devices.__getitem__,
                                     self._memory_fraction,
@@ -96,11 +104,16 @@ class RooflineCostModel:
 
     def notes(self, plan: Plan, topology: nx.DiGraph) -> list[str]:
         """What the run assumed for want of a measured ceiling (sim.cost.assumed_ceiling)."""
+        notes = []
+        if self.gemm_table is not None:
+            notes.append(f"GEMM times from a table measured on {self.gemm_table.device} "
+                         f"({self.gemm_table.gemm.dtype}), applied to every stage's device; "
+                         f"shapes it does not surround use the roofline")
         if self.compute_efficiency is not None:
-            return []
+            return notes
         devices = {d.name: d for d in _stage_devices(plan, topology)}
         found = (assumed_ceiling(d, plan.model.dtype) for d in devices.values())
-        return [note for note in found if note]
+        return notes + [note for note in found if note]
 
     def network(self, env: simpy.Environment, topology: nx.DiGraph) -> Network:
         return FlowNetwork(env, topology)
@@ -116,7 +129,9 @@ class RooflineCostModel:
         memory = (f"memory_efficiency={self.memory_efficiency}"
                   if self.memory_efficiency is not None
                   else f"memory: device HBM ceiling x attainment {self.attainment}")
-        return f"roofline({compute}, {memory})"
+        table = (f", GEMMs from the table measured on {self.gemm_table.device}"
+                 if self.gemm_table is not None else "")
+        return f"roofline({compute}, {memory}{table})"
 
 
 @dataclass(frozen=True)

@@ -131,6 +131,7 @@ def input_paths(args: argparse.Namespace) -> dict[str, str | None]:
     not a file)."""
     topology = getattr(args, "topology", None)
     return {"--schedule-csv": args.schedule_csv, "--profile": getattr(args, "profile", None),
+            "--gemm-table": getattr(args, "gemm_table", None),
             "--topology": topology if topology and Path(topology).exists() else None}
 
 

@@ -219,6 +219,10 @@ COST_FLAGS = (  # the cost model: sim.cost_model
           "device's measured HBM ceiling x the attainment factor)", type=float),
     _flag("--profile", "profile", "measured compute and P2P times from `clustersim calibrate` "
           "instead of the roofline (the topology then only places ranks)", metavar="PATH"),
+    _flag("--gemm-table", "gemm_table", "a `clustersim calibrate` profile whose measured GEMM "
+          "times (its gemm section, interpolated between shapes) replace the roofline's "
+          "matmul ceiling for GEMMs; other kernels and the network stay as they are",
+          metavar="PATH"),
 )
 
 SCHEDULE_FLAG = _flag("--schedule", "schedule", f"{', '.join(SCHEDULES)} (default "
@@ -333,6 +337,9 @@ def cost_model_from_args(args: argparse.Namespace) -> CostModel:
     measured profile, or the roofline at the given (or default) efficiencies."""
     values = given(args, COST_FLAGS)
     efficiencies = {k: v for k, v in values.items() if k.endswith("_efficiency")}
+    if "gemm_table" in values and ("profile" in values or "uniform_costs" in values):
+        raise ConfigError("--gemm-table refines the roofline: --profile and --uniform-costs "
+                          "replace it; give one of them")
     if "profile" in values:
         if "uniform_costs" in values:
             raise ConfigError("--profile and --uniform-costs both set compute times: give one")
@@ -341,4 +348,5 @@ def cost_model_from_args(args: argparse.Namespace) -> CostModel:
                                    if k == "memory_efficiency"})
     if "uniform_costs" in values:
         return parse_uniform_costs(values["uniform_costs"])
-    return RooflineCostModel(**efficiencies)
+    table = Profile.load(values["gemm_table"]) if "gemm_table" in values else None
+    return RooflineCostModel(**efficiencies, gemm_table=table)

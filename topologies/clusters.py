@@ -214,18 +214,30 @@ def _cluster(builder, fabric, node_kind, num_nodes, network, oversubscription, l
     """
     _positive_int(builder, "num_nodes", num_nodes)
     r = oversubscription
-    if not is_finite_number(r) or r < 1:
-        raise TopologyError(f"{builder}: oversubscription must be a number >= 1 "
-                            f"(downlink : uplink bandwidth of a leaf), got {short_repr(r)}")
-    kind, net = get_node_kind(node_kind), get_network(network)
-    check_gpu_count(f"{builder}: num_nodes={short_repr(num_nodes)} x {kind.num_gpus} GPUs of "
-                    f"{kind.name!r}", num_nodes * kind.num_gpus)
+    _check_oversubscription(builder, "oversubscription", r, "downlink : uplink bandwidth of a leaf")
+    kind, net = _hosts_and_network(builder, node_kind, num_nodes, network)
     leaves = -(-num_nodes // (per_leaf or num_nodes)) * (kind.num_gpus if fabric == "rail" else 1)
     _check_spines(builder, num_spines, leaves)
     suffix = {"fat-tree": "ft", "rail": "rail"}[fabric] + ("" if r == 1 else f"-{r:g}to1")
     graph = nx.DiGraph(name=name or f"{kind.name}-x{num_nodes}-{net.name}-{suffix}",
                        num_nodes=num_nodes, gpus_per_node=kind.num_gpus, fabric=fabric)
     return graph, net, _add_hosts(graph, kind, num_nodes, latencies)
+
+
+def _check_oversubscription(builder: str, field: str, r, ratio: str) -> None:
+    """An oversubscription (`ratio`, e.g. a leaf's downlink : uplink bandwidth) is a finite
+    number >= 1."""
+    if not is_finite_number(r) or r < 1:
+        raise TopologyError(f"{builder}: {field} must be a number >= 1 ({ratio}; 1 = "
+                            f"non-blocking), got {short_repr(r)}")
+
+
+def _hosts_and_network(builder: str, node_kind, num_nodes: int, network):
+    """(NodeKind, NetworkSpec) of a cluster, its GPU count checked against MAX_GPUS."""
+    kind, net = get_node_kind(node_kind), get_network(network)
+    check_gpu_count(f"{builder}: num_nodes={short_repr(num_nodes)} x {kind.num_gpus} GPUs of "
+                    f"{kind.name!r}", num_nodes * kind.num_gpus)
+    return kind, net
 
 
 def _add_hosts(graph, kind, num_nodes: int, latencies) -> list[list[str]]:
@@ -352,15 +364,11 @@ class _ClosPlan:
                                     f"no topology holds more), got {short_repr(value)}")
         if not isinstance(rails, bool):
             raise TopologyError(f"{b}: rails must be true or false, got {short_repr(rails)}")
-        for field, r, ratio in (
-                ("leaf_oversubscription", leaf_r, "downlink : uplink bandwidth of a leaf"),
-                ("pod_oversubscription", pod_r, "a spine's leaf : core bandwidth")):
-            if not is_finite_number(r) or r < 1:
-                raise TopologyError(f"{b}: {field} must be a number >= 1 ({ratio}; 1 = "
-                                    f"non-blocking), got {short_repr(r)}")
-        kind, net = get_node_kind(node_kind), get_network(network)
-        check_gpu_count(f"{b}: num_nodes={short_repr(num_nodes)} x {kind.num_gpus} GPUs of "
-                        f"{kind.name!r}", num_nodes * kind.num_gpus)
+        _check_oversubscription(b, "leaf_oversubscription", leaf_r,
+                                "downlink : uplink bandwidth of a leaf")
+        _check_oversubscription(b, "pod_oversubscription", pod_r,
+                                "a spine's leaf : core bandwidth")
+        kind, net = _hosts_and_network(b, node_kind, num_nodes, network)
         if nodes_per_pod % nodes_per_leaf:
             raise TopologyError(f"{b}: nodes_per_pod must be a multiple of nodes_per_leaf "
                                 f"({nodes_per_leaf}) so that no leaf spans two pods, got "

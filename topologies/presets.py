@@ -51,6 +51,7 @@ the builder runs; the builders' and the schema's size limits (MAX_GPUS GPUs,
 from __future__ import annotations
 
 import inspect
+import json
 import types
 import typing
 from importlib import resources
@@ -87,24 +88,31 @@ def list_presets() -> list[str]:
     return sorted(p.name[:-5] for p in _preset_dir().iterdir() if p.name.endswith(".json"))
 
 
+def _preset_text(name: str) -> tuple[str, str] | None:
+    """(canonical name, JSON text) of the bundled preset `name` (case-insensitive), or
+    None when there is no such preset."""
+    key = str(name).strip().lower()
+    if key not in list_presets():
+        return None
+    return key, _preset_dir().joinpath(f"{key}.json").read_text(encoding="utf-8")
+
+
 def preset_description(name: str) -> str:
     """A bundled preset's `description`, read without building its graph (the largest,
     24,576 GPUs, takes seconds to build)."""
-    import json
-    key = str(name).strip().lower()
-    if key not in list_presets():
+    preset = _preset_text(name)
+    if preset is None:
         raise TopologyError(f"unknown topology preset {short_repr(name)}; known presets: "
                             f"{', '.join(list_presets())}")
-    spec = json.loads(_preset_dir().joinpath(f"{key}.json").read_text(encoding="utf-8"))
-    return str(spec.get("description", ""))
+    return str(json.loads(preset[1]).get("description", ""))
 
 
 def load_topology(name_or_path: str) -> nx.DiGraph:
     """Load a bundled preset by name (case-insensitive) or a user topology JSON file by path."""
-    key = str(name_or_path).strip().lower()
-    if key in list_presets():
-        source = _preset_dir().joinpath(f"{key}.json")
-        return _load_text(source.read_text(encoding="utf-8"), f"preset {key!r}", default_name=key)
+    preset = _preset_text(name_or_path)
+    if preset is not None:
+        key, text = preset
+        return _load_text(text, f"preset {key!r}", default_name=key)
     path = Path(name_or_path)
     looks_like_path = path.suffix == ".json" or len(path.parts) > 1
     if not path.exists() and not looks_like_path:

@@ -187,40 +187,50 @@ def simulate_row(run: fd.PublishedRun, topology, costs: RooflineCostModel,
             "spans": len(timeline.spans), "wall_s": wall}
 
 
-def _child(conn, run, topology, costs, intra) -> None:
+def _child(conn, work, args, refused) -> None:
     logging.getLogger("sim").setLevel(logging.ERROR)
     try:
-        conn.send(("ok", simulate_row(run, topology, costs, intra)))
+        conn.send(("ok", work(*args)))
+    except refused as err:  # the simulator refuses the layout
+        conn.send(("refused", f"{type(err).__name__}: {err}"))
     except Exception as err:  # reported on the row, the benchmark goes on
         conn.send(("error", f"{type(err).__name__}: {err}"))
     conn.close()
 
 
-def run_with_limit(run: fd.PublishedRun, topology, costs: RooflineCostModel, limit_s: float,
-                   intra: dict | None = None) -> dict:
-    """simulate_row in a forked child, killed after `limit_s`: {'status', ...}."""
+def run_in_child(work, args: tuple, limit_s: float,
+                 refused: tuple[type[Exception], ...] = ()) -> tuple[str, object, float]:
+    """`work(*args)` in a forked child, killed after `limit_s`: (kind, value, seconds),
+    kind 'ok' (value: what it returned), 'refused' (it raised one of `refused`), 'error'
+    (any other exception, or the child died) or 'skipped' (still running at the limit);
+    value otherwise the reason."""
     ctx = mp.get_context("fork")
     parent, child = ctx.Pipe(duplex=False)
     started = time.perf_counter()
-    proc = ctx.Process(target=_child, args=(child, run, topology, costs, intra), daemon=True)
+    proc = ctx.Process(target=_child, args=(child, work, args, refused), daemon=True)
     proc.start()
     child.close()
     ready = parent.poll(limit_s)
-    elapsed = time.perf_counter() - started
     if not ready:
         proc.kill()
         proc.join()
-        return {"status": "skipped", "reason": f"simulation still running after the "
-                f"{limit_s:.0f} s row limit (killed)", "wall_s": elapsed}
+        return ("skipped", f"simulation still running after the {limit_s:.0f} s row limit "
+                f"(killed)", time.perf_counter() - started)
     try:
         kind, value = parent.recv()
     except EOFError:
         kind, value = "error", f"the simulation process died (exit code {proc.exitcode})"
     proc.join()
-    elapsed = time.perf_counter() - started
+    return kind, value, time.perf_counter() - started
+
+
+def run_with_limit(run: fd.PublishedRun, topology, costs: RooflineCostModel, limit_s: float,
+                   intra: dict | None = None) -> dict:
+    """simulate_row in a forked child, killed after `limit_s`: {'status', ...}."""
+    kind, value, elapsed = run_in_child(simulate_row, (run, topology, costs, intra), limit_s)
     if kind == "ok":
         return {"status": "ok", **value, "elapsed_s": elapsed}
-    return {"status": "error", "reason": value, "wall_s": elapsed}
+    return {"status": kind, "reason": value, "wall_s": elapsed}
 
 
 def layer_window(topology, layers: int, costs: RooflineCostModel, intra: dict | None = None,
@@ -420,6 +430,7 @@ def main() -> int:
                           else "the default model: device ceilings x sim.cost.ATTAINMENT",
                           "attainment_constant": ATTAINMENT,
                           "k22_layer": calibration, "mamf_efficiency": MAMF_EFFICIENCY,
+                          "mamf_source": A100.matmul_ceiling_source,
                           "memory_ceiling": MEMORY_EFFICIENCY},
             "k22_table_4": table_4,
             "intra_layer_options": repr(intra),

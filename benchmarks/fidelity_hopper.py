@@ -49,7 +49,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import multiprocessing as mp
 import re
 import sys
 import time
@@ -60,7 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import fidelity_hopper_data as hd  # noqa: E402
 from environment import environment  # noqa: E402
-from fidelity import breakdown, comm_groups, tflops_per_gpu  # noqa: E402
+from fidelity import breakdown, comm_groups, run_in_child, tflops_per_gpu  # noqa: E402
 from fidelity_report import simulator_version  # noqa: E402
 from clustersim.schedules.errors import ConfigError  # noqa: E402
 from clustersim.schedules.model import ModelSpec  # noqa: E402
@@ -268,43 +267,13 @@ def simulate_row(run: hd.HopperRun, topology, costs: RooflineCostModel) -> dict:
             "spans": len(timeline.spans), "sim_wall_s": wall}
 
 
-def _child(conn, run, topology, costs) -> None:
-    logging.getLogger("sim").setLevel(logging.ERROR)
-    try:
-        conn.send(("ok", simulate_row(run, topology, costs)))
-    except ConfigError as err:  # the simulator refuses the layout
-        conn.send(("refused", f"ConfigError: {err}"))
-    except TopologyError as err:
-        conn.send(("refused", f"TopologyError: {err}"))
-    except Exception as err:  # reported on the row, the benchmark goes on
-        conn.send(("error", f"{type(err).__name__}: {err}"))
-    conn.close()
-
-
 def run_with_limit(run: hd.HopperRun, topology, costs: RooflineCostModel,
                    limit_s: float) -> dict:
-    """simulate_row in a forked child killed after `limit_s` (as fidelity.run_with_limit,
-    which is tied to fidelity_data's rows): {'status': ok|refused|error|skipped, ...}."""
-    ctx = mp.get_context("fork")
-    parent, child = ctx.Pipe(duplex=False)
-    started = time.perf_counter()
-    proc = ctx.Process(target=_child, args=(child, run, topology, costs), daemon=True)
-    proc.start()
-    child.close()
-    ready = parent.poll(limit_s)
-    elapsed = time.perf_counter() - started
-    if not ready:
-        proc.kill()
-        proc.join()
-        return {"status": "skipped", "wall_s": elapsed,
-                "reason": f"simulation still running after the {limit_s:.0f} s row limit "
-                          f"(killed)"}
-    try:
-        kind, value = parent.recv()
-    except EOFError:
-        kind, value = "error", f"the simulation process died (exit code {proc.exitcode})"
-    proc.join()
-    elapsed = time.perf_counter() - started
+    """simulate_row in a forked child killed after `limit_s` (fidelity.run_in_child):
+    {'status': ok|refused|error|skipped, ...}; a layout the simulator refuses (ConfigError,
+    TopologyError) is 'refused'."""
+    kind, value, elapsed = run_in_child(simulate_row, (run, topology, costs), limit_s,
+                                        refused=(ConfigError, TopologyError))
     if kind == "ok":
         return {"status": "ok", **value, "wall_s": elapsed}
     return {"status": kind, "reason": value, "wall_s": elapsed}
@@ -437,8 +406,9 @@ def render(data: dict) -> str:
     built = {r["topology"]: r["topology_built"] for r in data["rows"] if r["topology_built"]}
     if built:
         lines += ["", "## Topologies built by this script (no preset matched)", ""]
-        lines += [f"- {name}: `{spec['builder']}({', '.join(f'{k}={v!r}' for k, v in spec['params'].items())})`"
-                  for name, spec in built.items()]
+        for name, spec in built.items():
+            params = ", ".join(f"{k}={v!r}" for k, v in spec["params"].items())
+            lines.append(f"- {name}: `{spec['builder']}({params})`")
     lines += ["", "## Environment", ""] + [f"- {k}: {v}" for k, v in env.items()]
     lines += [f"- simulator commit: {sim['commit']} (source sha256 {sim['source_sha256']}; "
               f"uncommitted changes in {len(sim['changed_files'])} files: "

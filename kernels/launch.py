@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import queue
-import socket
 import time
 from dataclasses import replace
 from typing import Any
@@ -171,13 +170,6 @@ def _check_lowered(lowered: Schedule, plan: Plan, check: bool) -> None:
         dry_run(lowered)
 
 
-def _free_port() -> int:
-    """A free loopback port (kept for callers building a Job; _launch serves its own)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _context() -> Any:
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["clustersim.kernels.worker"])
@@ -233,7 +225,7 @@ def run_schedule(schedule: Schedule, plan: Plan, device: str = "cpu", seed: int 
     lowered = lower(schedule, plan)
     _check_lowered(lowered, plan, check)
     job = Job(lowered, plan, device, seed, float(timeout), warmup_iterations, iterations,
-              return_grads, _free_port(), replay, return_params)
+              return_grads, 0, replay, return_params)  # port: _launch's store
     payloads = _launch(job)
     timeline = merge_timeline(payloads, job)
     parallel = plan.parallel

@@ -99,7 +99,8 @@ class Job:
     warmup_iterations: int
     iterations: int
     return_grads: bool
-    master_port: int  # the launcher's loopback TCPStore (kernels.rendezvous)
+    master_port: int  # the launcher's loopback TCPStore (kernels.rendezvous); 0 until
+    # kernels.launch._launch serves it
     replay: bool = False
     return_params: bool = False
 

@@ -90,17 +90,29 @@ class RooflineCostModel:
 
     def compute_time(self, plan: Plan, topology: nx.DiGraph) -> ComputeTime:
         devices = _stage_devices(plan, topology)
+        self._check_table_dtype(plan.model.dtype)
         measured = gemm_seconds_of(self.gemm_table)
         rooflines = [RooflineCost(d, plan.model.dtype, self.compute_efficiency,
                                   self.memory_efficiency, gemm_seconds=measured,
                                   attainment=self.attainment)
                      for d in devices]
         return with_optimizer_steps(StageKernelCost(rooflines, plan), devices.__getitem__,
-                                    self._memory_fraction,
+                                    partial(memory_fraction,
+                                            memory_efficiency=self.memory_efficiency,
+                                            attainment=self.attainment),
                                     host_ranks_of_stage=plan.ranks_on_host)
 
-    def _memory_fraction(self, device: DeviceSpec) -> float:
-        return memory_fraction(device, self.memory_efficiency, self.attainment)
+    def _check_table_dtype(self, dtype: str) -> None:
+        """A GEMM table answers only GEMMs of its dtype: one of another dtype would price
+        none of the model's GEMMs, so it is refused (an fp8 model also runs bf16 GEMMs,
+        sim.cost.RooflineCost)."""
+        if self.gemm_table is None:
+            return
+        runs = {dtype, "bf16"} if dtype == "fp8" else {dtype}
+        if self.gemm_table.gemm.dtype not in runs:
+            raise ConfigError(f"--gemm-table was measured in {self.gemm_table.gemm.dtype}, the "
+                              f"model's GEMMs run in {' and '.join(sorted(runs))}: it would "
+                              f"price none of them; calibrate with --dtype {dtype}")
 
     def notes(self, plan: Plan, topology: nx.DiGraph) -> list[str]:
         """What the run assumed for want of a measured ceiling (sim.cost.assumed_ceiling)."""

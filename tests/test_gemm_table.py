@@ -252,3 +252,51 @@ def test_the_hook_prices_measured_gemms_in_the_roofline():
         2 * 256 * 512 * 1024 / power_rate(256, 512, 1024))
     assert roofline.kernels_time([outside]) == pytest.approx(
         RooflineCost(device, "bf16").kernels_time([outside]))
+
+
+# --- --gemm-table in the cost model ----------------------------------------------------------
+def test_a_gemm_table_prices_the_forward_gemms_of_a_run_and_the_roofline_the_rest():
+    """Every forward GEMM shape of a one-layer model measured at 1 s: the simulated F op is
+    one second per GEMM kernel plus the roofline of its other kernels."""
+    from clustersim.schedules.model import ModelSpec
+    from clustersim.schedules.ops import OpKind
+    from clustersim.schedules.parallel import ParallelConfig
+    from clustersim.schedules.plan import resolve
+    from clustersim.sim.cost_model import RooflineCostModel
+    from clustersim.sim.simulate import simulate
+    from clustersim.topologies import load_topology
+
+    model = ModelSpec(num_layers=1, hidden_size=256, num_attention_heads=4, seq_length=128,
+                      vocab_size=512, micro_batch_size=2)
+    par = ParallelConfig(num_microbatches=1, micro_batch_size=2)
+    forward = resolve(model, par).stage_costs[0].forward_kernels
+    gemms = [k for k in forward if k.gemm]
+    points = sorted({tuple(int(d) for d in k.gemm) for k in gemms})
+    table = Profile.from_dict(profile_dict(gemm={"dtype": "bf16",
+                                                  "points": [[*p, 1.0] for p in points]}))
+    topology = load_topology("dgx-h100")
+
+    def f_seconds(costs):
+        spans = simulate(model, par, topology, costs=costs).spans
+        return next(s.duration for s in spans if s.op.kind is OpKind.F)
+
+    rest = RooflineCost(get_device("h100")).kernels_time([k for k in forward if not k.gemm])
+    assert f_seconds(RooflineCostModel(gemm_table=table)) == pytest.approx(
+        len(gemms) * 1.0 + rest, rel=1e-9)
+    assert f_seconds(RooflineCostModel()) < 0.01  # the roofline alone: far below a second
+
+
+def test_a_gemm_table_of_another_dtype_is_refused_not_ignored():
+    from clustersim.schedules.model_presets import get_model
+    from clustersim.schedules.parallel import ParallelConfig
+    from clustersim.sim.cost_model import RooflineCostModel
+    from clustersim.sim.simulate import simulate
+    from clustersim.topologies import load_topology
+
+    fp32 = Profile.from_dict(profile_dict(gemm={**GEMM, "dtype": "fp32"}))
+    with pytest.raises(ConfigError, match=r"--gemm-table was measured in fp32, the model's "
+                                          r"GEMMs run in bf16: it would price none of them"):
+        simulate(get_model("gpt3-1.3b", num_layers=2), ParallelConfig(num_microbatches=1),
+                 load_topology("dgx-h100"), costs=RooflineCostModel(gemm_table=fp32))
+    with pytest.raises(ConfigError, match="the profile has no gemm section"):
+        RooflineCostModel(gemm_table=Profile.from_dict(profile_dict()))

@@ -221,6 +221,7 @@ def render(data: dict) -> str:
     charged = sorted({g for r in rows if r["status"] == "ok" for g in r["comm"]})
     tp_charged = any(g.endswith(":tp") for g in charged)
     layer = c["k22_layer"]
+    attainment = c.get("attainment_constant", layer["attainment"])  # the one the runs used
     walls = [r["wall_s"] for r in rows]
     verdict = "MET" if s["targets_met"] else "NOT MET"
     changed = (f"{len(v['changed_files'])} uncommitted change(s) in sim/schedules/topologies"
@@ -273,12 +274,13 @@ def render(data: dict) -> str:
         "core's (selective).",
         f"- The two efficiencies are measured A100 ceilings times one attainment factor: "
         f"compute **{c['compute_efficiency']:.4f}** = {100 * c['mamf_efficiency']:.1f}% x "
-        f"{layer['attainment']:.4f} and memory **{c['memory_efficiency']:.4f}** = "
-        f"{100 * c['memory_ceiling']:.0f}% x {layer['attainment']:.4f} "
+        f"{attainment:.4f} and memory **{c['memory_efficiency']:.4f}** = "
+        f"{100 * c['memory_ceiling']:.0f}% x {attainment:.4f} "
         f"({c['efficiency_source']}).",
         f"  - Matmul ceiling {100 * c['mamf_efficiency']:.1f}%: the A100 SXM's maximum "
-        "achievable bf16 matmul, 267.9 TFLOP/s (S. Bekman, ml-engineering, 'Maximum "
-        "Achievable Matmul FLOPS comparison table', CUDA 12.1).",
+        f"achievable bf16 matmul, {c['peak_tflops'] * c['mamf_efficiency']:.1f} TFLOP/s "
+        f"({c['mamf_source']}: S. Bekman, ml-engineering, 'Maximum Achievable Matmul FLOPS "
+        "comparison table'; topologies.devices).",
         f"  - HBM ceiling {100 * c['memory_ceiling']:.0f}%: 1.80 of 2.04 TB/s read bandwidth "
         "measured on an A100 80GB SXM (NVIDIA developer forum, 'Trouble to reach peak "
         "bandwidth of A100', which also cites ~90% as the best any kernel reached in a "

@@ -120,9 +120,10 @@ def test_table_4_rows_carry_published_and_predicted_ms(monkeypatch):
 
 def test_k22_table_4_layer_experiments_from_one_attainment_factor():
     """Not a mock: the baseline 22B layer's F + B (19.6 ms) fixes one attainment factor on
-    both measured ceilings (k22_layer_attainment), the default model's ATTAINMENT; the nine other published numbers of
-    K22 Table 4 (F and B apart; SP, full and selective recompute) must then come out
-    within 8% (k22_table_4, as the benchmark page shows them)."""
+    both measured ceilings (k22_layer_attainment), the default model's ATTAINMENT; the
+    nine other published numbers of K22 Table 4 (F and B apart; SP, full and selective
+    recompute) must then come out within 8% (k22_table_4, as the benchmark page shows
+    them)."""
     topology, intra = load_topology("selene-a100"), fb.intra_layer_kwargs()
     attainment = fb.k22_layer_attainment(topology, intra)["attainment"]
     # the default cost model's constant is this measurement's factor (sim.cost)
@@ -155,7 +156,7 @@ def test_report_marks_skips_and_unmet_targets():
                                                "source_sha256": "0", "note": ""},
             "constants": {"peak_tflops": 312.0, "hbm_tb_s": 2.039, "compute_efficiency": 0.5,
                           "efficiency_source": "option", "memory_efficiency": 0.5,
-                          "mamf_efficiency": 0.859, "memory_ceiling": 0.88,
+                          "mamf_efficiency": 0.859, "memory_ceiling": 0.88, "mamf_source": "test",
                           "k22_layer": {"attainment": 0.6, "layer_ms": 19.6,
                                         "layer_ms_at_ceilings": 12.0}}}
     page = render(data)

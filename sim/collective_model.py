@@ -40,7 +40,6 @@ from collections.abc import Callable
 import networkx as nx
 import simpy
 
-from clustersim.schedules.errors import ConfigError
 from clustersim.schedules.names import DP_GROUPS, INTRA_LAYER_GROUPS, PP
 from clustersim.schedules.ops import Op
 from clustersim.schedules.plan import Plan
@@ -48,6 +47,7 @@ from clustersim.topologies import device_of
 
 from .collective_algorithms import estimate_time
 from .collectives import collective_phases, parse_collective, run_collective
+from .cost import sm_sharing_slowdown
 from .flows import FlowNetwork
 
 
@@ -69,12 +69,10 @@ def overlap_slowdown(sm_count: int, comm_sms: int = DP_COMM_SMS) -> float:
     (132 SMs) f = 24/108 = 0.22, against the average compute slowdown of 18.9% (at most
     40%) measured for overlapped compute and communication on A100, H100, MI210 and MI250
     GPUs in "Characterizing Compute-Communication Overlap in GPU-Accelerated Distributed
-    Deep Learning: Performance and Power Implications", arXiv:2507.03114 (2025). The collective itself is not slowed (its flows keep their
-    rates): NCCL's bandwidth loss to the GEMMs' HBM traffic is not modelled."""
-    if sm_count <= comm_sms:
-        raise ConfigError(f"a device with {sm_count} SMs cannot give {comm_sms} of them to a "
-                          f"collective and keep computing")
-    return comm_sms / (sm_count - comm_sms)
+    Deep Learning: Performance and Power Implications", arXiv:2507.03114 (2025). The
+    collective itself is not slowed (its flows keep their rates): NCCL's bandwidth loss to
+    the GEMMs' HBM traffic is not modelled."""
+    return sm_sharing_slowdown(sm_count, comm_sms)
 
 
 def compute_slowdowns(plan: Plan, topology: nx.DiGraph) -> list[float]:

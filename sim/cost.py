@@ -71,6 +71,17 @@ def assumed_ceiling(device: DeviceSpec, dtype: str) -> str | None:
     return None
 
 
+def sm_sharing_slowdown(sm_count: int, comm_sms: int) -> float:
+    """f such that compute on the SMs that communication kernels holding `comm_sms` of a
+    GPU's `sm_count` leave takes 1 + f = sm_count / (sm_count - comm_sms) times as long:
+    f = comm_sms / (sm_count - comm_sms) (TP overlap here; DP collectives,
+    sim.collective_model.overlap_slowdown)."""
+    if sm_count <= comm_sms:
+        raise ConfigError(f"a device with {sm_count} SMs cannot give {comm_sms} of them to a "
+                          f"collective and keep computing")
+    return comm_sms / (sm_count - comm_sms)
+
+
 def memory_fraction(device: DeviceSpec, memory_efficiency: float | None = None,
                     attainment: float = ATTAINMENT) -> float:
     """The fraction of `device`'s HBM bandwidth a memory-bound kernel reaches:
@@ -125,8 +136,8 @@ class RooflineCost:
         Transformer Engine's FP8 GEMMs (schedules.layer_kernels.FP8_GEMMS) run at the FP8
         peak; every other kernel at the bf16 one. Kernels named in `fewer_sms` share the
         GPU with communication kernels holding `comm_sms` SMs: their compute term takes
-        sm_count / (sm_count - comm_sms) times as long."""
-        slow = self.device.sm_count / (self.device.sm_count - comm_sms)
+        sm_count / (sm_count - comm_sms) times as long (sm_sharing_slowdown)."""
+        slow = 1 + sm_sharing_slowdown(self.device.sm_count, comm_sms)
         total = 0.0
         for k in kernels:
             compute = self._compute_seconds(k)

@@ -173,7 +173,8 @@ def build_units(modules: dict[int, StageModule], program: list[Op], groups: int,
             chunks.append(mine)
         if per_chunk:
             for g, mine in enumerate(chunks):
-                units[(s, g)] = _unit(s, g, [mine])
+                if mine:  # a layer group without parameters is no FSDP unit
+                    units[(s, g)] = _unit(s, g, [mine])
         else:
             units[(s, None)] = _unit(s, None, chunks)
     sharded = {id(units[key]) for key in _gathered_units(program, contract, units)}

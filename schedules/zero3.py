@@ -2,9 +2,11 @@
 
 Every F/B/I/W op is split into layer groups (FSDP units; one transformer layer per unit,
 torch's usual transformer auto-wrap policy; the embedding rides with group 0 and the head
-with the last group, schedules.layer_groups). Before a group computes, its parameters
-must be gathered (with tied embeddings on one stage, the last group gathers the word
-embedding again for the output layer: DPSizes.gathered):
+with the last group, schedules.layer_groups; a group without parameters, on a stage short
+of layers, is no unit: it is neither gathered nor reduced, and prefetch passes over it).
+Before a group computes, its parameters must be gathered (with tied embeddings on one
+stage, the last group gathers the word embedding again for the output layer:
+DPSizes.gathered):
 - a parameter ALL_GATHER of (s, g) is posted before each F group and again before each B
   (or I) group; with reshard_after_forward=False the parameters gathered for F stay until
   the group's backward, which then needs no gather (torch SHARD_GRAD_OP). W needs no
@@ -63,6 +65,11 @@ from .parallel import ParallelConfig
 from .schedule import Schedule
 
 
+def _is_unit(sizes: DPSizes, stage: int, chunk: int | None) -> bool:
+    """Whether layer group `chunk` of `stage` holds parameters, i.e. is an FSDP unit."""
+    return sizes.params[stage][chunk or 0] > 0
+
+
 def _gather(sizes: DPSizes, parallel: ParallelConfig, op: Op) -> Op:
     forward = op.kind is OpKind.F
     local = parallel.fsdp == "hybrid" or (parallel.hpz and not forward)
@@ -76,6 +83,8 @@ def _gather(sizes: DPSizes, parallel: ParallelConfig, op: Op) -> Op:
 
 def _reduce(sizes: DPSizes, parallel: ParallelConfig, op: Op) -> list[Op]:
     s, m, g = op.stage, op.microbatch, op.chunk or 0
+    if not _is_unit(sizes, s, g):
+        return []
     hybrid = parallel.fsdp == "hybrid"
     params = sizes.params[s][g]
     nbytes = math.ceil(params / 2) if parallel.quantized_gradients else sizes.grads[s][g]
@@ -124,9 +133,9 @@ def _program(program: list[Op], sizes: DPSizes, parallel: ParallelConfig) -> lis
         parts += split_op(op, sizes.groups) if op.kind in WORK_KINDS else [op]
     needs = _needs_gather(parts, parallel)
     before: dict[int, list[Op]] = {}
-    previous = None  # index of the previous compute group
+    previous = None  # index of the previous compute group of a unit
     for index, op in enumerate(parts):
-        if op.kind not in WORK_KINDS:
+        if op.kind not in WORK_KINDS or not _is_unit(sizes, op.stage, op.chunk):
             continue
         if index in needs:
             same = previous is not None and (parts[previous].stage, parts[previous].chunk) \

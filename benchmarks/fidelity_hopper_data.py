@@ -99,6 +99,13 @@ Missing settings, and what a simulation must assume (per-row `assumed` says whic
 - TRAINY: FSDP over all GPUs (toml: data_parallel_shard_degree -1), selective per-op
   activation checkpointing (toml), torch.compile, Float8 tensorwise with FP8 FSDP
   all-gather.
+
+Attention kernel (`attention_backend`, topologies.attention_kernels): MLM, NEMO and LLAMA3
+'auto' (Megatron-Core with Transformer Engine: cuDNN fused attention on Hopper and
+Blackwell); TITAN and TRAINY 'flash': torchtitan calls PyTorch's scaled_dot_product_attention
+with the FLASH backend first and CUDNN first only on compute capability 10.0 (torchtitan
+PR #1196), and the torch builds of both runs put FlashAttention-2 first on H100/H200
+(cuDNN was first only in 2.5.0; PyTorch PR #138522); MOSAIC 'flash' (assumed, per row).
 """
 from __future__ import annotations
 
@@ -196,6 +203,7 @@ class HopperRun:
     extra: dict = field(default_factory=dict, compare=False)  # further printed columns
     assumed: dict = field(default_factory=dict, compare=False)
     notes: str = ""
+    attention_backend: str = "auto"  # the flash kernel the framework runs (module docstring)
 
     @property
     def tokens_per_iteration(self) -> int:
@@ -410,6 +418,7 @@ LLAMA3_TABLE_4: tuple[HopperRun, ...] = (
 # --- rows: torchtitan (H100 96GB, 500 W) ---------------------------------------------------
 
 _TITAN_FILE = "torchtitan benchmarks/llama3_h100_202412_torchtitan.md"
+_SDPA_H100 = "flash"  # torchtitan's SDPA: FLASH first, CUDNN only on sm100 (module docstring)
 
 
 def _titan(label, model, gpus, fsdp, tp, pp, cp, local_batch, seq, tps, dtype, recompute,
@@ -425,7 +434,7 @@ def _titan(label, model, gpus, fsdp, tp, pp, cp, local_batch, seq, tps, dtype, r
         recompute=recompute, dp_sharding="fsdp-full (FSDP2)",
         overlap="AsyncTP" if "AsyncTP" in notes else None,
         tokens_per_s_per_gpu=tps, flop_formula="titan", peak_tflops=H100_BF16_PEAK_TITAN,
-        nodes=gpus // 8, extra=extras,
+        nodes=gpus // 8, extra=extras, attention_backend=_SDPA_H100,
         assumed={"seq_length": "8192 from train_configs toml (not in the tables)",
                  **(assumed or {})},
         notes=f"{_TITAN_FILE}: {notes}")
@@ -471,7 +480,7 @@ def _trainy(nodes: int, tps: float) -> HopperRun:
         "dynamic scales, FP8 weights recomputed in backward",
         recompute="selective", dp_sharding="fsdp-full (FSDP2)", overlap=None,
         tokens_per_s_per_gpu=tps, flop_formula="titan", nodes=nodes,
-        extra={"torch.compile": True},
+        extra={"torch.compile": True}, attention_backend=_SDPA_H100,
         notes="torchtitan benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md: command line "
               "(--training.local_batch_size=2, --training.compile, float8 converters) and "
               "TPS/GPU; sequence 8192, selective per-op AC and FSDP over all GPUs from "
@@ -501,6 +510,9 @@ def _mosaic(model, seq, gpus, mfu, hfu, model_tflop, mbs, ga, gbs, sps, tps, tps
         nodes=gpus // 8, grad_accum=ga, params_published=params,
         extra={"throughput_samples_per_s": sps, "throughput_tokens_per_s": tps,
                "global_batch_tokens": gbs_tokens, "precision": precision},
+        attention_backend="flash",
+        assumed={"attention_backend": "flash (FlashAttention-2): the README's FlashAttention; "
+                                      "the yaml's 'triton' is overridden (not printed)"},
         notes=f"llm-foundry benchmarking README, table '{table}'; every column typed "
               f"(GPU column 'h100_80gb', CPU offload False). Attention implementation: "
               f"'triton' in the yaml, FlashAttention per the README text.")

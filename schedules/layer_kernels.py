@@ -39,12 +39,43 @@ and its backward recomputes the scores and runs five GEMMs to the forward's two,
 the forward's work (not 2x): the FLOP count of flash-attention's own benchmark,
 `flops = 4*batch*seqlen^2*nheads*headdim // (2 if causal else 1)`, backward `2.5 * f`
 (Dao-AILab/flash-attention, benchmarks/benchmark_flash_attention.py; Dao 2023, FA2).
+
+FP8 (dtype 'fp8', ModelSpec.fp8 the recipe; transformer_engine/pytorch/module/linear.py
+and layernorm_linear.py, Megatron-Core's TE layers: LayerNormLinear QKV and fc1 (an MoE
+layer's experts: GroupedLinear after TENorm and the router), Linear out proj and fc2 after
+Megatron's own bias-activation): the FP8_GEMMS read FP8 copies of their operands
+(Fp8Recipe.copy_bytes, weights weight_bytes) and `fp8_kernels` adds the memory-bound
+kernels (0 FLOPs) that make them. Each GEMM input X and output gradient dY needs a
+row-wise copy for one GEMM and a column-wise one for the other of its backward pair:
+- a cast reads the 16-bit tensor (d bytes per element) and writes its copies: per-tensor
+  recipes the row-wise one and its transpose (TE's fused cast-transpose), block-scaled
+  ones both, each with its scales (Fp8Recipe docstring);
+- current scaling (tensorwise) first reads the tensor once for its amax (an `fp8_amax`
+  kernel), but where a norm computed it; delayed scaling's norm writes QKV's and fc1's
+  FP8 row-wise copy itself (the 'norm' kernel writes copy_bytes instead of d) and a
+  transpose (read and write 1 byte) makes the other (common/normalization/layernorm/
+  ln_api.cpp); no cast is fused into the activation (TE's LayerNormMLP would fuse it,
+  but Megatron-Core's TE spec runs Megatron's activation, then TERowParallelLinear);
+- with sequence parallelism a per-tensor recipe casts the row-wise copy of its rank's
+  shard before the all-gather (TE cannot gather a transpose: distributed.py
+  _all_gather_fp8) and transposes the gathered copy in the backward; a block-scaled one
+  casts both copies of the shard (its gathers move both for dY: schedules.tp_comms);
+- weights: TE casts each FP8-GEMM weight (both copies) once per step and caches it
+  across the step's microbatches (Megatron-Core passes is_first_microbatch,
+  megatron/core/extensions/transformer_engine.py; linear.py quantize_weight
+  update_workspace): 1/M of the step's weight casts is charged to each of the M
+  microbatches' forwards (the step's total is exact; the first microbatch's share is
+  spread), and none to a recomputed forward (under FSDP2, ZeRO-3 here, TE casts every
+  forward's gathered weights again, linear.py is_fsdp2: not modelled).
+The transposes are Hopper's (TN-only FP8 GEMMs); Blackwell skips them for the per-tensor
+recipes, which this module does not know (ModelSpec.fp8 is device-free; fp8_notes).
 """
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
+from .fp8 import Fp8Recipe
 from .model import ModelSpec
 from .parallel import ParallelConfig
 
@@ -53,7 +84,7 @@ CAUSAL_FLASH_SHARE = 0.5  # of the score blocks a causal flash kernel computes (
 FLASH_BACKWARD_WORK = 2.5  # flash backward work / forward work (docstring)
 FP8_GEMMS = frozenset({"qkv_gemm", "proj_gemm", "fc1_gemm", "fc2_gemm"})
 """The GEMMs Transformer Engine runs in FP8 under dtype 'fp8': those of its linear layers
-(LayerNormLinear QKV, Linear projection, LayerNormMLP / GroupedLinear FC1 and FC2). The
+(LayerNormLinear QKV and FC1, Linear projection and FC2, GroupedLinear experts). The
 core attention (DotProductAttention; FP8 attention is a separate opt-in), the router and
 Megatron's output layer (a plain ColumnParallelLinear) stay 16-bit. An FP8 GEMM reads its
 input and weight in FP8 and writes a 16-bit output."""
@@ -69,6 +100,8 @@ class Kernel:
     nbytes: float
     work: float | None = None
     gemm: tuple[float, float, float] | None = None  # (M, N, K) of a GEMM kernel
+    attention: tuple[float, str] | None = None  # a flash kernel's (sequence, 'forward' |
+    # 'backward'): the sequence length each call attends over (s / cp) and its pass
 
     def gradient_gemms(self) -> list[Kernel]:
         """A GEMM's backward: the input gradient dX = dY W^T, an (M x K) output over N,
@@ -88,17 +121,17 @@ class Kernel:
 
 
 def merge(kernels: Iterable[Kernel]) -> tuple[Kernel, ...]:
-    """Sum kernels of the same name and GEMM shape (exact for a roofline: equal shapes,
-    equal ratio)."""
+    """Sum kernels of the same name, GEMM shape and attention pass (exact for a roofline:
+    equal shapes, equal ratio)."""
     total: dict[tuple, list] = {}
     for k in kernels:
-        entry = total.setdefault((k.name, k.gemm), [0.0, 0.0, 0.0, False])
+        entry = total.setdefault((k.name, k.gemm, k.attention), [0.0, 0.0, 0.0, False])
         entry[0] += k.flops
         entry[1] += k.nbytes
         entry[2] += k.executed
         entry[3] = entry[3] or k.work is not None
-    return tuple(Kernel(name, f, b, w if own else None, gemm)
-                 for (name, gemm), (f, b, w, own) in total.items())
+    return tuple(Kernel(name, f, b, w if own else None, gemm, attention)
+                 for (name, gemm, attention), (f, b, w, own) in total.items())
 
 
 class _Shape:
@@ -107,7 +140,8 @@ class _Shape:
     def __init__(self, model: ModelSpec, parallel: ParallelConfig):
         t, cp = parallel.tp, parallel.cp
         self.d = model.dtype_bytes
-        self.d_in = model.gemm_input_bytes  # an FP8_GEMMS input or weight element
+        self.d_in = model.gemm_input_bytes  # an FP8_GEMMS input element
+        self.d_w = model.fp8.weight_bytes if model.fp8 else self.d  # and weight element
         self.h, self.t = model.hidden_size, t
         self.tokens = model.micro_batch_size * model.seq_length / cp
         self.residual = self.tokens * self.h / (t if parallel.sequence_parallel else 1)
@@ -117,14 +151,20 @@ class _Shape:
         self.head_dim = self.h / model.num_attention_heads
         self.q = self.tokens * self.h / t
         self.kv = self.tokens * model.kv_hidden_size / t
+        self.up = 2 if model.swiglu else 1  # fc1 output columns per MLP width (SwiGLU: 2)
+        self._model = model
+
+    def mlp(self, layer: int | None) -> float:
+        """F: MLP elements (of one matrix's width) of `layer` (ModelSpec's `layer`)."""
+        return self.tokens * self._model._mlp_widths(layer) / self.t
 
     def gemm(self, name: str, in_elems: float, out_elems: float, weights: float) -> Kernel:
         """A (T x in) @ (in x out) GEMM: 2 * T * in * out FLOPs; reads input and weights,
         writes output. `weights` is the per-rank weight element count."""
         flops = 2 * in_elems * out_elems / self.tokens
-        d_in = self.d_in if name in FP8_GEMMS else self.d
+        d_in, d_w = (self.d_in, self.d_w) if name in FP8_GEMMS else (self.d, self.d)
         shape = (self.tokens, out_elems / self.tokens, in_elems / self.tokens)
-        return Kernel(name, flops, d_in * (in_elems + weights) + self.d * out_elems,
+        return Kernel(name, flops, d_in * in_elems + d_w * weights + self.d * out_elems,
                       gemm=shape)
 
 
@@ -135,35 +175,38 @@ def attention_core_forward(model: ModelSpec, parallel: ParallelConfig) -> list[K
     flops = 2 * x.scores * x.head_dim
     if model.use_flash_attn:
         return [Kernel("flash_attention", 2 * flops, x.d * (2 * x.q + 2 * x.kv),
-                       work=2 * flops * CAUSAL_FLASH_SHARE)]
+                       work=2 * flops * CAUSAL_FLASH_SHARE,
+                       attention=(model.seq_length / parallel.cp, "forward"))]
     return [Kernel("scores_bmm", flops, x.d * (x.scores + x.q + x.kv)),
             Kernel("softmax", 0.0, 2 * x.d * x.scores),
             Kernel("attention_dropout", 0.0, 2 * x.d * x.scores + x.scores),
             Kernel("context_bmm", flops, x.d * (x.scores + x.kv + x.q))]
 
 
-def layer_forward(model: ModelSpec, parallel: ParallelConfig,
-                  layer: int | None = None) -> list[Kernel]:
-    """The forward kernels of one layer (`layer` as ModelSpec: None = the repeating one)."""
+def _layer_compute(model: ModelSpec, parallel: ParallelConfig,
+                   layer: int | None) -> list[Kernel]:
+    """A layer's forward kernels but FP8 casts (layer_forward)."""
     x = _Shape(model, parallel)
-    h, t, d, hkv = x.h, x.t, x.d, model.kv_hidden_size
-    width = model._mlp_widths(layer)
-    mlp = x.tokens * width / t
-    up = 2 if model.swiglu else 1
-    held = width / t  # weight columns per MLP matrix on this rank (module docstring)
+    h, t, d, hkv, up, mlp = x.h, x.t, x.d, model.kv_hidden_size, x.up, x.mlp(layer)
+    held = model._mlp_widths(layer) / t  # weight columns per MLP matrix on this rank
     if model.is_moe_layer(layer):
         held = (model.moe_router_topk * model.moe_ffn_hidden_size / parallel.etp
                 + (model.moe_shared_expert_intermediate_size or 0) / t)
-    norm = Kernel("norm", 0.0, 2 * d * x.residual)
+    fused = model.fp8 is not None and model.fp8.fused_norm  # module docstring, FP8
+
+    def norm(feeds_te_gemm: bool) -> Kernel:
+        written = x.d_in if fused and feeds_te_gemm else d
+        return Kernel("norm", 0.0, (d + written) * x.residual)
+
     residual_add = Kernel("bias_dropout_add", 0.0, 3 * d * x.residual + x.residual)
     rope = ([Kernel("rope", 0.0, 2 * d * (x.q + x.kv))]
             if model.position_embedding_type == "rope" else [])
-    kernels = [norm,
+    kernels = [norm(True),
                x.gemm("qkv_gemm", x.full, x.q + 2 * x.kv, h * (h + 2 * hkv) / t),
                *rope,
                *attention_core_forward(model, parallel),
                x.gemm("proj_gemm", x.q, x.full, h * h / t),
-               residual_add, norm,
+               residual_add, norm(not model.is_moe_layer(layer)),
                x.gemm("fc1_gemm", x.full, up * mlp, up * h * held),
                Kernel("activation", 0.0, d * (up + 1) * mlp),
                x.gemm("fc2_gemm", mlp, x.full, h * held),
@@ -176,11 +219,21 @@ def layer_forward(model: ModelSpec, parallel: ParallelConfig,
     return kernels
 
 
+def layer_forward(model: ModelSpec, parallel: ParallelConfig, layer: int | None = None,
+                  weight_casts: bool = True) -> list[Kernel]:
+    """The forward kernels of one layer (`layer` as ModelSpec: None = the repeating one);
+    under FP8 with its inputs' casts and, `weight_casts`, its share of the step's weight
+    casts (fp8_kernels)."""
+    forward, _, weights = fp8_kernels(model, parallel, layer)
+    return _layer_compute(model, parallel, layer) + forward + (weights if weight_casts else [])
+
+
 def layer_backward(model: ModelSpec, parallel: ParallelConfig,
                    layer: int | None = None) -> list[Kernel]:
     """The backward kernels of one layer, without recomputation: GEMMs twice; softmax,
     GeLU, norm backward read the saved tensor and the gradient and write a gradient
-    (3 tensors); dropout backward reads gradient and mask; the residual gradients add."""
+    (3 tensors); dropout backward reads gradient and mask; the residual gradients add;
+    under FP8 the output gradients' casts and the transposes (fp8_kernels)."""
     x = _Shape(model, parallel)
     d = x.d
     elementwise = {
@@ -191,25 +244,97 @@ def layer_backward(model: ModelSpec, parallel: ParallelConfig,
         "rope": 2 * d * (x.q + x.kv),  # rotate the Q and K gradients back
     }
     out = []
-    for k in layer_forward(model, parallel, layer):
+    for k in _layer_compute(model, parallel, layer):
         if k.name == "flash_attention":  # reads Q, K, V, O, dO; writes dQ, dK, dV
             out.append(Kernel(k.name, 2 * k.flops, x.d * (4 * x.q + 4 * x.kv),
-                              work=FLASH_BACKWARD_WORK * k.executed))
+                              work=FLASH_BACKWARD_WORK * k.executed,
+                              attention=(k.attention[0], "backward")))
         elif k.flops or k.name == "token_permute":
             out.extend(k.gradient_gemms() if k.gemm else [k.scaled(2)])
         elif k.name == "activation":
             out.append(Kernel(k.name, 0.0, k.nbytes * 5 / 3 if model.swiglu else k.nbytes * 3 / 2))
         else:
             out.append(Kernel(k.name, 0.0, elementwise[k.name]))
-    return out
+    return out + fp8_kernels(model, parallel, layer)[1]
+
+
+@dataclass(frozen=True)
+class _Fp8Operand:
+    """An FP8 GEMM operand: `elements` where TE casts it (a rank's shard, before a
+    sequence-parallel all-gather), `gathered` its elements after that gather (0: none),
+    `normed`: TE's norm produced it (LayerNormLinear's input)."""
+
+    elements: float
+    gathered: float = 0.0
+    normed: bool = False
+
+
+def _fp8_operands(model: ModelSpec, parallel: ParallelConfig,
+                  layer: int | None) -> tuple[list[_Fp8Operand], list[_Fp8Operand]]:
+    """(inputs, output gradients) of a layer's FP8_GEMMS on one rank, QKV, proj, fc1, fc2
+    (module docstring's notation): QKV's and dense fc1's inputs come out of the norm and
+    are gathered with SP, as the output gradients of proj and dense fc2 are; an MoE
+    layer's experts take the dispatcher's tokens (x.full, as their GEMMs)."""
+    x = _Shape(model, parallel)
+    gathered = x.full if parallel.sequence_parallel else 0.0
+    normed = _Fp8Operand(x.residual, gathered, normed=True)
+    row_parallel_output = _Fp8Operand(x.residual, gathered)
+    experts = _Fp8Operand(x.full)
+    moe = model.is_moe_layer(layer)
+    inputs = [normed, _Fp8Operand(x.q), experts if moe else normed, _Fp8Operand(x.mlp(layer))]
+    gradients = [_Fp8Operand(x.q + 2 * x.kv), row_parallel_output,
+                 _Fp8Operand(x.up * x.mlp(layer)), experts if moe else row_parallel_output]
+    return inputs, gradients
+
+
+def _fp8_casts(operand: _Fp8Operand, recipe: Fp8Recipe, d: int, copy: float,
+               prefix: str = "fp8") -> tuple[list[Kernel], list[Kernel]]:
+    """(the kernels where TE casts `operand` to its two FP8 copies of `copy` bytes per
+    element, the transpose a per-tensor recipe runs after an all-gather); module
+    docstring, FP8."""
+    if recipe.block_scaled:
+        return [Kernel(f"{prefix}_cast", 0.0, (d + 2 * copy) * operand.elements)], []
+    n, gathered = operand.elements, operand.gathered
+    later = [Kernel("fp8_transpose", 0.0, 2 * copy * gathered)] if gathered else []
+    if recipe.fused_norm and operand.normed:  # the norm wrote the row-wise copy
+        return ([] if gathered else [Kernel("fp8_transpose", 0.0, 2 * copy * n)]), later
+    now = [Kernel(f"{prefix}_cast", 0.0, (d + (1 if gathered else 2) * copy) * n)]
+    if recipe.current_amax and not operand.normed:
+        now.insert(0, Kernel(f"{prefix}_amax", 0.0, d * n))
+    return now, later
+
+
+def fp8_kernels(model: ModelSpec, parallel: ParallelConfig, layer: int | None = None
+                ) -> tuple[list[Kernel], list[Kernel], list[Kernel]]:
+    """The FP8 cast kernels of one layer per microbatch (module docstring, FP8): (its
+    inputs' casts in the forward, its output gradients' casts and the transposes in the
+    backward, 1/M of the step's weight casts); empty without FP8."""
+    recipe = model.fp8
+    if recipe is None:
+        return [], [], []
+    d = model.dtype_bytes
+    inputs, gradients = _fp8_operands(model, parallel, layer)
+    forward, backward = [], []
+    for operand in inputs:
+        now, later = _fp8_casts(operand, recipe, d, recipe.copy_bytes)
+        forward += now
+        backward += later
+    for operand in gradients:
+        now, later = _fp8_casts(operand, recipe, d, recipe.copy_bytes)
+        backward += now + later
+    weights = _Fp8Operand(model.layer_fp8_weight_count(parallel.tp, parallel.ep, layer,
+                                                       parallel.etp))
+    step, _ = _fp8_casts(weights, recipe, d, recipe.weight_bytes, prefix="fp8_weight")
+    return forward, backward, [k.scaled(1 / parallel.num_microbatches) for k in step]
 
 
 def recompute_forward(model: ModelSpec, parallel: ParallelConfig,
                       layer: int | None = None) -> list[Kernel]:
-    """What recomputation adds to a layer's backward: its whole forward (full) or the
-    attention core (selective, K22), none otherwise."""
+    """What recomputation adds to a layer's backward: its whole forward (full; the
+    weights' FP8 copies are cached, not cast again) or the attention core (selective,
+    K22), none otherwise."""
     if parallel.recompute == "full":
-        return layer_forward(model, parallel, layer)
+        return layer_forward(model, parallel, layer, weight_casts=False)
     if parallel.recompute == "selective":
         return attention_core_forward(model, parallel)
     return []

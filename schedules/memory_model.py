@@ -25,10 +25,19 @@ Extras:
   (Wang et al., "ZeRO++", 2023, section 3.2), counted as model state.
 - ZeRO-Offload (Ren et al., ATC21): the optimizer partition (K Psi / N, fp32 master
   weights included) lives on the host: `host`, not on the device.
+- FP8 weight copies (dtype 'fp8'): Transformer Engine keeps an FP8 row-wise and
+  column-wise copy of each FP8-GEMM weight beside the 16-bit weights (Psi_8 =
+  ModelSpec.layer_fp8_weight_count per layer; cached across microbatches, TE
+  module/linear.py quantize_weight): `fp8_weights` = 2 (1 + scale bytes) Psi_8
+  (Fp8Recipe.cached_weight_bytes; 2 Psi_8 per-tensor: a weight and its transpose, as
+  Hopper's FP8 GEMMs need), counted as model state as hpZ's copy is. Megatron's
+  --fp8-param-gather (FP8 parameters, no 16-bit copy) is not modelled. With ZeRO-3 on
+  one stage only the gathered units have copies (TE casts FSDP2's gathered weights).
 - Activations: the stage's bytes per microbatch (ModelSpec.layer_activation_bytes,
-  Korthikanti et al. 2022 Table 2, via schedules.costs) times the microbatches the
-  rank holds at its peak, found by walking the schedule's programs (GPipe M; 1F1B
-  min(P - rank, M); interleaved per Megatron) with schedules.timeline.peak_in_flight.
+  Korthikanti et al. 2022 Table 2; TE's GEMM inputs in FP8 under 'fp8'; via
+  schedules.costs) times the microbatches the rank holds at its peak, found by walking
+  the schedule's programs (GPipe M; 1F1B min(P - rank, M); interleaved per Megatron)
+  with schedules.timeline.peak_in_flight.
 - Recompute working set (full recompute): the backward of one checkpointed region
   regenerates that region's activations, all of them, before freeing them: N layers'
   under uniform, one layer's under block (schedules.recompute.working_layers), of the
@@ -84,6 +93,7 @@ class RankMemory:
     gradients: float
     optimizer_states: float
     hpz_secondary: float = 0.0
+    fp8_weights: float = 0.0
     activations: float = 0.0
     communication_buffers: float = 0.0
     gathered_parameters: float = 0.0
@@ -94,8 +104,10 @@ class RankMemory:
 
     @property
     def model_states_bytes(self) -> float:
-        """Parameters + gradients + optimizer states on the device (ZeRO's Table 1)."""
-        return self.parameters + self.gradients + self.optimizer_states + self.hpz_secondary
+        """Parameters + gradients + optimizer states on the device (ZeRO's Table 1), and
+        the weights' extra copies (hpZ's secondary shard, TE's FP8 copies)."""
+        return (self.parameters + self.gradients + self.optimizer_states + self.hpz_secondary
+                + self.fp8_weights)
 
     @property
     def total_bytes(self) -> float:
@@ -171,10 +183,29 @@ def _buffers(plan: Plan, rank_params: float, layers_here: int) -> dict[str, floa
         gathered = unsharded = pipelined_fsdp_buffers(rank_params, model.dtype)
     elif parallel.zero_stage == 3:
         unit = weight * model.layer_param_count(parallel.tp, parallel.ep, etp=parallel.etp)
-        units = PREFETCHED_UNITS if parallel.reshard_after_forward else layers_here
-        gathered = unit * min(units, layers_here)
+        gathered = unit * _unsharded_layers(parallel, layers_here)
     return {"communication_buffers": buckets, "gathered_parameters": gathered,
             "unsharded_gradients": unsharded}
+
+
+def _unsharded_layers(parallel: ParallelConfig, layers_here: int) -> int:
+    """Layers of a rank whose parameters are unsharded at its peak: all of them, but with
+    ZeRO-3 on one stage the current and the prefetched unit (all of them without
+    reshard_after_forward)."""
+    if parallel.zero_stage < 3 or parallel.pp > 1:
+        return layers_here
+    units = PREFETCHED_UNITS if parallel.reshard_after_forward else layers_here
+    return min(units, layers_here)
+
+
+def _fp8_weight_bytes(plan: Plan, layers_here: int) -> float:
+    """TE's FP8 copies of the FP8-GEMM weights of a rank's `layers_here` layers (module
+    docstring); 0 without FP8."""
+    model, parallel = plan.model, plan.parallel
+    if model.fp8 is None:
+        return 0.0
+    per_layer = model.layer_fp8_weight_count(parallel.tp, parallel.ep, etp=parallel.etp)
+    return model.fp8.cached_weight_bytes * per_layer * _unsharded_layers(parallel, layers_here)
 
 
 def pipelined_fsdp_buffers(params: float, dtype: str = "bf16") -> float:
@@ -224,6 +255,7 @@ def rank_memory(plan: Plan, *, in_flight: Sequence[int] | None = None,
         result.append(RankMemory(
             pp_rank=r, params=params, activations=peaks.get(r, 0),
             recompute_working=working * _layer_bytes_without_recompute(plan),
+            fp8_weights=_fp8_weight_bytes(plan, layers),
             in_flight=counts.get(r, 0), **_buffers(plan, params, layers),
             **model_states(params, plan.parallel, plan.model.dtype, plan.dp_shard_size,
                            experts)))

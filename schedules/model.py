@@ -21,16 +21,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .errors import ConfigError, require_positive_int
+from .fp8 import DEFAULT_FP8_RECIPE, FP8_FORMATS, FP8_RECIPES, Fp8Recipe
 from .limits import MAX_LAYERS, check_dimension
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2}
-"""Bytes of a stored element. 'fp8' is Transformer Engine's FP8 recipe over a bf16 model
-(Megatron-LM --bf16 --fp8-format): weights, gradients, activations and communication stay
-16-bit; only the GEMMs of TE's linear layers take FP8 inputs (FP8_GEMM_INPUT_BYTES, the
-kernels in schedules.layer_kernels.FP8_GEMMS) and the all-gathers that feed them
-(schedules.tp_comms). Activations TE keeps in FP8 for the backward are counted at 16 bit:
-an upper bound."""
-FP8_GEMM_INPUT_BYTES = 1
+"""Bytes of a stored element. 'fp8' is Transformer Engine's FP8 training over a bf16 model
+(Megatron-LM --bf16 --fp8-format, ModelSpec.fp8_recipe): weights, gradients, optimizer
+states and communication stay 16-bit but for the sequence-parallel all-gathers that feed
+TE's GEMMs (schedules.tp_comms); the GEMMs of TE's linear layers (layer_kernels.FP8_GEMMS)
+read FP8 copies of their inputs and weights, which casting kernels make
+(layer_kernels.fp8_kernels), TE keeps the FP8 copies of its weights
+(schedules.memory_model) and saves its GEMM inputs for the backward in FP8
+(layer_activation_bytes)."""
+
+
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 POSITION_EMBEDDINGS = ("learned_absolute", "rope", "none")
 RECOMPUTE = ("none", "selective", "full")
@@ -62,7 +66,9 @@ class ModelSpec:
     `moe_first_dense_layers` layers are dense MLPs of width ffn_hidden_size (Hugging Face's
     `first_k_dense_replace`, Megatron's `--moe-layer-freq [0]*k+[1]*(l-k)`; default 0).
     Per-layer methods take `layer` (0-based); None means the model's repeating layer
-    (an MoE layer when the model has experts)."""
+    (an MoE layer when the model has experts). FP8 (dtype 'fp8' only): `fp8_recipe`, one
+    of FP8_RECIPES (default 'delayed', Megatron's), and `fp8_format`, one of FP8_FORMATS
+    (default: the recipe's TE default), filled in."""
 
     num_layers: int
     hidden_size: int
@@ -84,6 +90,8 @@ class ModelSpec:
     moe_ffn_hidden_size: int | None = None
     moe_shared_expert_intermediate_size: int | None = None
     moe_first_dense_layers: int = 0
+    fp8_format: str | None = None
+    fp8_recipe: str | None = None
     name: str | None = None
 
     def __post_init__(self) -> None:
@@ -109,6 +117,7 @@ class ModelSpec:
         if self.dtype not in DTYPE_BYTES:
             raise ConfigError(f"dtype={self.dtype!r} is unknown: choose one of "
                               f"{', '.join(DTYPE_BYTES)}")
+        self._check_fp8()
         if self.normalization not in NORMALIZATIONS:
             raise ConfigError(f"normalization={self.normalization!r} must be one of "
                               f"{', '.join(NORMALIZATIONS)}")
@@ -150,16 +159,47 @@ class ModelSpec:
                                   f"[0, num_layers={self.num_layers}): at least one layer "
                                   f"must be an MoE layer")
 
+    def _check_fp8(self) -> None:
+        """FP8 settings only with dtype 'fp8', where their defaults are filled in."""
+        if self.dtype != "fp8":
+            for name in ("fp8_format", "fp8_recipe"):
+                value = getattr(self, name)
+                if value is not None:
+                    raise ConfigError(f"{name}={value!r} (--{name.replace('_', '-')}) needs "
+                                      f"dtype 'fp8' (--dtype fp8), got {self.dtype!r}")
+            return
+        if self.fp8_recipe is None:
+            object.__setattr__(self, "fp8_recipe", DEFAULT_FP8_RECIPE)
+        if self.fp8_recipe not in FP8_RECIPES:
+            raise ConfigError(f"fp8_recipe={self.fp8_recipe!r} (--fp8-recipe) must be one of "
+                              f"{', '.join(FP8_RECIPES)}")
+        if self.fp8_format is None:
+            object.__setattr__(self, "fp8_format", self.fp8.default_format)
+        if self.fp8_format not in FP8_FORMATS:
+            raise ConfigError(f"fp8_format={self.fp8_format!r} (--fp8-format) must be one of "
+                              f"{', '.join(FP8_FORMATS)}")
+
     # --- shapes ------------------------------------------------------------------------
     @property
     def dtype_bytes(self) -> int:
         return DTYPE_BYTES[self.dtype]
 
     @property
-    def gemm_input_bytes(self) -> int:
-        """Bytes per element of a TE linear layer's GEMM inputs: 1 under fp8, else as
-        stored (DTYPE_BYTES' docstring)."""
-        return FP8_GEMM_INPUT_BYTES if self.dtype == "fp8" else self.dtype_bytes
+    def fp8(self) -> Fp8Recipe | None:
+        """The FP8 recipe under dtype 'fp8', else None."""
+        return FP8_RECIPES[self.fp8_recipe] if self.dtype == "fp8" else None
+
+    @property
+    def gemm_input_bytes(self) -> float:
+        """Bytes per element of a TE linear layer's GEMM input: its FP8 copy under fp8
+        (Fp8Recipe.copy_bytes), else as stored (DTYPE_BYTES' docstring)."""
+        return self.fp8.copy_bytes if self.fp8 else self.dtype_bytes
+
+    @property
+    def gathered_gradient_bytes(self) -> float:
+        """Bytes per element of a TE layer's output gradient in its sequence-parallel
+        all-gather (Fp8Recipe.gathered_gradient_bytes; 16-bit without FP8)."""
+        return self.fp8.gathered_gradient_bytes if self.fp8 else self.dtype_bytes
 
     @property
     def kv_hidden_size(self) -> int:
@@ -263,6 +303,13 @@ class ModelSpec:
         2sbh (sbh*dtype_bytes), divided by t under SP (the input is sequence-sharded).
         An MoE layer's MLP terms use k*f_e + f_sh for f (each token's copies in the
         experts it runs); router logits and dispatch buffers are not counted.
+        FP8 (dtype 'fp8'): a TE linear layer saves its GEMM input as one FP8 copy
+        (Fp8Recipe.copy_bytes) instead of 16 bits (module/linear.py, layernorm_linear.py:
+        the column-wise copy, or with SP the row-wise shard, `update_usage`): the QKV and
+        fc1 inputs (an MoE layer's fc1 input stays 16-bit: the router, a 16-bit GEMM,
+        keeps it; the experts' dispatched copies are not counted, as above), the out-proj
+        input and the fc2 input; with flash attention the attention output stays too, in
+        16 bit, for the flash backward.
         """
         require_positive_int("tp", tp)
         if recompute not in RECOMPUTE:
@@ -272,9 +319,13 @@ class ModelSpec:
         sp_div = tp if sequence_parallel else 1
         if recompute == "full":
             return sb * h * d / sp_div
-        replicated = sb * (4 * h * d + 2 * h)
-        mlp = self._mlp_matrices * self._mlp_widths(layer)
-        sharded = sb * d * (2 * h + 2 * self.kv_hidden_size + mlp)
+        te_input = self.gemm_input_bytes  # a TE GEMM input kept for the backward
+        fc1_input = d if self.is_moe_layer(layer) else te_input
+        replicated = sb * (2 * h * d + h * (te_input + fc1_input) + 2 * h)
+        width = self._mlp_widths(layer)
+        flash_output = h if self.fp8 and self.use_flash_attn else 0
+        sharded = sb * (d * (h + 2 * self.kv_hidden_size + flash_output
+                             + (self._mlp_matrices - 1) * width) + te_input * (h + width))
         if recompute == "none" and not self.use_flash_attn:
             sharded += a * s * sb * (2 * d + 1)
         return replicated / sp_div + sharded / tp
@@ -285,16 +336,37 @@ class ModelSpec:
         proj weights and the QKV bias are sharded (column/row parallel); the out-proj bias
         and both norms are replicated."""
         h, hkv, bias = self.hidden_size, self.kv_hidden_size, self.add_bias_linear
-        sharded = h * (h + 2 * hkv) + h * h + (h + 2 * hkv if bias else 0)
+        sharded = self._attention_weights() + (h + 2 * hkv if bias else 0)
         norms = 2 * (2 * h if self.normalization == "LayerNorm" else h)
         return sharded, norms + (h if bias else 0)
+
+    def _attention_weights(self) -> int:
+        """QKV h(h + 2h_kv) and out-proj h^2 weight matrices."""
+        h = self.hidden_size
+        return h * (h + 2 * self.kv_hidden_size) + h * h
+
+    def _mlp_weights(self, f: int) -> int:
+        """Weight matrices of one h -> f -> h MLP."""
+        return self._mlp_matrices * self.hidden_size * f
 
     def _mlp_param_parts(self, f: int) -> tuple[int, int]:
         """(TP-sharded, TP-replicated) parameters of one h -> f -> h MLP: weights and the
         fc1 bias are sharded, the fc2 (row-parallel) bias is replicated."""
         h, bias = self.hidden_size, self.add_bias_linear
         fc1_bias = (2 * f if self.swiglu else f) if bias else 0
-        return self._mlp_matrices * h * f + fc1_bias, (h if bias else 0)
+        return self._mlp_weights(f) + fc1_bias, (h if bias else 0)
+
+    def layer_fp8_weight_count(self, tp: int = 1, ep: int = 1, layer: int | None = None,
+                               etp: int | None = None) -> float:
+        """Weights of a layer's FP8 GEMMs (layer_kernels.FP8_GEMMS) on one rank, of which
+        TE keeps FP8 copies: QKV, out proj and MLP matrices, or an MoE layer's shared
+        experts' and its E/ep routed experts' (split over etp, None: tp) matrices; no
+        bias, norm or router."""
+        if not self.is_moe_layer(layer):
+            return (self._attention_weights() + self._mlp_weights(self.ffn_hidden_size)) / tp
+        shared = self._mlp_weights(self.moe_shared_expert_intermediate_size or 0)
+        routed = self._mlp_weights(self.moe_ffn_hidden_size) / (tp if etp is None else etp)
+        return (self._attention_weights() + shared) / tp + self.num_experts / ep * routed
 
     def layer_param_count(self, tp: int = 1, ep: int = 1, layer: int | None = None,
                           etp: int | None = None) -> int | float:

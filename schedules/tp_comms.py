@@ -21,10 +21,16 @@ Outside the layers:
   in backward. They are latency-bound: 3 alphas each microbatch.
 FP8 (dtype 'fp8': Transformer Engine's recipe, schedules.model.DTYPE_BYTES): TE quantizes
 a linear layer's GEMM input before the sequence-parallel all-gather that feeds it, in
-forward (LayerNormLinear / LayerNormMLP: the norm output is cast to FP8, then gathered)
-and backward (TransformerEngineBaseModule.grad_output_preprocess: a row-parallel layer's
-output gradient is cast to FP8, then gathered; transformer_engine/pytorch/module/). So a
-layer's SP all-gathers move 1 byte per element; every reduction (all-reduce,
+forward (LayerNormLinear: the norm output is cast to FP8, then gathered) and backward
+(TransformerEngineBaseModule.grad_output_preprocess: a row-parallel layer's output
+gradient is cast to FP8, then gathered; transformer_engine/pytorch/module/). So a layer's
+SP all-gathers move FP8 copies: the forward's one row-wise copy (ModelSpec.
+gemm_input_bytes: 1 byte per element, plus block scales), the backward's the row-wise
+copy, or both for a block-scaled recipe (ModelSpec.gathered_gradient_bytes). Current
+scaling (--fp8-recipe tensorwise) all-reduces each such tensor's fp32 amax over tp before
+casting it, so every rank casts with one scale (module/linear.py and layernorm_linear.py:
+set_quantizer_amax_reduction_group with SP; csrc/quantizer.cpp quantize_impl): one
+latency-bound all-reduce per layer all-gather. Every reduction (all-reduce,
 reduce-scatter) sums 16-bit GEMM outputs and stays 16-bit, as do the embedding's and the
 output layer's collectives (Megatron's own layers, not TE's) and, without SP, every TP
 all-reduce: FP8 then saves no TP traffic at all.
@@ -48,6 +54,7 @@ from .parallel import ParallelConfig
 
 CROSS_ENTROPY_ALL_REDUCES = 3
 CROSS_ENTROPY_BYTES = 4  # fp32 per token
+AMAX_BYTES = 4  # one fp32 amax (current scaling)
 
 
 def tp_comms(model: ModelSpec, parallel: ParallelConfig, cov: Covered) -> list[Comm]:
@@ -57,7 +64,6 @@ def tp_comms(model: ModelSpec, parallel: ParallelConfig, cov: Covered) -> list[C
         return []
     tokens = model.micro_batch_size * model.seq_length / parallel.cp
     x = tokens * model.hidden_size * model.dtype_bytes
-    x_gemm_input = tokens * model.hidden_size * model.gemm_input_bytes  # FP8 under 'fp8'
     dense_mlps = experts_split_by_tp(parallel) or model.moe_shared_expert_intermediate_size
 
     def blocks(layers: int, moe_layers: int) -> int:
@@ -65,21 +71,25 @@ def tp_comms(model: ModelSpec, parallel: ParallelConfig, cov: Covered) -> list[C
         posts TP collectives only as the module docstring says."""
         return layers + (layers if dense_mlps else layers - moe_layers)
 
-    layer = (blocks(cov.forward_layers, cov.forward_moe_layers)
-             + (blocks(cov.layers, cov.moe_layers) if cov.backward else 0))
+    inputs = blocks(cov.forward_layers, cov.forward_moe_layers)  # forward and recompute
+    gradients = blocks(cov.layers, cov.moe_layers) if cov.backward else 0
+    layer = inputs + gradients
     forward = cov.kind is OpKind.F
     out = []
     if parallel.sequence_parallel:
         gathers = (forward and cov.head) + (cov.backward and cov.embedding)
         scatters = (forward and cov.embedding) + (cov.backward and cov.head)
+        te_gathered = tokens * model.hidden_size * (inputs * model.gemm_input_bytes
+                                                    + gradients * model.gathered_gradient_bytes)
+        if model.fp8 and model.fp8.current_amax:
+            out += comms(OpKind.ALL_REDUCE, TP, layer * AMAX_BYTES, layer)
         if parallel.tp_comm_overlap:  # TE's layers' collectives apart: they overlap
-            out += comms(OpKind.ALL_GATHER, TP, layer * x_gemm_input, layer, te_linear=True)
+            out += comms(OpKind.ALL_GATHER, TP, te_gathered, layer, te_linear=True)
             out += comms(OpKind.REDUCE_SCATTER, TP, layer * x, layer, te_linear=True)
             out += comms(OpKind.ALL_GATHER, TP, gathers * x, gathers)
             out += comms(OpKind.REDUCE_SCATTER, TP, scatters * x, scatters)
         else:
-            out += comms(OpKind.ALL_GATHER, TP, layer * x_gemm_input + gathers * x,
-                         layer + gathers)
+            out += comms(OpKind.ALL_GATHER, TP, te_gathered + gathers * x, layer + gathers)
             out += comms(OpKind.REDUCE_SCATTER, TP, (layer + scatters) * x, layer + scatters)
     else:
         reduces = layer + (forward and cov.embedding) + (cov.backward and cov.head)

@@ -7,6 +7,9 @@ sim.cost_model).
   summed (`kernels_time`; the kernels of F/B/I/W come from schedules.layer_kernels via
   `StageKernelCost`), or to the op as a whole when it has no kernel list. A GEMM kernel's
   compute term comes from `gemm_seconds` (measured GEMM times) where it has a measurement.
+  A flash-attention kernel's compute term runs at its backend's published speed on the
+  device at its sequence length (topologies.attention_kernels; forward and backward apart)
+  where one was found, else at the matmul ceiling (a run note says so).
 
 The fractions (`compute_fraction`, `memory_fraction`). By default, the device's measured
 ceilings times one attainment factor: a GEMM reaches its device's maximum achievable
@@ -35,6 +38,7 @@ from clustersim.schedules.layer_kernels import FP8_GEMMS, Kernel
 from clustersim.schedules.ops import Op, OpKind
 from clustersim.schedules.plan import Plan
 from clustersim.topologies import DeviceSpec
+from clustersim.topologies.attention_kernels import BACKENDS, attention_curve, resolve_backend
 
 ATTAINMENT = 0.8301  # module docstring: K22 Table 4's 22B layer (benchmarks/fidelity.py)
 
@@ -94,6 +98,32 @@ def memory_fraction(device: DeviceSpec, memory_efficiency: float | None = None,
     return device.hbm_ceiling * attainment
 
 
+def check_attention_backend(backend: str, compute_efficiency: float | None) -> None:
+    """Refuse an unknown --attention-backend, or one that explicit efficiencies (which
+    replace every published ceiling) would ignore."""
+    if backend not in BACKENDS:
+        raise ConfigError(f"attention_backend must be one of {', '.join(BACKENDS)}, "
+                          f"got {backend!r}")
+    if backend != "auto" and compute_efficiency is not None:
+        raise ConfigError(f"--attention-backend {backend} picks a published attention speed; "
+                          f"--compute-efficiency replaces every ceiling, so it would change "
+                          f"nothing: give one of them")
+
+
+def attention_note(device: DeviceSpec, backend: str) -> str | None:
+    """The note when `device` has no published speed for `backend` ('auto': the one Transformer
+    Engine would pick) and flash attention runs at the matmul ceiling instead, else None.
+    An explicit backend without a measurement is refused (ConfigError)."""
+    if attention_curve(device.name, backend) is not None:
+        return None
+    chosen = resolve_backend(device.name, backend)
+    if backend != "auto":
+        raise ConfigError(f"--attention-backend {backend}: no published speed of {chosen} "
+                          f"attention on {device.name} (topologies.attention_kernels)")
+    return (f"assumed: flash attention on {device.name} at the matmul ceiling (no published "
+            f"speed of its {chosen} attention kernels)")
+
+
 GemmSeconds = Callable[[Kernel, str], "float | None"]
 """(GEMM kernel, dtype) -> its measured seconds, or None where there is no measurement
 (a table of GEMM times, issue 16 item 2); the roofline prices the rest."""
@@ -110,11 +140,17 @@ class RooflineCost:
     memory_efficiency: float | None = None
     gemm_seconds: GemmSeconds | None = None
     attainment: float = ATTAINMENT
+    attention_backend: str = "auto"
 
     def __post_init__(self) -> None:
         check_fraction("compute_efficiency", self.compute_efficiency)
         check_fraction("memory_efficiency", self.memory_efficiency)
         check_fraction("attainment", self.attainment)
+        check_attention_backend(self.attention_backend, self.compute_efficiency)
+        if self.compute_efficiency is None:
+            attention_note(self.device, self.attention_backend)  # refuses a missing one
+        object.__setattr__(self, "_attention", None if self.compute_efficiency is not None
+                           else attention_curve(self.device.name, self.attention_backend))
         for dtype in {self.dtype, "bf16"}:  # fail early on a dtype or ceiling it lacks
             self._flops_per_second(dtype)
         object.__setattr__(self, "_bandwidth", self.device.hbm_bandwidth * memory_fraction(
@@ -146,13 +182,19 @@ class RooflineCost:
         return total
 
     def _compute_seconds(self, kernel: Kernel) -> float:
-        """A GEMM's measured time where `gemm_seconds` has one, else its work at the
+        """A GEMM's measured time where `gemm_seconds` has one, a flash-attention kernel's
+        work at its backend's published speed where there is one, else its work at the
         compute roofline."""
         dtype = self._dtype_of(kernel)
         if kernel.gemm is not None and self.gemm_seconds is not None:
             measured = self.gemm_seconds(kernel, dtype)
             if measured is not None:
                 return measured
+        if kernel.attention is not None and self._attention is not None:
+            seq_length, phase = kernel.attention
+            rate = (self.device.peak("bf16") * self.attainment
+                    * self._attention.fraction(seq_length, phase))
+            return kernel.executed / rate
         return self.time(kernel.executed, 0.0, dtype)
 
     def _dtype_of(self, kernel: Kernel) -> str:

@@ -38,8 +38,8 @@ from clustersim.schedules.profile import Profile
 from clustersim.topologies import DeviceSpec, device_of
 
 from .collective_model import collective_model
-from .cost import (ATTAINMENT, RooflineCost, StageKernelCost, assumed_ceiling, check_fraction,
-                   memory_fraction)
+from .cost import (ATTAINMENT, RooflineCost, StageKernelCost, assumed_ceiling,
+                   attention_note, check_attention_backend, check_fraction, memory_fraction)
 from .flows import FlowNetwork
 from .gemm_table import gemm_seconds_of
 from .network import InstantNetwork, Network
@@ -79,11 +79,13 @@ class RooflineCostModel:
     attainment: float = ATTAINMENT
     gemm_table: Profile | None = None  # a profile whose measured GEMM times replace the
     # GEMMs' compute rooflines where its table answers (sim.gemm_table)
+    attention_backend: str = "auto"  # whose published flash-attention speed (sim.cost)
 
     def __post_init__(self) -> None:
         check_fraction("compute_efficiency", self.compute_efficiency)
         check_fraction("memory_efficiency", self.memory_efficiency)
         check_fraction("attainment", self.attainment)
+        check_attention_backend(self.attention_backend, self.compute_efficiency)
         if self.gemm_table is not None and self.gemm_table.gemm is None:
             raise ConfigError("--gemm-table: the profile has no gemm section (calibrate it "
                               "with this version of `clustersim calibrate`)")
@@ -91,10 +93,15 @@ class RooflineCostModel:
     def compute_time(self, plan: Plan, topology: nx.DiGraph) -> ComputeTime:
         devices = _stage_devices(plan, topology)
         self._check_table_dtype(plan.model.dtype)
+        if self.attention_backend != "auto" and not plan.model.use_flash_attn:
+            raise ConfigError(f"--attention-backend {self.attention_backend} picks a flash "
+                              f"attention kernel; this model runs unfused attention "
+                              f"(give --use-flash-attn, or drop the flag)")
         measured = gemm_seconds_of(self.gemm_table)
         rooflines = [RooflineCost(d, plan.model.dtype, self.compute_efficiency,
                                   self.memory_efficiency, gemm_seconds=measured,
-                                  attainment=self.attainment)
+                                  attainment=self.attainment,
+                                  attention_backend=self.attention_backend)
                      for d in devices]
         return with_optimizer_steps(StageKernelCost(rooflines, plan), devices.__getitem__,
                                     partial(memory_fraction,
@@ -124,7 +131,9 @@ class RooflineCostModel:
         if self.compute_efficiency is not None:
             return notes
         devices = {d.name: d for d in _stage_devices(plan, topology)}
-        found = (assumed_ceiling(d, plan.model.dtype) for d in devices.values())
+        found = [assumed_ceiling(d, plan.model.dtype) for d in devices.values()]
+        if plan.model.use_flash_attn:
+            found += [attention_note(d, self.attention_backend) for d in devices.values()]
         return notes + [note for note in found if note]
 
     def network(self, env: simpy.Environment, topology: nx.DiGraph) -> Network:
@@ -143,7 +152,9 @@ class RooflineCostModel:
                   else f"memory: device HBM ceiling x attainment {self.attainment}")
         table = (f", GEMMs from the table measured on {self.gemm_table.device}"
                  if self.gemm_table is not None else "")
-        return f"roofline({compute}, {memory}{table})"
+        attention = ("" if self.compute_efficiency is not None
+                     else f", attention: published {self.attention_backend} kernel speed")
+        return f"roofline({compute}, {memory}{attention}{table})"
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ import networkx as nx
 import simpy
 
 from clustersim.schedules.errors import DeadlockError
+from clustersim.schedules.fp8 import check_fp8_device, fp8_notes
 from clustersim.schedules.limits import MAX_OPS
 from clustersim.schedules.lowering import lower
 from clustersim.schedules.memory_model import rank_memory
@@ -55,6 +56,8 @@ def simulate(model: ModelSpec, parallel: ParallelConfig, topology: nx.DiGraph,
     registered schedule (schedules.limits), checked before it is built."""
     plan = resolve(model, parallel, cluster_facts(topology), schedule, max_ops)
     plan.devices  # every rank needs a GPU (ConfigError otherwise), checked before any work
+    for device in {device_of(topology, gpu) for gpu in plan.devices}:
+        check_fp8_device(model, device.name, device.peak_flops)
     check_symmetric(plan, topology)
     return _replay(plan, topology, costs, schedule)
 
@@ -65,7 +68,8 @@ def _replay(plan: Plan, topology: nx.DiGraph, costs: CostModel,
     `topology`, the one the plan's cluster facts were read from."""
     devices = plan.devices
     lowered = lower(schedule or plan.build_schedule(), plan)
-    warnings = costs.notes(plan, topology)
+    warnings = costs.notes(plan, topology) + fp8_notes(plan.model,
+                                                       plan.parallel.sequence_parallel)
     if plan.parallel.offload:
         topology, assumed = with_host_links(topology)
         warnings += [assumed] if assumed else []

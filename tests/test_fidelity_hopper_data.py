@@ -49,7 +49,8 @@ def test_every_row_has_a_metric_and_a_plausible_iteration(run):
                                        run.mfu_percent, run.step_time_s))
     assert 0.2 < fd.iteration_time_s(run) < 120  # seconds: not a units slip
     for name in run.assumed:
-        assert getattr(run, name) is None or name in ("seq_length", "dtype", "fp8_recipe")
+        assert getattr(run, name) is None or name in ("seq_length", "dtype", "fp8_recipe",
+                                                      "attention_backend")
 
 
 @pytest.mark.parametrize("run", [r for r in RUNS if r.model.preset], ids=lambda r: r.label)

@@ -1,10 +1,11 @@
 """dtype 'fp8' as Transformer Engine runs it (issue 14, item 13): FP8 GEMMs in TE's linear
 layers over a bf16 model. TE casts a GEMM input to FP8 before the sequence-parallel
-all-gather that feeds it (forward: the norm output of LayerNormLinear / LayerNormMLP;
+all-gather that feeds it (forward: the norm output of LayerNormLinear;
 backward: the output gradient of a row-parallel layer, grad_output_preprocess); every
 reduction, the embedding's and output layer's collectives, pipeline transfers, expert
 all-to-alls and data-parallel traffic stay 16-bit. Checked against bf16 runs of the same
-layout: what must halve halves, everything else is unchanged."""
+layout: what must halve halves, everything else is unchanged. Under the default recipe
+(delayed scaling); the recipes apart: tests/test_fp8_recipes.py."""
 from dataclasses import replace
 
 import pytest
@@ -84,6 +85,7 @@ def test_only_te_linear_gemms_run_at_the_fp8_rate():
 
 def test_fp8_keeps_16_bit_weights_and_gradients():
     """Megatron's FP8 training keeps bf16 parameters and gradients (TE casts the weights
-    to FP8 for its GEMMs): the DP bytes and the model states equal bf16's."""
+    to FP8 for its GEMMs): the DP bytes and the 16-bit weights, gradients and optimizer
+    states equal bf16's; TE's FP8 weight copies come on top (tests/test_fp8_recipes.py)."""
     assert replace(LLAMA, dtype="fp8").dtype_bytes == 2
     assert replace(LLAMA, dtype="fp8").gemm_input_bytes == 1

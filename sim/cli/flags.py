@@ -17,12 +17,14 @@ from typing import Any
 
 from clustersim.schedules.errors import ConfigError, require_positive_int
 from clustersim.schedules.limits import MAX_OPS
+from clustersim.schedules.fp8 import DEFAULT_FP8_RECIPE, FP8_FORMATS, FP8_RECIPES
 from clustersim.schedules.model import NORMALIZATIONS, POSITION_EMBEDDINGS, ModelSpec
 from clustersim.schedules.model_presets import get_model
 from clustersim.schedules.parallel import CP_COMM, FSDP, RECOMPUTE, ParallelConfig
 from clustersim.schedules.profile import Profile
 from clustersim.schedules.recompute import METHODS as RECOMPUTE_METHODS
 from clustersim.schedules.registry import DEFAULT_SCHEDULE, SCHEDULES, schedule_help
+from clustersim.topologies.attention_kernels import BACKENDS
 
 from ..cost_model import CostModel, ProfileCostModel, RooflineCostModel, parse_uniform_costs
 
@@ -87,8 +89,18 @@ MODEL_FLAGS = (  # ModelSpec fields, Megatron-LM's names
     _flag("--micro-batch-size", "micro_batch_size", type=int, metavar="INT"),
     _flag("--dtype", "dtype",
           "bf16, fp16, fp32 or fp8 (default bf16); fp8 = Transformer Engine's FP8 GEMMs over "
-          "a bf16 model: 16-bit weights, activations and communication but for the "
-          "sequence-parallel all-gathers that feed TE's GEMMs", type=str, metavar="STR"),
+          "a bf16 model: 16-bit weights, gradients and communication but for the "
+          "sequence-parallel all-gathers that feed TE's GEMMs; FP8 casts, weight copies "
+          "and saved GEMM inputs per --fp8-recipe", type=str, metavar="STR"),
+    _flag("--fp8-format", "fp8_format",
+          "with --dtype fp8: " + "; ".join(f"{k} = {v}" for k, v in FP8_FORMATS.items())
+          + " (default: the recipe's TE default); numerics only: the same bytes and speed, "
+          "said in the run's notes", choices=list(FP8_FORMATS)),
+    _flag("--fp8-recipe", "fp8_recipe",
+          f"with --dtype fp8: Transformer Engine's scaling recipe (default "
+          f"{DEFAULT_FP8_RECIPE}): delayed (amax history), tensorwise (current scaling: an "
+          f"amax pass per cast), mxfp8 (Blackwell only: 1x32 E8M0 block scales), blockwise "
+          f"(1x128 fp32 block scales, weights 128x128)", choices=list(FP8_RECIPES)),
     _both("--swiglu", "swiglu", "SwiGLU MLP (default off: GeLU)"),
     _both("--use-flash-attn", "use_flash_attn", "flash attention (default off)"),
     _both("--untie-embeddings-and-output-weights", "untie_embeddings_and_output_weights",
@@ -223,6 +235,12 @@ COST_FLAGS = (  # the cost model: sim.cost_model
           "times (its gemm section, interpolated between shapes) replace the roofline's "
           "matmul ceiling for GEMMs; other kernels and the network stay as they are",
           metavar="PATH"),
+    _flag("--attention-backend", "attention_backend",
+          "whose published flash-attention speed prices the attention kernels (Megatron-LM's "
+          "spellings): fused = cuDNN (Transformer Engine's FusedAttention), flash = "
+          "FlashAttention-2 (flash-attn, PyTorch SDPA's flash backend), auto = Transformer "
+          "Engine's choice (fused on Hopper and Blackwell, flash on Ampere; default); "
+          "topologies/attention_kernels.py", choices=BACKENDS),
 )
 
 SCHEDULE_FLAG = _flag("--schedule", "schedule", f"{', '.join(SCHEDULES)} (default "
@@ -337,9 +355,10 @@ def cost_model_from_args(args: argparse.Namespace) -> CostModel:
     measured profile, or the roofline at the given (or default) efficiencies."""
     values = given(args, COST_FLAGS)
     efficiencies = {k: v for k, v in values.items() if k.endswith("_efficiency")}
-    if "gemm_table" in values and ("profile" in values or "uniform_costs" in values):
-        raise ConfigError("--gemm-table refines the roofline: --profile and --uniform-costs "
-                          "replace it; give one of them")
+    for refinement in ("gemm_table", "attention_backend"):
+        if refinement in values and ("profile" in values or "uniform_costs" in values):
+            raise ConfigError(f"{flag(refinement).names[0]} refines the roofline: --profile and "
+                              f"--uniform-costs replace it; give one of them")
     if "profile" in values:
         if "uniform_costs" in values:
             raise ConfigError("--profile and --uniform-costs both set compute times: give one")
@@ -349,4 +368,5 @@ def cost_model_from_args(args: argparse.Namespace) -> CostModel:
     if "uniform_costs" in values:
         return parse_uniform_costs(values["uniform_costs"])
     table = Profile.load(values["gemm_table"]) if "gemm_table" in values else None
-    return RooflineCostModel(**efficiencies, gemm_table=table)
+    return RooflineCostModel(**efficiencies, gemm_table=table,
+                             attention_backend=values.get("attention_backend", "auto"))

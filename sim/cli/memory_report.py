@@ -4,7 +4,9 @@ The numbers come from schedules.memory_model (ZeRO model states, Korthikanti act
 per in-flight microbatch, communication buffers). Bytes in the JSON; the table prints
 GB (1e9 bytes, as ZeRO's Table 1 and the GPU datasheets do) and the total in GiB (2^30,
 what `nvidia-smi` and torch report). With --topology or --device, ranks whose total
-exceeds the device memory are flagged OOM.
+exceeds the device memory are flagged OOM (and an FP8 recipe the device cannot run is
+refused). Under --dtype fp8 a column shows TE's FP8 weight copies (part of the model
+states) and notes say what the FP8 settings assume (schedules.model.fp8_notes).
 """
 from __future__ import annotations
 
@@ -17,10 +19,11 @@ from clustersim.schedules.cluster_facts import ClusterFacts
 from clustersim.schedules.errors import ConfigError
 from clustersim.schedules.memory_model import (RankMemory, bare_rank_memory, precision_bytes,
                                                rank_memory)
+from clustersim.schedules.fp8 import check_fp8_device, fp8_notes
 from clustersim.schedules.plan import resolve
 from clustersim.schedules.recompute import describe as describe_recompute
 from clustersim.schedules.sharding import shard_group_size
-from clustersim.topologies import get_device, load_topology
+from clustersim.topologies import DeviceSpec, device_of, get_device, gpu_nodes, load_topology
 
 from ..cluster import cluster_facts
 from .flags import (MODEL_FLAGS, add_model_flags, add_parallel_flags, given,
@@ -62,22 +65,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print the breakdown as JSON")
 
 
-def _device(args: argparse.Namespace) -> tuple[str | None, float | None, ClusterFacts | None]:
-    """(device name, memory bytes, the cluster's facts) from --topology or --device."""
+def _device(args: argparse.Namespace) -> tuple[DeviceSpec | None, ClusterFacts | None]:
+    """(the device, the cluster's facts) from --topology or --device."""
     if args.topology and args.device:
         raise ConfigError("give --topology or --device, not both")
     if args.device:
-        spec = get_device(args.device)
-        return spec.name, spec.memory_bytes, None
+        return get_device(args.device), None
     if args.topology:
-        cluster = cluster_facts(load_topology(args.topology))
-        return cluster.device, cluster.memory_bytes, cluster
-    return None, None, None
+        topology = load_topology(args.topology)
+        return device_of(topology, gpu_nodes(topology)[0]), cluster_facts(topology)
+    return None, None
 
 
 def breakdown(args: argparse.Namespace) -> tuple[dict, list[RankMemory]]:
     """The configuration (as a JSON-able dict) and the per-rank memory it needs."""
-    name, capacity, cluster = _device(args)
+    device, cluster = _device(args)
+    name, capacity = (device.name, device.memory_bytes) if device else (None, None)
+    notes: list[str] = []
     if args.params is not None:
         fields = given(args, MODEL_FLAGS)
         dims = [flag.names[0] for flag in MODEL_FLAGS if flag.field in fields]
@@ -89,13 +93,17 @@ def breakdown(args: argparse.Namespace) -> tuple[dict, list[RankMemory]]:
         model, dtype = f"{args.params:g} parameters", "bf16"
     else:
         spec = model_from_args(args)
+        if device:
+            check_fp8_device(spec, device.name, device.peak_flops)
         parallel = parallel_from_args(args, args.schedule, micro_batch_size=spec.micro_batch_size)
         ranks = rank_memory(resolve(spec, parallel, cluster, max_ops=max_ops_from_args(args)))
         model, dtype = spec.name or "custom", spec.dtype
-    config = {"model": model, "dtype": dtype, "optimizer_bytes_per_param": precision_bytes(dtype)[1],
+        notes = fp8_notes(spec, parallel.sequence_parallel)
+    config = {"model": model, "dtype": dtype,
+              "optimizer_bytes_per_param": precision_bytes(dtype)[1],
               "parallel": asdict(parallel),
               "device": name, "device_memory_bytes": capacity,
-              "gpus_per_node": cluster.gpus_per_node if cluster else None}
+              "gpus_per_node": cluster.gpus_per_node if cluster else None, "notes": notes}
     return config, ranks
 
 
@@ -115,7 +123,10 @@ def _gb(nbytes: float) -> str:
 
 
 def format_memory(data: dict) -> str:
+    """The table; under fp8 with a column for TE's FP8 weight copies (in `states`), and
+    the run's notes."""
     c, p = data["config"], data["config"]["parallel"]
+    fp8 = c["dtype"] == "fp8"
     recompute = describe_recompute(p["recompute"], p["recompute_method"],
                                    p["recompute_num_layers"])
     lines = [f"{c['model']} ({c['dtype']}, Adam K={c['optimizer_bytes_per_param']} B/param): "
@@ -125,13 +136,15 @@ def format_memory(data: dict) -> str:
              "GB = 1e9 bytes per rank"
              + (f"; {c['device']} has {c['device_memory_bytes'] / GB:.0f} GB"
                 if c["device"] else ""),
-             f"{'rank':>4} {'params':>9} {'weights':>8} {'grads':>8} {'optim':>8} "
+             f"{'rank':>4} {'params':>9} {'weights':>8} " + (f"{'fp8 w.':>8} " if fp8 else "")
+             + f"{'grads':>8} {'optim':>8} "
              f"{'states':>8} {'activ.':>8} {'(mb)':>4} {'recomp.':>8} {'buffers':>8} "
              f"{'gathered':>8} {'total':>8} {'GiB':>8} {'host':>8}"]
     for r in data["ranks"]:
         lines.append(
             f"{r['pp_rank']:>4} {r['params']:>9.3g} {_gb(r['parameters'] + r['hpz_secondary']):>8} "
-            f"{_gb(r['gradients']):>8} {_gb(r['optimizer_states']):>8} "
+            + (f"{_gb(r['fp8_weights']):>8} " if fp8 else "")
+            + f"{_gb(r['gradients']):>8} {_gb(r['optimizer_states']):>8} "
             f"{_gb(r['model_states_bytes']):>8} {_gb(r['activations']):>8} "
             f"{r['in_flight']:>4} {_gb(r['recompute_working']):>8} "
             f"{_gb(r['communication_buffers']):>8} "
@@ -142,7 +155,7 @@ def format_memory(data: dict) -> str:
         total = data["total_bytes"][rank]
         lines.append(f"OOM: rank {rank} needs {total / GB:.1f} GB, the {c['device']} has "
                      f"{c['device_memory_bytes'] / GB:.0f} GB")
-    return "\n".join(lines)
+    return "\n".join(lines + [f"note: {note}" for note in c["notes"]])
 
 
 def cmd_memory(args: argparse.Namespace) -> int:

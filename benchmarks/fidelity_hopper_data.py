@@ -386,7 +386,10 @@ NEMO_2502: tuple[HopperRun, ...] = (
 _L3_ASSUMED = {
     "micro_batch_size": "1 (not published; section 3.3.2 tunes the micro-batch count)",
     "vpp": "interleaved schedule (section 3.3.2), stages per rank not published",
-    "recompute": "not published",
+    "recompute": "not published; none taken. The memory model then puts ranks over 80 GB, "
+                 "and with selective recompute too; full recompute fits (about 20 GB) but "
+                 "simulates 16-30% slower than published (2026-11-25), so the run saved "
+                 "memory in ways the paper does not detail",
     "sequence_parallel": "not published (TP 8 inside a server)",
 }
 

@@ -9,7 +9,10 @@ sim.cost_model).
   compute term comes from `gemm_seconds` (measured GEMM times) where it has a measurement.
   A flash-attention kernel's compute term runs at its backend's published speed on the
   device at its sequence length (topologies.attention_kernels; forward and backward apart)
-  where one was found, else at the matmul ceiling (a run note says so).
+  where one was found, else at the matmul ceiling (a run note says so). On devices whose
+  GEMMs write their output after the K loop (Ampere, Hopper: DeviceSpec.matmul_best_k) a
+  GEMM also pays that write (`gemm_seconds_at_ceiling`): shallow GEMMs (small K) run
+  below the ceiling.
 
 The fractions (`compute_fraction`, `memory_fraction`). By default, the device's measured
 ceilings times one attainment factor: a GEMM reaches its device's maximum achievable
@@ -40,7 +43,7 @@ from clustersim.schedules.plan import Plan
 from clustersim.topologies import DeviceSpec
 from clustersim.topologies.attention_kernels import BACKENDS, attention_curve, resolve_backend
 
-ATTAINMENT = 0.8301  # module docstring: K22 Table 4's 22B layer (benchmarks/fidelity.py)
+ATTAINMENT = 0.8373  # module docstring: K22 Table 4's 22B layer (benchmarks/fidelity.py)
 
 
 def check_fraction(name: str, value: float | None) -> None:
@@ -124,6 +127,39 @@ def attention_note(device: DeviceSpec, backend: str) -> str | None:
             f"speed of its {chosen} attention kernels)")
 
 
+OUTPUT_BYTES = {"fp32": 4}
+"""Bytes of a GEMM output element per model dtype: 2 (16-bit; an FP8 GEMM writes 16 bit,
+schedules.layer_kernels.FP8_GEMMS) but for fp32 models."""
+
+
+def gemm_seconds_at_ceiling(device: DeviceSpec, dtype: str, kernel: Kernel,
+                            output_bytes: float) -> float | None:
+    """Seconds of a GEMM kernel at `device`'s measured ceilings where its output write is
+    exposed (DeviceSpec.matmul_best_shape), else None (the flat ceiling). Its K loop runs at
+    R and overlaps the input reads; the output, M*N*`output_bytes`, is written after it at
+    the HBM ceiling B; every GEMM takes the device's floor t0 on top (gemm_floor_s):
+    t = max(work / R, input bytes / B) + output bytes / B + t0. R follows from the matmul
+    ceiling C measured at shape (M*, N*, K*), which took 2M*N*K*/C = 2M*N*K*/R + M*N*b/B +
+    t0. No GEMM beats C, the best of every shape the measurement swept (a deeper K would
+    by this law alone). A kernel that sums n GEMMs of one shape (layer_kernels.merge) pays
+    n writes and n floors. Checked against published H100 GEMM times (tests/test_gemm_shapes.py)."""
+    best = device.best_shape_of(dtype)
+    if best is None:
+        return None
+    bandwidth, floor = device.achievable_hbm_bandwidth, device.gemm_floor_s
+    best_m, best_n, best_k = best
+    best_flops = 2 * best_m * best_n * best_k
+    k_loop_seconds = (best_flops / device.achievable_flops(dtype)
+                      - best_m * best_n * output_bytes / bandwidth - floor)
+    m, n, k = kernel.gemm
+    gemms = kernel.flops / (2 * m * n * k)
+    written = gemms * m * n * output_bytes
+    law = (max(kernel.executed * k_loop_seconds / best_flops,
+               (kernel.nbytes - written) / bandwidth)
+           + written / bandwidth + gemms * floor)
+    return max(law, kernel.executed / device.achievable_flops(dtype))
+
+
 GemmSeconds = Callable[[Kernel, str], "float | None"]
 """(GEMM kernel, dtype) -> its measured seconds, or None where there is no measurement
 (a table of GEMM times, issue 16 item 2); the roofline prices the rest."""
@@ -155,6 +191,8 @@ class RooflineCost:
             self._flops_per_second(dtype)
         object.__setattr__(self, "_bandwidth", self.device.hbm_bandwidth * memory_fraction(
             self.device, self.memory_efficiency, self.attainment))
+        object.__setattr__(self, "_ceilings_apply", self.compute_efficiency is None
+                           and self.memory_efficiency is None)
 
     def _flops_per_second(self, dtype: str) -> float:
         return self.device.peak(dtype) * compute_fraction(
@@ -195,6 +233,11 @@ class RooflineCost:
             rate = (self.device.peak("bf16") * self.attainment
                     * self._attention.fraction(seq_length, phase))
             return kernel.executed / rate
+        if kernel.gemm is not None and self._ceilings_apply:
+            at_ceiling = gemm_seconds_at_ceiling(self.device, dtype, kernel,
+                                                 OUTPUT_BYTES.get(self.dtype, 2))
+            if at_ceiling is not None:
+                return at_ceiling / self.attainment
         return self.time(kernel.executed, 0.0, dtype)
 
     def _dtype_of(self, kernel: Kernel) -> str:

@@ -58,8 +58,9 @@ def test_tp_group_across_two_nodes_is_slower_than_inside_one():
     def tp_time(timeline):
         return sum(s.duration for s in timeline.spans if s.lane == "tp" and s.rank == 0)
 
-    assert slow.iteration_time > 1.2 * fast.iteration_time
     assert tp_time(slow) > 1.5 * tp_time(fast)  # 4 NICs x 50 GB/s vs NVLink
+    # most TP collectives block the next compute: most of the extra TP time shows
+    assert slow.iteration_time - fast.iteration_time > 0.5 * (tp_time(slow) - tp_time(fast))
     crossing = [s for s in slow.spans if s.lane == "tp"]
     assert all(not (s.info or {}).get("model") for s in crossing)  # flows, not cached
 

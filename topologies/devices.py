@@ -62,6 +62,19 @@ Achievable ceilings (`matmul_ceiling`, `hbm_ceiling`: fractions of the peaks abo
   Not measured there, and so assumed (the source string says so): A100 40GB as the A100
   SXM row (same GA100 configuration and clocks); H100 PCIe and H100 NVL as the H100 SXM
   rows (same Hopper SMs, fewer or slower); MI300X fp8 (empty row) as its bf16 fraction.
+- GEMM shapes (`matmul_best_shape`, `gemm_floor_s`): on Ampere and Hopper a GEMM writes
+  each output tile after its K loop, so the output's HBM write adds to the K loop's time,
+  and every GEMM kernel takes a floor of time (sim.cost, gemm_seconds_at_ceiling); the K
+  loop's own rate follows from the MAMF and the shape it was found at (the table's best
+  MxNxK: A100 SXM 1024x10240x5120, A100 PCIe 2048x5120x6144, H100 SXM bf16
+  2048x2048x13312 and fp8 1024x9216x14336, H200 SXM fp8 1280x4096x12032; devices assumed
+  as another take its shape). The floor, 5.36 us on Hopper, is the time of the smallest
+  GEMM XLA measured on an H100 (256x512x256 bf16 at 12.5 TFLOP/s: openxla
+  xla/service/gpu/model/matmul_interpolator_data.h, 'sm_90', commit f3253733); no A100
+  measurement was found (floor 0). Blackwell's best shapes have a short K (B200
+  1792x16128x3072, GB200 4096x9728x2048), at which an exposed output write would cost
+  8-12%: its GEMMs overlap the write (two accumulators in tensor memory) and keep the flat
+  ceiling, as the MI300X does for want of a measurement to check against.
 - HBM: 1.80 of 2.04 TB/s (88%) read bandwidth measured on an A100 80GB SXM (NVIDIA developer
   forum, "Trouble to reach peak bandwidth of A100", which also cites ~90% as the best any
   kernel reached in a GTC talk), as in benchmarks/results/fidelity.md. No comparable
@@ -106,6 +119,11 @@ class DeviceSpec:
     matmul_ceiling: Mapping[str, float] = field(default_factory=dict, hash=False)
     matmul_ceiling_source: str = ""  # short citation; says "assumed" for unmeasured parts
     hbm_ceiling: float | None = None  # best measured HBM bandwidth / hbm_bandwidth
+    # (M, N, K) each matmul_ceiling was measured at, per dtype key, where GEMMs write their
+    # output after the K loop (module docstring); empty: the flat ceiling
+    matmul_best_shape: Mapping[str, tuple[int, int, int]] = field(default_factory=dict,
+                                                                  hash=False)
+    gemm_floor_s: float = 0.0  # the least time of a GEMM kernel, s (module docstring)
     hbm_ceiling_source: str = ""  # as matmul_ceiling_source
     tdp_watts: float | None = None  # maximum board power, W (None: not recorded)
     interconnect: str = "NVLink"  # what nvlink_bandwidth is: 'NVLink', 'Infinity Fabric'
@@ -114,6 +132,8 @@ class DeviceSpec:
         # Read-only copies so the registry's shared instances cannot be mutated.
         object.__setattr__(self, "peak_flops", MappingProxyType(dict(self.peak_flops)))
         object.__setattr__(self, "matmul_ceiling", MappingProxyType(dict(self.matmul_ceiling)))
+        object.__setattr__(self, "matmul_best_shape",
+                           MappingProxyType(dict(self.matmul_best_shape)))
         where = f"device {self.name!r}"
         nvlink = self.nvlink_bandwidth
         if not isinstance(nvlink, (int, float)) or nvlink < 0 or (nvlink == 0 and "pcie" not in self.name):
@@ -126,6 +146,16 @@ class DeviceSpec:
                                     f"keys: {', '.join(sorted(self.peak_flops))}")
             if not _fraction_ok(value):
                 raise TopologyError(f"{where}: matmul_ceiling[{key!r}] must be a fraction in (0, 1], got {value!r}")
+        for key, shape in self.matmul_best_shape.items():
+            if key not in self.matmul_ceiling or self.hbm_ceiling is None or not (
+                    isinstance(shape, tuple) and len(shape) == 3
+                    and all(isinstance(x, int) and x >= 1 for x in shape)):
+                raise TopologyError(f"{where}: matmul_best_shape[{key!r}] must be the (M, N, K) "
+                                    f"of a measured matmul_ceiling (with an hbm_ceiling), got "
+                                    f"{shape!r}")
+        if not (isinstance(self.gemm_floor_s, (int, float)) and 0 <= self.gemm_floor_s < 1):
+            raise TopologyError(f"{where}: gemm_floor_s must be seconds in [0, 1), got "
+                                f"{self.gemm_floor_s!r}")
         if self.hbm_ceiling is not None and not _fraction_ok(self.hbm_ceiling):
             raise TopologyError(f"{where}: hbm_ceiling must be a fraction in (0, 1] or None, got {self.hbm_ceiling!r}")
         for ceiling, source in (("matmul_ceiling", "matmul_ceiling_source"),
@@ -158,6 +188,14 @@ class DeviceSpec:
         if key == "fp16" and key not in self.matmul_ceiling:
             key = "bf16"
         return self.matmul_ceiling.get(key)
+
+    def best_shape_of(self, dtype: str) -> tuple[int, int, int] | None:
+        """The (M, N, K) `dtype`'s matmul ceiling was measured at where GEMMs write their
+        output after the K loop (module docstring), else None; fp16 as bf16."""
+        key = self._key(dtype)
+        if key == "fp16" and key not in self.matmul_best_shape:
+            key = "bf16"
+        return self.matmul_best_shape.get(key)
 
     def achievable_flops(self, dtype: str) -> float | None:
         """Best measured dense GEMM FLOP/s for `dtype` (peak x ceiling), or None if unknown."""
@@ -198,6 +236,9 @@ def _mamf(peaks: Mapping[str, float], **measured_tflops: float) -> dict[str, flo
 
 _A100_MAMF = _mamf(_A100, bf16=271.2)
 _H100_MAMF = _mamf(_H100_SXM, bf16=794.5, fp8=1402.6)
+_A100_BEST = {"bf16": (1024, 10240, 5120)}  # the MAMF table's best shapes (docstring)
+_H100_BEST = {"bf16": (2048, 2048, 13312), "fp8": (1024, 9216, 14336)}
+_HOPPER_GEMM_FLOOR_S = 2 * 256 * 512 * 256 / 12.5e12  # XLA's H100 256x512x256 (docstring)
 _MI300X_BF16 = _mamf(_MI300X, bf16=668.4)["bf16"]
 
 DEVICES: dict[str, DeviceSpec] = {
@@ -208,12 +249,13 @@ DEVICES: dict[str, DeviceSpec] = {
             hbm_bandwidth=2039e9, memory_bytes=80e9, nvlink_bandwidth=600e9 / 2, sm_count=108,
             matmul_ceiling=_A100_MAMF, matmul_ceiling_source=f"{MAMF_SOURCE}, A100 SXM",
             hbm_ceiling=HBM_A100_CEILING, hbm_ceiling_source=HBM_A100_SOURCE, tdp_watts=400,
+            matmul_best_shape=_A100_BEST,
         ),
         DeviceSpec(
             name="a100-80gb-pcie", peak_flops=_A100,
             hbm_bandwidth=1935e9, memory_bytes=80e9, nvlink_bandwidth=0.0, sm_count=108,
             matmul_ceiling=_mamf(_A100, bf16=252.9), matmul_ceiling_source=f"{MAMF_SOURCE}, A100 PCIe",
-            hbm_ceiling=HBM_A100_CEILING,
+            matmul_best_shape={"bf16": (2048, 5120, 6144)}, hbm_ceiling=HBM_A100_CEILING,
             hbm_ceiling_source="assumed as a100-80gb-sxm's (same HBM2e generation)", tdp_watts=300,
         ),
         DeviceSpec(
@@ -223,13 +265,14 @@ DEVICES: dict[str, DeviceSpec] = {
             matmul_ceiling_source=f"assumed as a100-80gb-sxm: {MAMF_SOURCE}, A100 SXM",
             hbm_ceiling=HBM_A100_CEILING,
             hbm_ceiling_source="assumed as a100-80gb-sxm's (no published measurement found)",
-            tdp_watts=400,
+            tdp_watts=400, matmul_best_shape=_A100_BEST,
         ),
         DeviceSpec(
             name="h100-sxm", peak_flops=_H100_SXM,
             hbm_bandwidth=3.35e12, memory_bytes=80e9, nvlink_bandwidth=900e9 / 2, sm_count=132,
             matmul_ceiling=_H100_MAMF, matmul_ceiling_source=f"{MAMF_SOURCE}, H100 SXM",
             hbm_ceiling=HBM_A100_CEILING, hbm_ceiling_source=_HBM_ASSUMED, tdp_watts=700,
+            matmul_best_shape=_H100_BEST, gemm_floor_s=_HOPPER_GEMM_FLOOR_S,
         ),
         DeviceSpec(
             name="h100-pcie", peak_flops=_H100_PCIE,
@@ -237,6 +280,7 @@ DEVICES: dict[str, DeviceSpec] = {
             matmul_ceiling=_H100_MAMF,
             matmul_ceiling_source=f"assumed as h100-sxm: {MAMF_SOURCE}, H100 SXM",
             hbm_ceiling=HBM_A100_CEILING, hbm_ceiling_source=_HBM_ASSUMED, tdp_watts=350,
+            matmul_best_shape=_H100_BEST, gemm_floor_s=_HOPPER_GEMM_FLOOR_S,
         ),
         DeviceSpec(
             name="h100-nvl", peak_flops=_H100_NVL,
@@ -244,6 +288,7 @@ DEVICES: dict[str, DeviceSpec] = {
             matmul_ceiling=_H100_MAMF,
             matmul_ceiling_source=f"assumed as h100-sxm: {MAMF_SOURCE}, H100 SXM",
             hbm_ceiling=HBM_A100_CEILING, hbm_ceiling_source=_HBM_ASSUMED, tdp_watts=400,
+            matmul_best_shape=_H100_BEST, gemm_floor_s=_HOPPER_GEMM_FLOOR_S,
         ),
         DeviceSpec(
             name="h200-sxm", peak_flops=_H100_SXM,
@@ -252,6 +297,8 @@ DEVICES: dict[str, DeviceSpec] = {
             matmul_ceiling={"bf16": _H100_MAMF["bf16"], **_mamf(_H100_SXM, fp8=1453.4)},
             matmul_ceiling_source=f"{MAMF_SOURCE}, H200 SXM fp8; bf16 from H100 SXM ('H200 is the same')",
             hbm_ceiling=HBM_A100_CEILING, hbm_ceiling_source=_HBM_ASSUMED, tdp_watts=700,
+            matmul_best_shape={"bf16": _H100_BEST["bf16"], "fp8": (1280, 4096, 12032)},
+            gemm_floor_s=_HOPPER_GEMM_FLOOR_S,
         ),
         DeviceSpec(
             name="b200", peak_flops=_B200,

@@ -110,6 +110,14 @@ def _check_layout(plan: Plan, device: str, replay: bool) -> None:
             raise KernelsError(f"{name}=True: ZeRO++ quantization/hpZ and ZeRO-Offload are "
                                f"not implemented in the kernels backend (their op sizes are "
                                f"not the tensors it moves)")
+    if model.lora:
+        raise KernelsError(f"lora_rank={model.lora_rank}: the kernels backend trains every "
+                           f"weight; LoRA adapters and frozen (or quantized) base weights are "
+                           f"not implemented")
+    if parallel.partition_activations:
+        raise KernelsError("partition_activations=True: ZeRO-R's partitioned activation "
+                           "checkpoints are not implemented in the kernels backend (it keeps "
+                           "whole checkpoints and would not run their all-gathers)")
     if parallel.tp_comm_overlap:
         raise KernelsError("tp_comm_overlap=True: the kernels backend runs TP collectives "
                            "inside the layers, blocking; Transformer Engine's userbuffers "

@@ -51,4 +51,10 @@ def annotate(schedule: Schedule, plan: Plan) -> Schedule:
         raise ConfigError(f"schedule splits stages into {groups} layer groups, the plan's "
                           f"data-parallel pass into {plan.layer_groups} "
                           f"(schedules.layer_groups.data_parallel_groups)")
+    if plan.model.lora and any(op.kind in (OpKind.I, OpKind.W)
+                               for p in schedule.programs for op in p):
+        raise ConfigError("LoRA with a split backward (I and W ops, e.g. zero-bubble "
+                          "schedules): this pass halves a backward into I and W, but a frozen "
+                          "layer's weight gradients are only its adapters'; use a schedule "
+                          "with whole B ops")
     return schedule.with_programs([[_costed(op, plan) for op in p] for p in schedule.programs])

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from .errors import ConfigError
 from .layer_kernels import (Kernel, embedding_forward, head_backward, head_forward,
                             layer_backward, layer_forward, merge, recompute_forward)
+from .lora import check_lora_layout
 from .model import ModelSpec
 from .parallel import RECOMPUTE, ParallelConfig
 from .recompute import CHECKPOINT, INSIDE, KEPT, roles
@@ -26,7 +27,8 @@ LOGITS_BYTES = 4  # cross-entropy keeps fp32 logits (Korthikanti et al. 2022, se
 class StageCost:
     """Costs of one virtual pipeline stage on one rank, per micro-batch.
 
-    - forward_flops / backward_flops: FLOPs of F and B (B = 2F; full recompute adds the
+    - forward_flops / backward_flops: FLOPs of F and B (B = 2F, under LoRA less the frozen
+      weights' gradients, ModelSpec.layer_backward_flops; full recompute adds the
       forward of each recomputed layer, selective the core attention 4bs^2h per layer).
     - activation_bytes: kept from F until B of the same micro-batch.
     - param_count: parameters this rank holds for the stage (unique: the stages of a
@@ -43,6 +45,12 @@ class StageCost:
       in the parameter dtype).
     - boundary_bytes: the activation sent to the next stage, b*s*h*dtype_bytes / cp
       (/ tp with sequence parallelism); 0 on the last stage.
+    - frozen_param_count / frozen_weight_bytes: under LoRA, the frozen parameters this rank
+      holds (the base, the tied copy included) and their bytes as stored (QLoRA's
+      quantized linear weights, ModelSpec.layer_frozen_weight_bytes); param_count,
+      tied_param_count, grad_bytes and expert_param_count then count the adapters only
+      (what trains, reduces and shards: the embedding and output layer train no more).
+      0 without LoRA.
     - forward_kernels / backward_kernels: the kernels F and B run (schedules.layer_kernels,
       merged by name over the stage's layers; B includes recomputation), whose FLOPs sum
       to forward_flops / backward_flops; forward_bytes / backward_bytes are their HBM
@@ -60,22 +68,28 @@ class StageCost:
     tied_param_count: int = 0
     grad_bytes: int = 0
     expert_param_count: int = 0
+    frozen_param_count: int = 0
+    frozen_weight_bytes: int = 0
     forward_kernels: tuple[Kernel, ...] = ()
     backward_kernels: tuple[Kernel, ...] = ()
 
 
 def embedding_activation_bytes(model: ModelSpec, parallel: ParallelConfig) -> float:
-    """Embedding dropout mask, sbh bytes (/t with SP) — Korthikanti et al. 2022, 4.3."""
+    """Embedding dropout mask, sbh bytes (/t with SP) — Korthikanti et al. 2022, 4.3; none
+    under LoRA (nothing before the first layer trains, so autograd keeps no mask)."""
+    if model.lora:
+        return 0.0
     sp = parallel.tp if parallel.sequence_parallel else 1
     return model.seq_length * model.micro_batch_size * model.hidden_size / (sp * parallel.cp)
 
 
 def output_activation_bytes(model: ModelSpec, parallel: ParallelConfig) -> float:
     """Final-norm input and output-projection input, 2sbh each in 16 bit (/t with SP), and
-    fp32 logits 4sbV/t: with SP Korthikanti et al. 2022's 4sbh/t (1 + V/h), section 4.3."""
+    fp32 logits 4sbV/t: with SP Korthikanti et al. 2022's 4sbh/t (1 + V/h), section 4.3.
+    Under LoRA the frozen output layer's dX needs its weight alone: not its input."""
     sb, t = model.seq_length * model.micro_batch_size, parallel.tp
     sp = t if parallel.sequence_parallel else 1
-    inputs = 2 * sb * model.hidden_size * model.dtype_bytes / sp
+    inputs = (1 if model.lora else 2) * sb * model.hidden_size * model.dtype_bytes / sp
     return (inputs + LOGITS_BYTES * sb * model.vocab_size / t) / parallel.cp
 
 
@@ -94,10 +108,12 @@ def costs_for_layers(model: ModelSpec, parallel: ParallelConfig, counts: Sequenc
     if sum(counts) != model.num_layers:
         raise ConfigError(f"stage layer counts {list(counts)} must sum to num_layers="
                           f"{model.num_layers}")
+    check_lora_layout(model, parallel.zero_stage)
     num_stages = len(counts)
     tp, cp, d = parallel.tp, parallel.cp, model.dtype_bytes
     shard = tp * cp
     layer_fwd = model.layer_forward_flops() / shard
+    layer_skipped = model.skipped_weight_gradient_flops() / shard
     if positions is None:
         positions = [range(c) for c in counts]
     if [len(p) for p in positions] != list(counts):
@@ -108,6 +124,8 @@ def costs_for_layers(model: ModelSpec, parallel: ParallelConfig, counts: Sequenc
               for how in RECOMPUTE}
     layer_params = model.layer_param_count(tp, parallel.ep, etp=parallel.etp)
     layer_experts = model.layer_expert_param_count(tp, parallel.ep, etp=parallel.etp)
+    layer_adapters = model.layer_adapter_param_count(tp)
+    layer_frozen = model.layer_frozen_weight_bytes(tp) if model.lora else 0.0
     layer_kernels_f = layer_forward(model, parallel)
     layer_kernels_b = layer_backward(model, parallel)
     layer_kernels_redo = recompute_forward(model, parallel)
@@ -127,7 +145,7 @@ def costs_for_layers(model: ModelSpec, parallel: ParallelConfig, counts: Sequenc
             act = role[CHECKPOINT] * stored["full"] + role[KEPT] * stored["none"]
         else:
             redone, act = layers, layers * stored[parallel.recompute]
-        bwd = 2 * fwd + redone * recompute_flops
+        bwd = 2 * fwd - layers * layer_skipped + redone * recompute_flops
         params = layers * layer_params
         tied = 0.0
         kernels_f = [k.scaled(layers) for k in layer_kernels_f]
@@ -137,18 +155,24 @@ def costs_for_layers(model: ModelSpec, parallel: ParallelConfig, counts: Sequenc
             act += embedding_activation_bytes(model, parallel)
             params += word + position
             kernels_f += embedding_forward(model, parallel)
-            kernels_b += embedding_forward(model, parallel)  # dropout and scatter-add grads
+            if not model.lora:  # dropout and scatter-add grads; frozen: none
+                kernels_b += embedding_forward(model, parallel)
         if last:
             kernels_f += head_forward(model, parallel)
             kernels_b += head_backward(model, parallel)
             logits = model.logits_forward_flops() / shard
-            fwd, bwd = fwd + logits, bwd + 2 * logits
+            fwd, bwd = fwd + logits, bwd + model.logits_backward_passes * logits
             act += output_activation_bytes(model, parallel)
             params += model.final_norm_param_count()
             if model.untie_embeddings_and_output_weights:
                 params += word
             elif not first:
                 tied = word
+        frozen = frozen_bytes = 0.0
+        if model.lora:  # the model's parameters are frozen; its adapters train
+            frozen = params + tied
+            frozen_bytes = d * (frozen - layers * layer_params) + layers * layer_frozen
+            params, tied = layers * layer_adapters, 0.0
         weight_bytes = (params + tied) * d
         kernels_f, kernels_b = merge(kernels_f), merge(kernels_b)
         costs.append(StageCost(
@@ -159,5 +183,6 @@ def costs_for_layers(model: ModelSpec, parallel: ParallelConfig, counts: Sequenc
             backward_bytes=math.ceil(sum(k.nbytes for k in kernels_b)),
             tied_param_count=math.ceil(tied), grad_bytes=math.ceil(weight_bytes),
             expert_param_count=math.ceil(layers * layer_experts),
+            frozen_param_count=math.ceil(frozen), frozen_weight_bytes=math.ceil(frozen_bytes),
             forward_kernels=kernels_f, backward_kernels=kernels_b))
     return costs

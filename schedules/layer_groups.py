@@ -114,13 +114,14 @@ def data_parallel_groups(model: ModelSpec, parallel: ParallelConfig,
     ZeRO-3 / FSDP gathers one layer at a time (torch's transformer auto-wrap: one FSDP
     unit per layer), so G = the most layers a stage holds (a stage holding fewer has
     groups without layers, module docstring); otherwise gradients reduce in buckets, and
-    G is the most groups (dividing every stage's layers) whose layers still fill at least
-    one bucket each."""
+    G is the most groups (dividing every stage's layers) whose layers' trained gradients
+    (under LoRA the adapters') still fill at least one bucket each."""
     if parallel.zero_stage == 3 and moves_gradients(parallel):
         return max(counts)
     layers = math.gcd(*counts)
-    per_layer = (model.layer_param_count(parallel.tp, parallel.ep, etp=parallel.etp)
-                 * model.dtype_bytes)
+    trained = (model.layer_adapter_param_count(parallel.tp) if model.lora
+               else model.layer_param_count(parallel.tp, parallel.ep, etp=parallel.etp))
+    per_layer = trained * model.dtype_bytes
     for size in range(1, layers + 1):
         if layers % size == 0 and size * per_layer >= parallel.grad_bucket_bytes:
             return layers // size

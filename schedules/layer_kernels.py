@@ -69,6 +69,21 @@ row-wise copy for one GEMM and a column-wise one for the other of its backward p
   forward's gathered weights again, linear.py is_fsdp2: not modelled).
 The transposes are Hopper's (TN-only FP8 GEMMs); Blackwell skips them for the per-tensor
 recipes, which this module does not know (ModelSpec.fp8 is device-free; fp8_notes).
+
+LoRA (ModelSpec.lora, schedules.lora): after each adapted base GEMM (T x in) @ (in x out)
+its adapters run `lora_a_gemm` (T x in) @ (in x r) and `lora_b_gemm` (T x r) @ (r x out),
+split over tp as the base layer is (NeMo's ParallelLinearAdapter: r over tp for a
+column-parallel base, in for a row-parallel one; out over tp), and a `lora_add` that
+scales the adapter's output and adds it to the base's (reads 2, writes 1 of T x out). In
+the backward the adapter GEMMs run both gradient GEMMs (dA, dB and the input gradients),
+`lora_add` scales dY (reads and writes T x out), a `lora_grad_add` sums the adapter's dX
+into the base's (reads 2, writes 1 of T x in), and the frozen base GEMMs (BASE_GEMMS,
+the output layer's too) run their input gradient only: half their usual backward.
+QLoRA (lora_base_dtype): a `dequantize` kernel before each base GEMM, in the forward and
+again in the backward (bitsandbytes keeps no 16-bit copy), reads the weight's stored
+bytes (schedules.lora.stored_weight_bytes) and writes it in dtype. The adapters'
+all-gathers and all-reduces of the T x r intermediate over tp are not modelled (r << h),
+nor that autograd skips the first layer's input gradients (its input needs none).
 """
 from __future__ import annotations
 
@@ -76,6 +91,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from .fp8 import Fp8Recipe
+from .lora import adapters, base_linears, stored_weight_bytes
 from .model import ModelSpec
 from .parallel import ParallelConfig
 
@@ -88,6 +104,10 @@ FP8_GEMMS = frozenset({"qkv_gemm", "proj_gemm", "fc1_gemm", "fc2_gemm"})
 core attention (DotProductAttention; FP8 attention is a separate opt-in), the router and
 Megatron's output layer (a plain ColumnParallelLinear) stay 16-bit. An FP8 GEMM reads its
 input and weight in FP8 and writes a 16-bit output."""
+BASE_GEMMS = {"linear_qkv": "qkv_gemm", "linear_proj": "proj_gemm", "linear_fc1": "fc1_gemm",
+              "linear_fc2": "fc2_gemm"}  # a layer's linear layers (Megatron names): their GEMMs
+FROZEN_GEMMS = frozenset({*BASE_GEMMS.values(), "logits_gemm"})  # frozen under LoRA
+COLUMN_PARALLEL = frozenset({"linear_qkv", "linear_fc1"})  # the others are row-parallel
 
 
 @dataclass(frozen=True)
@@ -201,15 +221,18 @@ def _layer_compute(model: ModelSpec, parallel: ParallelConfig,
     residual_add = Kernel("bias_dropout_add", 0.0, 3 * d * x.residual + x.residual)
     rope = ([Kernel("rope", 0.0, 2 * d * (x.q + x.kv))]
             if model.position_embedding_type == "rope" else [])
+    def linear(name: str, in_elems: float, out_elems: float, weights: float) -> list[Kernel]:
+        return _linear(model, x, name, x.gemm(BASE_GEMMS[name], in_elems, out_elems, weights))
+
     kernels = [norm(True),
-               x.gemm("qkv_gemm", x.full, x.q + 2 * x.kv, h * (h + 2 * hkv) / t),
+               *linear("linear_qkv", x.full, x.q + 2 * x.kv, h * (h + 2 * hkv) / t),
                *rope,
                *attention_core_forward(model, parallel),
-               x.gemm("proj_gemm", x.q, x.full, h * h / t),
+               *linear("linear_proj", x.q, x.full, h * h / t),
                residual_add, norm(not model.is_moe_layer(layer)),
-               x.gemm("fc1_gemm", x.full, up * mlp, up * h * held),
+               *linear("linear_fc1", x.full, up * mlp, up * h * held),
                Kernel("activation", 0.0, d * (up + 1) * mlp),
-               x.gemm("fc2_gemm", mlp, x.full, h * held),
+               *linear("linear_fc2", mlp, x.full, h * held),
                residual_add]
     if model.is_moe_layer(layer):
         k = model.moe_router_topk
@@ -217,6 +240,28 @@ def _layer_compute(model: ModelSpec, parallel: ParallelConfig,
                            h * model.num_experts / t),
                     Kernel("token_permute", 0.0, 4 * d * k * x.full)]
     return kernels
+
+
+def _linear(model: ModelSpec, x: _Shape, name: str, gemm: Kernel) -> list[Kernel]:
+    """The base GEMM of linear layer `name`, under QLoRA after its weight's dequantization,
+    and its adapters' kernels after it (module docstring, LoRA)."""
+    tokens, t, d, r = x.tokens, x.t, x.d, model.lora_rank
+    before = []
+    if model.lora_base_dtype is not None:
+        n_in, n_out = base_linears(model)[name]
+        stored = stored_weight_bytes(model, n_in, n_out, d)
+        before = [Kernel("dequantize", 0.0, (stored + d * n_in * n_out) / t)]
+    after = []
+    in_elems = tokens * gemm.gemm[2]  # the base GEMM's input on this rank
+    for _, base, n_in, n_out in adapters(model):
+        if base != name:
+            continue
+        column = name in COLUMN_PARALLEL
+        after += [x.gemm("lora_a_gemm", in_elems, tokens * r / (t if column else 1),
+                         n_in * r / t),
+                  x.gemm("lora_b_gemm", tokens * r, tokens * n_out / t, r * n_out / t),
+                  Kernel("lora_add", 0.0, 3 * d * tokens * n_out / t)]
+    return before + [gemm] + after
 
 
 def layer_forward(model: ModelSpec, parallel: ParallelConfig, layer: int | None = None,
@@ -233,7 +278,8 @@ def layer_backward(model: ModelSpec, parallel: ParallelConfig,
     """The backward kernels of one layer, without recomputation: GEMMs twice; softmax,
     GeLU, norm backward read the saved tensor and the gradient and write a gradient
     (3 tensors); dropout backward reads gradient and mask; the residual gradients add;
-    under FP8 the output gradients' casts and the transposes (fp8_kernels)."""
+    under FP8 the output gradients' casts and the transposes (fp8_kernels); under LoRA
+    frozen base GEMMs once (dX) and the adapters' and QLoRA's kernels (module docstring)."""
     x = _Shape(model, parallel)
     d = x.d
     elementwise = {
@@ -249,13 +295,32 @@ def layer_backward(model: ModelSpec, parallel: ParallelConfig,
             out.append(Kernel(k.name, 2 * k.flops, x.d * (4 * x.q + 4 * x.kv),
                               work=FLASH_BACKWARD_WORK * k.executed,
                               attention=(k.attention[0], "backward")))
+        elif k.gemm:
+            out.extend(_gemm_backward(model, k))
         elif k.flops or k.name == "token_permute":
-            out.extend(k.gradient_gemms() if k.gemm else [k.scaled(2)])
+            out.append(k.scaled(2))
+        elif k.name == "dequantize":
+            out.append(k)
+        elif k.name == "lora_add":  # scale dY into the adapter
+            out.append(k.scaled(2 / 3))
         elif k.name == "activation":
             out.append(Kernel(k.name, 0.0, k.nbytes * 5 / 3 if model.swiglu else k.nbytes * 3 / 2))
         else:
             out.append(Kernel(k.name, 0.0, elementwise[k.name]))
     return out + fp8_kernels(model, parallel, layer)[1]
+
+
+def _gemm_backward(model: ModelSpec, k: Kernel) -> list[Kernel]:
+    """A GEMM's backward (Kernel.gradient_gemms): under LoRA a frozen base GEMM's input
+    gradient only, and after an adapter's A GEMM the sum of its input gradient into the
+    base's (lora_grad_add; module docstring)."""
+    grads = k.gradient_gemms()
+    if model.lora and k.name in FROZEN_GEMMS:
+        return grads[:1]
+    if k.name == "lora_a_gemm":
+        m, _, n_in = k.gemm
+        return grads + [Kernel("lora_grad_add", 0.0, 3 * model.dtype_bytes * m * n_in)]
+    return grads
 
 
 @dataclass(frozen=True)
@@ -360,9 +425,9 @@ def head_forward(model: ModelSpec, parallel: ParallelConfig) -> list[Kernel]:
 
 def head_backward(model: ModelSpec, parallel: ParallelConfig) -> list[Kernel]:
     """Cross-entropy gradient (softmax read in fp32, gradient written in fp32 and cast),
-    the output GEMM twice, the final norm's backward."""
+    the output GEMM twice (once, dX, when frozen under LoRA), the final norm's backward."""
     x = _Shape(model, parallel)
     logits = x.tokens * model.vocab_size / x.t
     norm, gemm, _ = head_forward(model, parallel)
     return [Kernel("cross_entropy", 0.0, logits * (2 * CROSS_ENTROPY_FP32 + x.d)),
-            *gemm.gradient_gemms(), Kernel("norm", 0.0, 3 * x.d * x.residual)]
+            *_gemm_backward(model, gemm), Kernel("norm", 0.0, 3 * x.d * x.residual)]

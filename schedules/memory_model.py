@@ -33,11 +33,17 @@ Extras:
   Hopper's FP8 GEMMs need), counted as model state as hpZ's copy is. Megatron's
   --fp8-param-gather (FP8 parameters, no 16-bit copy) is not modelled. With ZeRO-3 on
   one stage only the gathered units have copies (TE casts FSDP2's gathered weights).
+- LoRA / QLoRA (ModelSpec.lora, schedules.lora): Psi is the adapters' parameters, which
+  alone have gradients and (K = 12, mixed-precision Adam) optimizer states and shard
+  under ZeRO-1/2; the frozen base adds its stored bytes to `parameters`, unsharded (16-bit,
+  or QLoRA's 4-bit + block scales: schedules.costs frozen_weight_bytes).
 - Activations: the stage's bytes per microbatch (ModelSpec.layer_activation_bytes,
   Korthikanti et al. 2022 Table 2; TE's GEMM inputs in FP8 under 'fp8'; via
   schedules.costs) times the microbatches the rank holds at its peak, found by walking
   the schedule's programs (GPipe M; 1F1B min(P - rank, M); interleaved per Megatron)
-  with schedules.timeline.peak_in_flight.
+  with schedules.timeline.peak_in_flight. ZeRO-R's partitioned checkpoints (Pa, Pa+cpu)
+  keep 1/tp of each checkpoint there, or none there and 1/tp in `host`
+  (schedules.activation_partition).
 - Recompute working set (full recompute): the backward of one checkpointed region
   regenerates that region's activations, all of them, before freeing them: N layers'
   under uniform, one layer's under block (schedules.recompute.working_layers), of the
@@ -66,6 +72,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+from .activation_partition import stage_activation_bytes
 from .errors import ConfigError
 from .names import COMPUTE_LANE
 from .parallel import ParallelConfig
@@ -85,7 +92,9 @@ BUCKETS_IN_FLIGHT = 2  # one bucket reducing while the next one fills
 class RankMemory:
     """Bytes one rank of pipeline rank `pp_rank` holds at its peak (see module docstring).
     `params` is Psi (a count, before ZeRO sharding); `in_flight` the microbatches whose
-    activations it holds at the peak; `host` the bytes offloaded to host memory."""
+    activations it holds at the peak; `host` the bytes offloaded to host memory (optimizer
+    state, Pa+cpu checkpoints). Under LoRA `params` counts the adapters (what trains) and
+    `frozen_params` the frozen base, whose stored bytes `parameters` includes."""
 
     pp_rank: int
     params: float
@@ -101,6 +110,7 @@ class RankMemory:
     recompute_working: float = 0.0
     host: float = 0.0
     in_flight: int = 0
+    frozen_params: float = 0.0
 
     @property
     def model_states_bytes(self) -> float:
@@ -232,18 +242,14 @@ def rank_memory(plan: Plan, *, in_flight: Sequence[int] | None = None,
         raise ConfigError(f"schedule {schedule.name!r} has {schedule.num_ranks} ranks (stages on "
                           f"ranks {list(schedule.stage_ranks)}), its plan pp={plan.pp} (stages "
                           f"on ranks {list(plan.stage_ranks)})")
-    act = [c.activation_bytes for c in costs]
     if in_flight is None:
-        peaks, counts = activation_peaks(schedule or plan.build_schedule(), act)
+        schedule = schedule or plan.build_schedule()
     elif len(in_flight) != num_stages:
         raise ConfigError(f"in_flight has {len(in_flight)} entries, one per virtual stage "
                           f"is needed ({num_stages})")
-    else:
-        peaks, counts = {}, {}
-        for s, n in enumerate(in_flight):
-            rank = plan.stage_ranks[s]
-            peaks[rank] = peaks.get(rank, 0) + n * act[s]
-            counts[rank] = counts.get(rank, 0) + n
+    act, host_act = stage_activation_bytes(plan)
+    peaks, counts = _held(plan, act, in_flight, schedule)
+    host_peaks = _held(plan, host_act, in_flight, schedule)[0] if any(host_act) else {}
     result = []
     for r in range(plan.pp):
         mine = plan.stages_of(r)
@@ -252,14 +258,32 @@ def rank_memory(plan: Plan, *, in_flight: Sequence[int] | None = None,
                    if plan.expert_grad_group else 0.0)
         layers = sum(costs[s].layers for s in mine)
         working = max(working_layers(plan.parallel, costs[s].layers) for s in mine)
+        states = model_states(params, plan.parallel, plan.model.dtype, plan.dp_shard_size,
+                              experts)
+        states["host"] += host_peaks.get(r, 0)
+        states["parameters"] += sum(costs[s].frozen_weight_bytes for s in mine)
         result.append(RankMemory(
             pp_rank=r, params=params, activations=peaks.get(r, 0),
+            frozen_params=sum(costs[s].frozen_param_count for s in mine),
             recompute_working=working * _layer_bytes_without_recompute(plan),
             fp8_weights=_fp8_weight_bytes(plan, layers),
-            in_flight=counts.get(r, 0), **_buffers(plan, params, layers),
-            **model_states(params, plan.parallel, plan.model.dtype, plan.dp_shard_size,
-                           experts)))
+            in_flight=counts.get(r, 0), **_buffers(plan, params, layers), **states))
     return result
+
+
+def _held(plan: Plan, stage_bytes: Sequence[float], in_flight: Sequence[int] | None,
+          schedule: Schedule | None) -> tuple[dict[int, float], dict[int, int]]:
+    """Per pipeline rank, the peak bytes (stage s weighing stage_bytes[s]) and microbatch-
+    stages it holds: `in_flight[s]` of each stage when given, else as `schedule` holds."""
+    if in_flight is None:
+        return activation_peaks(schedule, stage_bytes)
+    peaks: dict[int, float] = {}
+    counts: dict[int, int] = {}
+    for s, n in enumerate(in_flight):
+        rank = plan.stage_ranks[s]
+        peaks[rank] = peaks.get(rank, 0) + n * stage_bytes[s]
+        counts[rank] = counts.get(rank, 0) + n
+    return peaks, counts
 
 
 def bare_rank_memory(params: float, parallel: ParallelConfig,

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from .errors import ConfigError, require_positive_int
 from .fp8 import DEFAULT_FP8_RECIPE, FP8_FORMATS, FP8_RECIPES, Fp8Recipe
 from .limits import MAX_LAYERS, check_dimension
+from .lora import NEMO_TARGETS, adapter_param_count, adapters, base_weight_bytes, check_lora
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2}
 """Bytes of a stored element. 'fp8' is Transformer Engine's FP8 training over a bf16 model
@@ -68,7 +69,10 @@ class ModelSpec:
     Per-layer methods take `layer` (0-based); None means the model's repeating layer
     (an MoE layer when the model has experts). FP8 (dtype 'fp8' only): `fp8_recipe`, one
     of FP8_RECIPES (default 'delayed', Megatron's), and `fp8_format`, one of FP8_FORMATS
-    (default: the recipe's TE default), filled in."""
+    (default: the recipe's TE default), filled in. LoRA / QLoRA (schedules.lora):
+    `lora_rank` r (None: every weight trains), `lora_target_modules` (NeMo's or PEFT's
+    names; default NeMo's four), `lora_base_dtype` (None: the frozen base in `dtype`;
+    nf4, fp4 or int8: QLoRA) and `lora_double_quant` (4-bit only; default on), filled in."""
 
     num_layers: int
     hidden_size: int
@@ -92,6 +96,10 @@ class ModelSpec:
     moe_first_dense_layers: int = 0
     fp8_format: str | None = None
     fp8_recipe: str | None = None
+    lora_rank: int | None = None
+    lora_target_modules: tuple[str, ...] | None = None
+    lora_base_dtype: str | None = None
+    lora_double_quant: bool | None = None
     name: str | None = None
 
     def __post_init__(self) -> None:
@@ -158,6 +166,7 @@ class ModelSpec:
                 raise ConfigError(f"moe_first_dense_layers={dense!r} must be an integer in "
                                   f"[0, num_layers={self.num_layers}): at least one layer "
                                   f"must be an MoE layer")
+        check_lora(self, self.is_moe, self.dtype)
 
     def _check_fp8(self) -> None:
         """FP8 settings only with dtype 'fp8', where their defaults are filled in."""
@@ -249,26 +258,54 @@ class ModelSpec:
         b, s, h = self.micro_batch_size, self.seq_length, self.hidden_size
         return 4 * b * s * s * h
 
-    def layer_forward_flops(self, layer: int | None = None) -> int:
-        """Forward FLOPs of one layer: QKV 2bsh(h+2h_kv) + core attention 4bs^2h +
-        out proj 2bsh^2 + MLP 2bshf*(3 if swiglu else 2). For f=4h, MHA, GELU this is
-        SC21's 24bsh^2 + 4bs^2h. An MoE layer's MLP runs top-k experts and the shared
-        experts per token, f -> k*f_e + f_sh, plus the router 2bshE."""
+    @property
+    def lora(self) -> bool:
+        """Whether only LoRA adapters train (schedules.lora), the base weights frozen."""
+        return self.lora_rank is not None
+
+    def _weight_gemm_flops(self, layer: int | None) -> int:
+        """Forward FLOPs of a layer's GEMMs with (base) weights: QKV 2bsh(h+2h_kv), out
+        proj 2bsh^2, MLP 2bshf*(3 if swiglu else 2), an MoE layer's router 2bshE."""
         b, s, h = self.micro_batch_size, self.seq_length, self.hidden_size
-        attention = (2 * b * s * h * (h + 2 * self.kv_hidden_size)
-                     + self.attention_core_flops() + 2 * b * s * h * h)
+        attention = 2 * b * s * h * (h + 2 * self.kv_hidden_size) + 2 * b * s * h * h
         mlp = 2 * b * s * h * self._mlp_widths(layer) * self._mlp_matrices
         if self.is_moe_layer(layer):
             mlp += 2 * b * s * h * self.num_experts
         return attention + mlp
 
+    def lora_forward_flops(self) -> int:
+        """A layer's adapters' forward, x A then (xA) B: 2bs r(in + out) per adapter."""
+        return 2 * self.micro_batch_size * self.seq_length * adapter_param_count(self)
+
+    def layer_forward_flops(self, layer: int | None = None) -> int:
+        """Forward FLOPs of one layer: QKV 2bsh(h+2h_kv) + core attention 4bs^2h +
+        out proj 2bsh^2 + MLP 2bshf*(3 if swiglu else 2). For f=4h, MHA, GELU this is
+        SC21's 24bsh^2 + 4bs^2h. An MoE layer's MLP runs top-k experts and the shared
+        experts per token, f -> k*f_e + f_sh, plus the router 2bshE. LoRA adds its
+        adapters' GEMMs (lora_forward_flops)."""
+        return (self._weight_gemm_flops(layer) + self.attention_core_flops()
+                + self.lora_forward_flops())
+
+    def skipped_weight_gradient_flops(self, layer: int | None = None) -> int:
+        """FLOPs of the weight-gradient GEMMs a layer's backward does not run: under LoRA
+        those of its frozen base weights (their forward's), else none."""
+        return self._weight_gemm_flops(layer) if self.lora else 0
+
     def layer_backward_flops(self, layer: int | None = None) -> int:
-        """Twice the forward: input and weight gradients, one GEMM each (SC21)."""
-        return 2 * self.layer_forward_flops(layer)
+        """Twice the forward: input and weight gradients, one GEMM each (SC21); under LoRA
+        less the frozen base weights' weight gradients (skipped_weight_gradient_flops):
+        their GEMMs run 1x (dX only), core attention and adapters 2x."""
+        return 2 * self.layer_forward_flops(layer) - self.skipped_weight_gradient_flops(layer)
 
     def logits_forward_flops(self) -> int:
         """Output projection 2bshV (SC21)."""
         return 2 * self.micro_batch_size * self.seq_length * self.hidden_size * self.vocab_size
+
+    @property
+    def logits_backward_passes(self) -> int:
+        """The output layer's backward FLOPs / its forward's: 2 (SC21), 1 when frozen
+        under LoRA (the input gradient only)."""
+        return 1 if self.lora else 2
 
     def forward_flops(self) -> int:
         """Forward FLOPs of one micro-batch through the whole model (layers + logits)."""
@@ -278,11 +315,13 @@ class ModelSpec:
         """Model FLOPs of one iteration of B = micro_batch_size * num_microbatches
         sequences: layers 3x forward (4x with full recompute), logits 3x forward. For GPT
         this is SC21 eq. (3), 96Bslh^2(1 + s/6h + V/16lh) with recompute, and
-        72Bslh^2(1 + s/6h + V/12lh) without."""
+        72Bslh^2(1 + s/6h + V/12lh) without. Under LoRA the GEMMs executed: forward and
+        backward as layer_backward_flops and logits_backward_passes say."""
         require_positive_int("num_microbatches", num_microbatches)
-        passes = 4 if recompute else 3
-        per_mb = passes * self._sum_layers(self.layer_forward_flops) \
-            + 3 * self.logits_forward_flops()
+        redo = 1 if recompute else 0
+        per_mb = (self._sum_layers(lambda layer: (1 + redo) * self.layer_forward_flops(layer)
+                                   + self.layer_backward_flops(layer))
+                  + (1 + self.logits_backward_passes) * self.logits_forward_flops())
         return num_microbatches * per_mb
 
     # --- activations (bytes, one micro-batch, one layer) -------------------------------
@@ -310,6 +349,13 @@ class ModelSpec:
         keeps it; the experts' dispatched copies are not counted, as above), the out-proj
         input and the fc2 input; with flash attention the attention output stays too, in
         16 bit, for the flash backward.
+        LoRA (Hu et al. 2021): a frozen base weight's input gradient dX = dY W^T needs W
+        alone, so a GEMM input stays only where an adapter reads it, for dA = X^T (dY B^T)
+        (_kept_gemm_inputs; with flash attention the out-proj input stays for the flash
+        backward anyway), and each adapter keeps its rank-r intermediate XA for
+        dB = (XA)^T dY: r elements per token on every TP rank (NeMo's adapters gather or
+        all-reduce it; an approximation under SP, which would split a row-parallel
+        layer's), not divided by tp.
         """
         require_positive_int("tp", tp)
         if recompute not in RECOMPUTE:
@@ -321,14 +367,25 @@ class ModelSpec:
             return sb * h * d / sp_div
         te_input = self.gemm_input_bytes  # a TE GEMM input kept for the backward
         fc1_input = d if self.is_moe_layer(layer) else te_input
-        replicated = sb * (2 * h * d + h * (te_input + fc1_input) + 2 * h)
+        kept = self._kept_gemm_inputs()
+        replicated = sb * (2 * h * d + h * (te_input * kept["linear_qkv"]
+                                            + fc1_input * kept["linear_fc1"]) + 2 * h)
         width = self._mlp_widths(layer)
-        flash_output = h if self.fp8 and self.use_flash_attn else 0
+        flash_output = h if (self.fp8 or not kept["linear_proj"]) and self.use_flash_attn else 0
         sharded = sb * (d * (h + 2 * self.kv_hidden_size + flash_output
-                             + (self._mlp_matrices - 1) * width) + te_input * (h + width))
+                             + (self._mlp_matrices - 1) * width)
+                        + te_input * (h * kept["linear_proj"] + width * kept["linear_fc2"]))
         if recompute == "none" and not self.use_flash_attn:
             sharded += a * s * sb * (2 * d + 1)
-        return replicated / sp_div + sharded / tp
+        intermediates = sb * d * (self.lora_rank or 0) * len(adapters(self))
+        return replicated / sp_div + sharded / tp + intermediates
+
+    def _kept_gemm_inputs(self) -> dict[str, int]:
+        """1 where a layer's weight GEMM (by Megatron name) keeps its input for the
+        backward, else 0: every one, but under LoRA only those an adapter reads
+        (layer_activation_bytes)."""
+        adapted = {base for _, base, _, _ in adapters(self)}
+        return {name: int(not self.lora or name in adapted) for name in NEMO_TARGETS}
 
     # --- parameters ----------------------------------------------------------------------
     def _attention_param_parts(self) -> tuple[int, int]:
@@ -391,6 +448,20 @@ class ModelSpec:
         if tp == 1 and ep == 1 and (etp is None or etp == 1):
             return attention + replicated + shared + routed
         return (attention + shared) / tp + replicated + routed
+
+    def layer_adapter_param_count(self, tp: int = 1) -> float:
+        """A layer's LoRA adapter parameters on one rank (schedules.lora): r(in + out)
+        per adapted matrix, A and B split over tp as their base layer is (NeMo's
+        ParallelLinearAdapter); 0 without LoRA."""
+        return adapter_param_count(self) / tp
+
+    def layer_frozen_weight_bytes(self, tp: int = 1) -> float:
+        """Bytes of a layer's frozen base on one rank under LoRA: its parameters
+        (layer_param_count) in dtype_bytes, but its linear weights as QLoRA stores them
+        (schedules.lora.base_weight_bytes)."""
+        linear = self._attention_weights() + self._mlp_weights(self.ffn_hidden_size)
+        return (self.dtype_bytes * (self.layer_param_count(tp) - linear / tp)
+                + base_weight_bytes(self, self.dtype_bytes) / tp)
 
     def layer_expert_param_count(self, tp: int = 1, ep: int = 1, layer: int | None = None,
                                  etp: int | None = None) -> int | float:

@@ -19,6 +19,10 @@ Pipeline split (schedules.pipeline_split): even by default; `first_stage_layers`
 `account_for_embedding` / `account_for_loss` (--account-for-embedding/loss-in-pipeline-
 split) make the first and last stages lighter.
 
+ZeRO-R's partitioned activation checkpoints: `partition_activations` (DeepSpeed's
+activation_checkpointing.partition_activations, Megatron's --distribute-saved-activations)
+and `cpu_checkpointing`; their rules and costs are schedules.activation_partition's.
+
 Intra-layer options (schedules.intra_layer; Megatron names where Megatron has the flag):
 `tp_comm_overlap` (--tp-comm-overlap), `cp_comm` ('ring' | 'ulysses'; Megatron-Core's
 --cp-comm-type p2p | a2a), `moe_imbalance` (busiest expert's tokens over the balanced
@@ -32,6 +36,7 @@ from typing import Any
 
 from clustersim.user_files import is_finite_number
 
+from .activation_partition import check as check_partition_activations
 from .errors import ConfigError, require_positive_int
 from .names import CP, DP, DP_CP, EDP, EP, EXPERT_AXES, GRID_AXES, PP, TP
 from .limits import check_dimension
@@ -87,6 +92,9 @@ class ParallelConfig:
     recompute: str = "none"
     recompute_method: str | None = None  # full: 'uniform' (default) or 'block'
     recompute_num_layers: int | None = None  # full: layers per checkpoint / checkpointed
+    # ZeRO-R (schedules.activation_partition): checkpoints split over tp, optionally on host
+    partition_activations: bool = False  # Pa: each TP rank keeps 1/tp of a checkpoint
+    cpu_checkpointing: bool = False  # Pa+cpu: the partitions live in host memory
     # data-parallel sharding and its communication (issue 5); see schedules.data_parallel
     fsdp: str = "none"  # 'none', 'full' (= ZeRO-3 over dp) or 'hybrid' (shard in a node)
     shard_size: int | None = None  # hybrid shard group size; None = dp ranks per node
@@ -134,12 +142,14 @@ class ParallelConfig:
         for name in ("offload", "overlap_grad_reduce", "overlap_param_gather",
                      "reshard_after_forward",
                      "quantized_weights", "hpz", "quantized_gradients", "tp_comm_overlap",
-                     "scatter_gather", "account_for_embedding", "account_for_loss"):
+                     "scatter_gather", "account_for_embedding", "account_for_loss",
+                     "partition_activations", "cpu_checkpointing"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.cp_comm not in CP_COMM:
             raise ConfigError(f"cp_comm={self.cp_comm!r} must be one of {', '.join(CP_COMM)}")
         self._check_intra_layer_applies()
+        check_partition_activations(self)
         object.__setattr__(self, "moe_imbalance", check_moe_imbalance(self.moe_imbalance))
         for name in ("shard_size", "bucket_bytes", "hpz_partition_size",
                      "expert_tensor_parallel", "first_stage_layers", "last_stage_layers"):

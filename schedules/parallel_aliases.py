@@ -12,10 +12,13 @@ the sources of each mapping:
   `zero_quantized_weights` (qwZ), `zero_hpz_partition_size` (hpZ, on when > 1; the value
   is the secondary shard size), `zero_quantized_gradients` (qgZ), `reduce_bucket_size`
   (counted in ELEMENTS, default 5e8; converted to bytes assuming 16-bit gradients,
-  2 bytes each, DeepSpeed's fp16/bf16 mixed-precision reduction).
+  2 bytes each, DeepSpeed's fp16/bf16 mixed-precision reduction);
+  `activation_checkpointing.partition_activations` and `.cpu_checkpointing` (ZeRO-R's
+  Pa and Pa+cpu; deepspeed.checkpointing.configure's `checkpoint_in_cpu`).
 - Megatron-LM arguments.py: `--use-distributed-optimizer` (shards the optimizer state
   over data-parallel ranks, i.e. ZeRO-1), `--optimizer-cpu-offload`,
-  `--recompute-granularity {full,selective}`, `--recompute-activations` (= selective)
+  `--recompute-granularity {full,selective}`, `--recompute-activations` (= selective),
+  `--distribute-saved-activations` (= partition_activations)
   (`--recompute-method` and `--recompute-num-layers` are fields of their own names,
   schedules.recompute), and Megatron-FSDP's
   `--data-parallel-sharding-strategy {no_shard,optim,optim_grads,optim_grads_params}`
@@ -70,6 +73,10 @@ RENAMES: dict[str, str] = {
     "zero_quantized_weights": "quantized_weights",
     "zero_quantized_gradients": "quantized_gradients",
     "overlap_comm": "overlap_grad_reduce",
+    "activation_checkpointing_partition_activations": "partition_activations",
+    "activation_checkpointing_cpu_checkpointing": "cpu_checkpointing",
+    "checkpoint_in_cpu": "cpu_checkpointing",
+    "distribute_saved_activations": "partition_activations",
 }
 
 DEEPSPEED_GRAD_BYTES = 2  # reduce_bucket_size counts elements of 16-bit gradients

@@ -5,7 +5,8 @@ all iteration and adds each stage's activations from its forward to its backward
 model states per ZeRO stage and communication buffers, from schedules.memory_model (ZeRO,
 Rajbhandari et al. SC20, section 5.1: (2+2+K)Psi unsharded, down to (2+2+K)Psi/N for
 ZeRO-3; K = 12 for mixed-precision Adam), at no activations in flight. Activations per
-microbatch come from the ModelSpec (Korthikanti et al. 2022) via the plan's stage costs.
+microbatch come from the ModelSpec (Korthikanti et al. 2022) via the plan's stage costs,
+less ZeRO-R's partitioned checkpoints (schedules.activation_partition).
 ZeRO-3 / FSDP gathered parameters are tracked op by op (`gathered_bytes`) instead of the
 memory model's estimate when the lowered schedule gathers parameters.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from clustersim.schedules.activation_partition import stage_activation_bytes
 from clustersim.schedules.contract import is_parameter_gather
 from clustersim.schedules.memory_model import RankMemory
 from clustersim.schedules.names import DP
@@ -50,7 +52,7 @@ def memory_model(lowered: Schedule, plan: Plan, breakdown: Sequence[RankMemory]
     the peak, which falls in a backward), and its estimate of ZeRO-3's gathered
     parameters unless the schedule gathers parameters, which the replay then tracks),
     activations per stage."""
-    activations = [c.activation_bytes for c in plan.stage_costs]
+    activations = stage_activation_bytes(plan)[0]
     tracked = any(is_parameter_gather(op) for op in lowered.ops())
     static = [round(r.model_states_bytes + r.communication_buffers + r.recompute_working
                     + r.unsharded_gradients + (0 if tracked else r.gathered_parameters))

@@ -53,6 +53,10 @@ def check_profile(profile: Profile, model: ModelSpec, parallel: ParallelConfig |
     if mismatch:
         raise ConfigError(f"profile does not match the model: {mismatch}; recalibrate with "
                           "`clustersim calibrate` at these model flags")
+    if model.lora:
+        raise ConfigError(f"lora_rank={model.lora_rank}: a profile times layers whose every "
+                          f"weight trains (calibrate runs no LoRA); price LoRA with the "
+                          f"roofline (drop --profile)")
     if parallel is None:
         return
     if parallel.tp != profile.tp:

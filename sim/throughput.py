@@ -7,7 +7,9 @@ G = GPUs of the job (tp * cp * dp * pp):
 - model FLOPs = 3 x the forward FLOPs of the B sequences (forward + backward = 2x forward,
   SC21 section 5.1 / K22 eq. 7's counting: recomputation NOT counted), from
   ModelSpec.iteration_flops (per-layer FLOPs of SC21, generalised to GQA, SwiGLU and MoE);
-  model TFLOP/s per GPU = model FLOPs / (T * G) / 1e12;
+  model TFLOP/s per GPU = model FLOPs / (T * G) / 1e12; under LoRA the backward counts
+  the GEMMs it runs (frozen weights have no weight gradient: ModelSpec.iteration_flops,
+  schedules.lora), so model FLOPs are forward + executed backward, not 3x forward;
 - hardware FLOPs = model FLOPs + what recomputation redoes (full: one more forward of the
   layers, SC21 eq. 3's 4x; selective: the core attention 4bsh*s per layer, K22 section 5):
   hardware TFLOP/s per GPU likewise;
@@ -30,6 +32,9 @@ FORMULAS = {
                                "(iteration_time * GPUs) / 1e12",
     "mfu": "model FLOP/s per GPU / the device's dense peak FLOP/s for the dtype (datasheet)",
 }
+LORA_MODEL_FLOPS = ("forward FLOPs + the backward GEMMs LoRA runs (frozen weights: input "
+                    "gradients only; schedules.lora) of the global batch (no recompute) / "
+                    "(iteration_time * GPUs) / 1e12")
 
 
 def iteration_flops(plan: Plan) -> tuple[float, float]:
@@ -65,7 +70,8 @@ def throughput(plan: Plan, iteration_time: float, device: DeviceSpec | None) -> 
         "peak_tflops": peak / 1e12 if peak else None,
         "device": device.name if device else None,
         "gpus": gpus,
-        "formulas": FORMULAS,
+        "formulas": ({**FORMULAS, "model_tflops_per_gpu": LORA_MODEL_FLOPS}
+                     if plan.model.lora else FORMULAS),
     }
 
 
@@ -80,11 +86,13 @@ def _peak(device: DeviceSpec | None, dtype: str) -> float | None:
 
 def format_throughput(figures: dict) -> str:
     """One summary line: tokens/s (job, per GPU), model and hardware TFLOP/s per GPU, MFU."""
+    lora = figures.get("formulas", {}).get("model_tflops_per_gpu") == LORA_MODEL_FLOPS
+    counted = "forward + LoRA's backward GEMMs" if lora else "3x forward"
     mfu = (f"MFU {figures['mfu']:.1%} of {figures['peak_tflops']:.0f} TFLOP/s "
            f"({figures['device']})" if figures["mfu"] is not None
            else "MFU n/a (no dense peak for this device and dtype)")
     return (f"throughput {figures['tokens_per_s']:,.0f} tokens/s "
             f"({figures['tokens_per_s_per_gpu']:,.0f} per GPU, {figures['gpus']} GPUs), "
-            f"model {figures['model_tflops_per_gpu']:.1f} TFLOP/s per GPU (3x forward, "
+            f"model {figures['model_tflops_per_gpu']:.1f} TFLOP/s per GPU ({counted}, "
             f"no recompute), hardware {figures['hardware_tflops_per_gpu']:.1f} TFLOP/s per "
             f"GPU (recompute counted), {mfu}")

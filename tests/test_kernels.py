@@ -255,6 +255,11 @@ def test_unsupported_configurations_fail_clearly(monkeypatch):
     with pytest.raises(KernelsError, match="cp=2"):  # tp runs: tests/test_kernels_tp.py
         one = build_schedule("1f1b", 1, 1)
         run_schedule(one, plan_of(one, GPT, parallel(cp=2, num_microbatches=1)))
+    with pytest.raises(KernelsError, match="partition_activations=True: ZeRO-R"):
+        one = build_schedule("1f1b", 1, 1)
+        run_schedule(one, plan_of(one, GPT, parallel(tp=2, num_microbatches=1,
+                                                     recompute="full",
+                                                     partition_activations=True)))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     with pytest.raises(KernelsError, match="one GPU cannot run NCCL between ranks"):

@@ -17,6 +17,7 @@ from typing import Any
 
 from clustersim.schedules.errors import ConfigError, require_positive_int
 from clustersim.schedules.limits import MAX_OPS
+from clustersim.schedules.lora import BASE_DTYPES, NEMO_TARGETS, PEFT_TARGETS
 from clustersim.schedules.fp8 import DEFAULT_FP8_RECIPE, FP8_FORMATS, FP8_RECIPES
 from clustersim.schedules.model import NORMALIZATIONS, POSITION_EMBEDDINGS, ModelSpec
 from clustersim.schedules.model_presets import get_model
@@ -76,6 +77,11 @@ def _both(names: str, field: str, help: str) -> Flag:
     return _flag(names, field, help, action=argparse.BooleanOptionalAction)
 
 
+def _names(text: str) -> tuple[str, ...]:
+    """'a,b' -> ('a', 'b'), for a list flag."""
+    return tuple(name.strip() for name in text.split(","))
+
+
 MODEL_FLAGS = (  # ModelSpec fields, Megatron-LM's names
     _flag("--num-layers", "num_layers", type=int, metavar="INT"),
     _flag("--hidden-size", "hidden_size", type=int, metavar="INT"),
@@ -112,6 +118,21 @@ MODEL_FLAGS = (  # ModelSpec fields, Megatron-LM's names
           choices=NORMALIZATIONS),
     _flag("--position-embedding-type", "position_embedding_type",
           "default learned_absolute", choices=POSITION_EMBEDDINGS),
+    _flag("--lora-rank --lora-dim", "lora_rank",
+          "LoRA fine-tuning with adapters of rank r (NeMo's dim, PEFT's r): the base weights "
+          "frozen, only the adapters train, reduce and keep optimizer states", type=int,
+          metavar="R"),
+    _flag("--lora-target-modules", "lora_target_modules",
+          f"with --lora-rank: the linear layers that get adapters, comma-separated, NeMo's "
+          f"names ({','.join(NEMO_TARGETS)}: the default) or PEFT's Llama names "
+          f"({','.join(PEFT_TARGETS)})", type=_names, metavar="LIST"),
+    _flag("--lora-base-dtype --qlora", "lora_base_dtype",
+          "with --lora-rank: QLoRA, the frozen linear weights stored in bitsandbytes' "
+          "nf4 or fp4 (4 bits, an absmax per 64) or int8 (LLM.int8(), an fp32 absmax per "
+          "row) and dequantized before each GEMM", choices=list(BASE_DTYPES)),
+    _both("--double-quant", "lora_double_quant",
+          "with a 4-bit --lora-base-dtype: QLoRA's double quantization of the block scales "
+          "(8-bit, 0.127 bits per weight instead of 0.5; default on)"),
 )
 REQUIRED_MODEL_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "seq_length",
                          "vocab_size")
@@ -199,6 +220,13 @@ SHARDING_FLAGS = (  # ZeRO/FSDP, offload, ZeRO++, buckets, recompute: schedules.
     _flag("--recompute-num-layers", "recompute_num_layers",
           "with full recompute: layers per checkpoint (uniform) or checkpointed layers per "
           "stage (block); default 1", type=int),
+    _switch("--partition-activations --distribute-saved-activations", "partition_activations",
+            "ZeRO-R Pa (DeepSpeed's partition_activations): with --recompute full and tp > 1 "
+            "(no --sequence-parallel), each TP rank keeps 1/tp of every checkpoint and the "
+            "backward all-gathers it over tp before recomputing"),
+    _switch("--cpu-checkpointing", "cpu_checkpointing",
+            "ZeRO-R Pa+cpu (DeepSpeed's cpu_checkpointing): the partitioned checkpoints live in "
+            "host memory; `clustersim memory` only (its PCIe copies are not simulated)"),
 )
 
 INTRA_LAYER_FLAGS = (  # how TP/CP/EP communication runs: schedules.intra_layer

@@ -6,7 +6,9 @@ GB (1e9 bytes, as ZeRO's Table 1 and the GPU datasheets do) and the total in GiB
 what `nvidia-smi` and torch report). With --topology or --device, ranks whose total
 exceeds the device memory are flagged OOM (and an FP8 recipe the device cannot run is
 refused). Under --dtype fp8 a column shows TE's FP8 weight copies (part of the model
-states) and notes say what the FP8 settings assume (schedules.model.fp8_notes).
+states) and notes say what the FP8 settings assume (schedules.model.fp8_notes). Under
+LoRA `params` counts the adapters, a `frozen` column the frozen base (whose stored bytes
+are in `weights`), and notes say what LoRA assumes (schedules.lora.lora_notes).
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from clustersim.schedules.errors import ConfigError
 from clustersim.schedules.memory_model import (RankMemory, bare_rank_memory, precision_bytes,
                                                rank_memory)
 from clustersim.schedules.fp8 import check_fp8_device, fp8_notes
+from clustersim.schedules.lora import lora_notes
 from clustersim.schedules.plan import resolve
 from clustersim.schedules.recompute import describe as describe_recompute
 from clustersim.schedules.sharding import shard_group_size
@@ -98,7 +101,7 @@ def breakdown(args: argparse.Namespace) -> tuple[dict, list[RankMemory]]:
         parallel = parallel_from_args(args, args.schedule, micro_batch_size=spec.micro_batch_size)
         ranks = rank_memory(resolve(spec, parallel, cluster, max_ops=max_ops_from_args(args)))
         model, dtype = spec.name or "custom", spec.dtype
-        notes = fp8_notes(spec, parallel.sequence_parallel)
+        notes = fp8_notes(spec, parallel.sequence_parallel) + lora_notes(spec)
     config = {"model": model, "dtype": dtype,
               "optimizer_bytes_per_param": precision_bytes(dtype)[1],
               "parallel": asdict(parallel),
@@ -127,6 +130,7 @@ def format_memory(data: dict) -> str:
     the run's notes."""
     c, p = data["config"], data["config"]["parallel"]
     fp8 = c["dtype"] == "fp8"
+    lora = any(r["frozen_params"] for r in data["ranks"])  # params: the adapters
     recompute = describe_recompute(p["recompute"], p["recompute_method"],
                                    p["recompute_num_layers"])
     lines = [f"{c['model']} ({c['dtype']}, Adam K={c['optimizer_bytes_per_param']} B/param): "
@@ -136,13 +140,16 @@ def format_memory(data: dict) -> str:
              "GB = 1e9 bytes per rank"
              + (f"; {c['device']} has {c['device_memory_bytes'] / GB:.0f} GB"
                 if c["device"] else ""),
-             f"{'rank':>4} {'params':>9} {'weights':>8} " + (f"{'fp8 w.':>8} " if fp8 else "")
+             f"{'rank':>4} {'params':>9} " + (f"{'frozen':>9} " if lora else "")
+             + f"{'weights':>8} " + (f"{'fp8 w.':>8} " if fp8 else "")
              + f"{'grads':>8} {'optim':>8} "
              f"{'states':>8} {'activ.':>8} {'(mb)':>4} {'recomp.':>8} {'buffers':>8} "
              f"{'gathered':>8} {'total':>8} {'GiB':>8} {'host':>8}"]
     for r in data["ranks"]:
         lines.append(
-            f"{r['pp_rank']:>4} {r['params']:>9.3g} {_gb(r['parameters'] + r['hpz_secondary']):>8} "
+            f"{r['pp_rank']:>4} {r['params']:>9.3g} "
+            + (f"{r['frozen_params']:>9.3g} " if lora else "")
+            + f"{_gb(r['parameters'] + r['hpz_secondary']):>8} "
             + (f"{_gb(r['fp8_weights']):>8} " if fp8 else "")
             + f"{_gb(r['gradients']):>8} {_gb(r['optimizer_states']):>8} "
             f"{_gb(r['model_states_bytes']):>8} {_gb(r['activations']):>8} "

@@ -28,7 +28,8 @@ Layout per row (`parallel_config`, `model_spec`): the row's TP, PP, CP, EP, DP, 
 stages, global and micro-batch, recompute and dtype; sharding: Megatron distributed
 optimizer = ZeRO-1 (MLM, NeMo), FSDP FULL_SHARD = fsdp 'full' (torchtitan, Trainy,
 MosaicML), Llama 3's FSDP without resharding after the forward = ZeRO-3 with
-reshard_after_forward False, torchtitan with PP likewise (its default under PP). Overlap
+reshard_after_forward False, torchtitan with PP likewise (its default under PP); Megatron's
+buckets (MLM, NeMo) at Megatron-Core's default size (`megatron_bucket_bytes`). Overlap
 as the source states it: MLM --overlap-grad-reduce --overlap-param-gather --tp-comm-overlap,
 NeMo recipes the same (assumed by fidelity_hopper_data), torchtitan AsyncTP as
 tp_comm_overlap. A field the source does not give takes the row's `assumed` value (listed
@@ -154,10 +155,23 @@ def recompute(run: hd.HopperRun) -> str:
     return run.recompute if run.recompute is not None else "none"
 
 
+MCORE_BUCKET_PARAMS, MCORE_BUCKET_PARAMS_PER_DP = 40_000_000, 1_000_000
+
+
+def megatron_bucket_bytes(run: hd.HopperRun) -> int:
+    """Megatron-Core's default gradient (and parameter all-gather) bucket: max(40M, 1M x
+    dp x cp) parameters (DistributedDataParallelConfig.bucket_size: 'larger DP sizes need
+    larger buckets to ensure collectives do not become latency-bound'), in the bytes the
+    simulator gives a parameter's gradient."""
+    params = max(MCORE_BUCKET_PARAMS, MCORE_BUCKET_PARAMS_PER_DP * run.dp * run.cp)
+    return params * model_spec(run).dtype_bytes
+
+
 def sharding_kwargs(run: hd.HopperRun) -> dict:
     """ParallelConfig sharding fields for the row's data-parallel implementation."""
     if run.source in ("MLM", "NEMO2407", "NEMO2502"):  # distributed optimizer + overlap
-        return {"zero_stage": 1, "overlap_grad_reduce": True, "overlap_param_gather": True}
+        return {"zero_stage": 1, "overlap_grad_reduce": True, "overlap_param_gather": True,
+                "bucket_bytes": megatron_bucket_bytes(run)}
     if run.source == "LLAMA3":  # FSDP, parameters kept after the forward (section 3.3.2)
         return {"fsdp": "full", "reshard_after_forward": False}
     sharding = run.dp_sharding or ""

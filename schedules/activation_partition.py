@@ -10,6 +10,8 @@ under `cpu_checkpointing`; `gather_partitioned_activations` all-gathers the slic
 the model-parallel group in CheckpointFunction.backward) and as Megatron names it
 (--distribute-saved-activations, Megatron-Core TransformerConfig).
 
+DeepSpeed is read at commit 2ef4fd5 (microsoft/DeepSpeed).
+
 Rules (ParallelConfig `partition_activations`, `cpu_checkpointing`; `check`):
 - Pa needs recompute='full' (only a full recompute keeps checkpoints; Megatron-LM asserts
   recompute_granularity 'full') and tp > 1 (Megatron-LM: 'can distribute recomputed
@@ -26,15 +28,25 @@ C = b s h d / cp bytes (K22's 2sbh at d = 2; ModelSpec.layer_activation_bytes 'f
 Pa keeps C / tp on the device; Pa+cpu keeps none there and C / tp in host memory. The
 checkpoints of a stage are schedules.recompute's CHECKPOINT layers (ceil(L/N) under
 uniform, min(N, L) under block).
-Communication: per checkpoint, per microbatch, in the backward (B or I) that recomputes it,
-one all-gather over 'tp' of nccl-tests size S = C (each rank receives C (tp - 1)/tp),
-blocking (the recompute needs it), with the op's other TP collectives (schedules.tp_comms).
-Under uniform recompute with N > 1, a layer group (Op.chunk) of k recomputed layers counts
-ceil(k/N) checkpoints: exact for a whole stage; a group that cuts a region counts it twice.
-Pa+cpu's PCIe copies (a synchronous device-to-host copy in the forward, host-to-device
-in the backward, in DeepSpeed) are not replayed: the execution contract has no rule that
-makes a compute op wait for a host copy, so the simulator refuses it at lowering; its
-memory is modelled (schedules.memory_model, `clustersim memory`).
+Operations (`add_checkpoint_ops`, run by the lowering's intra-layer pass), per compute op,
+k = the CHECKPOINT layers it covers (schedules.recompute; one per checkpointed region, so
+the groups of a chunked stage sum to the stage's checkpoints):
+- Pa: right before each backward (B or I) with k > 0, one blocking all-gather over 'tp' of
+  k checkpoints (count k, nccl-tests size S = C each: every rank receives C (tp - 1)/tp);
+  the backward waits for it (the recompute needs the whole input), as DeepSpeed gathers
+  in CheckpointFunction.backward before rerunning the region;
+- Pa+cpu: right after each forward with k > 0, a COPY_D2H of k partitions (count k, C/tp
+  bytes each), and right before the backward's all-gather a COPY_H2D of the same bytes,
+  both on the GPU's PCIe link to its host (sim.offload) and both blocking the compute
+  stream (schedules.contract's checkpoint-copy rule). DeepSpeed: partition_activations()
+  copies the partition with `partition.cpu()` (or `copy_` into a CPU buffer) before the
+  region's forward runs, a synchronous copy on the compute stream, not a copy on its
+  `transport_stream`; gather_partitioned_activations() copies it back with `copy_` into
+  a GPU tensor on the compute stream (its transport_stream use is commented out) and then
+  all-gathers it. Copies between regions are summed after the forward: the same time on
+  one stream.
+A chunked backward recomputes a region in the group of its last layer; here its gather
+and copy go with the group of its checkpoint layer (the totals are exact).
 Units: bytes.
 """
 from __future__ import annotations
@@ -43,7 +55,14 @@ import math
 from typing import Any
 
 from .errors import ConfigError
+from .names import TP
+from .ops import INPUT_GRAD_KINDS, Op, OpKind
 from .recompute import CHECKPOINT, roles
+from .schedule import Schedule
+
+CHECKPOINT_COPIES = "pcie_checkpoints"
+"""Group of a Pa+cpu copy: the GPU's PCIe link to its host, like ZeRO-Offload's copies
+('pcie', schedules.names) but placed by the checkpoint-copy rule (schedules.contract)."""
 
 
 def check(parallel: Any) -> None:
@@ -101,17 +120,51 @@ def stage_activation_bytes(plan: Any) -> tuple[list[int], list[int]]:
     return device, host
 
 
-def checkpoint_gathers(model: Any, parallel: Any, rerun_layers: int, backward: bool
-                       ) -> tuple[int, float]:
-    """(all-gathers, their total bytes) over 'tp' of a compute op whose backward (B or I:
-    `backward`) reruns `rerun_layers` layers (module docstring); (0, 0) without Pa."""
-    if not (parallel.partition_activations and backward and rerun_layers):
-        return 0, 0.0
-    if parallel.cpu_checkpointing:
-        raise ConfigError("cpu_checkpointing: the PCIe copies of the partitioned checkpoints "
-                          "are not simulated (the replay cannot make a recompute wait for a "
-                          "host copy); `clustersim memory` models its memory")
-    per_checkpoint = parallel.recompute_num_layers if parallel.recompute_method == "uniform" \
-        else 1
-    gathers = math.ceil(rerun_layers / per_checkpoint)
-    return gathers, gathers * checkpoint_bytes(model, parallel)
+_CHECKPOINTING_KINDS = frozenset({OpKind.F, *INPUT_GRAD_KINDS})
+
+
+def is_checkpoint_copy(op: Op) -> bool:
+    """A Pa+cpu host copy of checkpoint partitions (not an offload copy)."""
+    return op.kind.is_copy and op.group == CHECKPOINT_COPIES
+
+
+def checkpoint_ops(plan: Any, op: Op, k: int) -> tuple[list[Op], list[Op]]:
+    """(ops posted right before `op`, right after it) under Pa: the all-gather and Pa+cpu's
+    copies of forward or backward `op`, which covers `k` checkpoints (module docstring)."""
+    if not k:
+        return [], []
+    parallel = plan.parallel
+    c = checkpoint_bytes(plan.model, parallel)
+
+    def make(kind: OpKind, group: str, nbytes: float) -> Op:
+        return Op(kind, op.stage, op.microbatch, group, max(1, round(nbytes)), chunk=op.chunk,
+                  count=k)
+
+    part = k * c / parallel.tp
+    cpu = parallel.cpu_checkpointing
+    if op.kind is OpKind.F:
+        return [], [make(OpKind.COPY_D2H, CHECKPOINT_COPIES, part)] if cpu else []
+    upload = [make(OpKind.COPY_H2D, CHECKPOINT_COPIES, part)] if cpu else []
+    return upload + [make(OpKind.ALL_GATHER, TP, k * c)], []
+
+
+def add_checkpoint_ops(schedule: Schedule, plan: Any) -> Schedule:
+    """`schedule` with every compute op's checkpoint_ops; itself without Pa."""
+    if not plan.parallel.partition_activations:
+        return schedule
+    groups, counts = schedule.layer_groups, {}  # (stage, chunk) -> its checkpoints
+    programs = []
+    for program in schedule.programs:
+        out: list[Op] = []
+        for op in program:
+            if op.kind not in _CHECKPOINTING_KINDS:
+                out.append(op)
+                continue
+            where = (op.stage, op.chunk)
+            if where not in counts:
+                positions = plan.chunk_parts(op.stage, op.chunk, groups).positions
+                counts[where] = roles(plan.parallel, positions)[CHECKPOINT]
+            before, after = checkpoint_ops(plan, op, counts[where])
+            out += [*before, op, *after]
+        programs.append(out)
+    return schedule.with_programs(programs)

@@ -65,12 +65,23 @@ So a compute op waits for the intra-layer collectives of the previous compute op
 collectives delay the `W` after it too (a simplification: W needs none of them).
 The flag travels with the op (schedules.intra_layer sets it), so both backends read the
 same placement from the program alone.
+
+ZeRO-R's checkpoint ops (schedules.activation_partition) follow the blocking rule by
+where the lowering puts them: Pa's all-gather of a backward's checkpoints over 'tp' is
+posted right BEFORE that backward (B / I), so the backward waits for it; a Pa+cpu
+checkpoint copy (`is_checkpoint_copy`: COPY_D2H / COPY_H2D on group CHECKPOINT_COPIES)
+counts as a blocking op too, since DeepSpeed copies on the compute stream, synchronously
+(`.cpu()` in the forward, `copy_` to the GPU before the backward's gather): the COPY_D2H
+right after its F, which the next compute op and SENDs before it wait for; the COPY_H2D
+right before the backward's all-gather, which waits for it (the chain), as the backward
+waits for both. The ZeRO-Offload rules above do not apply to checkpoint copies.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .activation_partition import is_checkpoint_copy
 from .names import DP_GROUPS, HOST, INTRA_LAYER_GROUPS
 from .ops import INPUT_GRAD_KINDS, WORK_KINDS, Op, OpKind
 
@@ -182,7 +193,7 @@ def local_waits(program: Sequence[Op]) -> list[tuple[int, ...]]:
     waits: list[tuple[int, ...]] = [()] * len(program)
     if not any(op.kind in _POSITIONAL_KINDS for op in program):
         return waits
-    if any(is_intra_layer(op) for op in program):
+    if any(is_intra_layer(op) or is_checkpoint_copy(op) for op in program):
         _intra_layer_waits(program, waits)
     gathers: dict = {}    # (stage, chunk) -> latest parameter gather
     grads: dict = {}      # (stage, chunk) -> latest weight-gradient op
@@ -193,6 +204,8 @@ def local_waits(program: Sequence[Op]) -> list[tuple[int, ...]]:
     uploads: dict = {}    # (stage, chunk) -> latest COPY_H2D
     for index, op in enumerate(program):
         s, g, kind = op.stage, op.chunk, op.kind
+        if is_checkpoint_copy(op):
+            continue  # placed as a blocking op (_intra_layer_waits)
         if kind in WORK_KINDS:
             waits[index] = waits[index] + tuple(_covering(gathers, s, g))
             if kind is not OpKind.I:
@@ -222,7 +235,8 @@ def local_waits(program: Sequence[Op]) -> list[tuple[int, ...]]:
 
 
 def _intra_layer_waits(program: Sequence[Op], waits: list[tuple[int, ...]]) -> None:
-    """Fill `waits` with the intra-layer rules (module docstring)."""
+    """Fill `waits` with the intra-layer rules, checkpoint copies included (module
+    docstring)."""
     blocking: list[int] = []   # collectives the next compute op and SENDs wait for
     alongside: list[int] = []  # overlapped collectives of the coming compute op
     recvs: list[int] = []      # RECVs since the previous compute op
@@ -236,7 +250,7 @@ def _intra_layer_waits(program: Sequence[Op], waits: list[tuple[int, ...]]) -> N
             waits[index] = tuple(blocking)
         elif kind in (OpKind.RECV_F, OpKind.RECV_B):
             recvs.append(index)
-        elif is_intra_layer(op):
+        elif is_intra_layer(op) or is_checkpoint_copy(op):
             if op.alongside:
                 waits[index] = tuple(recvs)
                 alongside.append(index)
@@ -277,7 +291,8 @@ def p2p_peer(op: Op) -> Key:
 
 def gather_releases(program: list[Op], contract: ProgramContract) -> dict[int, list[int]]:
     """compute index -> the parameter gathers whose last user it is: after it ends, the
-    gathered parameters are freed (resharded). Both backends free gathered parameters by this rule."""
+    gathered parameters are freed (resharded). Both backends free gathered parameters by
+    this rule."""
     last_user: dict[int, int] = {}
     for index, op in enumerate(program):
         if op.kind in WORK_KINDS:

@@ -10,7 +10,8 @@ passes and the zero-bubble scheduler's single pass list:
 3. P2P: the SEND/RECV ops between stages on different ranks (schedules.p2p);
 4. costs: FLOPs and bytes of every op from the plan (schedules.annotate);
 5. intra-layer: the TP, SP, CP, EP and expert-TP collectives of every compute op
-   (schedules.intra_layer).
+   (schedules.intra_layer), then ZeRO-R's checkpoint all-gathers and host copies
+   (schedules.activation_partition), which belong to the same compute ops.
 Each pass says when a schedule is past it (`Pass.done`), and `lower` skips it then: a
 schedule handed in partly lowered (a custom one, or one whose data-parallel ops were
 edited by hand) keeps what it has, and lowering a lowered schedule changes nothing (the
@@ -24,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .activation_partition import add_checkpoint_ops
 from .annotate import annotate
 from .data_parallel import add_data_parallel, has_data_parallel
 from .errors import ConfigError
@@ -48,12 +50,16 @@ def _structure(schedule: Schedule, plan: Plan) -> Schedule:
     return schedule
 
 
+def _intra_layer(schedule: Schedule, plan: Plan) -> Schedule:
+    return add_checkpoint_ops(add_intra_layer(schedule, plan), plan)
+
+
 PASSES: tuple[Pass, ...] = (
     Pass("structure", _structure),
     Pass("data-parallel", add_data_parallel, has_data_parallel),
     Pass("p2p", lambda schedule, plan: add_p2p(schedule), lambda schedule: schedule.has_p2p),
     Pass("costs", annotate, has_intra_layer),
-    Pass("intra-layer", add_intra_layer, has_intra_layer),
+    Pass("intra-layer", _intra_layer, has_intra_layer),
 )
 
 

@@ -24,7 +24,16 @@ Extras:
 - ZeRO++ hpZ keeps a secondary 16-bit parameter shard inside the node: 2 Psi / n_node
   (Wang et al., "ZeRO++", 2023, section 3.2), counted as model state.
 - ZeRO-Offload (Ren et al., ATC21): the optimizer partition (K Psi / N, fp32 master
-  weights included) lives on the host: `host`, not on the device.
+  weights included) lives on the host: `host`, not on the device. With ZeRO-Infinity's
+  NVMe tier (offload_device 'nvme'; Rajbhandari et al. SC21) it lives on the node's NVMe
+  (`nvme`), and host memory keeps DeepSpeed's pinned swap buffers only
+  (runtime/swap_tensor/optimizer_utils.py: SwapBufferManager of `buffer_count` fp32 buffers
+  of the largest optimizer sub-group's partition, stage3.py `largest_numel`):
+  NVME_SWAP_BUFFERS x 4 B x min(Psi / N, NVME_SUB_GROUP) at DeepSpeed's defaults
+  (offload_optimizer.buffer_count 4, zero_optimization.sub_group_size 1e9 elements;
+  a sub-group may overrun 1e9 by one tensor's partition, not counted). DeepSpeed's fp32
+  gradient partitions (swapped out in the backward, in at the step) are not counted, as
+  ZeRO-Offload's host gradients are not.
 - FP8 weight copies (dtype 'fp8'): Transformer Engine keeps an FP8 row-wise and
   column-wise copy of each FP8-GEMM weight beside the 16-bit weights (Psi_8 =
   ModelSpec.layer_fp8_weight_count per layer; cached across microbatches, TE
@@ -86,6 +95,9 @@ MIXED_PRECISION_K = 12  # fp32 master weights + Adam momentum + variance, bytes/
 FP32_K = 8  # Adam momentum + variance; the fp32 weights are the master copy
 PREFETCHED_UNITS = 2  # ZeRO-3: the unit computing now and the one being gathered
 BUCKETS_IN_FLIGHT = 2  # one bucket reducing while the next one fills
+NVME_SWAP_BUFFERS = 4  # DeepSpeed offload_optimizer.buffer_count default (offload_config.py)
+NVME_SUB_GROUP = 10**9  # DeepSpeed zero_optimization.sub_group_size default, elements
+FP32_BYTES = 4  # DeepSpeed's optimizer swap buffers hold fp32 elements
 
 
 @dataclass(frozen=True)
@@ -93,7 +105,8 @@ class RankMemory:
     """Bytes one rank of pipeline rank `pp_rank` holds at its peak (see module docstring).
     `params` is Psi (a count, before ZeRO sharding); `in_flight` the microbatches whose
     activations it holds at the peak; `host` the bytes offloaded to host memory (optimizer
-    state, Pa+cpu checkpoints). Under LoRA `params` counts the adapters (what trains) and
+    state or its NVMe swap buffers, Pa+cpu checkpoints); `nvme` the optimizer state on the
+    node's NVMe (ZeRO-Infinity). Under LoRA `params` counts the adapters (what trains) and
     `frozen_params` the frozen base, whose stored bytes `parameters` includes."""
 
     pp_rank: int
@@ -109,6 +122,7 @@ class RankMemory:
     unsharded_gradients: float = 0.0
     recompute_working: float = 0.0
     host: float = 0.0
+    nvme: float = 0.0
     in_flight: int = 0
     frozen_params: float = 0.0
 
@@ -141,9 +155,10 @@ def precision_bytes(dtype: str = "bf16") -> tuple[int, int]:
 def model_states(params: float, parallel: ParallelConfig, dtype: str = "bf16",
                  shard_group: int | None = None, experts_apart: float = 0.0
                  ) -> dict[str, float]:
-    """Parameters, gradients, optimizer states, hpZ secondary shard and host bytes of a
-    rank holding `params` parameters, per ZeRO stage (module docstring); `shard_group`:
-    the hybrid or hpZ shard group (Plan.dp_shard_size), from which N follows
+    """Parameters, gradients, optimizer states, hpZ secondary shard, host and (with
+    offload_device 'nvme' only) NVMe bytes of a rank holding `params` parameters, per ZeRO
+    stage (module docstring); `shard_group`: the hybrid or hpZ shard group
+    (Plan.dp_shard_size), from which N follows
     (schedules.sharding.state_shard_degree); `experts_apart`: the routed experts' part of
     `params` when it shards over edp ranks instead (Plan.expert_grad_group)."""
     weight, k = precision_bytes(dtype)
@@ -165,9 +180,17 @@ def model_states(params: float, parallel: ParallelConfig, dtype: str = "bf16",
         "host": optimizer if parallel.offload else 0.0,
         "hpz_secondary": 0.0,
     }
+    if parallel.nvme_offload:
+        states.update(nvme=optimizer, host=nvme_swap_buffer_bytes(per_rank(1)))
     if parallel.hpz:
         states["hpz_secondary"] = weight * params / hpz_degree(parallel, shard_group)
     return states
+
+
+def nvme_swap_buffer_bytes(shard_params: float) -> float:
+    """Pinned host bytes of DeepSpeed's NVMe optimizer swap buffers for a rank stepping
+    `shard_params` parameters (module docstring)."""
+    return NVME_SWAP_BUFFERS * FP32_BYTES * min(shard_params, NVME_SUB_GROUP)
 
 
 def activation_peaks(schedule: Schedule, stage_bytes: Sequence[float]

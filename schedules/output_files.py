@@ -9,7 +9,7 @@
 - `write_text_atomic` writes a temporary file beside the target and renames it over the
   target: a reader never sees a partial file, an interrupted run leaves the old file, and
   a symbolic link at the target is replaced, not followed (the file it points to is left
-  alone).
+  alone). A device or FIFO at the target (`-o /dev/null`) is written into, never replaced.
 - `write_output` writes one output and returns the CLI's line for it, which says when it
   replaced a file that was there.
 """
@@ -102,6 +102,10 @@ def _cannot_create(directory: Path) -> str | None:
 def write_text_atomic(path: str | Path, text: str) -> Path:
     """Write `text` to `path` through a temporary file and a rename (module docstring)."""
     path = Path(path)
+    if _special(path):
+        with open(path, "w", encoding="utf-8") as stream:
+            stream.write(text)
+        return path
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
@@ -113,9 +117,15 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
     return path
 
 
+def _special(path: Path) -> bool:
+    """A device or FIFO (not a file, directory or link) is at `path`."""
+    return path.exists() and not path.is_symlink() and not path.is_file() \
+        and not path.is_dir()
+
+
 def write_output(path: str | Path, write: Callable[[Path], object]) -> str:
     """Call `write(path)` (an atomic writer) and return the CLI's line for it."""
     path = Path(path)
-    replaced = os.path.lexists(path)
+    replaced = os.path.lexists(path) and not _special(path)
     write(path)
     return f"wrote {path}" + (" (replaced the file that was there)" if replaced else "")

@@ -19,6 +19,16 @@ Pipeline split (schedules.pipeline_split): even by default; `first_stage_layers`
 `account_for_embedding` / `account_for_loss` (--account-for-embedding/loss-in-pipeline-
 split) make the first and last stages lighter.
 
+ZeRO-Infinity's NVMe tier (Rajbhandari et al., "ZeRO-Infinity", SC21): `offload_device`
+(DeepSpeed's offload_optimizer.device; None = 'cpu', host memory; either given needs
+offload) 'nvme' keeps the offloaded optimizer states on the node's NVMe instead of host
+memory (`nvme_offload`), which needs ZeRO-3: DeepSpeed swaps them
+only in its ZeRO-3 optimizer (runtime/zero/stage3.py `_configure_offloading`: swap_optimizer
+when device is 'nvme'; stage_1_and_2.py offloads to the CPU for any device but 'none').
+`nvme_bandwidth` (bytes/s of the node's NVMe, read and write alike, shared by its ranks;
+no datasheet here gives it, so the user does) prices the swaps (sim.optimizer_cost) and
+needs offload_device 'nvme'.
+
 ZeRO-R's partitioned activation checkpoints: `partition_activations` (DeepSpeed's
 activation_checkpointing.partition_activations, Megatron's --distribute-saved-activations)
 and `cpu_checkpointing`; their rules and costs are schedules.activation_partition's.
@@ -45,12 +55,14 @@ from .registry import DEFAULT_SCHEDULE, schedule_entry
 from .parallel_aliases import ALIASES, resolve_kwargs
 from .sharding import DEFAULT_BUCKET_BYTES, normalised_sharding
 
-__all__ = ["ALIASES", "CP_COMM", "CUSTOM_SCHEDULE", "EXPERT_AXES", "FSDP",
+__all__ = ["ALIASES", "CP_COMM", "CUSTOM_SCHEDULE", "EXPERT_AXES", "FSDP", "OFFLOAD_DEVICES",
            "RECOMPUTE", "ParallelConfig", "check_moe_imbalance"]
 
 RECOMPUTE = ("none", "selective", "full")
 FSDP = ("none", "full", "hybrid")
 CP_COMM = ("ring", "ulysses")  # schedules.cp_comms
+OFFLOAD_DEVICES = ("cpu", "nvme")  # where offloaded optimizer states live (module docstring)
+MIN_NVME = 1e6  # bytes/s: a node's NVMe below 1 MB/s is a unit mistake (GB/s given as B/s)
 
 CUSTOM_SCHEDULE = "custom"
 
@@ -99,6 +111,8 @@ class ParallelConfig:
     fsdp: str = "none"  # 'none', 'full' (= ZeRO-3 over dp) or 'hybrid' (shard in a node)
     shard_size: int | None = None  # hybrid shard group size; None = dp ranks per node
     offload: bool = False  # ZeRO-Offload: optimizer state and step on the host
+    offload_device: str | None = None  # with offload: 'cpu' (None: the host) or 'nvme'
+    nvme_bandwidth: float | None = None  # bytes/s of a node's NVMe (offload_device 'nvme')
     bucket_bytes: int | None = None  # gradient bucket; None = torch DDP's 25 MiB
     overlap_grad_reduce: bool = True  # post bucket reductions during the backward
     overlap_param_gather: bool = False  # ZeRO-1/2: gathers overlap the next forward
@@ -162,6 +176,7 @@ class ParallelConfig:
         object.__setattr__(self, "rank_order", "-".join(order))
         for name, value in normalised_sharding(self).items():  # rules: schedules.sharding
             object.__setattr__(self, name, value)
+        self._check_offload_device()
         self._check_expert_grid()
         self._resolve_microbatches()
         self._check_schedule()
@@ -185,6 +200,31 @@ class ParallelConfig:
         if self.cp_comm != "ring" and self.cp == 1:
             raise ConfigError(f"cp_comm={self.cp_comm!r} chooses how context parallelism "
                               f"communicates: it needs cp > 1, got cp=1")
+
+    def _check_offload_device(self) -> None:
+        """ZeRO-Infinity's NVMe tier and its bandwidth (module docstring)."""
+        if self.offload_device is not None and self.offload_device not in OFFLOAD_DEVICES:
+            raise ConfigError(f"offload_device={self.offload_device!r} must be one of "
+                              f"{', '.join(OFFLOAD_DEVICES)}")
+        if self.offload_device is not None and not self.offload:
+            raise ConfigError(f"offload_device={self.offload_device!r} places ZeRO-Offload's "
+                              f"optimizer states: it needs offload=True")
+        nvme = self.nvme_offload
+        if nvme and self.zero_stage != 3:
+            raise ConfigError(
+                f"offload_device='nvme' with zero_stage={self.zero_stage}: DeepSpeed swaps "
+                f"optimizer states to NVMe only in its ZeRO-3 optimizer (its ZeRO-1/2 "
+                f"optimizer keeps them in host memory for device 'nvme' as for 'cpu'); use "
+                f"zero_stage=3, or offload_device='cpu'")
+        if self.nvme_bandwidth is None:
+            return
+        if not is_finite_number(self.nvme_bandwidth) or not self.nvme_bandwidth >= MIN_NVME:
+            raise ConfigError(f"nvme_bandwidth must be a finite number of bytes/s >= 1e6 (a "
+                              f"node's NVMe; --nvme-bandwidth and nvme_bandwidth_gbps take "
+                              f"GB/s), got {self.nvme_bandwidth!r}")
+        if not nvme:
+            raise ConfigError("nvme_bandwidth (--nvme-bandwidth) prices the NVMe swaps of "
+                              "ZeRO-Infinity's optimizer states: it needs offload_device='nvme'")
 
     def _check_expert_grid(self) -> None:
         if self.expert_tensor_parallel is None:
@@ -254,6 +294,11 @@ class ParallelConfig:
     def grad_bucket_bytes(self) -> int:
         """Gradient bucket bytes: bucket_bytes, or torch DDP's 25 MiB default."""
         return self.bucket_bytes or DEFAULT_BUCKET_BYTES
+
+    @property
+    def nvme_offload(self) -> bool:
+        """Whether the offloaded optimizer states live on NVMe (ZeRO-Infinity)."""
+        return self.offload_device == "nvme"
 
     @property
     def num_stages(self) -> int:

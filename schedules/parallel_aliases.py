@@ -7,8 +7,12 @@ case, so `--tensor-model-parallel-size`, `zero_optimization.stage` and
 
 RENAMES change only the name. VALUE_ALIASES translate a value into field assignments;
 the sources of each mapping:
-- DeepSpeed config JSON (deepspeed/runtime/zero/config.py): `zero_optimization.stage`,
-  `offload_optimizer.device` ('cpu' -> offload; 'nvme' is not modelled),
+- DeepSpeed config JSON (deepspeed/runtime/zero/config.py, offload_config.py):
+  `zero_optimization.stage`, `offload_optimizer.device` ('cpu' -> offload; 'nvme' ->
+  offload with offload_device 'nvme', ZeRO-Infinity; the mapping's `nvme_path`, `pin_memory`
+  and `fast_init` change no modelled time or byte; `pipeline_read`/`pipeline_write`,
+  `ratio` < 1 and a `buffer_count` other than 4 are refused as not modelled),
+  `offload_param` (ZeRO-Infinity's parameter offload: refused, not modelled),
   `zero_quantized_weights` (qwZ), `zero_hpz_partition_size` (hpZ, on when > 1; the value
   is the secondary shard size), `zero_quantized_gradients` (qgZ), `reduce_bucket_size`
   (counted in ELEMENTS, default 5e8; converted to bytes assuming 16-bit gradients,
@@ -37,6 +41,8 @@ the sources of each mapping:
   NO_SHARD = DDP, SHARD_GRAD_OP = ZeRO-2, FULL_SHARD = ZeRO-3, HYBRID_SHARD = ZeRO-3
   inside a shard group, replicated across groups, _HYBRID_SHARD_ZERO2 = ZeRO-2 likewise),
   DDP `bucket_cap_mb` (MiB: torch multiplies by 1024 * 1024; default 25).
+- clustersim's own `nvme_bandwidth_gbps` (--nvme-bandwidth, GB/s = 1e9 B/s per node; DeepSpeed
+  has no such key) -> nvme_bandwidth in bytes/s.
 """
 from __future__ import annotations
 
@@ -82,6 +88,8 @@ RENAMES: dict[str, str] = {
 DEEPSPEED_GRAD_BYTES = 2  # reduce_bucket_size counts elements of 16-bit gradients
 MIB = 1024 * 1024
 MAX_BUCKET_BYTES = 1 << 40  # a gradient bucket above 1 TiB is a typo
+GB = 10**9  # --nvme-bandwidth is in GB/s
+MAX_NVME_BANDWIDTH = 10**13  # bytes/s: a node's NVMe above 10 TB/s is a typo
 
 SHARDING_STRATEGIES = {  # Megatron-FSDP --data-parallel-sharding-strategy
     "no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
@@ -105,18 +113,51 @@ def _flag(key: str, value: Any) -> bool:
     return value
 
 
+OFFLOAD_OPTIMIZER_KEYS = {"device", "nvme_path", "pin_memory", "fast_init"}
+"""Keys of DeepSpeed's offload_optimizer accepted as given: none changes a modelled time or
+byte (nvme_path is where the swap files go; pin_memory and fast_init are not modelled)."""
+OFFLOAD_OPTIMIZER_DEFAULTS = {  # DeepSpeedZeroOffloadOptimizerConfig: key -> (default, why)
+    "pipeline_read": (False, "the pipelined swapper (overlapping the next tile's read with "
+                             "this tile's step) is not modelled"),
+    "pipeline_write": (False, "the pipelined swapper (overlapping the previous tile's write "
+                              "with this tile's step) is not modelled"),
+    "ratio": (1.0, "partial offload (part of the states stepped on the GPU) is not modelled"),
+    "buffer_count": (4, "the pinned NVMe staging buffers are counted at DeepSpeed's default 4"),
+}
+
+
 def _offload(key: str, value: Any) -> dict[str, Any]:
-    if isinstance(value, Mapping):  # DeepSpeed's {"device": "cpu", "pin_memory": true}
+    """DeepSpeed's offload_optimizer: a device name, a bool, or its config mapping."""
+    if isinstance(value, Mapping):  # DeepSpeed's {"device": "nvme", "nvme_path": ...}
+        known = OFFLOAD_OPTIMIZER_KEYS | set(OFFLOAD_OPTIMIZER_DEFAULTS)
+        for name in sorted(set(value) - OFFLOAD_OPTIMIZER_KEYS):
+            if name not in known:
+                raise ConfigError(f"{key}: unknown key {name!r}; DeepSpeed's are "
+                                  f"{', '.join(sorted(known))}")
+            default, why = OFFLOAD_OPTIMIZER_DEFAULTS[name]
+            if value[name] != default:
+                raise ConfigError(f"{key}.{name}={value[name]!r}: {why} (DeepSpeed's default "
+                                  f"{default!r} is)")
         value = value.get("device", "none")
     if isinstance(value, bool):
         return {"offload": value}
     device = str(value).strip().lower()
+    if device not in ("cpu", "nvme", "none"):
+        raise ConfigError(f"{key}: device must be 'cpu', 'nvme' or 'none', got {value!r}")
     if device == "nvme":
-        raise ConfigError(f"{key}: device 'nvme' (ZeRO-Infinity) is not modelled; "
-                          f"use 'cpu' or 'none'")
-    if device not in ("cpu", "none"):
-        raise ConfigError(f"{key}: device must be 'cpu' or 'none', got {value!r}")
+        return {"offload": True, "offload_device": "nvme"}
     return {"offload": device == "cpu"}
+
+
+def _offload_param(key: str, value: Any) -> dict[str, Any]:
+    """DeepSpeed's offload_param: only device 'none' (the default) is modelled."""
+    device = value.get("device", "none") if isinstance(value, Mapping) else value
+    if str(device).strip().lower() != "none":
+        raise ConfigError(f"{key}: device {device!r} is not modelled: ZeRO-Infinity's "
+                          f"parameter offload (ZeRO-3's 16-bit parameters kept on the host or "
+                          f"NVMe, fetched before each use) is a feature apart from "
+                          f"offload_optimizer, which is modelled")
+    return {}
 
 
 def _hpz(key: str, value: Any) -> dict[str, Any]:
@@ -125,10 +166,12 @@ def _hpz(key: str, value: Any) -> dict[str, Any]:
     return {"hpz": True, "hpz_partition_size": value} if value > 1 else {"hpz": False}
 
 
-def _bytes_from(key: str, value: Any, scale: int) -> int:
-    if not is_finite_number(value) or not value > 0 or value * scale > MAX_BUCKET_BYTES:
+def _bytes_from(key: str, value: Any, scale: float, limit: float = MAX_BUCKET_BYTES,
+                what: str = "1 TiB of gradients") -> int:
+    """`value` x `scale` as an int, or ConfigError unless 0 < value x scale <= `limit`."""
+    if not is_finite_number(value) or not value > 0 or value * scale > limit:
         raise ConfigError(f"{key} must be a finite number > 0 of at most "
-                          f"{MAX_BUCKET_BYTES // scale:,} (1 TiB of gradients), got {value!r}")
+                          f"{limit / scale:,.0f} ({what}), got {value!r}")
     return int(value * scale)
 
 
@@ -153,6 +196,10 @@ VALUE_ALIASES: dict[str, Callable[[str, Any], dict[str, Any]]] = {
     "sharding_strategy":
         lambda k, v: dict(zip(("zero_stage", "fsdp"), _choice(k, v, FSDP_STRATEGIES))),
     "offload_optimizer": _offload, "offload_optimizer_device": _offload,
+    "offload_param": _offload_param, "offload_param_device": _offload_param,
+    "nvme_bandwidth_gbps":
+        lambda k, v: {"nvme_bandwidth": _bytes_from(k, v, GB, MAX_NVME_BANDWIDTH,
+                                                     "10 TB/s of NVMe per node")},
     "optimizer_cpu_offload": lambda k, v: {"offload": _flag(k, v)},
     "zero_hpz_partition_size": _hpz,
     "bucket_cap_mb": lambda k, v: {"bucket_bytes": _bytes_from(k, v, MIB)},

@@ -35,9 +35,9 @@ reduce-scatter) sums 16-bit GEMM outputs and stays 16-bit, as do the embedding's
 output layer's collectives (Megatron's own layers, not TE's) and, without SP, every TP
 all-reduce: FP8 then saves no TP traffic at all.
 Full recompute repeats the layers' forward communication in the backward. W (weight
-gradient) needs no TP communication: dW = x^T dy on local shards. With ZeRO-R's
-partitioned checkpoints (partition_activations) the backward first all-gathers each
-checkpoint it recomputes over tp (schedules.activation_partition).
+gradient) needs no TP communication: dW = x^T dy on local shards. ZeRO-R's all-gathers of
+partitioned checkpoints over tp are schedules.activation_partition's (posted before the
+backward, which waits for them).
 MoE layers (schedules.ep_comms): without sequence parallelism the experts are split
 by t as the dense MLP is, so the layer posts the same two all-reduces. With it, Megatron-
 Core's MoE layer takes the sequence-sharded tokens to the dispatcher, whose expert-TP
@@ -47,7 +47,6 @@ TP-split dense MLP, Megatron-Core's SharedExpertMLP) when the model has shared e
 """
 from __future__ import annotations
 
-from .activation_partition import checkpoint_gathers
 from .comm_spec import Comm, Covered, comms
 from .ep_comms import experts_split_by_tp
 from .model import ModelSpec
@@ -97,8 +96,6 @@ def tp_comms(model: ModelSpec, parallel: ParallelConfig, cov: Covered) -> list[C
     else:
         reduces = layer + (forward and cov.embedding) + (cov.backward and cov.head)
         out += comms(OpKind.ALL_REDUCE, TP, reduces * x, reduces)
-        gathers, gathered = checkpoint_gathers(model, parallel, cov.rerun_layers, cov.backward)
-        out += comms(OpKind.ALL_GATHER, TP, gathered, gathers)
     if forward and cov.head:
         n = CROSS_ENTROPY_ALL_REDUCES
         out += comms(OpKind.ALL_REDUCE, TP, n * tokens * CROSS_ENTROPY_BYTES, n)

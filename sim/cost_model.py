@@ -43,7 +43,7 @@ from .cost import (ATTAINMENT, RooflineCost, StageKernelCost, assumed_ceiling,
 from .flows import FlowNetwork
 from .gemm_table import gemm_seconds_of
 from .network import InstantNetwork, Network
-from .optimizer_cost import with_optimizer_steps
+from .optimizer_cost import offload_options, with_optimizer_steps
 from .profile_cost import AlphaBetaNetwork, ProfileCost, profile_collective_model
 
 ComputeTime = Callable[[Op], float]
@@ -107,7 +107,7 @@ class RooflineCostModel:
                                     partial(memory_fraction,
                                             memory_efficiency=self.memory_efficiency,
                                             attainment=self.attainment),
-                                    host_ranks_of_stage=plan.ranks_on_host)
+                                    **offload_options(plan))
 
     def _check_table_dtype(self, dtype: str) -> None:
         """A GEMM table answers only GEMMs of its dtype: one of another dtype would price
@@ -235,7 +235,7 @@ class ProfileCostModel:
                                     partial(memory_fraction,
                                             memory_efficiency=self.memory_efficiency),
                                     gpu_seconds_per_param=self.profile.optimizer_seconds_per_param,
-                                    host_ranks_of_stage=plan.ranks_on_host)
+                                    **offload_options(plan))
 
     def network(self, env: simpy.Environment, topology: nx.DiGraph) -> Network:
         return AlphaBetaNetwork(env, self.profile.p2p.alpha, self.profile.p2p.beta)

@@ -6,8 +6,9 @@ compute stream for the cost model's duration; a P2P op is *posted* without block
 stream, and a transfer starts through the network seam as soon as both of its ends are
 posted. Other non-compute ops are posted too and run on a lane of their own, in issue
 order, once their positional waits are met: collectives on the lane named by their group
-(`collective` hook), host copies (COPY_D2H / COPY_H2D) on lane 'pcie' as transfers
-between the rank's GPU and its host CPU (`hosts[r]`) through the network seam, and an
+(`collective` hook), host copies (COPY_D2H / COPY_H2D: ZeRO-Offload's, ZeRO-R Pa+cpu's
+checkpoints) on lane 'pcie' as transfers between the rank's GPU and its host CPU
+(`hosts[r]`) through the network seam (an op of count k: k transfers in turn), and an
 OPT_STEP with group 'host' (ZeRO-Offload) on lane 'host' for `compute_time(op)`.
 An intra-layer collective flagged `Op.alongside` runs beside the compute op after it
 (schedules.contract); a P2P op is posted once its positional waits are met.
@@ -339,8 +340,24 @@ class Replay:
                                   "replay has no host CPU nodes (hosts=)")
             gpu, host = self.devices[rank], self.hosts[rank]
             src, dst = (gpu, host) if op.kind is OpKind.COPY_D2H else (host, gpu)
-            return PCIE_LANE, lambda: self.network.transfer(src, dst, op.nbytes)
+            return PCIE_LANE, lambda: self._copies(src, dst, op)
         return HOST_LANE, lambda: self.env.timeout(self.compute_time(op))  # a host OPT_STEP
+
+    def _copies(self, src: str, dst: str, op: Op) -> simpy.Event:
+        """`op.count` back-to-back transfers of nbytes / count each (k copies pay k
+        latencies, as a collective of count k pays k alphas)."""
+        if op.count == 1:
+            return self.network.transfer(src, dst, op.nbytes)
+        done, size = self.env.event(), op.nbytes / op.count
+
+        def copy(left: int) -> None:
+            if not left:
+                done.succeed()
+                return
+            self.network.transfer(src, dst, size).callbacks.append(lambda _e: copy(left - 1))
+
+        copy(op.count)
+        return done
 
     def run(self) -> Timeline:
         if self.memory:

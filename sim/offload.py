@@ -1,12 +1,14 @@
-"""Where offloaded copies go: each GPU's host CPU node and the PCIe path to it.
+"""Where host copies go: each GPU's host CPU node and the PCIe path to it.
 
-ZeRO-Offload's COPY_D2H / COPY_H2D ops are transfers between a rank's GPU and its host
-CPU (`host{h}`, topologies.graph) through the network seam, so they share the GPU's PCIe
-link with anything else on it. Topologies built from node kinds (topologies.nodes) carry
-the host CPU and its PCIe links; a graph without them (e.g. the single-switch preset
-'dgx-h100') gets, in a copy, a host CPU per host linked to each of its GPUs by one x16
-PCIe link of the node kind whose GPU matches (Gen5 for H100/H200, Gen4 for A100; Gen4 if
-none matches), 1 us latency, and a warning saying so.
+COPY_D2H / COPY_H2D ops (ZeRO-Offload's gradients and parameters, ZeRO-R Pa+cpu's
+checkpoint partitions) are transfers between a rank's GPU and its host CPU (`host{h}`,
+topologies.graph) through the network seam, so they share the GPU's PCIe link with
+anything else on it; sim.simulate adds host links whenever the lowered schedule has a
+copy. Topologies built from node kinds (topologies.nodes) carry the host CPU and its PCIe
+links; a graph without them (e.g. the single-switch preset 'dgx-h100') gets, in a copy, a
+host CPU per host linked to each of its GPUs by one x16 PCIe link of the node kind whose
+GPU matches (Gen5 for H100/H200, Gen4 for A100; Gen4 if none matches), 1 us latency, and
+a warning saying so.
 Units: bytes/s per direction, seconds.
 """
 from __future__ import annotations
@@ -54,7 +56,7 @@ def with_host_links(topology: nx.DiGraph) -> tuple[nx.DiGraph, str | None]:
         rate = pcie_rate(graph.nodes[gpu]["device"])
         rates.add(rate)
         add_link(graph, gpu, cpu, rate, PCIE_LATENCY, "pcie")
-    warning = (f"topology {topology.graph.get('name', '?')!r} has no host CPU nodes: offload "
+    warning = (f"topology {topology.graph.get('name', '?')!r} has no host CPU nodes: host "
                f"copies use an assumed x16 PCIe link per GPU to its host CPU "
                f"({', '.join(f'{r / 1e9:.0f} GB/s' for r in sorted(rates))} per direction)")
     return graph, warning

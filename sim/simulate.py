@@ -8,8 +8,8 @@ Timeline; the wiring of the parts, nothing more:
 3. replay it in SimPy (sim.engine) on the replayed GPUs of the plan, with the cost
    model's compute times, network and collective hook (sim.cost_model), the memory
    model (sim.memory) and the slowdown of compute beside data-parallel collectives
-   (sim.collective_model.compute_slowdowns); ZeRO-Offload's host copies go over the GPU's
-   PCIe link to its host CPU (sim.offload);
+   (sim.collective_model.compute_slowdowns); host copies (ZeRO-Offload's, ZeRO-R
+   Pa+cpu's checkpoints) go over the GPU's PCIe link to its host CPU (sim.offload);
 4. describe the run in the Timeline's meta: the plan, the cost model, warnings, the OOM
    report.
 A deadlock found by the replay is re-reported through the unit-time dry run, whose rank x
@@ -70,7 +70,7 @@ def _replay(plan: Plan, topology: nx.DiGraph, costs: CostModel,
     lowered = lower(schedule or plan.build_schedule(), plan)
     warnings = costs.notes(plan, topology) + fp8_notes(plan.model,
                                                        plan.parallel.sequence_parallel)
-    if plan.parallel.offload:
+    if any(op.kind.is_copy for op in lowered.ops()):  # ZeRO-Offload's, Pa+cpu's
         topology, assumed = with_host_links(topology)
         warnings += [assumed] if assumed else []
     env = simpy.Environment()

@@ -1,6 +1,8 @@
 """schedules.output_files: outputs are checked before any work and written atomically
 (issue 15). The checks are tried on real files in a temporary folder."""
 import os
+import stat
+import threading
 
 import pytest
 
@@ -58,3 +60,18 @@ def test_atomic_write_replaces_a_link_without_following_it(tmp_path):
     assert write_output(tmp_path / "a" / "b.txt", lambda p: write_text_atomic(p, "x")) == (
         f"wrote {tmp_path / 'a' / 'b.txt'}")
     assert sorted(os.listdir(tmp_path)) == ["a", "out.txt", "target.txt"]
+
+
+def test_a_fifo_or_device_at_the_target_is_written_into_not_replaced(tmp_path):
+    """`-o /dev/null` or a named pipe: the text goes into it, and it stays what it was
+    (a rename would replace the device by a file)."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    received = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_text()))
+    reader.start()
+    line = write_output(fifo, lambda path: write_text_atomic(path, "hello"))
+    reader.join(timeout=10)
+    assert received == ["hello"]
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert line == f"wrote {fifo}"  # nothing was replaced

@@ -3,8 +3,11 @@ independent truths: a checkpoint is a layer's bf16 input, C = b*s*h*2 bytes (Kor
 et al. 2022's 2sbh); Pa keeps C/tp of it per TP rank and Pa+cpu none on the GPU and C/tp
 in host memory (Rajbhandari et al., ZeRO, SC20 section 6.1); the backward all-gathers it
 over tp, each rank receiving C (tp-1)/tp (nccl-tests' all-gather of size S = C), and on an
-NVSwitch node a ring all-gather costs (tp-1) route latencies + C (tp-1)/tp / NVLink; and
-the rules' refusals (DeepSpeed, Megatron-LM)."""
+NVSwitch node a ring all-gather costs (tp-1) route latencies + C (tp-1)/tp / NVLink;
+Pa+cpu copies C/tp per checkpoint each way over the GPU's PCIe link, blocking the stream
+as DeepSpeed's synchronous copies do, so on one rank it adds (latency + C/tp / PCIe) per
+copy (PCIe Gen5 x16: 64 GB/s per direction; 1 us per edge); and the rules' refusals
+(DeepSpeed, Megatron-LM)."""
 from __future__ import annotations
 
 import json
@@ -14,6 +17,8 @@ import sys
 
 import pytest
 
+from clustersim.schedules.activation_partition import CHECKPOINT_COPIES
+from clustersim.schedules.contract import local_waits
 from clustersim.schedules.errors import ConfigError
 from clustersim.schedules.lowering import lower
 from clustersim.schedules.memory_model import rank_memory
@@ -22,6 +27,7 @@ from clustersim.schedules.names import TP
 from clustersim.schedules.ops import OpKind
 from clustersim.schedules.parallel import ParallelConfig
 from clustersim.schedules.plan import resolve
+from clustersim.schedules.validate import dry_run
 from clustersim.sim.collective_algorithms import ring
 from clustersim.sim.simulate import simulate
 from clustersim.topologies import load_topology
@@ -30,6 +36,8 @@ LAYERS, SEQ, HIDDEN = 8, 1024, 4096
 C = 1 * SEQ * HIDDEN * 2  # one bf16 layer input, micro-batch size 1
 NVLINK4 = 450e9  # bytes/s per direction per H100 (DGX H100 datasheet: 900 GB/s bidirectional)
 ROUTE_LATENCY = 2e-6  # GPU -> NVSwitch -> GPU, 1 us per edge (topologies.nodes)
+PCIE5 = 64e9  # bytes/s per direction of a PCIe Gen5 x16 link (H100's host link)
+PCIE_LATENCY = 1e-6  # GPU -> host CPU, one edge
 
 
 def model():
@@ -71,22 +79,24 @@ def test_pa_memory_follows_in_flight_microbatches():
         assert c.host == pytest.approx(a.in_flight * 4 * C / 4, abs=4)
 
 
-def tp_gathers(**kw):
+def lowered(**kw):
     plan = resolve(model(), config(**kw))
-    found, compute = [], None  # each gather with the compute op it follows
-    for op in lower(plan.build_schedule(), plan).programs[0]:
-        compute = op.kind if op.kind.is_compute else compute
-        if op.kind is OpKind.ALL_GATHER and op.group == TP:
-            found.append((compute, op))
-    return found
+    return lower(plan.build_schedule(), plan)
+
+
+def tp_gathers(**kw):
+    """Each TP all-gather with the op right after it."""
+    program = lowered(**kw).programs[0]
+    return [(program[i + 1], op) for i, op in enumerate(program)
+            if op.kind is OpKind.ALL_GATHER and op.group == TP]
 
 
 def test_backward_all_gathers_each_recomputed_checkpoint_over_tp():
     assert tp_gathers() == []  # no sequence parallelism: no TP all-gather without Pa
     gathers = tp_gathers(partition_activations=True)
     assert len(gathers) == 4  # one aggregated op per backward, M = 4 microbatches
-    for after, op in gathers:
-        assert after is OpKind.B
+    for before, op in gathers:  # posted right before the backward that waits for it
+        assert (before.kind, before.microbatch) == (OpKind.B, op.microbatch)
         assert (op.count, op.nbytes) == (4, 4 * C)  # 4 checkpoints of nccl-tests size C
     gathers = tp_gathers(partition_activations=True, recompute_num_layers=2)
     assert {(op.count, op.nbytes) for _, op in gathers} == {(2, 2 * C)}
@@ -128,11 +138,92 @@ def test_refusals_name_the_field_and_rule(kw, words):
     assert "\n" not in str(err.value)
 
 
-def test_cpu_checkpointing_is_not_replayed():
-    """Its PCIe copies are not simulated: lowering refuses it instead of ignoring them."""
-    plan = resolve(model(), config(partition_activations=True, cpu_checkpointing=True))
-    with pytest.raises(ConfigError, match="cpu_checkpointing"):
-        lower(plan.build_schedule(), plan)
+PA_CPU = dict(partition_activations=True, cpu_checkpointing=True)
+
+
+@pytest.mark.parametrize("method, n, k", [("uniform", 1, 4), ("uniform", 2, 2), ("block", 3, 3)])
+def test_cpu_checkpointing_copies_each_partition_to_the_host_and_back(method, n, k):
+    """pp=2, 4 layers per stage: each F is followed by its k partitions to the host, each
+    B preceded by them back to the GPU, then the gather; C/tp bytes per checkpoint."""
+    schedule = lowered(recompute_method=method, recompute_num_layers=n, **PA_CPU)
+    for program in schedule.programs:
+        waits = local_waits(program)
+        copies = [op for op in program if op.kind.is_copy]
+        assert all(op.group == CHECKPOINT_COPIES for op in copies)
+        assert len(copies) == 2 * 4  # one each way per microbatch
+        for i, op in enumerate(program):
+            if op.kind is OpKind.F:
+                down = program[i + 1]
+                assert (down.kind, down.key[1:]) == (OpKind.COPY_D2H, op.key[1:])
+                assert (down.count, down.nbytes) == (k, round(k * C / 4))
+            if op.kind is OpKind.B:
+                up, gather = program[i - 2], program[i - 1]
+                assert (up.kind, up.key[1:]) == (OpKind.COPY_H2D, op.key[1:])
+                assert (up.count, up.nbytes) == (k, round(k * C / 4))
+                assert gather.kind is OpKind.ALL_GATHER and i - 2 in waits[i - 1]
+                assert {i - 2, i - 1} <= set(waits[i])  # the backward waits for both
+    assert lower(schedule, resolve(model(), config(**PA_CPU))) == schedule  # lowered once
+
+
+def simulated(pa, cpu, **kw):
+    parallel = ParallelConfig(**{**dict(tp=8, pp=1, recompute="full", num_microbatches=2,
+                                        partition_activations=pa, cpu_checkpointing=cpu),
+                                 **kw})
+    return simulate(model(), parallel, load_topology("dgx-h100"))
+
+
+def test_cpu_checkpointing_adds_its_blocking_copies_to_one_rank():
+    """pp=1 (one rank on its host), M=2, 8 layers: 2 x 8 copies each way of C/8 bytes,
+    each one PCIe latency + C/8 / PCIe5 on the critical path (DeepSpeed copies
+    synchronously)."""
+    pa, cpu = simulated(True, False), simulated(True, True)
+    copies = 2 * 2 * LAYERS
+    expected = copies * (PCIE_LATENCY + C / 8 / PCIE5)
+    assert cpu.iteration_time - pa.iteration_time == pytest.approx(expected, rel=1e-6)
+    spans = [s for s in cpu.spans if s.op.kind.is_copy]
+    assert sum(s.duration for s in spans) == pytest.approx(expected, rel=1e-6)
+    assert sum(s.op.nbytes for s in spans) == pytest.approx(copies * C / 8, abs=copies)
+    assert any("no host CPU nodes" in w for w in cpu.meta["warnings"])
+    assert not pa.meta["warnings"]  # no copies: no host links assumed
+
+
+def test_every_copy_runs_once_and_the_backward_waits_for_it():
+    """pp=2 under 1F1B: each copy op of the program runs once; a B starts after its
+    COPY_H2D and its gather end; the copy after an F starts after the F, and the next
+    compute op and the F's SEND start after the copy."""
+    plan = resolve(model(), config(**PA_CPU))
+    timeline = simulate(model(), config(**PA_CPU), load_topology("dgx-h100"))
+    copies = [s for s in timeline.spans if s.op.kind.is_copy]
+    expected = [(r, op.key) for r, p in enumerate(lower(plan.build_schedule(), plan).programs)
+                for op in p if op.kind.is_copy]
+    assert sorted((s.rank, s.op.key) for s in copies) == sorted(expected)
+    span = {(s.rank, s.op.kind, s.op.stage, s.op.microbatch): s for s in timeline.spans
+            if s.lane in ("compute", "pcie", "send") or s.op.kind is OpKind.ALL_GATHER}
+    for (rank, kind, stage, m), s in span.items():
+        if kind is OpKind.B:
+            up = span[(rank, OpKind.COPY_H2D, stage, m)]
+            gather = span[(rank, OpKind.ALL_GATHER, stage, m)]
+            assert up.end <= gather.start and gather.end <= s.start
+        if kind is OpKind.COPY_D2H:
+            assert span[(rank, OpKind.F, stage, m)].end <= s.start
+            later = [c.start for c in timeline.spans if c.rank == rank
+                     and c.lane == "compute" and c.start > s.start]
+            assert min(later, default=s.end) >= s.end
+            if (rank, OpKind.SEND_F, stage, m) in span:
+                assert span[(rank, OpKind.SEND_F, stage, m)].start >= s.end
+    dry_run(lower(plan.build_schedule(), plan))  # the unit-time dry run obeys it too
+
+
+def test_cpu_checkpointing_beside_zero_offload():
+    """Both kinds of host copy on one PCIe lane; the offload rules keep their copies."""
+    kw = dict(tp=2, dp=2, zero_stage=1, offload=True, **PA_CPU)
+    timeline = simulate(model(), config(**kw), load_topology("dgx-h100"))
+    groups = {s.op.group for s in timeline.spans if s.op.kind.is_copy}
+    assert groups == {CHECKPOINT_COPIES, "pcie"}
+    steps = [s for s in timeline.spans if s.op.kind is OpKind.OPT_STEP]
+    uploads = [s for s in timeline.spans if s.op.kind is OpKind.COPY_H2D
+               and s.op.group == "pcie"]
+    assert steps and uploads and min(u.start for u in uploads) >= min(s.end for s in steps)
 
 
 def test_deepspeed_and_megatron_spellings():
@@ -151,7 +242,7 @@ def run(*args):
                           text=True, timeout=300)
 
 
-def test_cli_memory_and_refusal():
+def test_cli_memory_and_refusal(tmp_path):
     common = ["memory", "--model", "llama3-8b", "--seq-length", str(SEQ), "--tp", "4",
               "--pp", "1", "--microbatches", "1", "--recompute", "full", "--json"]
     off = json.loads(run(*common).stdout)["ranks"][0]
@@ -166,4 +257,8 @@ def test_cli_memory_and_refusal():
     assert bad.returncode != 0
     lines = bad.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("clustersim: error: partition_activations")
+    pa_cpu = run("simulate", "--model", "llama3-8b", "--num-layers", "4", "--tp", "2", "--pp",
+                 "1", "--microbatches", "1", "--recompute", "full", "--partition-activations",
+                 "--cpu-checkpointing", "-o", str(tmp_path / "gantt.html"))
+    assert pa_cpu.returncode == 0, pa_cpu.stderr  # simulated now: no refusal
     assert math.isfinite(on["total_bytes"])

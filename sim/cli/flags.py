@@ -21,7 +21,8 @@ from clustersim.schedules.lora import BASE_DTYPES, NEMO_TARGETS, PEFT_TARGETS
 from clustersim.schedules.fp8 import DEFAULT_FP8_RECIPE, FP8_FORMATS, FP8_RECIPES
 from clustersim.schedules.model import NORMALIZATIONS, POSITION_EMBEDDINGS, ModelSpec
 from clustersim.schedules.model_presets import get_model
-from clustersim.schedules.parallel import CP_COMM, FSDP, RECOMPUTE, ParallelConfig
+from clustersim.schedules.parallel import (CP_COMM, FSDP, OFFLOAD_DEVICES, RECOMPUTE,
+                                           ParallelConfig)
 from clustersim.schedules.profile import Profile
 from clustersim.schedules.recompute import METHODS as RECOMPUTE_METHODS
 from clustersim.schedules.registry import DEFAULT_SCHEDULE, SCHEDULES, schedule_help
@@ -191,6 +192,14 @@ SHARDING_FLAGS = (  # ZeRO/FSDP, offload, ZeRO++, buckets, recompute: schedules.
           "Megatron-FSDP spelling of ZeRO 0/1/2/3",
           choices=["no_shard", "optim", "optim_grads", "optim_grads_params"]),
     _switch("--offload", "offload", "ZeRO-Offload: optimizer state and step on the host"),
+    _flag("--offload-device", "offload_device",
+          "with --offload: where the optimizer states live, host memory (cpu, default) or "
+          "the node's NVMe (nvme: ZeRO-Infinity, ZeRO-3 only; simulate needs "
+          "--nvme-bandwidth)", choices=list(OFFLOAD_DEVICES)),
+    _flag("--nvme-bandwidth", "nvme_bandwidth_gbps",
+          "with --offload-device nvme: the node's NVMe bandwidth in GB/s, read and write "
+          "alike, shared by its GPUs (no datasheet gives it: measure it, e.g. with "
+          "DeepSpeed's ds_nvme_tune)", type=float, metavar="GB/s"),
     _flag("--bucket-mb", "bucket_cap_mb",
           "gradient bucket in MiB (torch DDP bucket_cap_mb; default 25)", type=float,
           metavar="MiB"),
@@ -226,7 +235,8 @@ SHARDING_FLAGS = (  # ZeRO/FSDP, offload, ZeRO++, buckets, recompute: schedules.
             "backward all-gathers it over tp before recomputing"),
     _switch("--cpu-checkpointing", "cpu_checkpointing",
             "ZeRO-R Pa+cpu (DeepSpeed's cpu_checkpointing): the partitioned checkpoints live in "
-            "host memory; `clustersim memory` only (its PCIe copies are not simulated)"),
+            "host memory; each forward copies them to the host and each backward back, over "
+            "PCIe, blocking"),
 )
 
 INTRA_LAYER_FLAGS = (  # how TP/CP/EP communication runs: schedules.intra_layer

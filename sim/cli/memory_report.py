@@ -8,7 +8,9 @@ exceeds the device memory are flagged OOM (and an FP8 recipe the device cannot r
 refused). Under --dtype fp8 a column shows TE's FP8 weight copies (part of the model
 states) and notes say what the FP8 settings assume (schedules.model.fp8_notes). Under
 LoRA `params` counts the adapters, a `frozen` column the frozen base (whose stored bytes
-are in `weights`), and notes say what LoRA assumes (schedules.lora.lora_notes).
+are in `weights`), and notes say what LoRA assumes (schedules.lora.lora_notes). Under
+ZeRO-Infinity's NVMe tier (--offload-device nvme) an `nvme` column shows the optimizer
+states on the node's NVMe; `host` then holds DeepSpeed's pinned swap buffers.
 """
 from __future__ import annotations
 
@@ -35,6 +37,9 @@ from .flags import (MODEL_FLAGS, add_model_flags, add_parallel_flags, given,
 GB, GIB = 1e9, 2**30
 MAX_PARAMS = 1e18  # a bare count far above any model, below float overflow in the formulas
 _SUFFIXES = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+NVME_NOTE = ("offload_device nvme: the optimizer states are on the node's NVMe (`nvme`); "
+             "`host` is DeepSpeed's pinned swap buffers at its defaults, buffer_count 4 x fp32 "
+             "x min(shard, sub_group_size 1e9) (schedules.memory_model)")
 
 
 def parse_count(text: str) -> float:
@@ -102,6 +107,8 @@ def breakdown(args: argparse.Namespace) -> tuple[dict, list[RankMemory]]:
         ranks = rank_memory(resolve(spec, parallel, cluster, max_ops=max_ops_from_args(args)))
         model, dtype = spec.name or "custom", spec.dtype
         notes = fp8_notes(spec, parallel.sequence_parallel) + lora_notes(spec)
+    if parallel.nvme_offload:
+        notes = notes + [NVME_NOTE]
     config = {"model": model, "dtype": dtype,
               "optimizer_bytes_per_param": precision_bytes(dtype)[1],
               "parallel": asdict(parallel),
@@ -117,7 +124,8 @@ def memory_json(config: dict, ranks: Sequence[RankMemory]) -> dict:
             "ranks": [{**r.to_dict(), "oom": r.pp_rank in oom} for r in ranks],
             "model_states_bytes": [r.model_states_bytes for r in ranks],
             "total_bytes": [r.total_bytes for r in ranks],
-            "host_bytes": [r.host for r in ranks], "oom_ranks": oom}
+            "host_bytes": [r.host for r in ranks], "nvme_bytes": [r.nvme for r in ranks],
+            "oom_ranks": oom}
 
 
 def _gb(nbytes: float) -> str:
@@ -126,17 +134,18 @@ def _gb(nbytes: float) -> str:
 
 
 def format_memory(data: dict) -> str:
-    """The table; under fp8 with a column for TE's FP8 weight copies (in `states`), and
-    the run's notes."""
+    """The table; under fp8 with a column for TE's FP8 weight copies (in `states`), under
+    NVMe offload one for the states on NVMe, and the run's notes."""
     c, p = data["config"], data["config"]["parallel"]
     fp8 = c["dtype"] == "fp8"
+    nvme = p["offload_device"] == "nvme"
     lora = any(r["frozen_params"] for r in data["ranks"])  # params: the adapters
     recompute = describe_recompute(p["recompute"], p["recompute_method"],
                                    p["recompute_num_layers"])
     lines = [f"{c['model']} ({c['dtype']}, Adam K={c['optimizer_bytes_per_param']} B/param): "
              f"ZeRO-{p['zero_stage']} fsdp={p['fsdp']} dp={p['dp']} tp={p['tp']} pp={p['pp']} "
              f"{p['schedule']} microbatches={p['num_microbatches']} recompute={recompute}"
-             + (" offload" if p["offload"] else ""),
+             + (f" offload ({p['offload_device'] or 'cpu'})" if p["offload"] else ""),
              "GB = 1e9 bytes per rank"
              + (f"; {c['device']} has {c['device_memory_bytes'] / GB:.0f} GB"
                 if c["device"] else ""),
@@ -144,7 +153,8 @@ def format_memory(data: dict) -> str:
              + f"{'weights':>8} " + (f"{'fp8 w.':>8} " if fp8 else "")
              + f"{'grads':>8} {'optim':>8} "
              f"{'states':>8} {'activ.':>8} {'(mb)':>4} {'recomp.':>8} {'buffers':>8} "
-             f"{'gathered':>8} {'total':>8} {'GiB':>8} {'host':>8}"]
+             f"{'gathered':>8} {'total':>8} {'GiB':>8} {'host':>8}"
+             + (f" {'nvme':>8}" if nvme else "")]
     for r in data["ranks"]:
         lines.append(
             f"{r['pp_rank']:>4} {r['params']:>9.3g} "
@@ -157,7 +167,7 @@ def format_memory(data: dict) -> str:
             f"{_gb(r['communication_buffers']):>8} "
             f"{_gb(r['gathered_parameters']):>8} "
             f"{_gb(r['total_bytes']):>8} {r['total_bytes'] / GIB:>8.2f} {_gb(r['host']):>8}"
-            + ("  OOM" if r["oom"] else ""))
+            + (f" {_gb(r['nvme']):>8}" if nvme else "") + ("  OOM" if r["oom"] else ""))
     for rank in data["oom_ranks"]:
         total = data["total_bytes"][rank]
         lines.append(f"OOM: rank {rank} needs {total / GB:.1f} GB, the {c['device']} has "

@@ -32,7 +32,7 @@ reshard_after_forward False, torchtitan with PP likewise (its default under PP);
 buckets (MLM, NeMo) at Megatron-Core's default size (`megatron_bucket_bytes`). Overlap
 as the source states it: MLM --overlap-grad-reduce --overlap-param-gather --tp-comm-overlap,
 NeMo recipes the same (assumed by fidelity_hopper_data), torchtitan AsyncTP as
-tp_comm_overlap. A field the source does not give takes the row's `assumed` value (listed
+tp_comm_overlap; FP8 recipes as printed (`fp8_settings`). A field the source does not give takes the row's `assumed` value (listed
 on the page); where layers do not split evenly over pp x vpp, the embedding and the loss
 take a layer slot each (Megatron's account-for-embedding/loss split; the Llama 3 paper's
 "one layer fewer on the first and last stage"; torchtitan's default split gives the same
@@ -213,8 +213,20 @@ def parallel_config(run: hd.HopperRun) -> ParallelConfig:
         tp_comm_overlap=tp_comm_overlap(run), **sharding_kwargs(run), **uneven_split(run))
 
 
+def fp8_settings(run: hd.HopperRun) -> dict:
+    """ModelSpec FP8 fields from the row's printed recipe: torchao's tensorwise (dynamic)
+    scaling is TE's current scaling ('tensorwise'), its FP8 FSDP all-gather is
+    fp8_param_gather; a recipe not stated takes Megatron's default (delayed)."""
+    if run.dtype != "fp8":
+        return {}
+    recipe = run.fp8_recipe or ""
+    return {"fp8_recipe": "tensorwise" if "tensorwise" in recipe else None,
+            "fp8_param_gather": "FP8 FSDP all-gather" in recipe}
+
+
 def model_spec(run: hd.HopperRun) -> ModelSpec:
-    return replace(run.model.spec(run.seq_length, micro_batch_size(run)), dtype=run.dtype)
+    return replace(run.model.spec(run.seq_length, micro_batch_size(run)), dtype=run.dtype,
+                   **fp8_settings(run))
 
 
 def layout_text(run: hd.HopperRun) -> str:
@@ -237,7 +249,9 @@ def layout_text(run: hd.HopperRun) -> str:
         parts.append("tp-overlap")
     if uneven_split(run):
         parts.append("emb/loss slots")
-    parts.append(run.dtype)
+    fp8 = model_spec(run)
+    parts.append(f"fp8({fp8.fp8_recipe}{', fp8 AG' if fp8.fp8_param_gather else ''})"
+                 if run.dtype == "fp8" else run.dtype)
     parts.append(f"attn={run.attention_backend}")
     return " ".join(parts)
 

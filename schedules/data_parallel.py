@@ -45,6 +45,9 @@ sharding fields are canonical, schedules.sharding) and sizes it from the plan
   iteration's gathers fetch it). With dp = 1 there is nothing to reduce: copies only, and
   without offload only the OPT_STEPs (every iteration steps its optimizer).
 
+FP8 parameters (ModelSpec.fp8_param_gather, Megatron-LM's --fp8-param-gather with the
+distributed optimizer): the ZeRO-1/2 parameter all-gathers move TE's linear weights at
+their FP8 copy bytes, the rest in 16 bit (DPSizes.param_bytes); gradients stay 16-bit.
 Sizes (bytes) follow nccl-tests (sim.collective_algorithms): ALL_REDUCE and
 REDUCE_SCATTER carry the full gradient bucket, ALL_GATHER the full gathered parameters.
 OPT_STEP.nbytes is the Adam update's memory traffic on the rank's shard,

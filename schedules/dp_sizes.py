@@ -1,5 +1,6 @@
 """Sizes shared by the data-parallel passes (schedules.data_parallel, schedules.zero3):
-gradient and parameter bytes per stage and layer group, buckets, the Adam step's traffic,
+gradient and parameter bytes per stage and layer group (FP8 parameters gathered in FP8:
+DPSizes.param_bytes), buckets, the Adam step's traffic,
 and splitting a compute op into its layer groups. Units: bytes, parameters.
 """
 from __future__ import annotations
@@ -7,6 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .fp8 import check_fp8_param_gather
 from .names import DP_SHARD, EDP
 from .ops import Op, OpKind
 from .plan import Plan
@@ -44,6 +46,8 @@ class DPSizes:
     pipeline the word embedding again for the head, which reuses group 0's weight); the
     routed experts' part of params, `expert_params[s][g]`, when they reduce and shard
     over the expert data-parallel group (`edp` ranks; Plan.expert_grad_group), else 0;
+    with FP8 parameters (ModelSpec.fp8_param_gather) the TE linear weights among params,
+    `fp8_params[s][g]`, gathered at `fp8_bytes` each (Fp8Recipe.weight_bytes), else 0;
     and the run's sizes."""
 
     grads: list[list[int]]
@@ -58,6 +62,8 @@ class DPSizes:
     edp: int  # ranks the routed experts' gradients reduce over, when apart
     bucket: int
     layers: list[int]  # layers per layer group, per stage
+    fp8_params: list[list[float]]
+    fp8_bytes: float
 
     @property
     def groups(self) -> int:
@@ -72,6 +78,11 @@ class DPSizes:
         experts = sum(self.expert_params[stage])
         return (math.ceil((self.stage_params(stage) - experts) / self.shard)
                 + math.ceil(experts / self.edp))
+
+    def param_bytes(self, params: float, fp8: float) -> int:
+        """Bytes of `params` parameters in a parameter all-gather, `fp8` of them TE linear
+        weights moving as FP8 (fp8_params), the rest 16-bit."""
+        return math.ceil(params * self.dtype_bytes - fp8 * (self.dtype_bytes - self.fp8_bytes))
 
     def buckets(self, nbytes: int, layers: int) -> list[int]:
         """`nbytes` of gradients (or parameters) of `layers` layers split into
@@ -93,8 +104,8 @@ class DPSizes:
         the routed experts kept apart."""
         pick = sum if chunk is None else (lambda row: row[chunk])
         experts = pick(self.expert_params[stage]) * self.dtype_bytes
-        total = pick(self.grads[stage]) if gradients else pick(self.params[stage]) * \
-            self.dtype_bytes
+        total = (pick(self.grads[stage]) if gradients else
+                 self.param_bytes(pick(self.params[stage]), pick(self.fp8_params[stage])))
         dense = GradPart(DP_SHARD if self.hybrid else self.grad_group, self.dp, self.shard,
                          self.hybrid, total - experts)
         return [dense, *([GradPart(EDP, self.edp, self.edp, False, experts)]
@@ -114,9 +125,13 @@ def dp_sizes(plan: Plan) -> DPSizes:
     apart = plan.expert_grad_group is not None
     experts = [[c.expert_param_count if apart else 0 for c in row] for row in plan.group_costs]
     p = plan.parallel
+    check_fp8_param_gather(model, p)
+    fp8 = model.layer_fp8_weight_count(p.tp, p.ep, etp=p.etp) if model.fp8_param_gather else 0
+    fp8_params = [[c.layers * fp8 for c in row] for row in plan.group_costs]
     return DPSizes(grads, params, gathered, experts, model.dtype_bytes, p.dp * p.cp,
                    plan.grad_group, plan.comm_shards, p.fsdp == "hybrid", p.edp,
-                   p.grad_bucket_bytes, layers)
+                   p.grad_bucket_bytes, layers, fp8_params,
+                   model.fp8.weight_bytes if model.fp8 else model.dtype_bytes)
 
 
 def split_op(op: Op, groups: int) -> list[Op]:

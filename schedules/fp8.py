@@ -2,13 +2,15 @@
 fp8_format; Megatron-LM's --fp8-recipe / --fp8-format): how each recipe casts a GEMM
 operand and what it keeps (Fp8Recipe), the notes a run prints of them, and which devices
 may run them. What the casts cost: schedules.layer_kernels.fp8_kernels; the FP8 weight
-copies: schedules.memory_model; the FP8 all-gathers: schedules.tp_comms.
+copies: schedules.memory_model; the FP8 all-gathers: schedules.tp_comms (sequence
+parallelism) and, with FP8 parameters (ModelSpec.fp8_param_gather,
+check_fp8_param_gather), schedules.dp_sizes (the data-parallel parameter gathers).
 """
 from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from .errors import ConfigError
 
@@ -99,6 +101,7 @@ class Fp8Settings(Protocol):
 
     fp8_recipe: str | None
     fp8_format: str | None
+    fp8_param_gather: bool
 
     @property
     def fp8(self) -> Fp8Recipe | None: ...
@@ -125,14 +128,22 @@ def fp8_notes(model: Fp8Settings, sequence_parallel: bool = False) -> list[str]:
     if not recipe.block_scaled:
         casts += ("; column-wise copies are transposes, as Hopper's TN-only FP8 GEMMs need "
                   "(Blackwell's would not: charged there too)")
+    if model.fp8_param_gather:
+        weights = (f"FP8 parameters (fp8_param_gather): TE's linear weights are kept in FP8 "
+                   f"({recipe.cached_weight_bytes:g} bytes per weight, the row-wise copy and "
+                   f"its column-wise one), no 16-bit copy of them (fp32 master weights stay "
+                   f"in the optimizer), and the parameter all-gathers move them at "
+                   f"{recipe.weight_bytes:g} B per weight; other parameters stay 16-bit")
+    else:
+        weights = (f"FP8 weight copies ({recipe.cached_weight_bytes:g} bytes per FP8-GEMM "
+                   f"weight, row- and column-wise) kept beside the 16-bit weights, cast once "
+                   f"per step (TE caches them across microbatches): 1/M of the casts "
+                   f"charged to each of the M forwards")
     return [f"fp8 format {model.fp8_format} ({FP8_FORMATS[model.fp8_format]}): the same "
             f"FP8 bytes and GEMM rate either way; it changes numerics only, which are not "
             f"modelled",
             f"fp8 recipe {model.fp8_recipe} (Transformer Engine {recipe.te_class}): {casts}",
-            f"FP8 weight copies ({recipe.cached_weight_bytes:g} bytes per FP8-GEMM weight, "
-            f"row- and column-wise) kept beside the 16-bit weights, cast once per step (TE "
-            f"caches them across microbatches): 1/M of the casts charged to each of the M "
-            f"forwards"]
+            weights]
 
 
 def check_fp8_device(model: Fp8Settings, device: str, peak_dtypes: Collection[str]) -> None:
@@ -144,3 +155,25 @@ def check_fp8_device(model: Fp8Settings, device: str, peak_dtypes: Collection[st
         raise ConfigError(f"--fp8-recipe {model.fp8_recipe}: Transformer Engine runs MXFP8 "
                           f"on Blackwell GPUs only (compute capability 10.x), not on the "
                           f"{device}: choose delayed, tensorwise or blockwise")
+
+
+def check_fp8_param_gather(model: Fp8Settings, parallel: Any) -> None:
+    """Refuse FP8 parameters (ModelSpec.fp8_param_gather) on a layout that does not gather
+    parameters over data-parallel ranks. Megatron-LM allows --fp8-param-gather only with
+    the distributed optimizer or FSDP (training/arguments.py validate_args: "only
+    supported with distributed optimizer, torch fsdp2, megatron fsdp"): the optimizer
+    steps fp32 master shards and casts them into the FP8 parameters
+    (core/fp8_utils.py quantize_param_shard), which its all-gather then moves; torchao's
+    enable_fsdp_float8_all_gather is an FSDP2 all-gather (torchtitan docs/float8.md). So
+    zero_stage >= 1 (ZeRO-1/2: the gather after the step; ZeRO-3: the gathers before
+    compute). ZeRO++'s qwZ and hpZ (their own gather formats) and offload (a host step
+    writing 16-bit shards) are not modelled with it."""
+    if not model.fp8_param_gather:
+        return
+    rule = "fp8_param_gather=True (--fp8-param-gather)"
+    if parallel.zero_stage == 0:
+        raise ConfigError(f"{rule} needs a data-parallel layout that gathers parameters: "
+                          f"zero_stage >= 1 (Megatron's distributed optimizer, or FSDP), got 0")
+    for name in ("quantized_weights", "hpz", "offload"):
+        if getattr(parallel, name):
+            raise ConfigError(f"{rule} with {name}=True is not modelled: drop one of them")

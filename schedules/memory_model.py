@@ -39,9 +39,15 @@ Extras:
   ModelSpec.layer_fp8_weight_count per layer; cached across microbatches, TE
   module/linear.py quantize_weight): `fp8_weights` = 2 (1 + scale bytes) Psi_8
   (Fp8Recipe.cached_weight_bytes; 2 Psi_8 per-tensor: a weight and its transpose, as
-  Hopper's FP8 GEMMs need), counted as model state as hpZ's copy is. Megatron's
-  --fp8-param-gather (FP8 parameters, no 16-bit copy) is not modelled. With ZeRO-3 on
+  Hopper's FP8 GEMMs need), counted as model state as hpZ's copy is. With ZeRO-3 on
   one stage only the gathered units have copies (TE casts FSDP2's gathered weights).
+  FP8 parameters (ModelSpec.fp8_param_gather, Megatron's --fp8-param-gather): the
+  parameter IS the row-wise FP8 copy and its column-wise copy (a transpose on Hopper,
+  TE tensor/utils.py post_all_gather_processing) stays with it, so `fp8_weights` is
+  unchanged and the 16-bit copy of those weights, w Psi_8, leaves the unsharded
+  weights: `parameters` under ZeRO 1/2, `gathered_parameters` under ZeRO-3 (whose
+  16-bit shard stays, as torchao's FSDP2 float8 all-gather keeps it; Megatron-FSDP's
+  FP8 shard, w Psi_8 / N less, is not modelled). fp32 master weights stay in K.
 - LoRA / QLoRA (ModelSpec.lora, schedules.lora): Psi is the adapters' parameters, which
   alone have gradients and (K = 12, mixed-precision Adam) optimizer states and shard
   under ZeRO-1/2; the frozen base adds its stored bytes to `parameters`, unsharded (16-bit,
@@ -83,6 +89,7 @@ from dataclasses import asdict, dataclass
 
 from .activation_partition import stage_activation_bytes
 from .errors import ConfigError
+from .fp8 import check_fp8_param_gather
 from .names import COMPUTE_LANE
 from .parallel import ParallelConfig
 from .plan import Plan
@@ -241,6 +248,17 @@ def _fp8_weight_bytes(plan: Plan, layers_here: int) -> float:
     return model.fp8.cached_weight_bytes * per_layer * _unsharded_layers(parallel, layers_here)
 
 
+def _fp8_param_saving(plan: Plan, layers_here: int) -> float:
+    """The 16-bit copy of the TE linear weights of a rank's unsharded layers that FP8
+    parameters do without (module docstring); 0 without fp8_param_gather."""
+    model, parallel = plan.model, plan.parallel
+    if not model.fp8_param_gather:
+        return 0.0
+    check_fp8_param_gather(model, parallel)
+    per_layer = model.layer_fp8_weight_count(parallel.tp, parallel.ep, etp=parallel.etp)
+    return model.dtype_bytes * per_layer * _unsharded_layers(parallel, layers_here)
+
+
 def pipelined_fsdp_buffers(params: float, dtype: str = "bf16") -> float:
     """Bytes of each of the two whole-stage unsharded buffers FSDP keeps through a
     pipelined step (module docstring): parameters, and accumulated gradients, w Psi."""
@@ -285,12 +303,17 @@ def rank_memory(plan: Plan, *, in_flight: Sequence[int] | None = None,
                               experts)
         states["host"] += host_peaks.get(r, 0)
         states["parameters"] += sum(costs[s].frozen_weight_bytes for s in mine)
+        buffers = _buffers(plan, params, layers)
+        if plan.parallel.zero_stage == 3:
+            buffers["gathered_parameters"] -= _fp8_param_saving(plan, layers)
+        else:
+            states["parameters"] -= _fp8_param_saving(plan, layers)
         result.append(RankMemory(
             pp_rank=r, params=params, activations=peaks.get(r, 0),
             frozen_params=sum(costs[s].frozen_param_count for s in mine),
             recompute_working=working * _layer_bytes_without_recompute(plan),
             fp8_weights=_fp8_weight_bytes(plan, layers),
-            in_flight=counts.get(r, 0), **_buffers(plan, params, layers), **states))
+            in_flight=counts.get(r, 0), **buffers, **states))
     return result
 
 

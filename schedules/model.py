@@ -29,8 +29,9 @@ DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2}
 """Bytes of a stored element. 'fp8' is Transformer Engine's FP8 training over a bf16 model
 (Megatron-LM --bf16 --fp8-format, ModelSpec.fp8_recipe): weights, gradients, optimizer
 states and communication stay 16-bit but for the sequence-parallel all-gathers that feed
-TE's GEMMs (schedules.tp_comms); the GEMMs of TE's linear layers (layer_kernels.FP8_GEMMS)
-read FP8 copies of their inputs and weights, which casting kernels make
+TE's GEMMs (schedules.tp_comms) and, with ModelSpec.fp8_param_gather, TE's linear weights
+and their data-parallel all-gathers (schedules.dp_sizes); the GEMMs of TE's linear layers
+(layer_kernels.FP8_GEMMS) read FP8 copies of their inputs and weights, which casting kernels make
 (layer_kernels.fp8_kernels), TE keeps the FP8 copies of its weights
 (schedules.memory_model) and saves its GEMM inputs for the backward in FP8
 (layer_activation_bytes)."""
@@ -69,7 +70,9 @@ class ModelSpec:
     Per-layer methods take `layer` (0-based); None means the model's repeating layer
     (an MoE layer when the model has experts). FP8 (dtype 'fp8' only): `fp8_recipe`, one
     of FP8_RECIPES (default 'delayed', Megatron's), and `fp8_format`, one of FP8_FORMATS
-    (default: the recipe's TE default), filled in. LoRA / QLoRA (schedules.lora):
+    (default: the recipe's TE default), filled in; `fp8_param_gather` (Megatron-LM's
+    --fp8-param-gather, torchtitan's enable_fsdp_float8_all_gather): FP8 parameters
+    (_check_fp8). LoRA / QLoRA (schedules.lora):
     `lora_rank` r (None: every weight trains), `lora_target_modules` (NeMo's or PEFT's
     names; default NeMo's four), `lora_base_dtype` (None: the frozen base in `dtype`;
     nf4, fp4 or int8: QLoRA) and `lora_double_quant` (4-bit only; default on), filled in."""
@@ -96,6 +99,7 @@ class ModelSpec:
     moe_first_dense_layers: int = 0
     fp8_format: str | None = None
     fp8_recipe: str | None = None
+    fp8_param_gather: bool = False
     lora_rank: int | None = None
     lora_target_modules: tuple[str, ...] | None = None
     lora_base_dtype: str | None = None
@@ -169,7 +173,29 @@ class ModelSpec:
         check_lora(self, self.is_moe, self.dtype)
 
     def _check_fp8(self) -> None:
-        """FP8 settings only with dtype 'fp8', where their defaults are filled in."""
+        """FP8 settings only with dtype 'fp8', where their defaults are filled in.
+
+        `fp8_param_gather`: TE's linear weights (layer_fp8_weight_count) are FP8 tensors
+        (Megatron-LM --fp8-param-gather, "keep the compute param in fp8 ... and perform
+        the param all-gather in fp8", training/arguments.py; built under TE's
+        fp8_model_init / quantized_model_init): no 16-bit copy of them, the optimizer's
+        fp32 master weights cast into them after each step (core/fp8_utils.py
+        quantize_param_shard), the data-parallel gathers moving their row-wise copy,
+        Fp8Recipe.weight_bytes each, and the column-wise one made after the gather (TE
+        pytorch/tensor/utils.py post_all_gather_processing: a Float8Tensor's transpose,
+        a blockwise tensor's column-wise storage). torchao's Float8Linear under FSDP2
+        (enable_fsdp_float8_all_gather, torchtitan docs/float8.md) casts the 16-bit shard
+        to float8 before the gather: the same bytes. Embeddings, norms, biases and the
+        output layer stay 16-bit (not TE FP8 GEMMs), as do gradients and their
+        reductions. Refused: MXFP8 (both copies are cast from the fp32 master and what
+        the gather moves depends on --reuse-grad-buf-for-mxfp8-param-ag: not modelled)
+        and MoE models (the experts' gathers over edp: not modelled). The layout rule:
+        fp8.check_fp8_param_gather."""
+        if not isinstance(self.fp8_param_gather, bool):
+            raise ConfigError(f"fp8_param_gather must be a bool, got {self.fp8_param_gather!r}")
+        if self.fp8_param_gather and self.dtype != "fp8":
+            raise ConfigError(f"fp8_param_gather=True (--fp8-param-gather) needs dtype 'fp8' "
+                              f"(--dtype fp8), got {self.dtype!r}")
         if self.dtype != "fp8":
             for name in ("fp8_format", "fp8_recipe"):
                 value = getattr(self, name)
@@ -187,6 +213,13 @@ class ModelSpec:
         if self.fp8_format not in FP8_FORMATS:
             raise ConfigError(f"fp8_format={self.fp8_format!r} (--fp8-format) must be one of "
                               f"{', '.join(FP8_FORMATS)}")
+        if self.fp8_param_gather and self.fp8_recipe == "mxfp8":
+            raise ConfigError(f"fp8_param_gather=True (--fp8-param-gather) with fp8_recipe="
+                              f"{self.fp8_recipe!r} is not modelled: choose delayed, "
+                              f"tensorwise or blockwise")
+        if self.fp8_param_gather and self.is_moe:
+            raise ConfigError("fp8_param_gather=True (--fp8-param-gather) with num_experts set "
+                              "is not modelled: the experts' gathers over edp are not")
 
     # --- shapes ------------------------------------------------------------------------
     @property

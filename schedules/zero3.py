@@ -50,6 +50,9 @@ Training", 2023):
 - qgZ (quantized_gradients): the reduce-scatter moves int4 gradients, half a byte per
   parameter. The paper's scheme is a hierarchical all-to-all (intra-node, then across
   nodes) with dequantize-reduce between; we model its volume, as one int4 reduce-scatter.
+FP8 parameters (ModelSpec.fp8_param_gather; torchao's enable_fsdp_float8_all_gather, TE's
+quantized params under Megatron-FSDP): every gather moves the TE linear weights at their
+FP8 copy bytes, the rest in 16 bit (DPSizes.param_bytes); reduce-scatters stay 16-bit.
 With context parallelism every 'dp' collective here runs over 'dp_cp' (DPSizes.grad_group).
 Units: bytes (nccl-tests sizes: an all-gather carries the gathered group, a reduce-scatter
 the group's full gradients).
@@ -76,9 +79,9 @@ def _gather(sizes: DPSizes, parallel: ParallelConfig, op: Op) -> Op:
     group = DP_SHARD if local else sizes.grad_group
     g = op.chunk or 0  # a stage of one layer group: its compute ops are unchunked
     params = sizes.gathered[op.stage][g]
-    per_param = 1 if parallel.quantized_weights and not local else sizes.dtype_bytes
-    return Op(OpKind.ALL_GATHER, op.stage, op.microbatch, group, params * per_param,
-              chunk=g)
+    nbytes = (params if parallel.quantized_weights and not local
+              else sizes.param_bytes(params, sizes.fp8_params[op.stage][g]))
+    return Op(OpKind.ALL_GATHER, op.stage, op.microbatch, group, nbytes, chunk=g)
 
 
 def _reduce(sizes: DPSizes, parallel: ParallelConfig, op: Op) -> list[Op]:

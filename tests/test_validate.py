@@ -30,7 +30,7 @@ def test_cross_rank_cycle_is_a_deadlock_with_a_marked_report():
     start = time.perf_counter()
     with pytest.raises(DeadlockError) as info:
         validate(s)
-    assert time.perf_counter() - start < 0.5
+    assert time.perf_counter() - start < 5  # a hang, not a speed target (CI is loaded)
     err = info.value
     assert err.stuck == {0: Op(B, 0, 0), 1: Op(F, 1, 1)}
     message = err.args[0]
@@ -124,4 +124,4 @@ def test_dry_run_never_hangs_on_shuffled_programs(name, pp, groups, rng: random.
         assert err.stuck and all(f">{op}<" in err.report for op in err.stuck.values())
     else:
         assert sum(len(r) for r in run.steps) == 2 * pp * vpp * pp * groups
-    assert time.perf_counter() - start < 0.5
+    assert time.perf_counter() - start < 5  # a hang, not a speed target (CI is loaded)

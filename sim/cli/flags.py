@@ -97,7 +97,8 @@ MODEL_FLAGS = (  # ModelSpec fields, Megatron-LM's names
     _flag("--dtype", "dtype",
           "bf16, fp16, fp32 or fp8 (default bf16); fp8 = Transformer Engine's FP8 GEMMs over "
           "a bf16 model: 16-bit weights, gradients and communication but for the "
-          "sequence-parallel all-gathers that feed TE's GEMMs; FP8 casts, weight copies "
+          "sequence-parallel all-gathers that feed TE's GEMMs (and --fp8-param-gather's "
+          "parameter gathers); FP8 casts, weight copies "
           "and saved GEMM inputs per --fp8-recipe", type=str, metavar="STR"),
     _flag("--fp8-format", "fp8_format",
           "with --dtype fp8: " + "; ".join(f"{k} = {v}" for k, v in FP8_FORMATS.items())
@@ -108,6 +109,10 @@ MODEL_FLAGS = (  # ModelSpec fields, Megatron-LM's names
           f"{DEFAULT_FP8_RECIPE}): delayed (amax history), tensorwise (current scaling: an "
           f"amax pass per cast), mxfp8 (Blackwell only: 1x32 E8M0 block scales), blockwise "
           f"(1x128 fp32 block scales, weights 128x128)", choices=list(FP8_RECIPES)),
+    _switch("--fp8-param-gather --enable-fsdp-float8-all-gather", "fp8_param_gather",
+            "with --dtype fp8 and --zero-stage >= 1: FP8 parameters (Megatron-LM; torchtitan's "
+            "float8 spelling): TE's linear weights kept in FP8 without a 16-bit copy and "
+            "gathered over the data-parallel ranks in FP8; not with mxfp8 or MoE"),
     _both("--swiglu", "swiglu", "SwiGLU MLP (default off: GeLU)"),
     _both("--use-flash-attn", "use_flash_attn", "flash attention (default off)"),
     _both("--untie-embeddings-and-output-weights", "untie_embeddings_and_output_weights",

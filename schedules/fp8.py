@@ -8,7 +8,6 @@ check_fp8_param_gather), schedules.dp_sizes (the data-parallel parameter gathers
 """
 from __future__ import annotations
 
-from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -146,12 +145,14 @@ def fp8_notes(model: Fp8Settings, sequence_parallel: bool = False) -> list[str]:
             weights]
 
 
-def check_fp8_device(model: Fp8Settings, device: str, peak_dtypes: Collection[str]) -> None:
-    """Refuse an FP8 recipe TE cannot run on `device` (its datasheet's `peak_dtypes`):
-    MXFP8 needs Blackwell's block-scaled tensor cores (Fp8Recipe.blackwell_only), which
-    came with FP4; a device without an fp4 peak is taken to lack them (Hopper, Ampere,
-    MI300X). Devices without FP8 at all are refused by their missing fp8 peak."""
-    if model.fp8 and model.fp8.blackwell_only and "fp4" not in peak_dtypes:
+def check_fp8_device(model: Fp8Settings, device: str,
+                     compute_capability: tuple[int, int] | None) -> None:
+    """Refuse an FP8 recipe TE cannot run on `device` of CUDA `compute_capability` (None:
+    not an NVIDIA GPU): MXFP8 needs Blackwell's block-scaled tensor cores, compute
+    capability 10.x (Fp8Recipe.blackwell_only; TE _compute_mxfp8_support). Devices without
+    FP8 at all are refused by their missing fp8 peak."""
+    blackwell = compute_capability is not None and compute_capability[0] == 10
+    if model.fp8 and model.fp8.blackwell_only and not blackwell:
         raise ConfigError(f"--fp8-recipe {model.fp8_recipe}: Transformer Engine runs MXFP8 "
                           f"on Blackwell GPUs only (compute capability 10.x), not on the "
                           f"{device}: choose delayed, tensorwise or blockwise")

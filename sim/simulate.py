@@ -57,7 +57,7 @@ def simulate(model: ModelSpec, parallel: ParallelConfig, topology: nx.DiGraph,
     plan = resolve(model, parallel, cluster_facts(topology), schedule, max_ops)
     plan.devices  # every rank needs a GPU (ConfigError otherwise), checked before any work
     for device in {device_of(topology, gpu) for gpu in plan.devices}:
-        check_fp8_device(model, device.name, device.peak_flops)
+        check_fp8_device(model, device.name, device.compute_capability)
     check_symmetric(plan, topology)
     return _replay(plan, topology, costs, schedule)
 

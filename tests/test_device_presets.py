@@ -133,6 +133,9 @@ def test_device_spec_stays_backward_compatible_and_checks_new_fields():
         (dict(hbm_ceiling=0.0, hbm_ceiling_source="s"), "hbm_ceiling must be a fraction"),
         (dict(hbm_ceiling=0.9), "hbm_ceiling_source must name"),
         (dict(tdp_watts=-1), "tdp_watts must be a positive number"),
+        (dict(compute_capability=(9,)), r"compute_capability must be \(major, minor\)"),
+        (dict(matmul_best_shape={"bf16": (1, 2, 3)}), r"matmul_best_shape\['bf16'\] must be"),
+        (dict(gemm_floor_s=-1.0), r"gemm_floor_s must be seconds"),
     ):
         with pytest.raises(TopologyError, match=f"device 'x': {message}"):
             DeviceSpec(**base, **extra)

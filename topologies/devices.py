@@ -39,6 +39,8 @@ Datasheet sources (sparse quotes halved, bidirectional quotes halved):
   as ml-engineering's network chapter reads it (7 x 64 = 448 GB/s per direction, 896
   duplex) and as AMD's own per-link arithmetic for CDNA 2 reads (ROCm MI250
   microarchitecture: a 16-wide link at 25 GT/s is 50 GB/s, which AMD quotes as 100 GB/s).
+- Compute capability (NVIDIA, "CUDA GPUs - Compute Capability"): A100 8.0, H100 and H200
+  9.0, B200 and GB200 10.0; the MI300X has none (ROCm's gfx942).
 - SMs: 108 on an A100 (NVIDIA A100 architecture whitepaper), 132 on an H100 SXM5 / H200 and
   114 on an H100 PCIe (NVIDIA H100 architecture whitepaper). No NVIDIA datasheet gives the
   H100 NVL's or the Blackwell GPUs' SM count: 132 (H100 NVL) and 148 (B200, GB200) are
@@ -124,6 +126,7 @@ class DeviceSpec:
     matmul_best_shape: Mapping[str, tuple[int, int, int]] = field(default_factory=dict,
                                                                   hash=False)
     gemm_floor_s: float = 0.0  # the least time of a GEMM kernel, s (module docstring)
+    compute_capability: tuple[int, int] | None = None  # CUDA's (major, minor); None: not CUDA
     hbm_ceiling_source: str = ""  # as matmul_ceiling_source
     tdp_watts: float | None = None  # maximum board power, W (None: not recorded)
     interconnect: str = "NVLink"  # what nvlink_bandwidth is: 'NVLink', 'Infinity Fabric'
@@ -153,6 +156,11 @@ class DeviceSpec:
                 raise TopologyError(f"{where}: matmul_best_shape[{key!r}] must be the (M, N, K) "
                                     f"of a measured matmul_ceiling (with an hbm_ceiling), got "
                                     f"{shape!r}")
+        cc = self.compute_capability
+        if cc is not None and not (isinstance(cc, tuple) and len(cc) == 2
+                                   and all(isinstance(x, int) and x >= 0 for x in cc)):
+            raise TopologyError(f"{where}: compute_capability must be (major, minor) integers "
+                                f"or None, got {cc!r}")
         if not (isinstance(self.gemm_floor_s, (int, float)) and 0 <= self.gemm_floor_s < 1):
             raise TopologyError(f"{where}: gemm_floor_s must be seconds in [0, 1), got "
                                 f"{self.gemm_floor_s!r}")
@@ -245,21 +253,24 @@ DEVICES: dict[str, DeviceSpec] = {
     spec.name: spec
     for spec in (
         DeviceSpec(
-            name="a100-80gb-sxm", peak_flops=_A100,
+            name="a100-80gb-sxm", compute_capability=(8, 0),
+            peak_flops=_A100,
             hbm_bandwidth=2039e9, memory_bytes=80e9, nvlink_bandwidth=600e9 / 2, sm_count=108,
             matmul_ceiling=_A100_MAMF, matmul_ceiling_source=f"{MAMF_SOURCE}, A100 SXM",
             hbm_ceiling=HBM_A100_CEILING, hbm_ceiling_source=HBM_A100_SOURCE, tdp_watts=400,
             matmul_best_shape=_A100_BEST,
         ),
         DeviceSpec(
-            name="a100-80gb-pcie", peak_flops=_A100,
+            name="a100-80gb-pcie", compute_capability=(8, 0),
+            peak_flops=_A100,
             hbm_bandwidth=1935e9, memory_bytes=80e9, nvlink_bandwidth=0.0, sm_count=108,
             matmul_ceiling=_mamf(_A100, bf16=252.9), matmul_ceiling_source=f"{MAMF_SOURCE}, A100 PCIe",
             matmul_best_shape={"bf16": (2048, 5120, 6144)}, hbm_ceiling=HBM_A100_CEILING,
             hbm_ceiling_source="assumed as a100-80gb-sxm's (same HBM2e generation)", tdp_watts=300,
         ),
         DeviceSpec(
-            name="a100-40gb-sxm", peak_flops=_A100,
+            name="a100-40gb-sxm", compute_capability=(8, 0),
+            peak_flops=_A100,
             hbm_bandwidth=1555e9, memory_bytes=40e9, nvlink_bandwidth=600e9 / 2, sm_count=108,
             matmul_ceiling=_A100_MAMF,
             matmul_ceiling_source=f"assumed as a100-80gb-sxm: {MAMF_SOURCE}, A100 SXM",
@@ -268,14 +279,16 @@ DEVICES: dict[str, DeviceSpec] = {
             tdp_watts=400, matmul_best_shape=_A100_BEST,
         ),
         DeviceSpec(
-            name="h100-sxm", peak_flops=_H100_SXM,
+            name="h100-sxm", compute_capability=(9, 0),
+            peak_flops=_H100_SXM,
             hbm_bandwidth=3.35e12, memory_bytes=80e9, nvlink_bandwidth=900e9 / 2, sm_count=132,
             matmul_ceiling=_H100_MAMF, matmul_ceiling_source=f"{MAMF_SOURCE}, H100 SXM",
             hbm_ceiling=HBM_A100_CEILING, hbm_ceiling_source=_HBM_ASSUMED, tdp_watts=700,
             matmul_best_shape=_H100_BEST, gemm_floor_s=_HOPPER_GEMM_FLOOR_S,
         ),
         DeviceSpec(
-            name="h100-pcie", peak_flops=_H100_PCIE,
+            name="h100-pcie", compute_capability=(9, 0),
+            peak_flops=_H100_PCIE,
             hbm_bandwidth=2.0e12, memory_bytes=80e9, nvlink_bandwidth=600e9 / 2, sm_count=114,
             matmul_ceiling=_H100_MAMF,
             matmul_ceiling_source=f"assumed as h100-sxm: {MAMF_SOURCE}, H100 SXM",
@@ -283,7 +296,8 @@ DEVICES: dict[str, DeviceSpec] = {
             matmul_best_shape=_H100_BEST, gemm_floor_s=_HOPPER_GEMM_FLOOR_S,
         ),
         DeviceSpec(
-            name="h100-nvl", peak_flops=_H100_NVL,
+            name="h100-nvl", compute_capability=(9, 0),
+            peak_flops=_H100_NVL,
             hbm_bandwidth=3.9e12, memory_bytes=94e9, nvlink_bandwidth=600e9 / 2, sm_count=132,
             matmul_ceiling=_H100_MAMF,
             matmul_ceiling_source=f"assumed as h100-sxm: {MAMF_SOURCE}, H100 SXM",
@@ -291,7 +305,8 @@ DEVICES: dict[str, DeviceSpec] = {
             matmul_best_shape=_H100_BEST, gemm_floor_s=_HOPPER_GEMM_FLOOR_S,
         ),
         DeviceSpec(
-            name="h200-sxm", peak_flops=_H100_SXM,
+            name="h200-sxm", compute_capability=(9, 0),
+            peak_flops=_H100_SXM,
             hbm_bandwidth=4.8e12, memory_bytes=141e9, nvlink_bandwidth=900e9 / 2, sm_count=132,
             # bf16: the H100 SXM row's note "H200 is the same"; fp8: the H200 SXM row.
             matmul_ceiling={"bf16": _H100_MAMF["bf16"], **_mamf(_H100_SXM, fp8=1453.4)},
@@ -301,7 +316,8 @@ DEVICES: dict[str, DeviceSpec] = {
             gemm_floor_s=_HOPPER_GEMM_FLOOR_S,
         ),
         DeviceSpec(
-            name="b200", peak_flops=_B200,
+            name="b200", compute_capability=(10, 0),
+            peak_flops=_B200,
             hbm_bandwidth=64e12 / 8, memory_bytes=1440e9 / 8, nvlink_bandwidth=1.8e12 / 2,
             sm_count=148,
             matmul_ceiling=_mamf(_B200, bf16=1745.0, fp8=3432.5),
@@ -309,7 +325,8 @@ DEVICES: dict[str, DeviceSpec] = {
             hbm_ceiling=HBM_A100_CEILING, hbm_ceiling_source=_HBM_ASSUMED, tdp_watts=1000,
         ),
         DeviceSpec(
-            name="gb200", peak_flops=_GB200,
+            name="gb200", compute_capability=(10, 0),
+            peak_flops=_GB200,
             hbm_bandwidth=16e12 / 2, memory_bytes=372e9 / 2, nvlink_bandwidth=1.8e12 / 2,
             sm_count=148,
             matmul_ceiling=_mamf(_GB200, bf16=1822.0, fp8=3615.6),

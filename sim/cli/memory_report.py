@@ -102,7 +102,7 @@ def breakdown(args: argparse.Namespace) -> tuple[dict, list[RankMemory]]:
     else:
         spec = model_from_args(args)
         if device:
-            check_fp8_device(spec, device.name, device.peak_flops)
+            check_fp8_device(spec, device.name, device.compute_capability)
         parallel = parallel_from_args(args, args.schedule, micro_batch_size=spec.micro_batch_size)
         ranks = rank_memory(resolve(spec, parallel, cluster, max_ops=max_ops_from_args(args)))
         model, dtype = spec.name or "custom", spec.dtype

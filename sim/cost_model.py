@@ -153,7 +153,9 @@ class RooflineCostModel:
         table = (f", GEMMs from the table measured on {self.gemm_table.device}"
                  if self.gemm_table is not None else "")
         attention = ("" if self.compute_efficiency is not None
-                     else f", attention: published {self.attention_backend} kernel speed")
+                     else ", attention: published speed of " + (
+                         "each device's default kernel (auto)" if self.attention_backend == "auto"
+                         else f"the {self.attention_backend} kernel"))
         return f"roofline({compute}, {memory}{attention}{table})"
 
 

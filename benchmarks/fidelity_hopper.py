@@ -32,7 +32,8 @@ reshard_after_forward False, torchtitan with PP likewise (its default under PP);
 buckets (MLM, NeMo) at Megatron-Core's default size (`megatron_bucket_bytes`). Overlap
 as the source states it: MLM --overlap-grad-reduce --overlap-param-gather --tp-comm-overlap,
 NeMo recipes the same (assumed by fidelity_hopper_data), torchtitan AsyncTP as
-tp_comm_overlap; FP8 recipes as printed (`fp8_settings`). A field the source does not
+tp_comm_overlap; FP8 recipes as printed (`fp8_settings`); torchtitan without torch.compile
+with eager elementwise kernels (ModelSpec.fused_elementwise). A field the source does not
 give takes the row's `assumed` value (listed on the page); where layers do not split
 evenly over pp x vpp, the embedding and the loss take a layer slot each (Megatron's
 account-for-embedding/loss split; the Llama 3 paper's "one layer fewer on the first and
@@ -225,8 +226,9 @@ def fp8_settings(run: hd.HopperRun) -> dict:
 
 
 def model_spec(run: hd.HopperRun) -> ModelSpec:
+    """The row's model; torchtitan without torch.compile runs eager elementwise kernels."""
     return replace(run.model.spec(run.seq_length, micro_batch_size(run)), dtype=run.dtype,
-                   **fp8_settings(run))
+                   fused_elementwise=run.extra.get("torch.compile", True), **fp8_settings(run))
 
 
 def layout_text(run: hd.HopperRun) -> str:
@@ -249,9 +251,11 @@ def layout_text(run: hd.HopperRun) -> str:
         parts.append("tp-overlap")
     if uneven_split(run):
         parts.append("emb/loss slots")
-    fp8 = model_spec(run)
-    parts.append(f"fp8({fp8.fp8_recipe}{', fp8 AG' if fp8.fp8_param_gather else ''})"
+    model = model_spec(run)
+    parts.append(f"fp8({model.fp8_recipe}{', fp8 AG' if model.fp8_param_gather else ''})"
                  if run.dtype == "fp8" else run.dtype)
+    if not model.fused_elementwise:
+        parts.append("eager")
     parts.append(f"attn={run.attention_backend}")
     return " ".join(parts)
 
@@ -457,8 +461,7 @@ def render(data: dict) -> str:
 KNOWN_GAPS = {
     "TITAN": "the runs used H100 96 GB HBM2e GPUs capped at 500 W; no matmul ceiling is "
              "published for that part, so they are simulated on the 700 W H100 SXM (a faster "
-             "device); the rows without torch.compile also run PyTorch's unfused eager "
-             "elementwise kernels, where the kernel lists assume fused ones",
+             "device)",
     "NEMO2502": "B200 at NeMo 25.02, early Blackwell software; the B200 MAMF was measured later "
                 "(torch 2.7.1+cu128), and XLA's own B200 table puts a 4096^3 GEMM at 81% of it",
     "MOSAIC": "the rows without recompute (mpt-7b) are off by far more than those with full "

@@ -84,6 +84,21 @@ again in the backward (bitsandbytes keeps no 16-bit copy), reads the weight's st
 bytes (schedules.lora.stored_weight_bytes) and writes it in dtype. The adapters'
 all-gathers and all-reduces of the T x r intermediate over tp are not modelled (r << h),
 nor that autograd skips the first layer's input gradients (its input needs none).
+
+Eager elementwise ops (ModelSpec.fused_elementwise False: PyTorch without torch.compile,
+e.g. torchtitan with compile off): each op its own kernel, as torchtitan's Llama runs
+them (pytorch/torchtitan@9dec370, torchtitan/models/norms.py RMSNorm.forward,
+torchtitan/models/llama/model.py apply_rotary_emb, repeat_kv, FeedForward.forward,
+TransformerBlock.forward), bytes per element in EAGER_OPS: RMSNorm (the final norm's
+too; LayerNorm and GeLU are single ATen kernels either way), SwiGLU's silu and mul,
+RoPE's fp32 passes, GQA's repeat_kv copies and the residual adds (no dropout). The
+backward of each op is autograd's (torch/csrc/autograd/FunctionsManual.cpp): it reads
+the tensors the op saved and the incoming gradient and writes each input's gradient.
+Ignored: per-token statistics (T elements), the norm weight and RoPE's freqs_cis (h and
+s*head_dim/2 elements), views (reshape, view_as_complex/real, flatten, transpose: SDPA's
+flash output is already (b, s, heads, head_dim)), the sums of the separate wq/wk/wv and
+w1/w3 input gradients (GEMMs as the fused default), and the activation memory the fp32
+intermediates hold (layer_activation_bytes stays K22's).
 """
 from __future__ import annotations
 
@@ -108,6 +123,48 @@ BASE_GEMMS = {"linear_qkv": "qkv_gemm", "linear_proj": "proj_gemm", "linear_fc1"
               "linear_fc2": "fc2_gemm"}  # a layer's linear layers (Megatron names): their GEMMs
 FROZEN_GEMMS = frozenset({*BASE_GEMMS.values(), "logits_gemm"})  # frozen under LoRA
 COLUMN_PARALLEL = frozenset({"linear_qkv", "linear_fc1"})  # the others are row-parallel
+FP32 = 4  # bytes of an fp32 element
+RMSNORM_OPS = ("rmsnorm_to_fp32", "rmsnorm_pow", "rmsnorm_mean", "rmsnorm_mul_rsqrt",
+               "rmsnorm_type_as", "rmsnorm_mul_weight")  # per residual element
+ROPE_OPS = ("rope_to_fp32", "rope_complex_mul", "rope_type_as")  # per Q and K element
+SWIGLU_OPS = ("silu", "swiglu_mul")  # per MLP element F
+
+
+def eager_ops(d: float) -> dict[str, tuple[float, float]]:
+    """{op: (forward, backward) HBM bytes per element} of the eager ops (module docstring),
+    d the dtype's bytes. RMSNorm, x * rsqrt(x.float().pow(2).mean(-1) + eps), type_as(x),
+    * weight: forward cast (d in, fp32 out), pow, mean (reads), mul, cast back, mul; in
+    the backward the cast reads the sum of the fp32 gradients of pow's and mul's paths
+    (an add: 2 read, 1 written), pow reads x.pow(1) (a copy), 2 * it and grad * that,
+    mean writes grad / h expanded, mul writes grad * rsqrt and reads grad * x for its
+    row sum, the weight mul writes grad * w and grad * y and sums the latter over tokens.
+    silu: silu_backward reads grad and the input; mul: grad * each saved factor. RoPE:
+    .float(), a complex64 mul (4 bytes per real element), type_as; backward the casts
+    reversed and grad * conj(freqs). repeat_kv: per K and V element and its repeat
+    (reads h_kv, writes h; backward sums back). residual_add: x + y; its backward sums the
+    gradients of the two branches (2 read, 1 written)."""
+    f = FP32
+    return {"rmsnorm_to_fp32": (d + f, 3 * f + f + d), "rmsnorm_pow": (2 * f, 7 * f),
+            "rmsnorm_mean": (f, f), "rmsnorm_mul_rsqrt": (2 * f, 6 * f),
+            "rmsnorm_type_as": (f + d, d + f), "rmsnorm_mul_weight": (2 * d, 6 * d),
+            "silu": (2 * d, 3 * d), "swiglu_mul": (3 * d, 6 * d),
+            "rope_to_fp32": (d + f, f + d), "rope_complex_mul": (2 * f, 2 * f),
+            "rope_type_as": (f + d, d + f), "repeat_kv": (d, d), "residual_add": (3 * d, 3 * d)}
+
+
+def _eager(names: Iterable[str], elements: float, d: float) -> list[Kernel]:
+    """The forward kernels of eager ops `names` over `elements` (eager_ops)."""
+    ops = eager_ops(d)
+    return [Kernel(name, 0.0, ops[name][0] * elements) for name in names]
+
+
+def _norm(model: ModelSpec, elements: float, written: float) -> list[Kernel]:
+    """A norm over `elements`: one kernel reading d and writing `written` bytes per
+    element, or under eager elementwise ops torchtitan's RMSNorm op by op."""
+    d = model.dtype_bytes
+    if not model.fused_elementwise and model.normalization == "RMSNorm":
+        return _eager(RMSNORM_OPS, elements, d)
+    return [Kernel("norm", 0.0, (d + written) * elements)]
 
 
 @dataclass(frozen=True)
@@ -214,26 +271,33 @@ def _layer_compute(model: ModelSpec, parallel: ParallelConfig,
                 + (model.moe_shared_expert_intermediate_size or 0) / t)
     fused = model.fp8 is not None and model.fp8.fused_norm  # module docstring, FP8
 
-    def norm(feeds_te_gemm: bool) -> Kernel:
-        written = x.d_in if fused and feeds_te_gemm else d
-        return Kernel("norm", 0.0, (d + written) * x.residual)
+    def norm(feeds_te_gemm: bool) -> list[Kernel]:
+        return _norm(model, x.residual, x.d_in if fused and feeds_te_gemm else d)
 
-    residual_add = Kernel("bias_dropout_add", 0.0, 3 * d * x.residual + x.residual)
+    eager = not model.fused_elementwise
+    residual_add = (_eager(["residual_add"], x.residual, d) if eager
+                    else [Kernel("bias_dropout_add", 0.0, 3 * d * x.residual + x.residual)])
     rope = ([Kernel("rope", 0.0, 2 * d * (x.q + x.kv))]
             if model.position_embedding_type == "rope" else [])
+    if rope and eager:
+        rope = _eager(ROPE_OPS, x.q + x.kv, d)
+    if eager and model.num_query_groups < model.num_attention_heads:
+        rope += _eager(["repeat_kv"], 2 * (x.kv + x.q), d)
+    activation = ([Kernel("activation", 0.0, d * (up + 1) * mlp)]
+                  if not (eager and model.swiglu) else _eager(SWIGLU_OPS, mlp, d))
     def linear(name: str, in_elems: float, out_elems: float, weights: float) -> list[Kernel]:
         return _linear(model, x, name, x.gemm(BASE_GEMMS[name], in_elems, out_elems, weights))
 
-    kernels = [norm(True),
+    kernels = [*norm(True),
                *linear("linear_qkv", x.full, x.q + 2 * x.kv, h * (h + 2 * hkv) / t),
                *rope,
                *attention_core_forward(model, parallel),
                *linear("linear_proj", x.q, x.full, h * h / t),
-               residual_add, norm(not model.is_moe_layer(layer)),
+               *residual_add, *norm(not model.is_moe_layer(layer)),
                *linear("linear_fc1", x.full, up * mlp, up * h * held),
-               Kernel("activation", 0.0, d * (up + 1) * mlp),
+               *activation,
                *linear("linear_fc2", mlp, x.full, h * held),
-               residual_add]
+               *residual_add]
     if model.is_moe_layer(layer):
         k = model.moe_router_topk
         kernels += [x.gemm("router_gemm", x.full, x.tokens * model.num_experts / t,
@@ -279,8 +343,10 @@ def layer_backward(model: ModelSpec, parallel: ParallelConfig,
     GeLU, norm backward read the saved tensor and the gradient and write a gradient
     (3 tensors); dropout backward reads gradient and mask; the residual gradients add;
     under FP8 the output gradients' casts and the transposes (fp8_kernels); under LoRA
-    frozen base GEMMs once (dX) and the adapters' and QLoRA's kernels (module docstring)."""
+    frozen base GEMMs once (dX) and the adapters' and QLoRA's kernels (module docstring);
+    eager ops their autograd backward (eager_ops)."""
     x = _Shape(model, parallel)
+    eager = eager_ops(x.d)
     d = x.d
     elementwise = {
         "norm": 3 * d * x.residual,
@@ -303,6 +369,9 @@ def layer_backward(model: ModelSpec, parallel: ParallelConfig,
             out.append(k)
         elif k.name == "lora_add":  # scale dY into the adapter
             out.append(k.scaled(2 / 3))
+        elif k.name in eager:
+            forward, backward = eager[k.name]
+            out.append(Kernel(k.name, 0.0, k.nbytes * backward / forward))
         elif k.name == "activation":
             out.append(Kernel(k.name, 0.0, k.nbytes * 5 / 3 if model.swiglu else k.nbytes * 3 / 2))
         else:
@@ -418,7 +487,7 @@ def head_forward(model: ModelSpec, parallel: ParallelConfig) -> list[Kernel]:
     fp32)."""
     x = _Shape(model, parallel)
     logits = x.tokens * model.vocab_size / x.t
-    return [Kernel("norm", 0.0, 2 * x.d * x.residual),
+    return [*_norm(model, x.residual, x.d),
             x.gemm("logits_gemm", x.full, logits, model.vocab_size * x.h / x.t),
             Kernel("cross_entropy", 0.0, logits * (x.d + 3 * CROSS_ENTROPY_FP32))]
 
@@ -428,6 +497,9 @@ def head_backward(model: ModelSpec, parallel: ParallelConfig) -> list[Kernel]:
     the output GEMM twice (once, dX, when frozen under LoRA), the final norm's backward."""
     x = _Shape(model, parallel)
     logits = x.tokens * model.vocab_size / x.t
-    norm, gemm, _ = head_forward(model, parallel)
+    gemm = next(k for k in head_forward(model, parallel) if k.name == "logits_gemm")
+    eager = eager_ops(x.d)
+    norm = [Kernel(k.name, 0.0, k.nbytes * eager[k.name][1] / eager[k.name][0])
+            for k in _norm(model, x.residual, x.d) if k.name in eager]
     return [Kernel("cross_entropy", 0.0, logits * (2 * CROSS_ENTROPY_FP32 + x.d)),
-            *_gemm_backward(model, gemm), Kernel("norm", 0.0, 3 * x.d * x.residual)]
+            *_gemm_backward(model, gemm), *(norm or [Kernel("norm", 0.0, 3 * x.d * x.residual)])]

@@ -75,7 +75,10 @@ class ModelSpec:
     (_check_fp8). LoRA / QLoRA (schedules.lora):
     `lora_rank` r (None: every weight trains), `lora_target_modules` (NeMo's or PEFT's
     names; default NeMo's four), `lora_base_dtype` (None: the frozen base in `dtype`;
-    nf4, fp4 or int8: QLoRA) and `lora_double_quant` (4-bit only; default on), filled in."""
+    nf4, fp4 or int8: QLoRA) and `lora_double_quant` (4-bit only; default on), filled in.
+    `fused_elementwise` (default True): Megatron/TE's fused norm, activation, RoPE and
+    bias-dropout-add kernels; False: PyTorch eager without torch.compile, each elementwise
+    op its own kernel, as torchtitan's Llama runs them (layer_kernels.EAGER_OPS)."""
 
     num_layers: int
     hidden_size: int
@@ -92,6 +95,7 @@ class ModelSpec:
     position_embedding_type: str = "learned_absolute"
     untie_embeddings_and_output_weights: bool = False
     use_flash_attn: bool = False
+    fused_elementwise: bool = True
     num_experts: int | None = None
     moe_router_topk: int | None = None
     moe_ffn_hidden_size: int | None = None
@@ -137,9 +141,12 @@ class ModelSpec:
             raise ConfigError(f"position_embedding_type={self.position_embedding_type!r} must "
                               f"be one of {', '.join(POSITION_EMBEDDINGS)}")
         for name in ("swiglu", "add_bias_linear", "untie_embeddings_and_output_weights",
-                     "use_flash_attn"):
+                     "use_flash_attn", "fused_elementwise"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if not self.fused_elementwise and self.dtype == "fp8":
+            raise ConfigError("fused_elementwise=False (--eager-elementwise) with dtype 'fp8' is "
+                              "not modelled: Transformer Engine's FP8 layers fuse the norm")
         if self.num_experts is None:
             for name in ("moe_router_topk", "moe_ffn_hidden_size",
                          "moe_shared_expert_intermediate_size"):

@@ -53,6 +53,10 @@ def check_profile(profile: Profile, model: ModelSpec, parallel: ParallelConfig |
     if mismatch:
         raise ConfigError(f"profile does not match the model: {mismatch}; recalibrate with "
                           "`clustersim calibrate` at these model flags")
+    if not model.fused_elementwise:
+        raise ConfigError("fused_elementwise=False (--no-fused-elementwise) picks the roofline's "
+                          "eager kernel list; a profile's times were measured as they ran: "
+                          "drop one of them")
     if model.lora:
         raise ConfigError(f"lora_rank={model.lora_rank}: a profile times layers whose every "
                           f"weight trains (calibrate runs no LoRA); price LoRA with the "

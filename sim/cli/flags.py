@@ -115,6 +115,11 @@ MODEL_FLAGS = (  # ModelSpec fields, Megatron-LM's names
             "gathered over the data-parallel ranks in FP8; not with mxfp8 or MoE"),
     _both("--swiglu", "swiglu", "SwiGLU MLP (default off: GeLU)"),
     _both("--use-flash-attn", "use_flash_attn", "flash attention (default off)"),
+    _both("--fused-elementwise", "fused_elementwise",
+          "Megatron/TE's fused norm, SwiGLU, RoPE and residual-add kernels (default on); "
+          "--no-fused-elementwise: PyTorch eager without torch.compile (torchtitan's Llama "
+          "op by op: RMSNorm in fp32, silu then mul, complex RoPE in fp32); not with fp8"),
+    _off("--eager-elementwise", "fused_elementwise", "--no-fused-elementwise"),
     _both("--untie-embeddings-and-output-weights", "untie_embeddings_and_output_weights",
           "an output layer of its own (default off: tied to the word embedding)"),
     _both("--add-bias-linear", "add_bias_linear", "biases in the linear layers (default on)"),

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from .errors import ConfigError
 from .layer_kernels import (Kernel, embedding_forward, head_backward, head_forward,
                             layer_backward, layer_forward, merge, recompute_forward)
-from .lora import check_lora_layout
 from .model import ModelSpec
 from .parallel import RECOMPUTE, ParallelConfig
 from .recompute import CHECKPOINT, INSIDE, KEPT, roles
@@ -108,7 +107,6 @@ def costs_for_layers(model: ModelSpec, parallel: ParallelConfig, counts: Sequenc
     if sum(counts) != model.num_layers:
         raise ConfigError(f"stage layer counts {list(counts)} must sum to num_layers="
                           f"{model.num_layers}")
-    check_lora_layout(model, parallel.zero_stage)
     num_stages = len(counts)
     tp, cp, d = parallel.tp, parallel.cp, model.dtype_bytes
     shard = tp * cp

@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .fp8 import check_fp8_param_gather
 from .names import DP_SHARD, EDP
 from .ops import Op, OpKind
 from .plan import Plan
@@ -125,7 +124,6 @@ def dp_sizes(plan: Plan) -> DPSizes:
     apart = plan.expert_grad_group is not None
     experts = [[c.expert_param_count if apart else 0 for c in row] for row in plan.group_costs]
     p = plan.parallel
-    check_fp8_param_gather(model, p)
     fp8 = model.layer_fp8_weight_count(p.tp, p.ep, etp=p.etp) if model.fp8_param_gather else 0
     fp8_params = [[c.layers * fp8 for c in row] for row in plan.group_costs]
     return DPSizes(grads, params, gathered, experts, model.dtype_bytes, p.dp * p.cp,

@@ -168,7 +168,8 @@ def check_fp8_param_gather(model: Fp8Settings, parallel: Any) -> None:
     enable_fsdp_float8_all_gather is an FSDP2 all-gather (torchtitan docs/float8.md). So
     zero_stage >= 1 (ZeRO-1/2: the gather after the step; ZeRO-3: the gathers before
     compute). ZeRO++'s qwZ and hpZ (their own gather formats) and offload (a host step
-    writing 16-bit shards) are not modelled with it."""
+    writing 16-bit shards) are not modelled with it. Checked by ParallelConfig.check_model,
+    before any work."""
     if not model.fp8_param_gather:
         return
     rule = "fp8_param_gather=True (--fp8-param-gather)"

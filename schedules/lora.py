@@ -201,7 +201,7 @@ def _check_base_dtype(model: LoraSettings) -> None:
 
 def check_lora_layout(model: LoraSettings, zero_stage: int) -> None:
     """The one layout rule: ZeRO-3 / FSDP of a LoRA model (frozen shards gathered beside
-    the adapters', as FSDP-QLoRA runs it) is not modelled."""
+    the adapters', as FSDP-QLoRA runs it) is not modelled (ParallelConfig.check_model)."""
     if model.lora_rank is not None and zero_stage == 3:
         raise ConfigError("zero_stage 3 (--zero 3 / --fsdp) with LoRA (--lora-rank) is not "
                           "modelled: ZeRO-1/2 shard the adapters' states")

@@ -89,7 +89,6 @@ from dataclasses import asdict, dataclass
 
 from .activation_partition import stage_activation_bytes
 from .errors import ConfigError
-from .fp8 import check_fp8_param_gather
 from .names import COMPUTE_LANE
 from .parallel import ParallelConfig
 from .plan import Plan
@@ -254,7 +253,6 @@ def _fp8_param_saving(plan: Plan, layers_here: int) -> float:
     model, parallel = plan.model, plan.parallel
     if not model.fp8_param_gather:
         return 0.0
-    check_fp8_param_gather(model, parallel)
     per_layer = model.layer_fp8_weight_count(parallel.tp, parallel.ep, etp=parallel.etp)
     return model.dtype_bytes * per_layer * _unsharded_layers(parallel, layers_here)
 

@@ -48,6 +48,8 @@ from clustersim.user_files import is_finite_number
 
 from .activation_partition import check as check_partition_activations
 from .errors import ConfigError, require_positive_int
+from .fp8 import check_fp8_param_gather
+from .lora import check_lora_layout
 from .names import CP, DP, DP_CP, EDP, EP, EXPERT_AXES, GRID_AXES, PP, TP
 from .limits import check_dimension
 from .recompute import normalised_options
@@ -379,8 +381,11 @@ class ParallelConfig:
 
     # --- model compatibility -------------------------------------------------------------
     def check_model(self, model: Any) -> None:
-        """Raise ConfigError when `model` (a ModelSpec) cannot be split this way (the
-        pipeline split is checked where it is computed, schedules.plan.resolve)."""
+        """Raise ConfigError when `model` (a ModelSpec) cannot be split this way, or this
+        layout does not model its FP8 parameter gathers or LoRA (the pipeline split is
+        checked where it is computed, schedules.plan.resolve)."""
+        check_fp8_param_gather(model, self)
+        check_lora_layout(model, self.zero_stage)
         if model.num_attention_heads % self.tp:
             raise ConfigError(f"num_attention_heads={model.num_attention_heads} is not "
                               f"divisible by tp={self.tp}")

@@ -247,6 +247,12 @@ _H100_MAMF = _mamf(_H100_SXM, bf16=794.5, fp8=1402.6)
 _A100_BEST = {"bf16": (1024, 10240, 5120)}  # the MAMF table's best shapes (docstring)
 _H100_BEST = {"bf16": (2048, 2048, 13312), "fp8": (1024, 9216, 14336)}
 _HOPPER_GEMM_FLOOR_S = 2 * 256 * 512 * 256 / 12.5e12  # XLA's H100 256x512x256 (docstring)
+# The GEMM facts of the A100 SXM and H100 SXM rows, and of the devices assumed as them.
+_A100_GEMMS = {"matmul_ceiling": _A100_MAMF, "matmul_best_shape": _A100_BEST}
+_H100_GEMMS = {"matmul_ceiling": _H100_MAMF, "matmul_best_shape": _H100_BEST,
+               "gemm_floor_s": _HOPPER_GEMM_FLOOR_S}
+_AS_H100_SXM = {**_H100_GEMMS,
+                "matmul_ceiling_source": f"assumed as h100-sxm: {MAMF_SOURCE}, H100 SXM"}
 _MI300X_BF16 = _mamf(_MI300X, bf16=668.4)["bf16"]
 
 DEVICES: dict[str, DeviceSpec] = {
@@ -256,9 +262,8 @@ DEVICES: dict[str, DeviceSpec] = {
             name="a100-80gb-sxm", compute_capability=(8, 0),
             peak_flops=_A100,
             hbm_bandwidth=2039e9, memory_bytes=80e9, nvlink_bandwidth=600e9 / 2, sm_count=108,
-            matmul_ceiling=_A100_MAMF, matmul_ceiling_source=f"{MAMF_SOURCE}, A100 SXM",
+            **_A100_GEMMS, matmul_ceiling_source=f"{MAMF_SOURCE}, A100 SXM",
             hbm_ceiling=HBM_A100_CEILING, hbm_ceiling_source=HBM_A100_SOURCE, tdp_watts=400,
-            matmul_best_shape=_A100_BEST,
         ),
         DeviceSpec(
             name="a100-80gb-pcie", compute_capability=(8, 0),
@@ -272,37 +277,32 @@ DEVICES: dict[str, DeviceSpec] = {
             name="a100-40gb-sxm", compute_capability=(8, 0),
             peak_flops=_A100,
             hbm_bandwidth=1555e9, memory_bytes=40e9, nvlink_bandwidth=600e9 / 2, sm_count=108,
-            matmul_ceiling=_A100_MAMF,
+            **_A100_GEMMS,
             matmul_ceiling_source=f"assumed as a100-80gb-sxm: {MAMF_SOURCE}, A100 SXM",
             hbm_ceiling=HBM_A100_CEILING,
             hbm_ceiling_source="assumed as a100-80gb-sxm's (no published measurement found)",
-            tdp_watts=400, matmul_best_shape=_A100_BEST,
+            tdp_watts=400,
         ),
         DeviceSpec(
             name="h100-sxm", compute_capability=(9, 0),
             peak_flops=_H100_SXM,
             hbm_bandwidth=3.35e12, memory_bytes=80e9, nvlink_bandwidth=900e9 / 2, sm_count=132,
-            matmul_ceiling=_H100_MAMF, matmul_ceiling_source=f"{MAMF_SOURCE}, H100 SXM",
+            **_H100_GEMMS, matmul_ceiling_source=f"{MAMF_SOURCE}, H100 SXM",
             hbm_ceiling=HBM_A100_CEILING, hbm_ceiling_source=_HBM_ASSUMED, tdp_watts=700,
-            matmul_best_shape=_H100_BEST, gemm_floor_s=_HOPPER_GEMM_FLOOR_S,
         ),
         DeviceSpec(
             name="h100-pcie", compute_capability=(9, 0),
             peak_flops=_H100_PCIE,
             hbm_bandwidth=2.0e12, memory_bytes=80e9, nvlink_bandwidth=600e9 / 2, sm_count=114,
-            matmul_ceiling=_H100_MAMF,
-            matmul_ceiling_source=f"assumed as h100-sxm: {MAMF_SOURCE}, H100 SXM",
+            **_AS_H100_SXM,
             hbm_ceiling=HBM_A100_CEILING, hbm_ceiling_source=_HBM_ASSUMED, tdp_watts=350,
-            matmul_best_shape=_H100_BEST, gemm_floor_s=_HOPPER_GEMM_FLOOR_S,
         ),
         DeviceSpec(
             name="h100-nvl", compute_capability=(9, 0),
             peak_flops=_H100_NVL,
             hbm_bandwidth=3.9e12, memory_bytes=94e9, nvlink_bandwidth=600e9 / 2, sm_count=132,
-            matmul_ceiling=_H100_MAMF,
-            matmul_ceiling_source=f"assumed as h100-sxm: {MAMF_SOURCE}, H100 SXM",
+            **_AS_H100_SXM,
             hbm_ceiling=HBM_A100_CEILING, hbm_ceiling_source=_HBM_ASSUMED, tdp_watts=400,
-            matmul_best_shape=_H100_BEST, gemm_floor_s=_HOPPER_GEMM_FLOOR_S,
         ),
         DeviceSpec(
             name="h200-sxm", compute_capability=(9, 0),

@@ -46,6 +46,7 @@ from typing import Any
 import torch
 
 from clustersim.schedules.errors import ConfigError
+from clustersim.schedules.layer_kernels import check_kernel_list_used
 from clustersim.schedules.lowering import lower
 from clustersim.schedules.model import ModelSpec
 from clustersim.schedules.names import DP_GROUPS, PP, TP
@@ -110,6 +111,7 @@ def _check_layout(plan: Plan, device: str, replay: bool) -> None:
             raise KernelsError(f"{name}=True: ZeRO++ quantization/hpZ and ZeRO-Offload are "
                                f"not implemented in the kernels backend (their op sizes are "
                                f"not the tensors it moves)")
+    check_kernel_list_used(model, "the kernels backend, which runs PyTorch's own kernels,")
     if model.lora:
         raise KernelsError(f"lora_rank={model.lora_rank}: the kernels backend trains every "
                            f"weight; LoRA adapters and frozen (or quantized) base weights are "

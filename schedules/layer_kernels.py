@@ -105,6 +105,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
+from .errors import ConfigError
 from .fp8 import Fp8Recipe
 from .lora import adapters, base_linears, stored_weight_bytes
 from .model import ModelSpec
@@ -165,6 +166,15 @@ def _norm(model: ModelSpec, elements: float, written: float) -> list[Kernel]:
     if not model.fused_elementwise and model.normalization == "RMSNorm":
         return _eager(RMSNORM_OPS, elements, d)
     return [Kernel("norm", 0.0, (d + written) * elements)]
+
+
+def check_kernel_list_used(model: ModelSpec, costs: str) -> None:
+    """Refuse fused_elementwise=False where `costs` (a cost source that does not price this
+    module's kernel list: measured times, fixed seconds, real kernels) would ignore it."""
+    if not model.fused_elementwise:
+        raise ConfigError(f"fused_elementwise=False (--no-fused-elementwise) picks the "
+                          f"roofline's eager kernel list; {costs} would ignore it: drop one "
+                          f"of them")
 
 
 @dataclass(frozen=True)

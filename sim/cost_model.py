@@ -31,6 +31,7 @@ import networkx as nx
 import simpy
 
 from clustersim.schedules.errors import ConfigError
+from clustersim.schedules.layer_kernels import check_kernel_list_used
 from clustersim.schedules.limits import MAX_OP_SECONDS
 from clustersim.schedules.ops import Op, OpKind
 from clustersim.schedules.plan import Plan
@@ -186,6 +187,7 @@ class UniformCostModel:
         return 0.0
 
     def compute_time(self, plan: Plan, topology: nx.DiGraph) -> ComputeTime:
+        check_kernel_list_used(plan.model, "--uniform-costs' fixed seconds")
         groups = plan.layer_groups
 
         def seconds(op: Op) -> float:

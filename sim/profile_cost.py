@@ -32,6 +32,7 @@ import simpy
 
 from clustersim.schedules.errors import ConfigError
 from clustersim.schedules.layer_groups import chunk_parts
+from clustersim.schedules.layer_kernels import check_kernel_list_used
 from clustersim.schedules.model import ModelSpec
 from clustersim.schedules.ops import Op, OpKind
 from clustersim.schedules.parallel import ParallelConfig
@@ -53,10 +54,7 @@ def check_profile(profile: Profile, model: ModelSpec, parallel: ParallelConfig |
     if mismatch:
         raise ConfigError(f"profile does not match the model: {mismatch}; recalibrate with "
                           "`clustersim calibrate` at these model flags")
-    if not model.fused_elementwise:
-        raise ConfigError("fused_elementwise=False (--no-fused-elementwise) picks the roofline's "
-                          "eager kernel list; a profile's times were measured as they ran: "
-                          "drop one of them")
+    check_kernel_list_used(model, "a profile's times, measured as they ran,")
     if model.lora:
         raise ConfigError(f"lora_rank={model.lora_rank}: a profile times layers whose every "
                           f"weight trains (calibrate runs no LoRA); price LoRA with the "

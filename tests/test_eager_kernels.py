@@ -120,3 +120,20 @@ def test_a_measured_profile_refuses_the_eager_kernel_list():
     check_profile(make_profile(model=model_shape(FUSED)), FUSED)
     with pytest.raises(ConfigError, match="--no-fused-elementwise"):
         check_profile(make_profile(model=model_shape(EAGER)), EAGER)
+
+
+def test_fixed_seconds_and_real_kernels_refuse_the_eager_kernel_list():
+    """Uniform costs and the kernels backend do not price the kernel list either: the
+    setting would change nothing there, so it is refused."""
+    from clustersim.kernels import run_schedule
+    from clustersim.schedules.plan import resolve
+    from clustersim.schedules.registry import build_schedule
+    from clustersim.sim.cost_model import UniformCostModel
+    from clustersim.sim.simulate import simulate
+    from clustersim.topologies import load_topology
+    layout = ParallelConfig(num_microbatches=1, micro_batch_size=EAGER.micro_batch_size)
+    plan = resolve(EAGER, layout)
+    with pytest.raises(ConfigError, match="--uniform-costs' fixed seconds would ignore it"):
+        simulate(EAGER, layout, load_topology("dgx-h100"), costs=UniformCostModel(1.0, 2.0))
+    with pytest.raises(ConfigError, match="the kernels backend, which runs PyTorch's own"):
+        run_schedule(build_schedule("1f1b", 1, 1), plan)

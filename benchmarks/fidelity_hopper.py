@@ -461,13 +461,17 @@ def render(data: dict) -> str:
 KNOWN_GAPS = {
     "TITAN": "the runs used H100 96 GB HBM2e GPUs capped at 500 W; no matmul ceiling is "
              "published for that part, so they are simulated on the 700 W H100 SXM (a faster "
-             "device)",
+             "device; a 700 W H100 already runs sustained GEMMs at its power cap at about "
+             "1575 MHz of 1980, benchmarks/results/layer_gpu.md section 7, and a 500 W cap "
+             "lowers the clock further by an amount no measurement gives)",
     "NEMO2502": "B200 at NeMo 25.02, early Blackwell software; the B200 MAMF was measured later "
                 "(torch 2.7.1+cu128), and XLA's own B200 table puts a 4096^3 GEMM at 81% of it",
     "MOSAIC": "the rows without recompute (mpt-7b) are off by far more than those with full "
               "recompute; the cause is not found (FlashAttention-2 is assumed)",
     "MLM": "the small-layer rows (1.7B, 7.1B) spend a larger share in small kernels, whose "
-           "launch and host overheads have no published H100 number",
+           "launch and host overheads have no published H100 number for Megatron (eager "
+           "PyTorch's is 12-35 µs per op on a lent H100's host, benchmarks/results/"
+           "layer_gpu.md section 8)",
 }
 """Per source, what is known to be missing from its rows' simulation (not a correction)."""
 

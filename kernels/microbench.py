@@ -107,6 +107,31 @@ def _timed(timer: Timer, count: int, call: Callable[[int], Any]) -> tuple[float,
     return (timer.now() - t0) / count, results
 
 
+QUEUE_AHEAD_CYCLES = 2_000_000
+"""GPU clock cycles (about 1 ms at H100 clocks) of torch.cuda._sleep queued before a
+kernel-table measurement, so the host has queued every timed call before the GPU reaches
+them (_device_timed)."""
+
+
+def _device_timed(timer: Timer, count: int, call: Callable[[int], Any]) -> tuple[float, list]:
+    """Mean device seconds of `count` back-to-back calls: on CUDA, CUDA events around the
+    calls, queued behind a sleeping kernel (QUEUE_AHEAD_CYCLES) so the time is the kernels'
+    alone, without the host's launch latency (which the simulator's kernel sums leave out:
+    on an H100 a single F.linear of (8192 x 4096) @ (4096 x 4096) timed with events around
+    it alone ran at 690 TFLOP/s, its kernel at 810; benchmarks/results/layer_gpu.md).
+    On a CPU the host clock, as _timed."""
+    if not timer.cuda:
+        return _timed(timer, count, call)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(QUEUE_AHEAD_CYCLES)
+    start.record()
+    results = [call(i) for i in range(count)]
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3 / count, results
+
+
 def time_part(part: str, module: nn.Module, inputs: dict, timer: Timer) -> dict[str, float]:
     """One F, B, I, W measurement of a module (F, B and the I/W pair on their own forwards).
     On CUDA each is the mean of BACK_TO_BACK calls queued back to back, so the host's kernel
@@ -250,7 +275,7 @@ def measure_gemms(plan: BenchPlan, device: torch.device, step: Callable[[str], N
     per shape of `plan.gemm_shapes`. Rounds: each of warmup + repeats rounds times every
     shape once (fresh random operands each round, allocated outside the timing), so a
     burst of noise hits one sample of many shapes rather than all samples of one; timed
-    like time_part (on CUDA the mean of BACK_TO_BACK calls queued back to back). Operands
+    by _device_timed (on CUDA the kernels' device time, the mean of BACK_TO_BACK). Operands
     are row-major (NN); autograd's transposed layouts may run at other speeds. A shape
     whose operands do not fit in GPU memory is left out (no samples; kernels.calibrate
     notes how many)."""
@@ -274,7 +299,7 @@ def measure_gemms(plan: BenchPlan, device: torch.device, step: Callable[[str], N
                 a = b = c = None
                 torch.cuda.empty_cache()
                 continue
-            seconds, _ = _timed(timer, count, lambda _: torch.matmul(a, b, out=c))
+            seconds, _ = _device_timed(timer, count, lambda _: torch.matmul(a, b, out=c))
             if i >= plan.warmup:
                 samples[(m, n, k)].append(seconds)
             a = b = c = None  # free this shape's operands before the next's
@@ -287,7 +312,7 @@ def measure_attention(plan: BenchPlan, device: torch.device, step: Callable[[str
     """(forward, backward) seconds of causal torch.nn.functional.scaled_dot_product_attention
     per shape of `plan.attention_shapes`, in the model's dtype: the forward with autograd
     recording (as in training), the backward torch.autograd.backward of its output with a
-    random gradient; rounds as measure_gemms, timed like time_part. With kv_heads < heads,
+    random gradient; rounds and timing as measure_gemms. With kv_heads < heads,
     K and V are expanded to `heads` (repeat_interleave, as kernels.layers does) outside the
     timing: the time is the attention kernel's, on whichever backend torch picks."""
     dtype = torch_dtype(plan.model)
@@ -305,8 +330,9 @@ def measure_attention(plan: BenchPlan, device: torch.device, step: Callable[[str
                     .repeat_interleave(heads // kv_heads, dim=1).requires_grad_()
                     for _ in range(2))
             grad = torch.randn(batch, heads, seq, head_dim, device=device, dtype=dtype)
-            forward, outs = _timed(timer, count, lambda _: sdpa(q, k, v, is_causal=True))
-            backward, _ = _timed(timer, count,
+            forward, outs = _device_timed(timer, count,
+                                          lambda _: sdpa(q, k, v, is_causal=True))
+            backward, _ = _device_timed(timer, count,
                                  lambda j: torch.autograd.backward(outs[j], grad))
             if i >= plan.warmup:
                 samples[shape].append((forward, backward))

@@ -6,10 +6,11 @@ sim.cost_model).
   achievable fractions of the datasheet peaks — applied to each kernel of an op and
   summed (`kernels_time`; the kernels of F/B/I/W come from schedules.layer_kernels via
   `StageKernelCost`), or to the op as a whole when it has no kernel list. A GEMM kernel's
-  compute term comes from `gemm_seconds` (measured GEMM times) where it has a measurement.
-  A flash-attention kernel's compute term runs at its backend's published speed on the
-  device at its sequence length (topologies.attention_kernels; forward and backward apart)
-  where one was found, else at the matmul ceiling (a run note says so). On devices whose
+  compute term comes from `gemm_seconds` (measured GEMM times) where it has a measurement,
+  a flash-attention kernel's from `attention_seconds` (measured attention times) likewise.
+  Otherwise a flash-attention kernel's compute term runs at its backend's published speed
+  on the device at its sequence length (topologies.attention_kernels; forward and backward
+  apart) where one was found, else at the matmul ceiling (a run note says so). On devices whose
   GEMMs write their output after the K loop (Ampere, Hopper: DeviceSpec.matmul_best_k) a
   GEMM also pays that write (`gemm_seconds_at_ceiling`): shallow GEMMs (small K) run
   below the ceiling.
@@ -163,6 +164,9 @@ def gemm_seconds_at_ceiling(device: DeviceSpec, dtype: str, kernel: Kernel,
 GemmSeconds = Callable[[Kernel, str], "float | None"]
 """(GEMM kernel, dtype) -> its measured seconds, or None where there is no measurement
 (a table of GEMM times, issue 16 item 2); the roofline prices the rest."""
+AttentionSeconds = GemmSeconds
+"""(flash-attention kernel, dtype) -> its measured seconds, or None (sim.attention_table);
+the published curve or the roofline prices the rest."""
 
 
 @dataclass(frozen=True)
@@ -175,6 +179,7 @@ class RooflineCost:
     compute_efficiency: float | None = None
     memory_efficiency: float | None = None
     gemm_seconds: GemmSeconds | None = None
+    attention_seconds: AttentionSeconds | None = None
     attainment: float = ATTAINMENT
     attention_backend: str = "auto"
 
@@ -220,14 +225,16 @@ class RooflineCost:
         return total
 
     def _compute_seconds(self, kernel: Kernel) -> float:
-        """A GEMM's measured time where `gemm_seconds` has one, a flash-attention kernel's
-        work at its backend's published speed where there is one, else its work at the
-        compute roofline."""
+        """A GEMM's or flash-attention kernel's measured time where `gemm_seconds` or
+        `attention_seconds` has one, a flash-attention kernel's work at its backend's
+        published speed where there is one, else its work at the compute roofline."""
         dtype = self._dtype_of(kernel)
-        if kernel.gemm is not None and self.gemm_seconds is not None:
-            measured = self.gemm_seconds(kernel, dtype)
-            if measured is not None:
-                return measured
+        for measured_seconds, applies in ((self.gemm_seconds, kernel.gemm),
+                                          (self.attention_seconds, kernel.attention)):
+            if applies is not None and measured_seconds is not None:
+                measured = measured_seconds(kernel, dtype)
+                if measured is not None:
+                    return measured
         if kernel.attention is not None and self._attention is not None:
             seq_length, phase = kernel.attention
             rate = (self.device.peak("bf16") * self.attainment

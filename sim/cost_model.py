@@ -42,6 +42,7 @@ from .collective_model import collective_model
 from .cost import (ATTAINMENT, RooflineCost, StageKernelCost, assumed_ceiling,
                    attention_note, check_attention_backend, check_fraction, memory_fraction)
 from .flows import FlowNetwork
+from .attention_table import attention_seconds_of
 from .gemm_table import gemm_seconds_of
 from .network import InstantNetwork, Network
 from .optimizer_cost import offload_options, with_optimizer_steps
@@ -78,8 +79,9 @@ class RooflineCostModel:
     compute_efficiency: float | None = None
     memory_efficiency: float | None = None
     attainment: float = ATTAINMENT
-    gemm_table: Profile | None = None  # a profile whose measured GEMM times replace the
-    # GEMMs' compute rooflines where its table answers (sim.gemm_table)
+    gemm_table: Profile | None = None  # a profile whose measured GEMM and attention times
+    # replace those kernels' compute terms where its tables answer (sim.gemm_table,
+    # sim.attention_table)
     attention_backend: str = "auto"  # whose published flash-attention speed (sim.cost)
 
     def __post_init__(self) -> None:
@@ -99,8 +101,10 @@ class RooflineCostModel:
                               f"attention kernel; this model runs unfused attention "
                               f"(give --use-flash-attn, or drop the flag)")
         measured = gemm_seconds_of(self.gemm_table)
+        attention = attention_seconds_of(self.gemm_table)
         rooflines = [RooflineCost(d, plan.model.dtype, self.compute_efficiency,
                                   self.memory_efficiency, gemm_seconds=measured,
+                                  attention_seconds=attention,
                                   attainment=self.attainment,
                                   attention_backend=self.attention_backend)
                      for d in devices]
@@ -126,9 +130,12 @@ class RooflineCostModel:
         """What the run assumed for want of a measured ceiling (sim.cost.assumed_ceiling)."""
         notes = []
         if self.gemm_table is not None:
-            notes.append(f"GEMM times from a table measured on {self.gemm_table.device} "
-                         f"({self.gemm_table.gemm.dtype}), applied to every stage's device; "
-                         f"shapes it does not surround use the roofline")
+            attention = ("" if self.gemm_table.attention is None else
+                         " and attention times at its measured sequence length")
+            notes.append(f"GEMM times{attention} from tables measured on "
+                         f"{self.gemm_table.device} ({self.gemm_table.gemm.dtype}), applied "
+                         f"to every stage's device; shapes they do not surround use the "
+                         f"roofline")
         if self.compute_efficiency is not None:
             return notes
         devices = {d.name: d for d in _stage_devices(plan, topology)}

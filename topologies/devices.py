@@ -79,9 +79,11 @@ Achievable ceilings (`matmul_ceiling`, `hbm_ceiling`: fractions of the peaks abo
   ceiling, as the MI300X does for want of a measurement to check against.
 - HBM: 1.80 of 2.04 TB/s (88%) read bandwidth measured on an A100 80GB SXM (NVIDIA developer
   forum, "Trouble to reach peak bandwidth of A100", which also cites ~90% as the best any
-  kernel reached in a GTC talk), as in benchmarks/results/fidelity.md. No comparable
-  published measurement was found for the other devices: their hbm_ceiling is that same
-  0.88, marked assumed in hbm_ceiling_source.
+  kernel reached in a GTC talk), as in benchmarks/results/fidelity.md. H100 SXM: 3.01 of
+  3.35 TB/s (0.899), a 1 GiB device-to-device copy (bytes read + written, CUDA events,
+  median of 20) measured on an H100 80GB HBM3 at 700 W (benchmarks/results/layer_gpu.md,
+  section 5). No comparable measurement was found for the other devices: their
+  hbm_ceiling is the A100's 0.88, marked assumed in hbm_ceiling_source.
 """
 from __future__ import annotations
 
@@ -220,6 +222,9 @@ class DeviceSpec:
 MAMF_SOURCE = "ml-engineering MAMF v2"  # S. Bekman's table, commit 744d01e (module docstring)
 HBM_A100_CEILING = 0.88  # 1.80 of 2.04 TB/s read on an A100 80GB SXM (NVIDIA developer forum)
 HBM_A100_SOURCE = "A100 80GB SXM read 1.80/2.04 TB/s (NVIDIA forum)"
+HBM_H100_SXM_CEILING = 0.899
+HBM_H100_SXM_SOURCE = ("measured: 1 GiB device-to-device copy, 3.01 TB/s on an H100 80GB HBM3 "
+                       "(benchmarks/results/layer_gpu.md)")
 _HBM_ASSUMED = "assumed as a100-80gb-sxm's 1.80/2.04 TB/s (no published measurement found)"
 
 # Peaks (dense FLOP/s) shared by several devices.
@@ -288,7 +293,8 @@ DEVICES: dict[str, DeviceSpec] = {
             peak_flops=_H100_SXM,
             hbm_bandwidth=3.35e12, memory_bytes=80e9, nvlink_bandwidth=900e9 / 2, sm_count=132,
             **_H100_GEMMS, matmul_ceiling_source=f"{MAMF_SOURCE}, H100 SXM",
-            hbm_ceiling=HBM_A100_CEILING, hbm_ceiling_source=_HBM_ASSUMED, tdp_watts=700,
+            hbm_ceiling=HBM_H100_SXM_CEILING, hbm_ceiling_source=HBM_H100_SXM_SOURCE,
+            tdp_watts=700,
         ),
         DeviceSpec(
             name="h100-pcie", compute_capability=(9, 0),

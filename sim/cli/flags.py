@@ -280,8 +280,9 @@ COST_FLAGS = (  # the cost model: sim.cost_model
     _flag("--profile", "profile", "measured compute and P2P times from `clustersim calibrate` "
           "instead of the roofline (the topology then only places ranks)", metavar="PATH"),
     _flag("--gemm-table", "gemm_table", "a `clustersim calibrate` profile whose measured GEMM "
-          "times (its gemm section, interpolated between shapes) replace the roofline's "
-          "matmul ceiling for GEMMs; other kernels and the network stay as they are",
+          "times (its gemm section, interpolated between shapes) and flash-attention times "
+          "(its attention section, at its sequence length) replace the roofline's compute "
+          "term for those kernels; other kernels and the network stay as they are",
           metavar="PATH"),
     _flag("--attention-backend", "attention_backend",
           "whose published flash-attention speed prices the attention kernels (Megatron-LM's "

@@ -17,6 +17,7 @@ Writes RESULTS/calibration_gpu.md and the raw numbers beside it (.json).
     python benchmarks/calibration_gpu.py               # about 3 minutes on an H100
     python benchmarks/calibration_gpu.py --out DIR     # results elsewhere
     python benchmarks/calibration_gpu.py --render      # the .md again from the .json
+    python benchmarks/calibration_gpu.py --only PP=4 --out DIR   # some configurations
 """
 from __future__ import annotations
 
@@ -61,12 +62,12 @@ def gpu_environment() -> dict[str, str]:
     return env
 
 
-def measure(work: Path) -> dict:
+def measure(work: Path, configs: dict[str, tuple[str, ...]] = CONFIGS) -> dict:
     started = time.perf_counter()
     clustersim("calibrate", "--device", "cuda", *MODEL, "-o", "profile.json", cwd=work)
     data = {"calibrate_s": time.perf_counter() - started,
             "profile": json.loads((work / "profile.json").read_text()), "configs": {}}
-    for name, flags in CONFIGS.items():
+    for name, flags in configs.items():
         sim_flags = tuple(f for f in flags if f != "--replay")
         clustersim("run", "--device", "cuda", *flags, *MODEL, "--iterations", str(ITERATIONS),
                    "--warmup-iterations", str(WARMUP), "--timeline-json", "measured.json",
@@ -138,9 +139,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("--render", action="store_true", help="rewrite the .md from the .json")
+    parser.add_argument("--only", default="", metavar="TEXT",
+                        help="run only the configurations whose name contains TEXT")
     args = parser.parse_args()
-    data = measured_or_saved(args.out / "calibration_gpu.json", args.render, measure,
-                             gpu_environment)
+    configs = {name: flags for name, flags in CONFIGS.items() if args.only in name}
+    if not configs:
+        parser.error(f"--only {args.only!r} matches none of: {', '.join(CONFIGS)}")
+    data = measured_or_saved(args.out / "calibration_gpu.json", args.render,
+                             lambda work: measure(work, configs), gpu_environment)
     (args.out / "calibration_gpu.md").write_text(markdown(data))
     print(markdown(data))
 

@@ -29,6 +29,10 @@ when device is 'nvme'; stage_1_and_2.py offloads to the CPU for any device but '
 no datasheet here gives it, so the user does) prices the swaps (sim.optimizer_cost) and
 needs offload_device 'nvme'.
 
+`activation_memory_limit`: the activation bytes a pipeline rank may hold, the cap under
+which the zb-auto schedule is built (sim.auto_schedule; default: the device's memory left
+after everything else); only with that schedule.
+
 ZeRO-R's partitioned activation checkpoints: `partition_activations` (DeepSpeed's
 activation_checkpointing.partition_activations, Megatron's --distribute-saved-activations)
 and `cpu_checkpointing`; their rules and costs are schedules.activation_partition's.
@@ -130,6 +134,7 @@ class ParallelConfig:
     account_for_embedding: bool = False  # the embedding takes one layer's slot
     account_for_loss: bool = False  # the output layer + loss take one layer's slot
     schedule: str = DEFAULT_SCHEDULE  # or CUSTOM_SCHEDULE for a schedule given as data
+    activation_memory_limit: float | None = None  # bytes per rank, for zb-auto's search
     # intra-layer communication (issue 6); see schedules.intra_layer
     tp_comm_overlap: bool = False  # TP collectives run alongside the GEMMs
     cp_comm: str = "ring"  # context parallelism: 'ring' attention or 'ulysses' all-to-alls
@@ -267,6 +272,14 @@ class ParallelConfig:
         entry = schedule_entry(self.schedule)  # the registry's rules (schedules.registry)
         object.__setattr__(self, "schedule", entry.name)
         entry.check(self.pp, self.num_microbatches, self.vpp)
+        limit = self.activation_memory_limit
+        if limit is not None and not entry.built_from_costs:
+            raise ConfigError(f"activation_memory_limit (--activation-memory-limit) caps the "
+                              f"search of a schedule built from costs (zb-auto); schedule "
+                              f"{entry.name!r} has a fixed order it would not change")
+        if limit is not None and (not is_finite_number(limit) or not limit > 0):
+            raise ConfigError(f"activation_memory_limit must be a finite number of bytes > 0, "
+                              f"got {limit!r}")
 
     # --- construction from other frameworks' spellings -----------------------------------
     @classmethod

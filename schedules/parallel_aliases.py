@@ -42,7 +42,8 @@ the sources of each mapping:
   inside a shard group, replicated across groups, _HYBRID_SHARD_ZERO2 = ZeRO-2 likewise),
   DDP `bucket_cap_mb` (MiB: torch multiplies by 1024 * 1024; default 25).
 - clustersim's own `nvme_bandwidth_gbps` (--nvme-bandwidth, GB/s = 1e9 B/s per node; DeepSpeed
-  has no such key) -> nvme_bandwidth in bytes/s.
+  has no such key) -> nvme_bandwidth in bytes/s; `activation_memory_limit_gb`
+  (--activation-memory-limit, GB = 1e9 bytes per pipeline rank) -> activation_memory_limit.
 """
 from __future__ import annotations
 
@@ -90,6 +91,7 @@ MIB = 1024 * 1024
 MAX_BUCKET_BYTES = 1 << 40  # a gradient bucket above 1 TiB is a typo
 GB = 10**9  # --nvme-bandwidth is in GB/s
 MAX_NVME_BANDWIDTH = 10**13  # bytes/s: a node's NVMe above 10 TB/s is a typo
+MAX_ACTIVATION_LIMIT = 10**15  # bytes: a GPU's activations above 1 PB are a typo
 
 SHARDING_STRATEGIES = {  # Megatron-FSDP --data-parallel-sharding-strategy
     "no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
@@ -200,6 +202,9 @@ VALUE_ALIASES: dict[str, Callable[[str, Any], dict[str, Any]]] = {
     "nvme_bandwidth_gbps":
         lambda k, v: {"nvme_bandwidth": _bytes_from(k, v, GB, MAX_NVME_BANDWIDTH,
                                                      "10 TB/s of NVMe per node")},
+    "activation_memory_limit_gb":
+        lambda k, v: {"activation_memory_limit": _bytes_from(k, v, GB, MAX_ACTIVATION_LIMIT,
+                                                             "1 PB of activations per GPU")},
     "optimizer_cpu_offload": lambda k, v: {"offload": _flag(k, v)},
     "zero_hpz_partition_size": _hpz,
     "bucket_cap_mb": lambda k, v: {"bucket_bytes": _bytes_from(k, v, MIB)},

@@ -22,7 +22,8 @@ class ScheduleEntry:
     matched case-insensitively, '_' = '-'), its generator, its virtual-stage rule (vpp
     from `min_vpp` to `max_vpp`, None = unbounded; `default_vpp` when not given), its
     placement, whether it runs microbatches in groups of pp, its `source` and a one-line
-    `summary` for the help."""
+    `summary` for the help. `built_from_costs`: the order depends on a run's simulated
+    costs (sim.auto_schedule builds it); it has no order of its own to `build`."""
 
     name: str
     programs: Programs
@@ -34,6 +35,7 @@ class ScheduleEntry:
     max_vpp: int | None = 1
     placement: str = LOOP
     microbatches_multiple_of_pp: bool = False
+    built_from_costs: bool = False
 
     def __post_init__(self) -> None:
         if self.placement not in PLACEMENTS:
@@ -64,6 +66,10 @@ class ScheduleEntry:
         when it would exceed `max_ops` (schedules.limits)."""
         vpp = self.default_vpp if vpp is None else vpp
         self.check(pp, microbatches, vpp)
+        if self.built_from_costs:
+            raise ConfigError(f"schedule {self.name!r} is built from a run's simulated costs: "
+                              f"`clustersim simulate` and `compare` build it; it has no fixed "
+                              f"order to show or to run on devices")
         check_op_budget(pp * vpp, microbatches, max_ops)
         stages = pp * vpp
         programs = self.programs(stages_by_rank(self.placement, pp, stages), microbatches)

@@ -31,11 +31,13 @@ from clustersim.schedules.model import ModelSpec
 from clustersim.schedules.names import TP
 from clustersim.schedules.parallel import ParallelConfig
 from clustersim.schedules.plan import Plan, resolve
+from clustersim.schedules.registry import schedule_entry
 from clustersim.schedules.schedule import Schedule
 from clustersim.schedules.timeline import Timeline
 from clustersim.schedules.validate import dry_run
 from clustersim.topologies import device_of
 
+from .auto_schedule import build_auto_schedule
 from .cluster import cluster_facts
 from .collective_model import compute_slowdowns
 from .cost_model import CostModel, RooflineCostModel
@@ -54,12 +56,34 @@ def simulate(model: ModelSpec, parallel: ParallelConfig, topology: nx.DiGraph,
     """Simulate one training iteration; `schedule` (a custom one, given as data)
     overrides the registered schedule `parallel` names; `max_ops`: the op budget of a
     registered schedule (schedules.limits), checked before it is built."""
+    if schedule is None and schedule_entry(parallel.schedule).built_from_costs:
+        return _simulate_auto(model, parallel, topology, costs, max_ops)
+    plan = _checked_plan(model, parallel, topology, schedule, max_ops)
+    return _replay(plan, topology, costs, schedule)
+
+
+def _checked_plan(model: ModelSpec, parallel: ParallelConfig, topology: nx.DiGraph,
+                  schedule: Schedule | None, max_ops: int) -> Plan:
     plan = resolve(model, parallel, cluster_facts(topology), schedule, max_ops)
     plan.devices  # every rank needs a GPU (ConfigError otherwise), checked before any work
     for device in {device_of(topology, gpu) for gpu in plan.devices}:
         check_fp8_device(model, device.name, device.compute_capability)
     check_symmetric(plan, topology)
-    return _replay(plan, topology, costs, schedule)
+    return plan
+
+
+def _simulate_auto(model: ModelSpec, parallel: ParallelConfig, topology: nx.DiGraph,
+                   costs: CostModel, max_ops: int) -> Timeline:
+    """A schedule built from this run's simulated costs (sim.auto_schedule), replayed."""
+    def simulate_with(schedule: Schedule) -> tuple[Plan, Timeline]:
+        plan = _checked_plan(model, parallel, topology, schedule, max_ops)
+        return plan, _replay(plan, topology, costs, schedule)
+
+    schedule, note = build_auto_schedule(model, parallel, topology, simulate_with)
+    plan, timeline = simulate_with(schedule)
+    log.info(note)
+    timeline.meta["warnings"].append(note)
+    return timeline
 
 
 def _replay(plan: Plan, topology: nx.DiGraph, costs: CostModel,

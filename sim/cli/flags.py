@@ -210,6 +210,10 @@ SHARDING_FLAGS = (  # ZeRO/FSDP, offload, ZeRO++, buckets, recompute: schedules.
           "with --offload-device nvme: the node's NVMe bandwidth in GB/s, read and write "
           "alike, shared by its GPUs (no datasheet gives it: measure it, e.g. with "
           "DeepSpeed's ds_nvme_tune)", type=float, metavar="GB/s"),
+    _flag("--activation-memory-limit", "activation_memory_limit_gb",
+          "with --schedule zb-auto: the activation memory in GB a pipeline rank may hold, "
+          "the cap its schedule is built under (default: the device memory left after "
+          "parameters, gradients, optimizer states and buffers)", type=float, metavar="GB"),
     _flag("--bucket-mb", "bucket_cap_mb",
           "gradient bucket in MiB (torch DDP bucket_cap_mb; default 25)", type=float,
           metavar="MiB"),

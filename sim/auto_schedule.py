@@ -1,0 +1,107 @@
+"""`--schedule zb-auto`: the automatic zero-bubble schedule (schedules.zero_bubble_auto)
+built for one run from that run's own simulated costs.
+
+1. Simulate the run once with a stand-in order of the same shape: 1F1B with a split
+   backward (one chunk per rank, the loop placement), with the run's cost model, network
+   and collectives.
+2. Read each stage's F, I and W seconds (median over microbatches) and the P2P seconds
+   (median of SEND_F and SEND_B spans) off that timeline: contention, TP and CP
+   collectives inside the ops and the devices of each stage included.
+3. Cap each rank at the microbatches whose activations fit in its limit:
+   floor(limit / stage activation bytes per microbatch). The limit is
+   ParallelConfig.activation_memory_limit when given. Otherwise it is the device memory
+   left after the rank's model states and buffers (schedules.memory_model).
+4. Search the order (schedules.zero_bubble_auto.auto_zero_bubble) and hand it to the
+   simulator as a schedule given as data.
+The run's note says what it was built from. Data-parallel collectives and the optimizer
+step are not part of the search's cost model: they come after it in the replay.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Callable
+
+import networkx as nx
+
+from clustersim.schedules.activation_partition import stage_activation_bytes
+from clustersim.schedules.errors import ConfigError
+from clustersim.schedules.memory_model import rank_memory
+from clustersim.schedules.model import ModelSpec
+from clustersim.schedules.ops import OpKind
+from clustersim.schedules.parallel import ParallelConfig
+from clustersim.schedules.plan import Plan
+from clustersim.schedules.schedule import Schedule
+from clustersim.schedules.timeline import Timeline
+from clustersim.schedules.zero_bubble_auto import (StageTimes, auto_zero_bubble,
+                                                   iteration_time, template_program)
+
+STAND_IN = "zb-auto stand-in (1F1B, split backward)"
+
+
+def stand_in(parallel: ParallelConfig) -> Schedule:
+    """1F1B with its backward split into I and W: the order zb-auto's costs are read from."""
+    pp, m = parallel.pp, parallel.num_microbatches
+    return Schedule(STAND_IN, m, [template_program(s, m, min(pp - s, m), 0)
+                                  for s in range(pp)], pp)
+
+
+def stage_times(timeline: Timeline, num_stages: int) -> tuple[list[StageTimes], float]:
+    """Per stage, the median F, I and W seconds of the timeline's spans, and the median
+    P2P seconds (0 when no span moves data between stages)."""
+    seconds: dict[tuple[OpKind, int], list[float]] = defaultdict(list)
+    for span in timeline.spans:
+        seconds[(span.op.kind, span.op.stage)].append(span.end - span.start)
+    times = [StageTimes(*(statistics.median(seconds[(kind, s)])
+                          for kind in (OpKind.F, OpKind.I, OpKind.W)))
+             for s in range(num_stages)]
+    p2p = [t for (kind, _), ts in seconds.items() if kind in (OpKind.SEND_F, OpKind.SEND_B)
+           for t in ts]
+    return times, statistics.median(p2p) if p2p else 0.0
+
+
+def memory_caps(plan: Plan, limit: float | None) -> list[int]:
+    """Microbatches each stage's rank may hold (module docstring, step 3)."""
+    activation = stage_activation_bytes(plan)[0]
+    base = rank_memory(plan, in_flight=[0] * plan.num_stages)
+    caps = []
+    for s in range(plan.num_stages):
+        room = (limit if limit is not None else
+                plan.cluster.memory_bytes - base[plan.stage_ranks[s]].total_bytes)
+        if activation[s] <= 0:
+            caps.append(plan.parallel.num_microbatches)
+            continue
+        cap = math.floor(room / activation[s])
+        if cap < 1:
+            where = ("--activation-memory-limit" if limit is not None else
+                     "the device memory left after model states and buffers")
+            raise ConfigError(f"zb-auto: {where} ({room / 1e9:.2f} GB) holds no microbatch of "
+                              f"stage {s} ({activation[s] / 1e9:.2f} GB each): nothing to "
+                              f"schedule")
+        caps.append(min(cap, plan.parallel.num_microbatches))
+    return caps
+
+
+def build_auto_schedule(model: ModelSpec, parallel: ParallelConfig, topology: nx.DiGraph,
+                        simulate_with: Callable[[Schedule], tuple[Plan, Timeline]]
+                        ) -> tuple[Schedule, str]:
+    """The zb-auto Schedule of this run and the note that says what it was built from.
+    `simulate_with(schedule)` simulates the run with a schedule given as data and returns
+    its plan and timeline (sim.simulate passes its own replay)."""
+    if parallel.vpp != 1:
+        raise ConfigError(f"zb-auto schedules one chunk per rank: it needs vpp == 1, got "
+                          f"vpp={parallel.vpp}")
+    plan, timeline = simulate_with(stand_in(parallel))
+    times, p2p = stage_times(timeline, plan.num_stages)
+    caps = memory_caps(plan, parallel.activation_memory_limit)
+    auto = auto_zero_bubble(times, parallel.num_microbatches, p2p, caps)
+    schedule = Schedule("zb-auto", parallel.num_microbatches, auto.programs, parallel.pp)
+    ms = ", ".join(f"{t.forward * 1e3:.3g}/{t.input_grad * 1e3:.3g}/{t.weight_grad * 1e3:.3g}"
+                   for t in times)
+    baseline = iteration_time(stand_in(parallel).programs, times, p2p)
+    note = (f"zb-auto built from the simulated F/I/W ms per stage ({ms}) and P2P "
+            f"{p2p * 1e3:.3g} ms under caps of {caps} microbatches per rank: "
+            f"{auto.origin}; its pipeline alone takes {auto.makespan:.4g} s against "
+            f"{baseline:.4g} s for 1F1B with a split backward under the same costs")
+    return schedule, note

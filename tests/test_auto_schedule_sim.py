@@ -1,0 +1,70 @@
+"""`--schedule zb-auto` end to end (sim.auto_schedule): the schedule is built from the
+run's own simulated costs and replayed. Checked against the closed-form lower bound
+3M + P - 1 with uniform unit F, I, W and free communication, against the activation
+memory cap it is built under, and for its one-line refusals."""
+import pytest
+
+from clustersim.schedules.activation_partition import stage_activation_bytes
+from clustersim.schedules.errors import ConfigError
+from clustersim.schedules.model import ModelSpec
+from clustersim.schedules.parallel import ParallelConfig
+from clustersim.schedules.plan import resolve
+from clustersim.sim.cli import main
+from clustersim.sim.cost_model import UniformCostModel
+from clustersim.sim.simulate import simulate
+from clustersim.topologies import load_topology
+
+MODEL = ModelSpec(num_layers=8, hidden_size=512, num_attention_heads=8, seq_length=256,
+                  vocab_size=1024)
+TOPOLOGY = load_topology("dgx-h100")
+
+
+def auto(pp: int, microbatches: int, **kw):
+    return ParallelConfig.from_kwargs(schedule="zb-auto", pp=pp, num_microbatches=microbatches,
+                                      **kw)
+
+
+@pytest.mark.parametrize("pp, microbatches", [(2, 4), (4, 8), (4, 12)])
+def test_unit_costs_give_the_lower_bound(pp, microbatches):
+    """F = 1, B = 2 (I = W = 1), free communication: no rank can finish before 3M + P - 1
+    (the last stage's first input arrives after P - 1 forwards), and the schedule built
+    from these costs does it, with a note saying what it was built from."""
+    timeline = simulate(MODEL, auto(pp, microbatches), TOPOLOGY,
+                        costs=UniformCostModel(1.0, 2.0))
+    assert timeline.iteration_time == pytest.approx(3 * microbatches + pp - 1)
+    assert any(w.startswith("zb-auto built from the simulated F/I/W")
+               for w in timeline.meta["warnings"])
+
+
+def test_the_activation_memory_limit_caps_what_each_rank_holds():
+    pp, microbatches = 4, 8
+    plan = resolve(MODEL, ParallelConfig(pp=pp, num_microbatches=microbatches))
+    per_microbatch = max(stage_activation_bytes(plan)[0])
+    limit_gb = 2 * per_microbatch / 1e9  # two microbatches of the largest stage
+    timeline = simulate(MODEL, auto(pp, microbatches, activation_memory_limit_gb=limit_gb),
+                        TOPOLOGY, costs=UniformCostModel(1.0, 2.0))
+    assert max(timeline.peak_in_flight().values()) <= 2
+    unlimited = simulate(MODEL, auto(pp, microbatches), TOPOLOGY,
+                         costs=UniformCostModel(1.0, 2.0))
+    assert unlimited.iteration_time < timeline.iteration_time  # the cap costs time
+
+
+def test_refusals_are_one_line_errors():
+    with pytest.raises(ConfigError, match="holds no microbatch of stage 0"):
+        simulate(MODEL, auto(2, 4, activation_memory_limit_gb=1e-6), TOPOLOGY,
+                 costs=UniformCostModel(1.0, 2.0))
+    with pytest.raises(ConfigError, match="needs vpp == 1"):
+        ParallelConfig.from_kwargs(schedule="zb-auto", pp=2, vpp=2, num_microbatches=4)
+    with pytest.raises(ConfigError, match="has a fixed order it would not change"):
+        ParallelConfig.from_kwargs(schedule="1f1b", pp=2, num_microbatches=4,
+                                   activation_memory_limit_gb=10)
+
+
+def test_the_cli_builds_it_and_show_says_why_it_cannot(capsys, tmp_path):
+    assert main(["simulate", "--schedule", "zb-auto", "--pp", "2", "--microbatches", "4",
+                 "--num-layers", "4", "--hidden-size", "512", "--num-attention-heads", "8",
+                 "--seq-length", "256", "--vocab-size", "1024", "--uniform-costs", "1,2",
+                 "-o", str(tmp_path / "zb.html")]) == 0
+    assert "zb-auto built from the simulated F/I/W" in capsys.readouterr().out
+    assert main(["show", "zb-auto", "--pp", "2", "--microbatches", "4"]) == 2
+    assert "is built from a run's simulated costs" in capsys.readouterr().err

@@ -70,7 +70,7 @@ def schedule_help() -> str:
     """One line per schedule for the CLI's help: name, aliases, vpp rule, source."""
     lines = []
     for e in SCHEDULES.values():
-        vpp = ("vpp 1" if e.max_vpp == 1 else
+        vpp = (f"vpp {e.max_vpp}" if e.max_vpp == e.min_vpp else
                f"vpp >= {e.min_vpp} (default {e.default_vpp})")
         lines.append(f"{e.name} ({vpp}; {e.placement} placement): {e.summary} [{e.source}]")
     return "; ".join(lines)

@@ -23,7 +23,9 @@ class ScheduleEntry:
     from `min_vpp` to `max_vpp`, None = unbounded; `default_vpp` when not given), its
     placement, whether it runs microbatches in groups of pp, its `source` and a one-line
     `summary` for the help. `built_from_costs`: the order depends on a run's simulated
-    costs (sim.auto_schedule builds it); it has no order of its own to `build`."""
+    costs (sim.auto_schedule builds it); it has no order of its own to `build`.
+    `microbatch_rule(pp, microbatches)`: any further rule on the microbatch count, the
+    reason for refusing it (one line naming the rule) or None."""
 
     name: str
     programs: Programs
@@ -36,6 +38,7 @@ class ScheduleEntry:
     placement: str = LOOP
     microbatches_multiple_of_pp: bool = False
     built_from_costs: bool = False
+    microbatch_rule: Callable[[int, int], str | None] | None = None  # (pp, M) -> why not
 
     def __post_init__(self) -> None:
         if self.placement not in PLACEMENTS:
@@ -59,6 +62,9 @@ class ScheduleEntry:
         if self.microbatches_multiple_of_pp and microbatches % pp:
             raise ConfigError(f"schedule {self.name!r} runs microbatches in groups of pp={pp}: "
                               f"microbatches must be a multiple of pp, got {microbatches}")
+        why = self.microbatch_rule(pp, microbatches) if self.microbatch_rule else None
+        if why:
+            raise ConfigError(f"schedule {self.name!r}: {why}")
 
     def build(self, pp: int, microbatches: int, vpp: int | None = None,
               max_ops: int = MAX_OPS) -> Schedule:

@@ -11,8 +11,9 @@ built for one run from that run's own simulated costs.
    floor(limit / stage activation bytes per microbatch). The limit is
    ParallelConfig.activation_memory_limit when given. Otherwise it is the device memory
    left after the rank's model states and buffers (schedules.memory_model).
-4. Search the order (schedules.zero_bubble_auto.auto_zero_bubble) and hand it to the
-   simulator as a schedule given as data.
+4. Search the order (schedules.zero_bubble_auto.auto_zero_bubble; the handcrafted ZB-H1
+   and ZB-H2 are weighed too where they fit the caps) and hand it to the simulator as a
+   schedule given as data.
 The run's note says what it was built from. Data-parallel collectives and the optimizer
 step are not part of the search's cost model: they come after it in the replay.
 """
@@ -32,12 +33,14 @@ from clustersim.schedules.model import ModelSpec
 from clustersim.schedules.ops import OpKind
 from clustersim.schedules.parallel import ParallelConfig
 from clustersim.schedules.plan import Plan
+from clustersim.schedules.registry import build_schedule
 from clustersim.schedules.schedule import Schedule
 from clustersim.schedules.timeline import Timeline
 from clustersim.schedules.zero_bubble_auto import (StageTimes, auto_zero_bubble,
                                                    iteration_time, template_program)
 
 STAND_IN = "zb-auto stand-in (1F1B, split backward)"
+HANDCRAFTED = ("zb-h1", "zb-h2")  # weighed too, where they fit (Qi et al. 2024, Figure 3)
 
 
 def stand_in(parallel: ParallelConfig) -> Schedule:
@@ -95,7 +98,9 @@ def build_auto_schedule(model: ModelSpec, parallel: ParallelConfig, topology: nx
     plan, timeline = simulate_with(stand_in(parallel))
     times, p2p = stage_times(timeline, plan.num_stages)
     caps = memory_caps(plan, parallel.activation_memory_limit)
-    auto = auto_zero_bubble(times, parallel.num_microbatches, p2p, caps)
+    handcrafted = [(name, build_schedule(name, parallel.pp, parallel.num_microbatches).programs)
+                   for name in HANDCRAFTED]
+    auto = auto_zero_bubble(times, parallel.num_microbatches, p2p, caps, handcrafted)
     schedule = Schedule("zb-auto", parallel.num_microbatches, auto.programs, parallel.pp)
     ms = ", ".join(f"{t.forward * 1e3:.3g}/{t.input_grad * 1e3:.3g}/{t.weight_grad * 1e3:.3g}"
                    for t in times)

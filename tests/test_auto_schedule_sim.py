@@ -68,3 +68,15 @@ def test_the_cli_builds_it_and_show_says_why_it_cannot(capsys, tmp_path):
     assert "zb-auto built from the simulated F/I/W" in capsys.readouterr().out
     assert main(["show", "zb-auto", "--pp", "2", "--microbatches", "4"]) == 2
     assert "is built from a run's simulated costs" in capsys.readouterr().err
+
+
+def test_compare_applies_the_limit_to_the_schedule_built_from_costs_only(capsys):
+    dims = ["--pp", "2", "--microbatches", "4", "--num-layers", "4", "--hidden-size", "512",
+            "--num-attention-heads", "8", "--seq-length", "256", "--vocab-size", "1024",
+            "--uniform-costs", "1,2"]
+    assert main(["compare", "--schedules", "1f1b,zb-auto", "--activation-memory-limit",
+                 "10", *dims]) == 0
+    assert "zb-auto" in capsys.readouterr().out
+    assert main(["compare", "--schedules", "1f1b,zb-h1", "--activation-memory-limit", "10",
+                 *dims]) == 2
+    assert "none of --schedules is one" in capsys.readouterr().err

@@ -108,6 +108,9 @@ def test_tensor_parallel_shards_recombine_to_the_full_linear():
 @pytest.mark.parametrize("name,pp,vpp,model", [
     ("gpipe", 2, 1, GPT), ("1f1b", 2, 1, GPT), ("interleaved-1f1b", 2, 2, LLAMA),
     ("interleaved-1f1b", 1, 2, GPT),  # two chunks on one rank: local hand-off, shared embedding
+    # zero bubble (I now, W later): handcrafted, torch's interleaved order, and the V shape
+    ("zb-h1", 2, 1, GPT), ("zb-h2", 2, 1, LLAMA), ("interleaved-zero-bubble", 2, 2, GPT),
+    ("zbv-zero-bubble", 2, 2, LLAMA),  # first and last stage on rank 0
 ])
 def test_pipelined_gradients_equal_reference(name, pp, vpp, model):
     par = parallel(pp=pp, vpp=vpp, num_microbatches=4, schedule=name)

@@ -26,8 +26,17 @@ def configs(draw):
     pp = draw(st.integers(1, 8))
     vpp = draw(st.integers(entry.min_vpp, min(entry.max_vpp or 4, 4)))
     mb = pp * draw(st.integers(1, 24 // pp)) if entry.microbatches_multiple_of_pp \
-        else draw(st.integers(1, 24))
+        else draw(st.integers(1, 24).filter(lambda m: accepts(entry, pp, m, vpp)))
     return entry, pp, mb, vpp
+
+
+def accepts(entry, pp, mb, vpp) -> bool:
+    """Whether the entry's own rules (ScheduleEntry.check) take these degrees."""
+    try:
+        entry.check(pp, mb, vpp)
+    except ConfigError:
+        return False
+    return True
 
 
 @SETTINGS

@@ -13,7 +13,8 @@ from clustersim.schedules.model_presets import MODEL_PRESETS
 from clustersim.schedules.output_files import check_outputs, write_output, write_text_atomic
 from clustersim.schedules.p2p import add_p2p
 from clustersim.schedules.parallel import CUSTOM_SCHEDULE, ParallelConfig
-from clustersim.schedules.registry import SCHEDULES, build_schedule, canonical_schedule_name
+from clustersim.schedules.registry import (SCHEDULES, build_schedule, canonical_schedule_name,
+                                           schedule_entry)
 from clustersim.schedules.schedule import Schedule
 from clustersim.schedules.timeline import Timeline
 from clustersim.schedules.torch_csv import read_torch_csv, to_torch_csv
@@ -197,7 +198,14 @@ def cmd_compare_schedules(args: argparse.Namespace) -> int:
     topology = load_topology(args.topology)
     costs = cost_model_from_args(args)
     results: list[tuple[str, Timeline]] = []
-    for name, vpp in _parse_schedule_list(args.schedules):
+    schedules = _parse_schedule_list(args.schedules)
+    limit = getattr(args, "activation_memory_limit_gb", None)
+    if limit is not None and not any(schedule_entry(n).built_from_costs for n, _ in schedules):
+        raise ConfigError("--activation-memory-limit caps the search of a schedule built from "
+                          "costs (zb-auto); none of --schedules is one")
+    for name, vpp in schedules:
+        args.activation_memory_limit_gb = (limit if schedule_entry(name).built_from_costs
+                                           else None)  # the others have fixed orders
         parallel = parallel_from_args(args, name, vpp, model.micro_batch_size)
         label = name if parallel.vpp == 1 else f"{name} (vpp={parallel.vpp})"
         results.append((label, simulate(model, parallel, topology, None, costs,

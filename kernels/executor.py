@@ -114,9 +114,9 @@ class RankExecutor(PostedOps, P2POps, DataParallelOps, TensorParallelOps):
         self.dtype = torch_dtype(spec)
         self.device = tokens.device
         self.groups = schedule.layer_groups
-        self.contract = program_contract(self.program)  # positional waits
+        self.contract = program_contract(self.program, schedule.stage_ranks)  # positional
         self.needs = [prerequisites(op, schedule.stage_ranks, schedule.num_microbatches)
-                      for op in self.program]
+                      + self.contract.partner.get(i, ()) for i, op in enumerate(self.program)]
         self.products = program_products(self.program)
         self.current: Op | None = None
         self.index = -1

@@ -5,6 +5,8 @@ Rules (docs/architecture.md, "The execution contract"):
 - `F(s,m)` waits for `RECV_F(s,m)` unless `s` is the first stage;
 - `B(s,m)` and `I(s,m)` wait for `F(s,m)` and, unless `s` is the last stage, `RECV_B(s,m)`;
 - `W(s,m)` waits for `I(s,m)`;
+- the F of an overlapped pair (F, then a B marked `overlapped`: DualPipe) also waits for
+  the B's inputs (`pair_waits`);
 - `SEND_F(s,m)` waits for `F(s,m)`; `SEND_B(s,m)` for the input gradient of `(s,m)`;
 - a whole-iteration DP gradient collective of stage s (chunk and microbatch None) waits
   for the weight gradients of every microbatch;
@@ -79,7 +81,7 @@ waits for both. The ZeRO-Offload rules above do not apply to checkpoint copies.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .activation_partition import is_checkpoint_copy
 from .names import DP_GROUPS, HOST, INTRA_LAYER_GROUPS
@@ -263,16 +265,41 @@ def _intra_layer_waits(program: Sequence[Op], waits: list[tuple[int, ...]]) -> N
 @dataclass(frozen=True)
 class ProgramContract:
     """What a backend precomputes for one rank's program so it does not rescan:
-    `local[i]`, the earlier indices op i waits for (local_waits), and `completes`, the
-    extra whole-stage keys of chunked ops (chunk_completions). Keyed waits and products
+    `local[i]`, the earlier indices op i waits for (local_waits), `completes`, the
+    extra whole-stage keys of chunked ops (chunk_completions), and `partner`, the extra
+    keyed waits of the F of an overlapped pair (pair_waits). Keyed waits and products
     stay per op: prerequisites(op, ...) and produces(op)."""
 
     local: list[tuple[int, ...]]
     completes: dict[int, tuple[Key, ...]]
+    partner: dict[int, tuple[Key, ...]] = field(default_factory=dict)
 
 
-def program_contract(program: Sequence[Op]) -> ProgramContract:
-    return ProgramContract(local_waits(program), chunk_completions(program))
+def program_contract(program: Sequence[Op], stage_ranks: Sequence[int] = ()
+                     ) -> ProgramContract:
+    return ProgramContract(local_waits(program), chunk_completions(program),
+                           pair_waits(program, stage_ranks) if stage_ranks else {})
+
+
+def pair_waits(program: Sequence[Op], stage_ranks: Sequence[int]) -> dict[int, tuple[Key, ...]]:
+    """An overlapped pair (an F, then the B marked `overlapped`: DualPipe's F&B chunk)
+    starts when the inputs of both are there, as torch lowers OVERLAP_F_B
+    (`_add_send_recv`) and DeepSeek's `_forward_backward_chunk` receives both before
+    computing: the F also waits for the B's keyed prerequisites but its own forward. The
+    P2P pass posts the B's RECV before the F and the F's SEND after the B
+    (schedules.p2p), so both outputs leave when the pair ends."""
+    waits: dict[int, tuple[Key, ...]] = {}
+    forward = None
+    for index, op in enumerate(program):
+        if op.kind is OpKind.F:
+            forward = index
+        elif op.overlapped and forward is not None:
+            own = (OpKind.F, op.stage, op.microbatch)
+            waits[forward] = tuple(k for k in prerequisites(op, stage_ranks) if k != own)
+            forward = None
+        elif op.kind.is_compute:
+            forward = None
+    return waits
 
 
 def p2p_peer(op: Op) -> Key:

@@ -23,6 +23,7 @@ Units: `nbytes` in bytes (payload for communication, memory traffic for compute)
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -94,6 +95,9 @@ class Op:
     ranks: ranks that differ only along other axes share one program. `alongside`: an
     intra-layer collective that runs beside the compute op posted after it instead of
     blocking after the one before it (schedules.contract; schedules.intra_layer sets it).
+    `overlapped`: a backward B paired with the forward F right before it, as DualPipe's
+    overlapped forward-backward chunk (torch's OVERLAP_F_B, written `(0F3;3B1)OVERLAP_F_B`);
+    both backends run the pair as torch's default runtime does, F then B.
     """
 
     kind: OpKind
@@ -105,6 +109,7 @@ class Op:
     chunk: int | None = None
     count: int = 1
     alongside: bool = False
+    overlapped: bool = False
 
     @property
     def key(self) -> tuple:
@@ -120,12 +125,27 @@ class Op:
         return Op(self.kind, self.stage, self.microbatch, self.group,
                   self.nbytes if nbytes is None else nbytes,
                   self.flops if flops is None else flops, self.chunk, self.count,
-                  self.alongside)
+                  self.alongside, self.overlapped)
 
     def __str__(self) -> str:
         mb = "" if self.microbatch is None else str(self.microbatch)
         chunk = "" if self.chunk is None else f".{self.chunk}"
         return f"{self.stage}{self.kind.value}{mb}{chunk}"
+
+
+def action_texts(program: Sequence[Op]) -> list[str]:
+    """The torch action text of each op, an overlapped pair (an F and the `overlapped` B
+    right after it) as one action `(0F3;3B1)OVERLAP_F_B`, as torch writes it."""
+    texts: list[str] = []
+    previous: Op | None = None
+    for op in program:
+        if op.overlapped and previous is not None and previous.kind is OpKind.F:
+            texts[-1] = f"({texts[-1]};{op})OVERLAP_F_B"
+            previous = None
+            continue
+        texts.append(str(op))
+        previous = op
+    return texts
 
 
 def parse_op(text: str) -> Op:

@@ -31,7 +31,9 @@ whitespace is stripped as torch does; anything else, e.g. `0F0 x` or `0F0junk`, 
 error naming the row, the rank and the 1-based column). `UNSHARD`, `RESHARD` and
 `REDUCE_GRAD` (FSDP and gradient-reduction steps that torch's runtime inserts itself) have no
 op in our IR and are skipped on reading; `OVERLAP_F_B` is expanded into its sub-actions
-(plain actions only, not nested). Stage and microbatch numbers are ASCII digits.
+(plain actions only, not nested; an F and a B become an F and an `overlapped` B,
+schedules.ops.Op, written back as the pair in compute-only rows). Stage and microbatch
+numbers are ASCII digits.
 On writing, ops torch has no action for (collectives, `OPT_STEP`) are left out.
 
 Limits on reading: a file of at most MAX_CSV_BYTES (32 MiB; a 1F1B CSV of 64 ranks and
@@ -50,12 +52,13 @@ import io
 import logging
 import re
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from clustersim.user_files import read_text, short_repr
 
 from .errors import ConfigError, ScheduleFormatError
-from .ops import Op, OpKind, compute_op, p2p_op
+from .ops import Op, OpKind, action_texts, compute_op, p2p_op
 from .p2p import add_p2p
 from .schedule import Schedule
 
@@ -101,7 +104,8 @@ def to_torch_csv(schedule: Schedule, compute_only: bool = True,
         if align_steps:
             rows = _aligned_rows(schedule, kinds)
         else:
-            rows = [[str(op) for op in p if op.kind in kinds] for p in schedule.programs]
+            rows = [action_texts([op for op in p if op.kind in kinds])
+                    for p in schedule.programs]
     else:
         if align_steps:
             raise ConfigError("align_steps needs compute_only=True: torch's compute_comms "
@@ -156,7 +160,10 @@ def _parse_cell(cell: str, row: int, col: int, overlapped: bool = False) -> list
             raise ScheduleFormatError(f"{_where(row, col, cell)}: OVERLAP_F_B inside "
                                       f"OVERLAP_F_B; rule: {_ACTION_RULE} of plain actions")
         parts = overlap.group(1).split(";")
-        return [op for part in parts for op in _parse_cell(part, row, col, True)]
+        ops = [op for part in parts for op in _parse_cell(part, row, col, True)]
+        if len(ops) == 2 and ops[0].kind is OpKind.F and ops[1].kind is OpKind.B:
+            ops[1] = replace(ops[1], overlapped=True)  # DualPipe's pair (schedules.ops.Op)
+        return ops
     match = _ACTION_RE.fullmatch(text)
     if not match:
         problem = ("whitespace inside the action" if any(c.isspace() for c in text)

@@ -157,7 +157,7 @@ def dry_run(schedule: Schedule) -> DryRun:
     """Run the contract with unit compute time; raise DeadlockError if it cannot finish."""
     lowered = add_p2p(schedule)
     programs, ranks = lowered.programs, lowered.stage_ranks
-    contracts = [program_contract(p) for p in programs]
+    contracts = [program_contract(p, ranks) for p in programs]
     done: dict[Key, int] = {}      # key -> step at which its product is available
     posted: dict[Key, int] = {}    # p2p key -> step at which it was posted
     finished = [[0] * len(p) for p in programs]  # step at which op i's product exists
@@ -183,7 +183,8 @@ def dry_run(schedule: Schedule) -> DryRun:
         while pc[r] < len(program):
             i = pc[r]
             op = program[i]
-            needs = prerequisites(op, ranks, lowered.num_microbatches)
+            needs = (prerequisites(op, ranks, lowered.num_microbatches)
+                     + contract.partner.get(i, ()))
             missing = next((n for n in needs if n not in done), None)
             if missing is not None:
                 waiting.setdefault(missing, []).append(r)

@@ -103,7 +103,7 @@ class Replay:
         self.allocated = [0] * schedule.num_ranks
         self.split_backward = {(op.stage, op.microbatch)
                                for op in schedule.ops() if op.kind is OpKind.W}
-        self.contracts = [program_contract(p) for p in schedule.programs]
+        self.contracts = [program_contract(p, schedule.stage_ranks) for p in schedule.programs]
         # positional waits: which indices are awaited, which are done, events on demand
         self.awaited = [{j for waits in c.local for j in waits} for c in self.contracts]
         self.local_done: list[set[int]] = [set() for _ in schedule.programs]
@@ -171,7 +171,7 @@ class Replay:
         ranks, count = self.schedule.stage_ranks, self.schedule.num_microbatches
         handlers = self.handlers
         for index, op in enumerate(self.schedule.programs[rank]):
-            for key in prerequisites(op, ranks, count):
+            for key in prerequisites(op, ranks, count) + contract.partner.get(index, ()):
                 if key not in self.done:
                     ev = self.waiting.get(key)
                     if ev is None:

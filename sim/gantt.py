@@ -61,6 +61,7 @@ KIND_COLOURS: dict[OpKind, str] = {
     OpKind.COPY_D2H: "#B279A2",  # host copies over PCIe: pinks
     OpKind.COPY_H2D: "#D6A5C9",
 }
+PAIRED_B_COLOUR = "#2E6B2A"  # a B of DualPipe's F&B pair: dark green
 MEMORY_COLOURS = ("#1F77B4", "#D62728", "#2CA02C", "#FF7F0E", "#9467BD", "#8C564B",
                   "#E377C2", "#7F7F7F", "#BCBD22", "#17BECF")
 
@@ -88,6 +89,8 @@ def hover_text(span: Span, origin: float = 0.0) -> str:
         lines.append(f"group: {op.group}")
     if op.count != 1:
         lines.append(f"collectives: {op.count} back-to-back")
+    if op.overlapped:
+        lines.append("paired with the F before it (DualPipe's F&B; run F then B)")
     for key, value in (span.info or {}).items():
         lines.append(f"{key}: {value:.4g}" if isinstance(value, float) else f"{key}: {value}")
     return "<br>".join(lines)
@@ -106,15 +109,24 @@ def describe(timeline: Timeline, label: str | None = None) -> str:
             f"bubble {timeline.bubble_fraction:.1%}{rate} ({timeline.source})")
 
 
-def _spans_by_kind(timeline: Timeline) -> dict[OpKind, list[Span]]:
-    groups: dict[OpKind, list[Span]] = defaultdict(list)
+PAIRED_B = "B of F&B"
+"""Legend entry of a backward overlapped with the forward before it (Op.overlapped:
+DualPipe's F&B pair), drawn apart from plain B's."""
+
+
+def _spans_by_kind(timeline: Timeline) -> dict[str, list[Span]]:
+    """Spans per legend entry: the op kind, or PAIRED_B for an overlapped B, in OpKind
+    order."""
+    groups: dict[str, list[Span]] = defaultdict(list)
     for s in timeline.spans:
-        groups[s.op.kind].append(s)
-    order = list(OpKind)
-    return {k: groups[k] for k in sorted(groups, key=order.index)}
+        groups[PAIRED_B if s.op.overlapped else s.op.kind.value].append(s)
+    order = [k.value for k in OpKind]
+    return {k: groups[k] for k in sorted(
+        groups, key=lambda k: order.index(OpKind.B.value) + 0.5 if k == PAIRED_B
+        else order.index(k))}
 
 
-def _add_spans(fig: go.Figure, timeline: Timeline, row: int, shown: set[OpKind]) -> bool:
+def _add_spans(fig: go.Figure, timeline: Timeline, row: int, shown: set[str]) -> bool:
     """Draw the spans of `timeline` in subplot `row`; returns True if drawn as segments."""
     rows = gantt_rows(timeline)
     index = {p: i for i, p in enumerate(rows)}
@@ -126,10 +138,11 @@ def _add_spans(fig: go.Figure, timeline: Timeline, row: int, shown: set[OpKind])
         end = np.fromiter((s.end for s in spans), float, len(spans)) - origin
         y = np.fromiter((index[(s.rank, s.lane)] for s in spans), float, len(spans))
         hover = [hover_text(s, origin) for s in spans]
-        common = dict(name=kind.value, legendgroup=kind.value, showlegend=kind not in shown,
+        common = dict(name=kind, legendgroup=kind, showlegend=kind not in shown,
                       hoverinfo="text", hoverlabel=dict(namelength=0))
         shown.add(kind)
-        colour = KIND_COLOURS.get(kind, "#333333")
+        colour = (PAIRED_B_COLOUR if kind == PAIRED_B else
+                  KIND_COLOURS.get(OpKind(kind), "#333333"))
         if large:
             # One polyline per kind, (start, end, gap) per span; hover text lives once per
             # span on an invisible marker at its middle, which keeps the file small.
@@ -141,8 +154,8 @@ def _add_spans(fig: go.Figure, timeline: Timeline, row: int, shown: set[OpKind])
                 row=row, col=1)
             fig.add_trace(go.Scattergl(
                 x=(start + end) / 2, y=y, mode="markers", hovertext=hover, showlegend=False,
-                marker=dict(color=colour, opacity=0, size=ROW_PX * 0.7), name=kind.value,
-                legendgroup=kind.value, hoverinfo="text", hoverlabel=dict(namelength=0)),
+                marker=dict(color=colour, opacity=0, size=ROW_PX * 0.7), name=kind,
+                legendgroup=kind, hoverinfo="text", hoverlabel=dict(namelength=0)),
                 row=row, col=1)
         else:
             fig.add_trace(go.Bar(
@@ -228,7 +241,7 @@ def comparison_figure(items: Sequence[tuple[str, Timeline]]) -> go.Figure:
     fig = make_subplots(rows=len(items), cols=1, shared_xaxes=True, vertical_spacing=0.08,
                         row_heights=heights,
                         subplot_titles=[describe(t, label) for label, t in items])
-    shown: set[OpKind] = set()
+    shown: set[str] = set()
     large = False
     for i, (_, timeline) in enumerate(items, start=1):
         large |= _add_spans(fig, timeline, i, shown)

@@ -111,6 +111,7 @@ def test_tensor_parallel_shards_recombine_to_the_full_linear():
     # zero bubble (I now, W later): handcrafted, torch's interleaved order, and the V shape
     ("zb-h1", 2, 1, GPT), ("zb-h2", 2, 1, LLAMA), ("interleaved-zero-bubble", 2, 2, GPT),
     ("zbv-zero-bubble", 2, 2, LLAMA),  # first and last stage on rank 0
+    ("dualpipev", 2, 2, LLAMA),  # overlapped F&B pairs, run F then B
 ])
 def test_pipelined_gradients_equal_reference(name, pp, vpp, model):
     par = parallel(pp=pp, vpp=vpp, num_microbatches=4, schedule=name)

@@ -5,8 +5,8 @@ Rules (docs/architecture.md, "The execution contract"):
 - `F(s,m)` waits for `RECV_F(s,m)` unless `s` is the first stage;
 - `B(s,m)` and `I(s,m)` wait for `F(s,m)` and, unless `s` is the last stage, `RECV_B(s,m)`;
 - `W(s,m)` waits for `I(s,m)`;
-- the F of an overlapped pair (F, then a B marked `overlapped`: DualPipe) also waits for
-  the B's inputs (`pair_waits`);
+- the F of an overlapped pair (an F and the B after it, both marked `overlapped`:
+  DualPipe) also waits for the B's inputs (`pair_waits`);
 - `SEND_F(s,m)` waits for `F(s,m)`; `SEND_B(s,m)` for the input gradient of `(s,m)`;
 - a whole-iteration DP gradient collective of stage s (chunk and microbatch None) waits
   for the weight gradients of every microbatch;
@@ -282,7 +282,7 @@ def program_contract(program: Sequence[Op], stage_ranks: Sequence[int] = ()
 
 
 def pair_waits(program: Sequence[Op], stage_ranks: Sequence[int]) -> dict[int, tuple[Key, ...]]:
-    """An overlapped pair (an F, then the B marked `overlapped`: DualPipe's F&B chunk)
+    """An overlapped pair (an F and the B after it, both `overlapped`: DualPipe's F&B chunk)
     starts when the inputs of both are there, as torch lowers OVERLAP_F_B
     (`_add_send_recv`) and DeepSeek's `_forward_backward_chunk` receives both before
     computing: the F also waits for the B's keyed prerequisites but its own forward. The
@@ -292,7 +292,7 @@ def pair_waits(program: Sequence[Op], stage_ranks: Sequence[int]) -> dict[int, t
     forward = None
     for index, op in enumerate(program):
         if op.kind is OpKind.F:
-            forward = index
+            forward = index if op.overlapped else None
         elif op.overlapped and forward is not None:
             own = (OpKind.F, op.stage, op.microbatch)
             waits[forward] = tuple(k for k in prerequisites(op, stage_ranks) if k != own)

@@ -60,6 +60,20 @@ def dispatch_bytes(model: ModelSpec, parallel: ParallelConfig) -> float:
     return tokens * model.hidden_size * model.moe_router_topk * model.dtype_bytes
 
 
+PAIR_COMM_SMS = 20
+"""SMs DeepSeek-V3 gives the expert all-to-alls while an overlapped forward-backward pair
+computes on the rest ("only 20 SMs", of the H800's 132: DeepSeek-V3 report, sections
+3.2.2 and 3.5.1)."""
+
+
+def pair_hides_experts(model: ModelSpec, parallel: ParallelConfig) -> bool:
+    """Whether an overlapped pair (Op.overlapped: DualPipe's F&B) has expert all-to-alls
+    (or expert-TP gathers) to hide behind its compute: DeepSeek-V3's reason for the pair
+    (section 3.2.1). Its EP and ETP collectives then run alongside its ops, and its
+    compute runs on the SMs PAIR_COMM_SMS leave (schedules.intra_layer, sim.cost)."""
+    return model.is_moe and max(parallel.ep, parallel.etp) > 1
+
+
 def ep_comms(model: ModelSpec, parallel: ParallelConfig, cov: Covered) -> list[Comm]:
     """The EP all-to-alls of the compute op `cov` describes (module docstring)."""
     if parallel.ep == 1 or not cov.moe_layers:

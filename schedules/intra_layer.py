@@ -31,11 +31,20 @@ configures them by default; TE's initialize_ub, transformer_engine/pytorch/modul
 - the backward's reduce-scatters (dgrad of QKV and FC1) are 'bulk' overlaps beside the
   weight-gradient GEMM: alongside;
 - the forward's reduce-scatters after the projection and FC2 GEMMs are 'pipeline'
-  overlaps in TP_OVERLAP_RS_SPLITS = 4 chunks: each chunk's reduce-scatter runs beside the
+  overlaps in EXPERT_GROUPS = frozenset({EP, ETP})
+TP_OVERLAP_RS_SPLITS = 4 chunks: each chunk's reduce-scatter runs beside the
   next chunk's GEMM, and the last chunk's has nothing to hide behind: 3/4 of the bytes
   alongside, 1/4 (one collective per GEMM) blocking after the op;
 - the pipeline and bulk methods take TP_OVERLAP_COMM_SMS = 16 SMs from the GEMMs they
   overlap (num_sm 16, set_sm_margin): sim.cost slows those GEMMs accordingly.
+
+An overlapped pair (Op.overlapped: DualPipe's forward-backward chunk) of an MoE model with
+ep or etp > 1 runs its EP and ETP collectives alongside its two ops instead of blocking
+(DeepSeek-V3 report, section 3.2.1: "both all-to-all and PP communication can be fully
+hidden"). Each op hides its own all-to-alls, so the pair takes max(F, its all-to-alls) +
+max(B, its all-to-alls). DeepSeek hides one op's all-to-alls behind the other's compute,
+which takes max(F + B, all the all-to-alls) at best, so this is never faster than theirs.
+Its compute runs on the SMs that ep_comms.PAIR_COMM_SMS leave (sim.cost).
 
 Aggregation keeps time exact on the critical path when the collectives run uncontended:
 k sequential collectives of S bytes cost k*(steps*alpha) + k*S/bandwidth, which is what
@@ -48,9 +57,9 @@ from __future__ import annotations
 
 from .comm_spec import Comm, Covered
 from .cp_comms import cp_comms
-from .ep_comms import ep_comms, etp_comms, imbalance_flops
+from .ep_comms import ep_comms, etp_comms, imbalance_flops, pair_hides_experts
 from .model import ModelSpec
-from .names import INTRA_LAYER_GROUPS, TP
+from .names import EP, ETP, INTRA_LAYER_GROUPS, TP
 from .ops import WORK_KINDS, Op, OpKind
 from .parallel import ParallelConfig
 from .plan import Plan
@@ -59,6 +68,7 @@ from .schedule import Schedule
 from .tp_comms import tp_comms
 
 
+EXPERT_GROUPS = frozenset({EP, ETP})
 TP_OVERLAP_RS_SPLITS = 4  # TE initialize_ub default: 'pipeline' reduce-scatter, num_splits 4
 TP_OVERLAP_COMM_SMS = 16  # TE initialize_ub default: num_sm of the pipeline and bulk methods
 
@@ -149,6 +159,7 @@ def add_intra_layer(schedule: Schedule, plan: Plan) -> Schedule:
     overlapped = parallel.overlapped_groups
     scatter = scatters_p2p(parallel)
     tp_overlap = TP in overlapped
+    pair_experts = pair_hides_experts(plan.model, parallel)
     groups = schedule.layer_groups
     memo: dict[tuple, tuple[list[Op], list[Op], float]] = {}
     programs = []
@@ -158,10 +169,12 @@ def add_intra_layer(schedule: Schedule, plan: Plan) -> Schedule:
             if op.kind not in WORK_KINDS:
                 out += _scattered(op, parallel.tp) if scatter and op.kind.is_p2p else [op]
                 continue
-            shape = (op.kind, op.stage, op.chunk)
+            shape = (op.kind, op.stage, op.chunk, op.overlapped)
             if shape not in memo:  # ops of one shape differ only by microbatch
                 cov = covered(op, plan, groups)
-                placed = _placements(op_comms(plan, cov), overlapped,
+                hidden = overlapped | (EXPERT_GROUPS if op.overlapped and pair_experts
+                                       else frozenset())
+                placed = _placements(op_comms(plan, cov), hidden,
                                      tp_overlap and op.kind is OpKind.F)
                 proto = [Op(c.kind, op.stage, None, c.group, c.nbytes, chunk=op.chunk,
                             count=c.count, alongside=alongside) for c, alongside in placed]

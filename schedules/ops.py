@@ -95,9 +95,10 @@ class Op:
     ranks: ranks that differ only along other axes share one program. `alongside`: an
     intra-layer collective that runs beside the compute op posted after it instead of
     blocking after the one before it (schedules.contract; schedules.intra_layer sets it).
-    `overlapped`: a backward B paired with the forward F right before it, as DualPipe's
-    overlapped forward-backward chunk (torch's OVERLAP_F_B, written `(0F3;3B1)OVERLAP_F_B`);
-    both backends run the pair as torch's default runtime does, F then B.
+    `overlapped`: the F and the B right after it form an overlapped pair, DualPipe's
+    forward-backward chunk (torch's OVERLAP_F_B, written `(0F3;3B1)OVERLAP_F_B`; both ops
+    carry the flag). Both backends run the pair F then B, as torch's default runtime does;
+    its expert all-to-alls run alongside (schedules.intra_layer).
     """
 
     kind: OpKind
@@ -134,12 +135,14 @@ class Op:
 
 
 def action_texts(program: Sequence[Op]) -> list[str]:
-    """The torch action text of each op, an overlapped pair (an F and the `overlapped` B
-    right after it) as one action `(0F3;3B1)OVERLAP_F_B`, as torch writes it."""
+    """The torch action text of each op, an overlapped pair (an `overlapped` F and the
+    `overlapped` B right after it) as one action `(0F3;3B1)OVERLAP_F_B`, as torch writes
+    it."""
     texts: list[str] = []
     previous: Op | None = None
     for op in program:
-        if op.overlapped and previous is not None and previous.kind is OpKind.F:
+        if (op.overlapped and op.kind is OpKind.B and previous is not None
+                and previous.kind is OpKind.F and previous.overlapped):
             texts[-1] = f"({texts[-1]};{op})OVERLAP_F_B"
             previous = None
             continue

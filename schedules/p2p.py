@@ -7,7 +7,7 @@ For each compute op whose neighbouring stage lives on another rank:
 reaches that op, so a late transfer shows up as exposed communication. When an op is
 split into layer groups (`Op.chunk`), the RECV goes before the first group of (s,m) and
 the SEND after the last, whatever else the program interleaves between them. An
-overlapped pair (DualPipe's F&B: an F, then a B marked `overlapped`) receives both its
+overlapped pair (DualPipe's F&B: an F and a B, both marked `overlapped`) receives both its
 inputs before the F and sends both outputs after the B.
 """
 from __future__ import annotations
@@ -65,7 +65,7 @@ def add_p2p(schedule: Schedule, boundary_bytes: BoundaryBytes | None = None) -> 
 
 
 def _pair_transfers(program: list[Op]) -> list[Op]:
-    """An overlapped pair (an F, then a B marked `overlapped`) receives both inputs before
+    """An overlapped pair (an F and a B, both `overlapped`) receives both inputs before
     it and sends both outputs after it (torch's lowering of OVERLAP_F_B, DeepSeek's
     `_forward_backward_chunk`): the B's RECV moves before the F, the F's SEND after the B
     (schedules.contract.pair_waits)."""
@@ -76,9 +76,10 @@ def _pair_transfers(program: list[Op]) -> list[Op]:
     while i < len(program):
         op = program[i]
         j = i + 1
-        while op.kind is OpKind.F and j < len(program) and not program[j].kind.is_compute:
+        while op.overlapped and j < len(program) and not program[j].kind.is_compute:
             j += 1
-        if op.kind is OpKind.F and j < len(program) and program[j].overlapped:
+        if (op.overlapped and op.kind is OpKind.F and j < len(program)
+                and program[j].overlapped):
             between = program[i + 1:j]
             out += [o for o in between if o.kind is OpKind.RECV_B] + [op, program[j]]
             out += [o for o in between if o.kind is not OpKind.RECV_B]

@@ -31,7 +31,7 @@ whitespace is stripped as torch does; anything else, e.g. `0F0 x` or `0F0junk`, 
 error naming the row, the rank and the 1-based column). `UNSHARD`, `RESHARD` and
 `REDUCE_GRAD` (FSDP and gradient-reduction steps that torch's runtime inserts itself) have no
 op in our IR and are skipped on reading; `OVERLAP_F_B` is expanded into its sub-actions
-(plain actions only, not nested; an F and a B become an F and an `overlapped` B,
+(plain actions only, not nested; an F and a B become an `overlapped` F and B,
 schedules.ops.Op, written back as the pair in compute-only rows). Stage and microbatch
 numbers are ASCII digits.
 On writing, ops torch has no action for (collectives, `OPT_STEP`) are left out.
@@ -162,7 +162,7 @@ def _parse_cell(cell: str, row: int, col: int, overlapped: bool = False) -> list
         parts = overlap.group(1).split(";")
         ops = [op for part in parts for op in _parse_cell(part, row, col, True)]
         if len(ops) == 2 and ops[0].kind is OpKind.F and ops[1].kind is OpKind.B:
-            ops[1] = replace(ops[1], overlapped=True)  # DualPipe's pair (schedules.ops.Op)
+            ops = [replace(op, overlapped=True) for op in ops]  # DualPipe's pair (Op)
         return ops
     match = _ACTION_RE.fullmatch(text)
     if not match:

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 from clustersim.schedules.annotate import work_costs
 from clustersim.schedules.errors import ConfigError
+from clustersim.schedules.ep_comms import PAIR_COMM_SMS, pair_hides_experts
 from clustersim.schedules.intra_layer import TP_OVERLAP_COMM_SMS, sm_margin_gemms
 from clustersim.schedules.layer_kernels import FP8_GEMMS, Kernel
 from clustersim.schedules.ops import Op, OpKind
@@ -266,8 +267,10 @@ class StageKernelCost:
     compute-bound, so the busiest expert's GEMMs take f times their balanced time. Other
     ops (optimizer steps, ...) use their aggregate roofline. Under TP overlap the GEMMs
     that share the GPU with Transformer Engine's communication kernels run on the SMs
-    those leave (schedules.intra_layer.sm_margin_gemms). Kernel times are cached per
-    (kind, stage, layer group)."""
+    those leave (schedules.intra_layer.sm_margin_gemms); so do all the kernels of an op of
+    DualPipe's overlapped pair while its expert all-to-alls hold PAIR_COMM_SMS
+    (schedules.ep_comms.pair_hides_experts). Kernel times are cached per (kind, stage,
+    layer group, pair)."""
 
     def __init__(self, rooflines: Sequence[RooflineCost], plan: Plan):
         self._rooflines, self._plan = rooflines, plan
@@ -284,7 +287,7 @@ class StageKernelCost:
         return None
 
     def __call__(self, op: Op) -> float:
-        key = (op.kind, op.stage, op.chunk)
+        key = (op.kind, op.stage, op.chunk, op.overlapped)
         hit = self._seconds.get(key)
         if hit is None:
             kernels = self._kernels(op)
@@ -292,9 +295,14 @@ class StageKernelCost:
             if kernels is None:
                 return roofline(op)
             base = work_costs(op.kind, self._plan.costs_of(op.stage, op.chunk))[0]
-            slowed = sm_margin_gemms(self._plan.parallel, self._plan.model, op.kind)
-            hit = self._seconds[key] = (
-                roofline.kernels_time(kernels, slowed, TP_OVERLAP_COMM_SMS), base)
+            plan = self._plan
+            if op.overlapped and pair_hides_experts(plan.model, plan.parallel):
+                kernels = list(kernels)  # DualPipe's pair: every kernel on the SMs left
+                slowed, sms = frozenset(k.name for k in kernels), PAIR_COMM_SMS
+            else:
+                slowed = sm_margin_gemms(plan.parallel, plan.model, op.kind)
+                sms = TP_OVERLAP_COMM_SMS
+            hit = self._seconds[key] = (roofline.kernels_time(kernels, slowed, sms), base)
         seconds, base = hit
         if op.flops > base:  # imbalanced experts (class docstring)
             seconds += self._rooflines[op.stage].time(op.flops - base, 0.0)

@@ -61,7 +61,6 @@ KIND_COLOURS: dict[OpKind, str] = {
     OpKind.COPY_D2H: "#B279A2",  # host copies over PCIe: pinks
     OpKind.COPY_H2D: "#D6A5C9",
 }
-PAIRED_B_COLOUR = "#2E6B2A"  # a B of DualPipe's F&B pair: dark green
 MEMORY_COLOURS = ("#1F77B4", "#D62728", "#2CA02C", "#FF7F0E", "#9467BD", "#8C564B",
                   "#E377C2", "#7F7F7F", "#BCBD22", "#17BECF")
 
@@ -90,7 +89,7 @@ def hover_text(span: Span, origin: float = 0.0) -> str:
     if op.count != 1:
         lines.append(f"collectives: {op.count} back-to-back")
     if op.overlapped:
-        lines.append("paired with the F before it (DualPipe's F&B; run F then B)")
+        lines.append("one op of an overlapped F&B pair (DualPipe; run F then B)")
     for key, value in (span.info or {}).items():
         lines.append(f"{key}: {value:.4g}" if isinstance(value, float) else f"{key}: {value}")
     return "<br>".join(lines)
@@ -109,21 +108,21 @@ def describe(timeline: Timeline, label: str | None = None) -> str:
             f"bubble {timeline.bubble_fraction:.1%}{rate} ({timeline.source})")
 
 
-PAIRED_B = "B of F&B"
-"""Legend entry of a backward overlapped with the forward before it (Op.overlapped:
-DualPipe's F&B pair), drawn apart from plain B's."""
+PAIRED = {OpKind.F: "F of F&B", OpKind.B: "B of F&B"}
+"""Legend entries of the two ops of an overlapped pair (Op.overlapped: DualPipe's F&B),
+drawn apart from plain F's and B's."""
+PAIRED_COLOURS = {"F of F&B": "#27456B", "B of F&B": "#2E6B2A"}  # darker blue and green
 
 
 def _spans_by_kind(timeline: Timeline) -> dict[str, list[Span]]:
-    """Spans per legend entry: the op kind, or PAIRED_B for an overlapped B, in OpKind
-    order."""
+    """Spans per legend entry: the op kind, or PAIRED's entry for an op of an overlapped
+    pair (after its kind), in OpKind order."""
     groups: dict[str, list[Span]] = defaultdict(list)
     for s in timeline.spans:
-        groups[PAIRED_B if s.op.overlapped else s.op.kind.value].append(s)
+        groups[PAIRED[s.op.kind] if s.op.overlapped else s.op.kind.value].append(s)
     order = [k.value for k in OpKind]
-    return {k: groups[k] for k in sorted(
-        groups, key=lambda k: order.index(OpKind.B.value) + 0.5 if k == PAIRED_B
-        else order.index(k))}
+    return {k: groups[k] for k in sorted(groups, key=lambda k: order.index(k[0]) + 0.5
+                                         if k in PAIRED_COLOURS else order.index(k))}
 
 
 def _add_spans(fig: go.Figure, timeline: Timeline, row: int, shown: set[str]) -> bool:
@@ -141,8 +140,7 @@ def _add_spans(fig: go.Figure, timeline: Timeline, row: int, shown: set[str]) ->
         common = dict(name=kind, legendgroup=kind, showlegend=kind not in shown,
                       hoverinfo="text", hoverlabel=dict(namelength=0))
         shown.add(kind)
-        colour = (PAIRED_B_COLOUR if kind == PAIRED_B else
-                  KIND_COLOURS.get(OpKind(kind), "#333333"))
+        colour = PAIRED_COLOURS.get(kind) or KIND_COLOURS.get(OpKind(kind), "#333333")
         if large:
             # One polyline per kind, (start, end, gap) per span; hover text lives once per
             # span on an invisible marker at its middle, which keeps the file small.

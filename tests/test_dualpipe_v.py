@@ -4,6 +4,8 @@ generator (ScheduleDualPipeV, overlapped pairs included) and against DeepSeek's 
 an overlapped pair (here F + B: the pair runs F then B), the most idle rank idles
 (PP/2 - 1)(F&B + B - 3W), and every rank holds PP + 1 chunks whose forward has run and
 whose backward has not (the bubble form checked where F = I = W, see its test)."""
+from dataclasses import replace
+
 import pytest
 
 from clustersim.schedules.errors import ConfigError
@@ -90,10 +92,43 @@ def test_the_torch_csv_keeps_the_overlapped_pairs():
 
 
 def test_the_gantt_draws_the_paired_backwards_apart():
-    from clustersim.sim.gantt import PAIRED_B, gantt_figure
+    from clustersim.sim.gantt import PAIRED, gantt_figure
     _, timeline = idle_per_rank(2, 4, 1.0, 2.0)
     names = {trace.name for trace in gantt_figure(timeline).data}
-    assert {"F", "B", PAIRED_B} <= names
+    assert {"F", "B", *PAIRED.values()} <= names
     paired = sum(op.overlapped for op in build_schedule("dualpipev", 2, 4).ops())
-    drawn = [t for t in gantt_figure(timeline).data if t.name == PAIRED_B]
+    drawn = [t for t in gantt_figure(timeline).data if t.name in PAIRED.values()]
     assert sum(len(t.x) for t in drawn) == paired
+
+
+MOE = ModelSpec(num_layers=8, hidden_size=512, num_attention_heads=8, seq_length=256,
+                vocab_size=1024, num_experts=4, moe_router_topk=2)
+
+
+def test_a_pair_of_an_moe_model_runs_its_expert_all_to_alls_alongside_on_20_sms():
+    """DeepSeek-V3 (sections 3.2.1, 3.5.1): the pair hides its all-to-alls, which hold 20
+    SMs, and computes on the rest. The pair's EP collectives run alongside; other ops'
+    block; a pair op's compute is at most 132/112 times the plain op's on an H100."""
+    from clustersim.schedules.lowering import lower
+    from clustersim.schedules.plan import resolve
+    from clustersim.sim.cost import RooflineCost, StageKernelCost
+    from clustersim.sim.cluster import cluster_facts
+    from clustersim.topologies import get_device
+    layout = ParallelConfig.from_kwargs(schedule="dualpipev", pp=2, dp=2, ep=2,
+                                        num_microbatches=4)
+    topology = load_topology("dgx-h100")
+    plan = resolve(MOE, layout, cluster_facts(topology))
+    lowered = lower(plan.build_schedule(), plan)
+    for program in lowered.programs:
+        for i, op in enumerate(program):
+            if op.group == "ep" and op.kind is OpKind.ALL_TO_ALL:
+                owner = next(o for o in program[i:] if o.kind in WORK) if op.alongside \
+                    else next(o for o in reversed(program[:i]) if o.kind in WORK)
+                assert op.alongside == owner.overlapped
+    assert any(op.alongside for op in lowered.ops() if op.group == "ep")
+    cost = StageKernelCost([RooflineCost(get_device("h100-sxm"))] * plan.num_stages, plan)
+    forward = next(op for op in lowered.ops() if op.kind is OpKind.F and op.stage == 1)
+    plain, paired = cost(forward), cost(replace(forward, overlapped=True))
+    assert plain < paired <= plain * 132 / 112 * (1 + 1e-12)
+    timeline = simulate(MOE, layout, topology)
+    assert any("expert all-to-alls alongside on 20 SMs" in n for n in timeline.meta["warnings"])

@@ -19,11 +19,12 @@ deferred weight gradients wait in one queue per rank, oldest first. Rank r runs
 8. r+1 times the oldest pending W.
 It needs M >= 2P (torch and DeepSeek refuse fewer).
 
-An overlapped pair is an F followed by a B marked `overlapped` (schedules.ops.Op; torch's
-OVERLAP_F_B). DeepSeek-V3 runs the two at once, with 20 of the GPU's 132 SMs for the
+An overlapped pair is an F and the B after it, both marked `overlapped` (schedules.ops.Op;
+torch's OVERLAP_F_B). DeepSeek-V3 runs the two at once, with 20 of the GPU's 132 SMs for the
 expert-parallel all-to-alls, which then hide behind the other chunk's compute (sections
-3.2.1 and 3.5.1). Here both backends run a pair as torch's default runtime runs
-OVERLAP_F_B: F, then B, each with its own communication; the run says so. The closed forms
+3.2.1 and 3.5.1). Here both backends run a pair's computations as torch's default runtime
+runs OVERLAP_F_B, F then B; in the simulator its EP all-to-alls run alongside them on 20
+SMs (schedules.intra_layer, sim.cost), which the run notes. The closed forms
 of DeepSeek's README table (PP = 2P stages; F&B = the pair's time, here F + B): bubble
 (PP/2-1)(F&B+B-3W) on the most idle rank, and PP+1 chunks whose forward has run and
 backward not yet begun on every rank (docs/research/dualpipe.md).
@@ -51,8 +52,8 @@ class _Rank:
         self.next[(stage, counter)] = m + 1
         return m
 
-    def forward(self, stage: int) -> None:
-        self.program.append(Op(OpKind.F, stage, self._take(stage, "F")))
+    def forward(self, stage: int, overlapped: bool = False) -> None:
+        self.program.append(Op(OpKind.F, stage, self._take(stage, "F"), overlapped=overlapped))
 
     def backward(self, stage: int, split: bool = False, overlapped: bool = False) -> None:
         m = self._take(stage, "I")
@@ -63,7 +64,7 @@ class _Rank:
             self.program.append(Op(OpKind.B, stage, m, overlapped=overlapped))
 
     def pair(self, forward: int, backward: int) -> None:
-        self.forward(forward)
+        self.forward(forward, overlapped=True)
         self.backward(backward, overlapped=True)
 
     def weight(self) -> None:

@@ -10,7 +10,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from .errors import ConfigError
-from .ops import Op, OpKind
+from .ops import Op, OpKind, action_texts
 from .placement import loop
 
 
@@ -78,11 +78,10 @@ class Schedule:
         )
 
     def to_text(self) -> str:
-        """One line per rank: `rank R: 0F0 0F1 ...`."""
-        return "\n".join(
-            f"rank {r}: " + " ".join(str(op) for op in program)
-            for r, program in enumerate(self.programs)
-        )
+        """One line per rank: `rank R: 0F0 0F1 ...`, an overlapped pair as torch writes it,
+        `(0F3;3B1)OVERLAP_F_B` (schedules.ops.action_texts)."""
+        return "\n".join(f"rank {r}: " + " ".join(action_texts(program))
+                         for r, program in enumerate(self.programs))
 
     def count(self, kind: OpKind) -> int:
         return sum(1 for op in self.ops() if op.kind is kind)

@@ -21,8 +21,7 @@ class ScheduleEntry:
     (`aliases`: torch.distributed.pipelining class names, Megatron's and papers' names;
     matched case-insensitively, '_' = '-'), its generator, its virtual-stage rule (vpp
     from `min_vpp` to `max_vpp`, None = unbounded; `default_vpp` when not given), its
-    placement, whether it runs microbatches in groups of pp, its `source` and a one-line
-    `summary` for the help. `built_from_costs`: the order depends on a run's simulated
+    placement, its `source` and a one-line `summary` for the help. `built_from_costs`: the order depends on a run's simulated
     costs (sim.auto_schedule builds it); it has no order of its own to `build`.
     `microbatch_rule(pp, microbatches)`: any further rule on the microbatch count, the
     reason for refusing it (one line naming the rule) or None."""
@@ -36,7 +35,6 @@ class ScheduleEntry:
     min_vpp: int = 1
     max_vpp: int | None = 1
     placement: str = LOOP
-    microbatches_multiple_of_pp: bool = False
     built_from_costs: bool = False
     microbatch_rule: Callable[[int, int], str | None] | None = None  # (pp, M) -> why not
 
@@ -59,9 +57,6 @@ class ScheduleEntry:
             most = "" if self.max_vpp is None else f" and <= {self.max_vpp}"
             raise ConfigError(f"schedule {self.name!r} needs vpp >= {self.min_vpp}{most} "
                               f"(virtual-pipeline-model-parallel-size), got vpp={vpp}")
-        if self.microbatches_multiple_of_pp and microbatches % pp:
-            raise ConfigError(f"schedule {self.name!r} runs microbatches in groups of pp={pp}: "
-                              f"microbatches must be a multiple of pp, got {microbatches}")
         why = self.microbatch_rule(pp, microbatches) if self.microbatch_rule else None
         if why:
             raise ConfigError(f"schedule {self.name!r}: {why}")

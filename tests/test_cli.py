@@ -90,8 +90,8 @@ def test_compare_table_and_html(tmp_path):
 
 @pytest.mark.parametrize("args, words", [
     (["simulate", "--pp", "3"], ["num_layers", "divisible"]),
-    (["simulate", "--schedule", "interleaved-1f1b", "--pp", "4", "--microbatches", "6"],
-     ["multiple of pp"]),
+    (["simulate", "--schedule", "interleaved-1f1b", "--pp", "4", "--microbatches", "9"],
+     ["multiple of 2", "got 9"]),
     (["simulate", "--schedule", "zigzag"], ["unknown schedule", "1f1b"]),
     (["simulate", "--model", "gpt5"], ["gpt5"]),
     (["simulate", "--topology", "nowhere.json"], ["nowhere.json"]),

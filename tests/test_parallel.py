@@ -38,7 +38,7 @@ def test_microbatches_from_global_batch():
     (dict(rank_order="tp-tp-ep-dp-pp"), "rank_order"), (dict(schedule="nope"), "unknown schedule"),
     (dict(pp=2, vpp=2), "needs vpp == 1"), (dict(pp=2, schedule="gpipe", vpp=2), "vpp == 1"),
     (dict(pp=2, vpp=1, schedule="interleaved-1f1b"), "vpp >= 2"),
-    (dict(pp=2, vpp=2, schedule="interleaved", num_microbatches=3), "multiple of pp"),
+    (dict(pp=4, vpp=2, schedule="interleaved", num_microbatches=9), "multiple of 2, got 9"),
     (dict(dp=2, ep=4), "ep=4 must divide dp\\*cp"), (dict(sequence_parallel=1), "sequence_parallel"),
 ])
 def test_validation(kw, match):

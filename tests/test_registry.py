@@ -25,8 +25,7 @@ def configs(draw):
     entry = draw(st.sampled_from(list(FIXED.values())))
     pp = draw(st.integers(1, 8))
     vpp = draw(st.integers(entry.min_vpp, min(entry.max_vpp or 4, 4)))
-    mb = pp * draw(st.integers(1, 24 // pp)) if entry.microbatches_multiple_of_pp \
-        else draw(st.integers(1, 24).filter(lambda m: accepts(entry, pp, m, vpp)))
+    mb = draw(st.integers(1, 24).filter(lambda m: accepts(entry, pp, m, vpp)))
     return entry, pp, mb, vpp
 
 
@@ -103,9 +102,10 @@ def test_degrees_outside_the_rules_name_the_field(entry):
             entry.build(*args)
     with pytest.raises(ConfigError, match="vpp"):
         entry.build(2, 4, entry.min_vpp - 1 if entry.max_vpp is None else entry.max_vpp + 1)
-    if entry.microbatches_multiple_of_pp:
-        with pytest.raises(ConfigError, match="multiple of pp"):
-            entry.build(4, 6, entry.default_vpp)
+    if entry.microbatch_rule is not None:
+        refused = next(m for m in range(1, 64) if entry.microbatch_rule(4, m))
+        with pytest.raises(ConfigError, match=f"got {refused}"):
+            entry.build(4, refused, entry.default_vpp)
 
 
 def test_unknown_name_lists_every_choice():

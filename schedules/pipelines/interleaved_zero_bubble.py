@@ -4,7 +4,8 @@ ScheduleInterleavedZeroBubble, whose per-rank F/I/W order this reproduces).
 
 Rank r of P holds V chunks (stages r, r+P, ..., the loop placement) and runs M
 microbatches in R = max(1, M // P) rounds of G = M / R microbatches (torch refuses M
-that R does not divide, e.g. M = 9 with P = 4). Forwards go through the chunks G
+that R does not divide, e.g. M = 9 with P = 4), as interleaved 1F1B does in torch
+(schedules.pipelines.interleaved: rounds, group, microbatch_rule). Forwards go through the chunks G
 microbatches at a time (microbatches 0..G-1 on chunk 0, then on chunk 1, ..., then the
 next round); input-gradient backwards (I) do the same over the chunks in reverse. With
 f_k, i_k and w_k the rank's k-th F, I and W (w_k is i_k's weight gradient):
@@ -19,53 +20,30 @@ from __future__ import annotations
 
 from ..ops import Op, OpKind
 from ..schedule_entry import ScheduleEntry
-
-
-def rounds(pp: int, microbatches: int) -> int:
-    """How many rounds of microbatches torch's schedule runs: max(1, M // P)."""
-    return max(1, microbatches // pp)
-
-
-def accepted(pp: int, microbatches: int) -> bool:
-    """Whether the rounds divide the microbatches (torch refuses the rest)."""
-    return microbatches % rounds(pp, microbatches) == 0
+from .interleaved import chunk_and_microbatch, group, microbatch_rule
 
 
 def programs(rank_stages: list[list[int]], microbatches: int) -> list[list[Op]]:
     pp, vpp = len(rank_stages), len(rank_stages[0])
-    group = microbatches // rounds(pp, microbatches)
-    total = vpp * microbatches
+    size, total = group(pp, microbatches), vpp * microbatches
 
     def nth(k: int, chunks: list[int], reverse: bool) -> tuple[int, int]:
         """(stage, microbatch) of a rank's k-th forward (or backward, `reverse`)."""
-        chunk = (k // group) % vpp
-        return (chunks[vpp - 1 - chunk if reverse else chunk],
-                (k // (group * vpp)) * group + k % group)
+        chunk, m = chunk_and_microbatch(k, size, vpp, not reverse)
+        return chunks[chunk], m
 
     out = []
     for r, chunks in enumerate(rank_stages):
         forwards = [Op(OpKind.F, *nth(k, chunks, False)) for k in range(total)]
         inputs = [Op(OpKind.I, *nth(k, chunks, True)) for k in range(total)]
         weights = [Op(OpKind.W, op.stage, op.microbatch) for op in inputs]
-        warmup = min((vpp - 1) * group + pp - 1 - r, total)
+        warmup = min((vpp - 1) * size + pp - 1 - r, total)
         program = forwards[:warmup]
         for k in range(total):
             program += forwards[warmup + k:warmup + k + 1] + [inputs[k]]
             program += [weights[k - r]] if k >= r else []
         out.append(program + weights[max(total - r, 0):])
     return out
-
-
-def microbatch_rule(pp: int, microbatches: int) -> str | None:
-    """Why torch refuses this microbatch count (its rounds must divide it), or None."""
-    if accepted(pp, microbatches):
-        return None
-    n = rounds(pp, microbatches)
-    below = n * (microbatches // n)  # the neighbours accepted with n rounds, or
-    above = min(n * -(-microbatches // n), (n + 1) * pp)  # n + 1 rounds of pp
-    return (f"it runs microbatches in max(1, microbatches // pp) = {n} equal rounds (torch's "
-            f"ScheduleInterleavedZeroBubble): microbatches must be a multiple of {n}, got "
-            f"{microbatches} with pp={pp} (e.g. {below} or {above})")
 
 
 SCHEDULES = [ScheduleEntry(

@@ -64,7 +64,10 @@ per compute op (`Op.count`). Each belongs to ONE compute op, by position:
 Every intra-layer op also waits for the RECVs posted since the previous compute op (an
 all-gather that reassembles a scatter/gather P2P transfer, schedules.intra_layer).
 So a compute op waits for the intra-layer collectives of the previous compute op. An `I`'s
-collectives delay the `W` after it too (a simplification: W needs none of them).
+collectives delay the `W` after it too (a simplification: W needs none of them). The
+alongside collectives posted before an overlapped pair's F (DualPipe: both ops' expert
+all-to-alls, schedules.intra_layer) run beside the whole pair: its B does not wait for
+them, the compute op after the pair and the SENDs after its B do.
 The flag travels with the op (schedules.intra_layer sets it), so both backends read the
 same placement from the program alone.
 
@@ -243,11 +246,16 @@ def _intra_layer_waits(program: Sequence[Op], waits: list[tuple[int, ...]]) -> N
     alongside: list[int] = []  # overlapped collectives of the coming compute op
     recvs: list[int] = []      # RECVs since the previous compute op
     chain: tuple[int, ...] = ()  # the latest blocking collective of this compute op
+    pair: list[int] = []       # an overlapped pair's collectives, run beside both its ops
     for index, op in enumerate(program):
         kind = op.kind
-        if kind in WORK_KINDS:
+        if kind in WORK_KINDS and op.overlapped and kind is OpKind.F:
+            waits[index] = tuple(blocking)  # the pair's F: its B does not wait for these
+            pair, blocking, alongside, recvs, chain = alongside, [], [], [], ()
+        elif kind in WORK_KINDS:
             waits[index] = tuple(blocking)
-            blocking, alongside, recvs, chain = alongside, [], [], ()
+            blocking, alongside, recvs, chain = pair + alongside, [], [], ()
+            pair = []
         elif kind in (OpKind.SEND_F, OpKind.SEND_B, OpKind.OPT_STEP):
             waits[index] = tuple(blocking)
         elif kind in (OpKind.RECV_F, OpKind.RECV_B):

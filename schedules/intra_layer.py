@@ -39,12 +39,13 @@ TP_OVERLAP_RS_SPLITS = 4 chunks: each chunk's reduce-scatter runs beside the
   overlap (num_sm 16, set_sm_margin): sim.cost slows those GEMMs accordingly.
 
 An overlapped pair (Op.overlapped: DualPipe's forward-backward chunk) of an MoE model with
-ep or etp > 1 runs its EP and ETP collectives alongside its two ops instead of blocking
-(DeepSeek-V3 report, section 3.2.1: "both all-to-all and PP communication can be fully
-hidden"). Each op hides its own all-to-alls, so the pair takes max(F, its all-to-alls) +
-max(B, its all-to-alls). DeepSeek hides one op's all-to-alls behind the other's compute,
-which takes max(F + B, all the all-to-alls) at best, so this is never faster than theirs.
-Its compute runs on the SMs that ep_comms.PAIR_COMM_SMS leave (sim.cost).
+ep or etp > 1 hides its expert collectives (DeepSeek-V3 report, section 3.2.1: "both
+all-to-all and PP communication can be fully hidden"). The EP and ETP collectives of both
+its ops are posted alongside before its F and run beside the whole pair, one after
+another on their group (schedules.contract); the pair then takes max(F + B, the
+all-to-alls), DeepSeek's ideal. How DeepSeek interleaves the components of the two
+chunks is not modelled. The pair's compute runs on the SMs that ep_comms.PAIR_COMM_SMS
+leave (sim.cost).
 
 Aggregation keeps time exact on the critical path when the collectives run uncontended:
 k sequential collectives of S bytes cost k*(steps*alpha) + k*S/bandwidth, which is what
@@ -162,31 +163,46 @@ def add_intra_layer(schedule: Schedule, plan: Plan) -> Schedule:
     pair_experts = pair_hides_experts(plan.model, parallel)
     groups = schedule.layer_groups
     memo: dict[tuple, tuple[list[Op], list[Op], float]] = {}
+
+    def placed(op: Op) -> tuple[list[Op], list[Op], float]:
+        """The op's collectives before it (alongside) and after it, and its extra FLOPs;
+        ops of one shape differ only by microbatch."""
+        shape = (op.kind, op.stage, op.chunk, op.overlapped)
+        if shape not in memo:
+            cov = covered(op, plan, groups)
+            hidden = overlapped | (EXPERT_GROUPS if op.overlapped and pair_experts
+                                   else frozenset())
+            proto = [Op(c.kind, op.stage, None, c.group, c.nbytes, chunk=op.chunk,
+                        count=c.count, alongside=alongside)
+                     for c, alongside in _placements(op_comms(plan, cov), hidden,
+                                                     tp_overlap and op.kind is OpKind.F)]
+            memo[shape] = ([p for p in proto if p.alongside],
+                           [p for p in proto if not p.alongside],
+                           imbalance_flops(plan.model, parallel, cov, parallel.moe_imbalance))
+        return memo[shape]
+
+    def posted(protos: list[Op], m: int | None, alongside: bool) -> list[Op]:
+        return [Op(p.kind, p.stage, m, p.group, p.nbytes, chunk=p.chunk, count=p.count,
+                   alongside=alongside) for p in protos]
+
     programs = []
     for program in schedule.programs:
         out: list[Op] = []
-        for op in program:
+        for index, op in enumerate(program):
             if op.kind not in WORK_KINDS:
                 out += _scattered(op, parallel.tp) if scatter and op.kind.is_p2p else [op]
                 continue
-            shape = (op.kind, op.stage, op.chunk, op.overlapped)
-            if shape not in memo:  # ops of one shape differ only by microbatch
-                cov = covered(op, plan, groups)
-                hidden = overlapped | (EXPERT_GROUPS if op.overlapped and pair_experts
-                                       else frozenset())
-                placed = _placements(op_comms(plan, cov), hidden,
-                                     tp_overlap and op.kind is OpKind.F)
-                proto = [Op(c.kind, op.stage, None, c.group, c.nbytes, chunk=op.chunk,
-                            count=c.count, alongside=alongside) for c, alongside in placed]
-                memo[shape] = ([p for p in proto if p.alongside],
-                               [p for p in proto if not p.alongside],
-                               imbalance_flops(plan.model, parallel, cov, parallel.moe_imbalance))
-            before, after, extra = memo[shape]
-            m = op.microbatch
-            out += [Op(p.kind, p.stage, m, p.group, p.nbytes, chunk=p.chunk, count=p.count,
-                       alongside=True) for p in before]
+            before, after, extra = placed(op)
+            before = posted(before, op.microbatch, True)
+            if op.overlapped and pair_experts:  # both ops' expert collectives before the F
+                if op.kind is OpKind.F:
+                    partner = next(o for o in program[index + 1:] if o.kind in WORK_KINDS)
+                    before += posted([p for p in placed(partner)[0]
+                                      if p.group in EXPERT_GROUPS], partner.microbatch, True)
+                else:
+                    before = [p for p in before if p.group not in EXPERT_GROUPS]
+            out += before
             out.append(op.with_costs(flops=op.flops + extra) if extra else op)
-            out += [Op(p.kind, p.stage, m, p.group, p.nbytes, chunk=p.chunk, count=p.count)
-                    for p in after]
+            out += posted(after, op.microbatch, False)
         programs.append(out)
     return schedule.with_programs(programs)

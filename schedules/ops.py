@@ -98,7 +98,7 @@ class Op:
     `overlapped`: the F and the B right after it form an overlapped pair, DualPipe's
     forward-backward chunk (torch's OVERLAP_F_B, written `(0F3;3B1)OVERLAP_F_B`; both ops
     carry the flag). Both backends run the pair F then B, as torch's default runtime does;
-    its expert all-to-alls run alongside (schedules.intra_layer).
+    both ops' expert all-to-alls run beside the whole pair (schedules.intra_layer).
     """
 
     kind: OpKind

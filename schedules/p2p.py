@@ -68,7 +68,7 @@ def _pair_transfers(program: list[Op]) -> list[Op]:
     """An overlapped pair (an F and a B, both `overlapped`) receives both inputs before
     it and sends both outputs after it (torch's lowering of OVERLAP_F_B, DeepSeek's
     `_forward_backward_chunk`): the B's RECV moves before the F, the F's SEND after the B
-    (schedules.contract.pair_waits)."""
+    (schedules.contract.pair_waits); other ops between them stay between them."""
     if not any(op.overlapped for op in program):
         return program
     out: list[Op] = []
@@ -81,8 +81,9 @@ def _pair_transfers(program: list[Op]) -> list[Op]:
         if (op.overlapped and op.kind is OpKind.F and j < len(program)
                 and program[j].overlapped):
             between = program[i + 1:j]
-            out += [o for o in between if o.kind is OpKind.RECV_B] + [op, program[j]]
-            out += [o for o in between if o.kind is not OpKind.RECV_B]
+            out += [o for o in between if o.kind is OpKind.RECV_B] + [op]
+            out += [o for o in between if not o.kind.is_p2p] + [program[j]]
+            out += [o for o in between if o.kind.is_p2p and o.kind is not OpKind.RECV_B]
             i = j + 1
             continue
         out.append(op)

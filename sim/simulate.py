@@ -93,10 +93,10 @@ def pair_note(pairs: int, hides_experts: bool) -> str:
     head = (f"{pairs} overlapped forward-backward pairs (DualPipe's F&B, torch's OVERLAP_F_B) "
             f"run F then B")
     if hides_experts:
-        return (f"{head}, their expert all-to-alls alongside on {PAIR_COMM_SMS} SMs, the "
-                f"compute on the rest (DeepSeek-V3 report sections 3.2.1, 3.5.1); each op "
-                f"hides its own all-to-alls, never faster than DeepSeek's pairing of one op's "
-                f"with the other's compute")
+        return (f"{head}, both ops' expert all-to-alls beside the pair on {PAIR_COMM_SMS} "
+                f"SMs, the compute on the rest (DeepSeek-V3 report sections 3.2.1, 3.5.1): "
+                f"max(F + B, all-to-alls) per pair; how DeepSeek interleaves the two chunks' "
+                f"components is not modelled")
     return (f"{head}; with no expert all-to-alls to hide they gain nothing from running at "
             f"once (DeepSeek-V3 report section 3.2.1)")
 

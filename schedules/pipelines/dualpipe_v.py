@@ -23,8 +23,8 @@ An overlapped pair is an F and the B after it, both marked `overlapped` (schedul
 torch's OVERLAP_F_B). DeepSeek-V3 runs the two at once, with 20 of the GPU's 132 SMs for the
 expert-parallel all-to-alls, which then hide behind the other chunk's compute (sections
 3.2.1 and 3.5.1). Here both backends run a pair's computations as torch's default runtime
-runs OVERLAP_F_B, F then B; in the simulator its EP all-to-alls run alongside them on 20
-SMs (schedules.intra_layer, sim.cost), which the run notes. The closed forms
+runs OVERLAP_F_B, F then B; in the simulator both ops' EP all-to-alls run beside the
+whole pair on 20 SMs (schedules.intra_layer, sim.cost), which the run notes. The closed forms
 of DeepSeek's README table (PP = 2P stages; F&B = the pair's time, here F + B): bubble
 (PP/2-1)(F&B+B-3W) on the most idle rank, and PP+1 chunks whose forward has run and
 backward not yet begun on every rank (docs/research/dualpipe.md).

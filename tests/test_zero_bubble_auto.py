@@ -119,3 +119,19 @@ def test_bad_inputs_and_deadlocks_are_one_line_errors():
     backwards_first = [[Op(OpKind.I, 0, 0), Op(OpKind.F, 0, 0), Op(OpKind.W, 0, 0)]]
     with pytest.raises(ConfigError, match="deadlocks: stuck ops 0I0"):
         iteration_time(backwards_first, [UNIT], 0.0)
+
+
+@pytest.mark.parametrize("pp, microbatches", [(4, 8), (8, 16)])
+def test_slow_p2p_is_scheduled_better_than_zb_h1_in_its_memory(pp, microbatches):
+    """P2P as slow as a forward (1 s with F = I = W = 1 s): the handcrafted ZB-H1 (Qi et al.
+    2024; registry 'zb-h1', P microbatches on every rank) waits on the transfers; the search
+    under the same memory does better, and with ZB-H2's memory (2P-1) reaches the bound
+    3M + (P-1)(F + p2p)."""
+    times = [UNIT] * pp
+    zb_h1 = build_schedule("zb-h1", pp, microbatches).programs
+    zb_h2 = build_schedule("zb-h2", pp, microbatches).programs
+    auto = auto_zero_bubble(times, microbatches, 1.0, [pp] * pp, [("zb-h1", zb_h1)])
+    assert auto.makespan < iteration_time(zb_h1, times, 1.0)
+    roomy = auto_zero_bubble(times, microbatches, 1.0, [2 * pp - 1] * pp, [("zb-h2", zb_h2)])
+    assert roomy.makespan == lower_bound(times, microbatches, 1.0) == \
+        3 * microbatches + (pp - 1) * 2

@@ -33,7 +33,8 @@ class DryRun:
         return len(self.steps) * (self.makespan + 1)
 
     def grid(self, stuck: dict[int, Op] | None = None) -> str:
-        """Rank x step table; idle steps are `.`; stuck ops appear as `>op<` after the end.
+        """Rank x step table; idle steps are `.`; an op of an overlapped pair (Op.overlapped:
+        DualPipe's F&B) ends in `&`; stuck ops appear as `>op<` after the end.
         ConfigError above MAX_GRID_CELLS cells (a text of gigabytes)."""
         if self.cells() > MAX_GRID_CELLS:
             raise ConfigError(f"the rank x step grid would have {len(self.steps):,} ranks x "
@@ -44,7 +45,7 @@ class DryRun:
         for r, ops in enumerate(self.steps):
             row = ["."] * self.makespan
             for op, t in ops:
-                row[t] = str(op)
+                row[t] = f"{op}&" if op.overlapped else str(op)
             if r in stuck:
                 row.append(f">{stuck[r]}<")
             cells.append(row)

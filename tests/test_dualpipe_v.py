@@ -89,6 +89,8 @@ def test_the_torch_csv_keeps_the_overlapped_pairs():
     back = from_torch_csv(text)
     assert back.programs == schedule.programs
     assert sum(op.overlapped for op in back.ops()) == sum(op.overlapped for op in schedule.ops())
+    grid = validate(schedule).grid()  # `show`'s grid marks the pairs' ops
+    assert " 0F5& " in grid and " 5B2& " in grid and "0F0&" not in grid
 
 
 def test_the_gantt_draws_the_paired_backwards_apart():

@@ -87,8 +87,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .activation_partition import is_checkpoint_copy
-from .names import DP_GROUPS, HOST, INTRA_LAYER_GROUPS
-from .ops import INPUT_GRAD_KINDS, WORK_KINDS, Op, OpKind
+from .names import DP_GROUPS, EP, ETP, HOST, INTRA_LAYER_GROUPS
+from .ops import INPUT_GRAD_KINDS, WORK_KINDS, Op, OpKind, overlapped_pairs
 
 Key = tuple  # (kind, stage, microbatch) or (kind, stage, microbatch, chunk): Op.key
 
@@ -250,8 +250,10 @@ def _intra_layer_waits(program: Sequence[Op], waits: list[tuple[int, ...]]) -> N
     for index, op in enumerate(program):
         kind = op.kind
         if kind in WORK_KINDS and op.overlapped and kind is OpKind.F:
-            waits[index] = tuple(blocking)  # the pair's F: its B does not wait for these
-            pair, blocking, alongside, recvs, chain = alongside, [], [], [], ()
+            waits[index] = tuple(blocking)  # the pair's F; its B waits for none of the
+            pair = [i for i in alongside if program[i].group in (EP, ETP)]  # expert ops
+            blocking = [i for i in alongside if i not in pair]
+            alongside, recvs, chain = [], [], ()
         elif kind in WORK_KINDS:
             waits[index] = tuple(blocking)
             blocking, alongside, recvs, chain = pair + alongside, [], [], ()
@@ -297,16 +299,10 @@ def pair_waits(program: Sequence[Op], stage_ranks: Sequence[int]) -> dict[int, t
     P2P pass posts the B's RECV before the F and the F's SEND after the B
     (schedules.p2p), so both outputs leave when the pair ends."""
     waits: dict[int, tuple[Key, ...]] = {}
-    forward = None
-    for index, op in enumerate(program):
-        if op.kind is OpKind.F:
-            forward = index if op.overlapped else None
-        elif op.overlapped and forward is not None:
-            own = (OpKind.F, op.stage, op.microbatch)
-            waits[forward] = tuple(k for k in prerequisites(op, stage_ranks) if k != own)
-            forward = None
-        elif op.kind.is_compute:
-            forward = None
+    for forward, backward in overlapped_pairs(program):
+        op = program[backward]
+        own = (OpKind.F, op.stage, op.microbatch)
+        waits[forward] = tuple(k for k in prerequisites(op, stage_ranks) if k != own)
     return waits
 
 

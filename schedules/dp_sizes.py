@@ -138,4 +138,5 @@ def split_op(op: Op, groups: int) -> list[Op]:
     if groups == 1:
         return [op]
     order = range(groups) if op.kind is OpKind.F else range(groups - 1, -1, -1)
-    return [Op(op.kind, op.stage, op.microbatch, op.group, chunk=g) for g in order]
+    return [Op(op.kind, op.stage, op.microbatch, op.group, chunk=g, overlapped=op.overlapped)
+            for g in order]

@@ -31,8 +31,7 @@ configures them by default; TE's initialize_ub, transformer_engine/pytorch/modul
 - the backward's reduce-scatters (dgrad of QKV and FC1) are 'bulk' overlaps beside the
   weight-gradient GEMM: alongside;
 - the forward's reduce-scatters after the projection and FC2 GEMMs are 'pipeline'
-  overlaps in EXPERT_GROUPS = frozenset({EP, ETP})
-TP_OVERLAP_RS_SPLITS = 4 chunks: each chunk's reduce-scatter runs beside the
+  overlaps in TP_OVERLAP_RS_SPLITS = 4 chunks: each chunk's reduce-scatter runs beside the
   next chunk's GEMM, and the last chunk's has nothing to hide behind: 3/4 of the bytes
   alongside, 1/4 (one collective per GEMM) blocking after the op;
 - the pipeline and bulk methods take TP_OVERLAP_COMM_SMS = 16 SMs from the GEMMs they
@@ -61,7 +60,7 @@ from .cp_comms import cp_comms
 from .ep_comms import ep_comms, etp_comms, imbalance_flops, pair_hides_experts
 from .model import ModelSpec
 from .names import EP, ETP, INTRA_LAYER_GROUPS, TP
-from .ops import WORK_KINDS, Op, OpKind
+from .ops import WORK_KINDS, Op, OpKind, overlapped_pairs
 from .parallel import ParallelConfig
 from .plan import Plan
 from .recompute import KEPT, layer_role
@@ -188,6 +187,7 @@ def add_intra_layer(schedule: Schedule, plan: Plan) -> Schedule:
     programs = []
     for program in schedule.programs:
         out: list[Op] = []
+        partner = dict(overlapped_pairs(program)) if pair_experts else {}
         for index, op in enumerate(program):
             if op.kind not in WORK_KINDS:
                 out += _scattered(op, parallel.tp) if scatter and op.kind.is_p2p else [op]
@@ -196,9 +196,9 @@ def add_intra_layer(schedule: Schedule, plan: Plan) -> Schedule:
             before = posted(before, op.microbatch, True)
             if op.overlapped and pair_experts:  # both ops' expert collectives before the F
                 if op.kind is OpKind.F:
-                    partner = next(o for o in program[index + 1:] if o.kind in WORK_KINDS)
-                    before += posted([p for p in placed(partner)[0]
-                                      if p.group in EXPERT_GROUPS], partner.microbatch, True)
+                    b = program[partner[index]]
+                    before += posted([p for p in placed(b)[0] if p.group in EXPERT_GROUPS],
+                                     b.microbatch, True)
                 else:
                     before = [p for p in before if p.group not in EXPERT_GROUPS]
             out += before

@@ -187,8 +187,9 @@ class Kernel:
     nbytes: float
     work: float | None = None
     gemm: tuple[float, float, float] | None = None  # (M, N, K) of a GEMM kernel
-    attention: tuple[float, str] | None = None  # a flash kernel's (sequence, 'forward' |
-    # 'backward'): the sequence length each call attends over (s / cp) and its pass
+    attention: tuple[float, str, float] | None = None  # a flash kernel's (sequence,
+    # 'forward' | 'backward', FLOPs of one call): the sequence length each call attends
+    # over (s / cp), its pass, and one layer's call (a stage's kernel sums its layers)
 
     def gradient_gemms(self) -> list[Kernel]:
         """A GEMM's backward: the input gradient dX = dY W^T, an (M x K) output over N,
@@ -263,7 +264,7 @@ def attention_core_forward(model: ModelSpec, parallel: ParallelConfig) -> list[K
     if model.use_flash_attn:
         return [Kernel("flash_attention", 2 * flops, x.d * (2 * x.q + 2 * x.kv),
                        work=2 * flops * CAUSAL_FLASH_SHARE,
-                       attention=(model.seq_length / parallel.cp, "forward"))]
+                       attention=(model.seq_length / parallel.cp, "forward", 2 * flops))]
     return [Kernel("scores_bmm", flops, x.d * (x.scores + x.q + x.kv)),
             Kernel("softmax", 0.0, 2 * x.d * x.scores),
             Kernel("attention_dropout", 0.0, 2 * x.d * x.scores + x.scores),
@@ -370,7 +371,7 @@ def layer_backward(model: ModelSpec, parallel: ParallelConfig,
         if k.name == "flash_attention":  # reads Q, K, V, O, dO; writes dQ, dK, dV
             out.append(Kernel(k.name, 2 * k.flops, x.d * (4 * x.q + 4 * x.kv),
                               work=FLASH_BACKWARD_WORK * k.executed,
-                              attention=(k.attention[0], "backward")))
+                              attention=(k.attention[0], "backward", 2 * k.flops)))
         elif k.gemm:
             out.extend(_gemm_backward(model, k))
         elif k.flops or k.name == "token_permute":

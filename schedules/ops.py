@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-from .errors import ScheduleFormatError
+from .errors import ConfigError, ScheduleFormatError
 from .names import PP
 
 
@@ -134,20 +134,48 @@ class Op:
         return f"{self.stage}{self.kind.value}{mb}{chunk}"
 
 
+def overlapped_pairs(program: Sequence[Op]) -> list[tuple[int, int]]:
+    """(F index, B index) of each overlapped pair of `program` (Op.overlapped): an
+    overlapped F and the next compute op, which must be an overlapped B (ops between them
+    that do not compute, such as P2P or collectives, are allowed). ConfigError for an
+    overlapped op outside such a pair, or one split into layer groups (Op.chunk)."""
+    pairs: list[tuple[int, int]] = []
+    forward: int | None = None
+    for index, op in enumerate(program):
+        if not op.kind.is_compute:
+            continue
+        if op.overlapped and op.chunk is not None:
+            raise ConfigError(
+                f"{op}: overlapped F&B pairs (dualpipev) with their ops split into layer "
+                f"groups are not modelled: drop ZeRO-3 / FSDP, or use gradient buckets of at "
+                f"least a stage")
+        if forward is not None:
+            if not (op.overlapped and op.kind is OpKind.B):
+                raise ConfigError(f"{program[forward]} is marked overlapped but the "
+                                          f"next compute op, {op}, is not its overlapped B")
+            pairs.append((forward, index))
+            forward = None
+        elif op.overlapped and op.kind is OpKind.F:
+            forward = index
+        elif op.overlapped:
+            raise ConfigError(f"{op} is marked overlapped without the overlapped F "
+                                      f"right before it (an F&B pair is an F, then a B)")
+    if forward is not None:
+        raise ConfigError(f"{program[forward]} is marked overlapped but no B follows it")
+    return pairs
+
+
 def action_texts(program: Sequence[Op]) -> list[str]:
     """The torch action text of each op, an overlapped pair (an `overlapped` F and the
     `overlapped` B right after it) as one action `(0F3;3B1)OVERLAP_F_B`, as torch writes
     it."""
+    partner = dict(overlapped_pairs(program))
     texts: list[str] = []
-    previous: Op | None = None
-    for op in program:
-        if (op.overlapped and op.kind is OpKind.B and previous is not None
-                and previous.kind is OpKind.F and previous.overlapped):
-            texts[-1] = f"({texts[-1]};{op})OVERLAP_F_B"
-            previous = None
-            continue
-        texts.append(str(op))
-        previous = op
+    for index, op in enumerate(program):
+        if op.overlapped and op.kind is OpKind.B:
+            continue  # written with its F
+        texts.append(f"({op};{program[partner[index]]})OVERLAP_F_B" if index in partner
+                     else str(op))
     return texts
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .ops import INPUT_GRAD_KINDS, Op, OpKind, p2p_op
+from .ops import INPUT_GRAD_KINDS, Op, OpKind, overlapped_pairs, p2p_op
 from .schedule import Schedule
 
 BoundaryBytes = Callable[[int], int]
@@ -69,25 +69,22 @@ def _pair_transfers(program: list[Op]) -> list[Op]:
     it and sends both outputs after it (torch's lowering of OVERLAP_F_B, DeepSeek's
     `_forward_backward_chunk`): the B's RECV moves before the F, the F's SEND after the B
     (schedules.contract.pair_waits); other ops between them stay between them."""
-    if not any(op.overlapped for op in program):
+    pairs = dict(overlapped_pairs(program)) if any(op.overlapped for op in program) else {}
+    if not pairs:
         return program
     out: list[Op] = []
     i = 0
     while i < len(program):
-        op = program[i]
-        j = i + 1
-        while op.overlapped and j < len(program) and not program[j].kind.is_compute:
-            j += 1
-        if (op.overlapped and op.kind is OpKind.F and j < len(program)
-                and program[j].overlapped):
-            between = program[i + 1:j]
-            out += [o for o in between if o.kind is OpKind.RECV_B] + [op]
-            out += [o for o in between if not o.kind.is_p2p] + [program[j]]
-            out += [o for o in between if o.kind.is_p2p and o.kind is not OpKind.RECV_B]
-            i = j + 1
+        if i not in pairs:
+            out.append(program[i])
+            i += 1
             continue
-        out.append(op)
-        i += 1
+        j = pairs[i]
+        between = program[i + 1:j]
+        out += [o for o in between if o.kind is OpKind.RECV_B] + [program[i]]
+        out += [o for o in between if not o.kind.is_p2p] + [program[j]]
+        out += [o for o in between if o.kind.is_p2p and o.kind is not OpKind.RECV_B]
+        i = j + 1
     return out
 
 

@@ -21,8 +21,9 @@ class ScheduleEntry:
     (`aliases`: torch.distributed.pipelining class names, Megatron's and papers' names;
     matched case-insensitively, '_' = '-'), its generator, its virtual-stage rule (vpp
     from `min_vpp` to `max_vpp`, None = unbounded; `default_vpp` when not given), its
-    placement, its `source` and a one-line `summary` for the help. `built_from_costs`: the order depends on a run's simulated
-    costs (sim.auto_schedule builds it); it has no order of its own to `build`.
+    placement, its `source` and a one-line `summary` for the help. `built_from_costs`:
+    the order depends on a run's simulated costs (sim.auto_schedule builds it); it has no
+    order of its own to `build`.
     `microbatch_rule(pp, microbatches)`: any further rule on the microbatch count, the
     reason for refusing it (one line naming the rule) or None."""
 

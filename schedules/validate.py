@@ -212,8 +212,9 @@ def dry_run(schedule: Schedule) -> DryRun:
     if stuck:
         lines = []
         for r, op in stuck.items():
-            missing = [n for n in prerequisites(op, ranks, lowered.num_microbatches)
-                       if n not in done]
+            needs = (prerequisites(op, ranks, lowered.num_microbatches)
+                     + contracts[r].partner.get(pc[r], ()))
+            missing = [n for n in needs if n not in done]
             waits = ", ".join(_describe_wait(n, posted) for n in missing)
             lines.append(f"rank {r} stuck at {op} waiting for {waits}")
         cells = result.cells()

@@ -7,9 +7,10 @@ A measured point (batch b, heads h, kv heads, sequence s, head dim d) has model 
 schedules.layer_kernels gives its flash_attention kernels (full score matrix; the kernels'
 causal `work` is a fixed share of it, so rates compare alike). A kernel of the same dtype
 and pass attending over a measured sequence length s is priced at the rate the points of
-that s reach, interpolated log-linearly in the kernel's FLOPs (at one s, FLOPs grow with
-b h d: heads per TP rank, micro-batch) between the two points around it; exactly a point's
-time at its FLOPs. None (the published curve or the roofline prices it) for another
+that s reach at the FLOPs of one of its calls (one layer's: a stage's kernel sums its
+layers, an I or W takes half a backward), interpolated log-linearly in FLOPs (at one s,
+FLOPs grow with b h d: heads per TP rank, micro-batch) between the two points around it;
+exactly a point's time at its FLOPs, times the calls the kernel stands for. None (the published curve or the roofline prices it) for another
 dtype, a sequence length that was not measured (context parallelism's s/cp, another
 --seq-length), or FLOPs outside the measured range: the table interpolates and never
 extrapolates. Units: seconds, FLOPs, FLOP/s.
@@ -73,8 +74,8 @@ class AttentionTable:
         """Seconds of a flash kernel in `dtype` (sim.cost.AttentionSeconds), or None."""
         if dtype != self.dtype or kernel.attention is None:
             return None
-        seq_length, phase = kernel.attention
-        rate = self.rate(seq_length, phase, kernel.flops)
+        seq_length, phase, call = kernel.attention
+        rate = self.rate(seq_length, phase, call)  # one layer's call sets the speed
         return None if rate is None else kernel.flops / rate
 
 

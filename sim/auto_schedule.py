@@ -4,9 +4,10 @@ built for one run from that run's own simulated costs.
 1. Simulate the run once with a stand-in order of the same shape: 1F1B with a split
    backward (one chunk per rank, the loop placement), with the run's cost model, network
    and collectives.
-2. Read each stage's F, I and W seconds (median over microbatches) and the P2P seconds
-   (median of SEND_F and SEND_B spans) off that timeline: contention, TP and CP
-   collectives inside the ops and the devices of each stage included.
+2. Read off that timeline each stage's F, I and W seconds: the median over microbatches
+   of the time each holds its rank, every layer group and the blocking TP, CP and EP
+   collectives the next op waits for included (held_seconds); and the P2P seconds (median
+   of SEND_F and SEND_B spans): contention and each stage's device included.
 3. Cap each rank at the microbatches whose activations fit in its limit:
    floor(limit / stage activation bytes per microbatch). The limit is
    ParallelConfig.activation_memory_limit when given. Otherwise it is the device memory
@@ -28,9 +29,11 @@ import networkx as nx
 
 from clustersim.schedules.activation_partition import stage_activation_bytes
 from clustersim.schedules.errors import ConfigError
+from clustersim.schedules.lowering import lower
 from clustersim.schedules.memory_model import rank_memory
+from clustersim.schedules.names import COMPUTE_LANE, HOST, INTRA_LAYER_GROUPS
 from clustersim.schedules.model import ModelSpec
-from clustersim.schedules.ops import OpKind
+from clustersim.schedules.ops import WORK_KINDS, OpKind
 from clustersim.schedules.parallel import ParallelConfig
 from clustersim.schedules.plan import Plan
 from clustersim.schedules.registry import build_schedule
@@ -50,17 +53,49 @@ def stand_in(parallel: ParallelConfig) -> Schedule:
                                   for s in range(pp)], pp)
 
 
-def stage_times(timeline: Timeline, num_stages: int) -> tuple[list[StageTimes], float]:
-    """Per stage, the median F, I and W seconds of the timeline's spans, and the median
-    P2P seconds (0 when no span moves data between stages)."""
-    seconds: dict[tuple[OpKind, int], list[float]] = defaultdict(list)
+def held_seconds(timeline: Timeline, lowered: Schedule) -> dict[tuple, float]:
+    """Seconds each F, I and W (key (kind, stage, microbatch)) holds its rank's compute
+    stream: its spans (every layer group) and those of the blocking intra-layer collectives
+    posted after it, which the next compute op waits for (schedules.contract). A lane runs
+    its ops in program order, so the k-th op a program posts on a lane is the k-th span of
+    that lane (sim.engine: compute ops on the compute lane, collectives on their group's)."""
+    lanes: dict[tuple[int, str], list] = defaultdict(list)
     for span in timeline.spans:
-        seconds[(span.op.kind, span.op.stage)].append(span.end - span.start)
-    times = [StageTimes(*(statistics.median(seconds[(kind, s)])
+        lanes[(span.rank, span.lane)].append(span)
+    for spans in lanes.values():
+        spans.sort(key=lambda s: s.start)
+    held: dict[tuple, float] = defaultdict(float)
+    for rank, program in enumerate(lowered.programs):
+        posted: dict[str, int] = defaultdict(int)
+        owner = None
+        for op in program:
+            on_stream = op.kind.is_compute and not (op.kind is OpKind.OPT_STEP
+                                                    and op.group == HOST)
+            lane = COMPUTE_LANE if on_stream else op.group if op.kind.is_collective else None
+            if lane is None:
+                continue
+            span = lanes[(rank, lane)][posted[lane]]
+            posted[lane] += 1
+            if op.kind in WORK_KINDS:
+                owner = (op.kind, op.stage, op.microbatch)
+            elif not (op.group in INTRA_LAYER_GROUPS and not op.alongside and owner):
+                continue
+            held[owner] += span.end - span.start
+    return held
+
+
+def stage_times(timeline: Timeline, lowered: Schedule) -> tuple[list[StageTimes], float]:
+    """Per stage, the median over microbatches of the seconds its F, I and W hold the
+    rank (held_seconds), and the median P2P seconds (0 when nothing crosses stages)."""
+    held = held_seconds(timeline, lowered)
+    per: dict[tuple[OpKind, int], list[float]] = defaultdict(list)
+    for (kind, stage, _), seconds in held.items():
+        per[(kind, stage)].append(seconds)
+    times = [StageTimes(*(statistics.median(per[(kind, s)])
                           for kind in (OpKind.F, OpKind.I, OpKind.W)))
-             for s in range(num_stages)]
-    p2p = [t for (kind, _), ts in seconds.items() if kind in (OpKind.SEND_F, OpKind.SEND_B)
-           for t in ts]
+             for s in range(lowered.num_stages)]
+    p2p = [s.end - s.start for s in timeline.spans
+           if s.op.kind in (OpKind.SEND_F, OpKind.SEND_B)]
     return times, statistics.median(p2p) if p2p else 0.0
 
 
@@ -96,7 +131,7 @@ def build_auto_schedule(model: ModelSpec, parallel: ParallelConfig, topology: nx
         raise ConfigError(f"zb-auto schedules one chunk per rank: it needs vpp == 1, got "
                           f"vpp={parallel.vpp}")
     plan, timeline = simulate_with(stand_in(parallel))
-    times, p2p = stage_times(timeline, plan.num_stages)
+    times, p2p = stage_times(timeline, lower(stand_in(parallel), plan))
     caps = memory_caps(plan, parallel.activation_memory_limit)
     handcrafted = [(name, build_schedule(name, parallel.pp, parallel.num_microbatches).programs)
                    for name in HANDCRAFTED]

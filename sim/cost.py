@@ -237,7 +237,7 @@ class RooflineCost:
                 if measured is not None:
                     return measured
         if kernel.attention is not None and self._attention is not None:
-            seq_length, phase = kernel.attention
+            seq_length, phase, _ = kernel.attention
             rate = (self.device.peak("bf16") * self.attainment
                     * self._attention.fraction(seq_length, phase))
             return kernel.executed / rate

@@ -111,7 +111,7 @@ def describe(timeline: Timeline, label: str | None = None) -> str:
 PAIRED = {OpKind.F: "F of F&B", OpKind.B: "B of F&B"}
 """Legend entries of the two ops of an overlapped pair (Op.overlapped: DualPipe's F&B),
 drawn apart from plain F's and B's."""
-PAIRED_COLOURS = {"F of F&B": "#27456B", "B of F&B": "#2E6B2A"}  # darker blue and green
+PAIRED_COLOURS = {PAIRED[OpKind.F]: "#27456B", PAIRED[OpKind.B]: "#2E6B2A"}  # darker
 
 
 def _spans_by_kind(timeline: Timeline) -> dict[str, list[Span]]:

@@ -74,7 +74,7 @@ def test_a_flash_kernel_runs_its_work_at_the_published_speed_x_attainment(backen
 def test_context_parallelism_looks_the_speed_up_at_the_per_rank_length():
     (fwd,) = [k for k in layer_forward(LLAMA, ParallelConfig(cp=4))
               if k.name == "flash_attention"]
-    assert fwd.attention == (8192 / 4, "forward")
+    assert fwd.attention[:2] == (8192 / 4, "forward")
 
 
 def test_recomputed_forward_and_backward_keep_their_own_speeds_in_a_stage():

@@ -90,3 +90,18 @@ def test_the_roofline_takes_the_measured_time_and_falls_back_to_the_curve():
         max(FORWARD[16], published.time(0.0, inside.nbytes)))
     assert measured.kernels_time([outside]) == published.kernels_time([outside])
     assert attention_seconds_of(None) is None
+
+
+def test_a_stage_of_several_layers_and_half_a_backward_take_that_many_calls():
+    """A stage's kernel sums its layers' calls (layer_kernels.merge) and an I or W takes
+    half a backward (Kernel.scaled(0.5)): each call is priced at its own shape's speed."""
+    from clustersim.schedules.layer_kernels import merge
+    model = ModelSpec(num_layers=1, hidden_size=16 * D, num_attention_heads=16,
+                      num_query_groups=4, seq_length=S, micro_batch_size=B, vocab_size=512,
+                      use_flash_attn=True)
+    parallel = ParallelConfig()
+    three = next(k for k in merge(layer_forward(model, parallel) * 3) if k.attention)
+    backward = next(k for k in layer_backward(model, parallel) if k.attention)
+    attention = AttentionTable(table())
+    assert attention.seconds(three, "bf16") == pytest.approx(3 * FORWARD[16])
+    assert attention.seconds(backward.scaled(0.5), "bf16") == pytest.approx(BACKWARD[16] / 2)

@@ -80,3 +80,28 @@ def test_compare_applies_the_limit_to_the_schedule_built_from_costs_only(capsys)
     assert main(["compare", "--schedules", "1f1b,zb-h1", "--activation-memory-limit", "10",
                  *dims]) == 2
     assert "none of --schedules is one" in capsys.readouterr().err
+
+
+def test_each_stage_time_counts_every_layer_group():
+    """ZeRO-3 splits each op into layer groups (one span each): with F = 1 s and I = W =
+    1 s per stage and microbatch, the search still reads 1 s (1e+03 ms) for each."""
+    timeline = simulate(MODEL, auto(2, 4, dp=2, zero_stage=3), TOPOLOGY,
+                        costs=UniformCostModel(1.0, 2.0))
+    assert any("F/I/W ms per stage (1e+03/1e+03/1e+03, 1e+03/1e+03/1e+03)" in w
+               for w in timeline.meta["warnings"])
+
+
+@pytest.mark.parametrize("layout", [dict(tp=4), dict(tp=2, sequence_parallel=True)])
+def test_the_search_times_the_pipeline_as_the_replay_does_with_tp_collectives(layout):
+    """The blocking TP collectives after each op hold the rank until the next op: the
+    search counts them, so the makespan it predicts is the replay's last F/I/W end within
+    1% (the optimizer step after them is not part of the search)."""
+    import re
+    from clustersim.schedules.model_presets import get_model
+    from clustersim.schedules.ops import WORK_KINDS
+    timeline = simulate(get_model("llama3-8b", num_layers=8),
+                        auto(2, 8, **layout), TOPOLOGY)
+    note = next(w for w in timeline.meta["warnings"] if w.startswith("zb-auto built"))
+    predicted = float(re.search(r"pipeline alone takes ([0-9.e+-]+) s", note).group(1))
+    replayed = max(s.end for s in timeline.spans if s.op.kind in WORK_KINDS)
+    assert predicted == pytest.approx(replayed, rel=0.01)

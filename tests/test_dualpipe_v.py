@@ -150,3 +150,37 @@ def test_a_pair_of_an_moe_model_runs_its_expert_all_to_alls_alongside_on_20_sms(
     timeline = simulate(MOE, layout, topology)
     assert any("expert all-to-alls beside the pair on 20 SMs" in n
                for n in timeline.meta["warnings"])
+
+
+def test_pairs_that_cannot_be_modelled_are_refused_in_one_line():
+    from clustersim.schedules.ops import Op, overlapped_pairs
+    with pytest.raises(ConfigError, match="split into layer groups are not modelled"):
+        simulate(MOE, ParallelConfig.from_kwargs(schedule="dualpipev", pp=2, dp=2,
+                                                 zero_stage=3, num_microbatches=4),
+                 load_topology("dgx-h100"))
+    lone = [Op(OpKind.F, 0, 0, overlapped=True), Op(OpKind.W, 0, 0)]
+    with pytest.raises(ConfigError, match="is not its overlapped B"):
+        overlapped_pairs(lone)
+    with pytest.raises(ConfigError, match="no B follows it"):
+        overlapped_pairs(lone[:1])
+
+
+def test_a_stuck_pair_names_the_input_its_partner_waits_for():
+    stuck = from_torch_csv("0F0,(0F1;0B0)OVERLAP_F_B,0B1\n1F0,(1F1;1B0)OVERLAP_F_B,1B1\n")
+    with pytest.raises(Exception, match=r"rank 0 stuck at 0F1 waiting for 0RECV_B0"):
+        validate(stuck)
+
+
+def test_only_the_expert_collectives_run_beside_the_whole_pair():
+    """Before a pair's F: its TP-overlap gather (alongside the F alone, which its B then
+    waits for) and the pair's expert all-to-all (beside the whole pair: the B does not
+    wait for it, the op after the pair does)."""
+    from clustersim.schedules.contract import local_waits
+    from clustersim.schedules.ops import Op
+    program = [Op(OpKind.ALL_GATHER, 0, 1, "tp", 8, alongside=True),
+               Op(OpKind.ALL_TO_ALL, 0, 1, "ep", 8, alongside=True),
+               Op(OpKind.F, 0, 1, overlapped=True), Op(OpKind.B, 1, 0, overlapped=True),
+               Op(OpKind.F, 0, 2)]
+    waits = local_waits(program)
+    assert 0 in waits[3] and 1 not in waits[3]
+    assert 1 in waits[4]

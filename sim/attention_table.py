@@ -10,10 +10,11 @@ and pass attending over a measured sequence length s is priced at the rate the p
 that s reach at the FLOPs of one of its calls (one layer's: a stage's kernel sums its
 layers, an I or W takes half a backward), interpolated log-linearly in FLOPs (at one s,
 FLOPs grow with b h d: heads per TP rank, micro-batch) between the two points around it;
-exactly a point's time at its FLOPs, times the calls the kernel stands for. None (the published curve or the roofline prices it) for another
-dtype, a sequence length that was not measured (context parallelism's s/cp, another
---seq-length), or FLOPs outside the measured range: the table interpolates and never
-extrapolates. Units: seconds, FLOPs, FLOP/s.
+exactly a point's time at its FLOPs, times the calls the kernel stands for. None (the
+published curve or the roofline prices it) for another dtype, a sequence length that was
+not measured (context parallelism's s/cp, another --seq-length), or FLOPs outside the
+measured range: the table interpolates and never extrapolates. Units: seconds, FLOPs,
+FLOP/s.
 """
 from __future__ import annotations
 

@@ -26,13 +26,19 @@ needs every token's K and V; two ways (`cp_comm`):
   them as [cp, heads // cp]; DeepSpeed-Ulysses likewise), so both the query heads and the
   KV groups of a TP rank must be divisible by cp: ParallelConfig.check_model refuses the
   rest, as KV heads are not replicated over cp ranks here.
+- 'usp': USP (Fang & Zhao 2024, arXiv 2405.07719; Megatron-Core's --cp-comm-type
+  a2a+p2p, schedules.usp): Ulysses over the cp_a2a ranks of each ring step ('cp_a2a'
+  group, blocking), then ring attention over the cp / cp_a2a steps ('cp_ring', alongside)
+  on the gathered sequence: each rank then holds b*s/steps tokens of h_kv/cp_a2a KV
+  heads, so a KV block is the same 2 * b*(s/cp)*h_kv*dtype / t bytes as ring's and the
+  ring moves (steps-1) of them. cp_a2a = cp is Ulysses, cp_a2a = 1 ring attention.
 Full recompute repeats the forward's communication in the backward; W needs none.
 """
 from __future__ import annotations
 
 from .comm_spec import Comm, Covered, comms
 from .model import ModelSpec
-from .names import CP
+from .names import CP, CP_A2A, CP_RING
 from .ops import OpKind
 from .parallel import ParallelConfig
 
@@ -46,12 +52,30 @@ def cp_comms(model: ModelSpec, parallel: ParallelConfig, cov: Covered,
     tokens = model.micro_batch_size * model.seq_length / cp
     d, h, hkv = model.dtype_bytes, model.hidden_size, model.kv_hidden_size
     forward, backward = cov.forward_layers, cov.layers * cov.backward
+    if cp_comm == "usp":  # Ulysses over cp_a2a ranks, then a ring of the rest
+        steps = cp // parallel.cp_a2a
+        return (_ulysses(tokens, h, hkv, d, t, forward + backward, CP_A2A)
+                + _ring(steps, tokens, hkv, d, t, forward, backward, CP_RING))
     if cp_comm == "ring":
-        ring = cp * 2 * tokens * hkv * d / t  # S: all cp KV blocks
-        passes = forward + backward
-        return (comms(OpKind.ALL_GATHER, CP, passes * ring, passes)
-                + comms(OpKind.REDUCE_SCATTER, CP, backward * ring, backward))
+        return _ring(cp, tokens, hkv, d, t, forward, backward, CP)
+    return _ulysses(tokens, h, hkv, d, t, forward + backward, CP)
+
+
+def _ring(steps: int, tokens: float, hkv: float, d: float, t: int, forward: int,
+          backward: int, group: str) -> list[Comm]:
+    """Ring attention over `steps` ranks: per layer an all-gather of S = steps KV blocks of
+    2 * tokens * h_kv * d / t bytes (forward, and the KV pass of backward) and a
+    reduce-scatter of S (backward's dKV pass)."""
+    ring = steps * 2 * tokens * hkv * d / t  # S: all the group's KV blocks
+    passes = forward + backward
+    return (comms(OpKind.ALL_GATHER, group, passes * ring, passes)
+            + comms(OpKind.REDUCE_SCATTER, group, backward * ring, backward))
+
+
+def _ulysses(tokens: float, h: float, hkv: float, d: float, t: int, n: int, group: str
+             ) -> list[Comm]:
+    """Ulysses: per layer pass an all-to-all of Q, K, V, S = tokens * (h + 2 h_kv) * d / t,
+    and one of the output, S = tokens * h * d / t."""
     qkv, out = tokens * (h + 2 * hkv) * d / t, tokens * h * d / t
-    n = forward + backward
-    return (comms(OpKind.ALL_TO_ALL, CP, n * qkv, n)
-            + comms(OpKind.ALL_TO_ALL, CP, n * out, n))
+    return (comms(OpKind.ALL_TO_ALL, group, n * qkv, n)
+            + comms(OpKind.ALL_TO_ALL, group, n * out, n))

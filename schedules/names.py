@@ -9,7 +9,9 @@ data parallel (schedules.parallel). Data-parallel collectives run on the whole D
 ('dp_cp' with context parallelism: the CP ranks hold the same weights), or with HSDP /
 ZeRO++ hpZ on a shard group inside a node and the replica group across shard groups
 (schedules.sharding.group_ranks); the routed experts' gradients run on the expert
-data-parallel group 'edp' where it differs (Plan.expert_grad_group).
+data-parallel group 'edp' where it differs (Plan.expert_grad_group). USP context
+parallelism splits the cp group in two levels (schedules.cp_comms): 'cp_a2a', blocks of
+consecutive cp ranks (Ulysses), and 'cp_ring', the ranks at one place in every block.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ TP, CP, EP, DP, PP = "tp", "cp", "ep", "dp", "pp"
 ETP, EDP = "etp", "edp"
 DP_SHARD, DP_REPLICATE = "dp_shard", "dp_replicate"
 DP_CP = "dp_cp"  # Megatron-Core's data-parallel group with context parallel (dp x cp ranks)
+CP_A2A, CP_RING = "cp_a2a", "cp_ring"  # USP's levels of cp: Ulysses inside, ring across
 HOST = "host"  # an OPT_STEP on the host CPU (ZeRO-Offload)
 PCIE = "pcie"  # a copy between a GPU and its host CPU
 
@@ -26,7 +29,7 @@ EXPERT_AXES = {EP: EP, ETP: TP, EDP: DP}
 """Expert-grid group axis -> the dense axis whose place it takes in the rank order."""
 DP_GROUPS = frozenset({DP, DP_CP, DP_SHARD, DP_REPLICATE, EDP})
 """Group axes of data-parallel communication."""
-INTRA_LAYER_GROUPS = frozenset({TP, CP, EP, ETP})
+INTRA_LAYER_GROUPS = frozenset({TP, CP, EP, ETP, CP_A2A, CP_RING})
 """Group axes of communication inside a layer (tensor, context, expert parallelism)."""
 
 COMPUTE_LANE, SEND_LANE, RECV_LANE = "compute", "send", "recv"

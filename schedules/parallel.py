@@ -38,10 +38,11 @@ activation_checkpointing.partition_activations, Megatron's --distribute-saved-ac
 and `cpu_checkpointing`; their rules and costs are schedules.activation_partition's.
 
 Intra-layer options (schedules.intra_layer; Megatron names where Megatron has the flag):
-`tp_comm_overlap` (--tp-comm-overlap), `cp_comm` ('ring' | 'ulysses'; Megatron-Core's
---cp-comm-type p2p | a2a), `moe_imbalance` (busiest expert's tokens over the balanced
-share, >= 1; no Megatron flag) and `scatter_gather` (SC21's scatter/gather of pipeline
-transfers; Megatron's scatter_gather_tensors_in_pipeline).
+`tp_comm_overlap` (--tp-comm-overlap), `cp_comm` ('ring' | 'ulysses' | 'usp'; Megatron-
+Core's --cp-comm-type p2p | a2a | a2a+p2p) with `cp_a2a` for 'usp' (the first of
+Megatron-Core's --hierarchical-context-parallel-sizes), `moe_imbalance` (busiest expert's
+tokens over the balanced share, >= 1; no Megatron flag) and `scatter_gather` (SC21's
+scatter/gather of pipeline transfers; Megatron's scatter_gather_tensors_in_pipeline).
 """
 from __future__ import annotations
 
@@ -54,7 +55,8 @@ from .activation_partition import check as check_partition_activations
 from .errors import ConfigError, require_positive_int
 from .fp8 import check_fp8_param_gather
 from .lora import check_lora_layout
-from .names import CP, DP, DP_CP, EDP, EP, EXPERT_AXES, GRID_AXES, PP, TP
+from .usp import check_usp_sizes, usp_group
+from .names import CP, CP_A2A, CP_RING, DP, DP_CP, EDP, EP, EXPERT_AXES, GRID_AXES, PP, TP
 from .limits import check_dimension
 from .recompute import normalised_options
 from .registry import DEFAULT_SCHEDULE, schedule_entry
@@ -66,7 +68,7 @@ __all__ = ["ALIASES", "CP_COMM", "CUSTOM_SCHEDULE", "EXPERT_AXES", "FSDP", "OFFL
 
 RECOMPUTE = ("none", "selective", "full")
 FSDP = ("none", "full", "hybrid")
-CP_COMM = ("ring", "ulysses")  # schedules.cp_comms
+CP_COMM = ("ring", "ulysses", "usp")  # schedules.cp_comms
 OFFLOAD_DEVICES = ("cpu", "nvme")  # where offloaded optimizer states live (module docstring)
 MIN_NVME = 1e6  # bytes/s: a node's NVMe below 1 MB/s is a unit mistake (GB/s given as B/s)
 
@@ -137,7 +139,8 @@ class ParallelConfig:
     activation_memory_limit: float | None = None  # bytes per rank, for zb-auto's search
     # intra-layer communication (issue 6); see schedules.intra_layer
     tp_comm_overlap: bool = False  # TP collectives run alongside the GEMMs
-    cp_comm: str = "ring"  # context parallelism: 'ring' attention or 'ulysses' all-to-alls
+    cp_comm: str = "ring"  # context parallelism: 'ring', 'ulysses' or 'usp' (both)
+    cp_a2a: int | None = None  # USP: the Ulysses ranks of each ring step (cp_comm 'usp')
     moe_imbalance: float = 1.0  # busiest expert's tokens over the balanced share
     scatter_gather: bool = False  # SC21 scatter/gather of pipeline transfers over TP
 
@@ -207,6 +210,7 @@ class ParallelConfig:
         if self.cp_comm != "ring" and self.cp == 1:
             raise ConfigError(f"cp_comm={self.cp_comm!r} chooses how context parallelism "
                               f"communicates: it needs cp > 1, got cp=1")
+        check_usp_sizes(self.cp_comm, self.cp, self.cp_a2a)
 
     def _check_offload_device(self) -> None:
         """ZeRO-Infinity's NVMe tier and its bandwidth (module docstring)."""
@@ -325,7 +329,7 @@ class ParallelConfig:
         after it (schedules.contract): 'tp' with tp_comm_overlap, 'cp' with ring attention.
         Both backends place and wait for intra-layer ops by this set."""
         return frozenset({TP} if self.tp_comm_overlap else ()) | frozenset(
-            {CP} if self.cp_comm == "ring" else ())
+            {CP} if self.cp_comm == "ring" else {CP_RING} if self.cp_comm == "usp" else ())
 
     def _sizes(self, expert: bool) -> dict[str, int]:
         if expert:
@@ -374,6 +378,8 @@ class ParallelConfig:
         """Ranks of `rank`'s process group along `axis`, in axis-coordinate order: a dense
         axis (tp, cp, dp, pp), dp_cp (in rank order) or an expert-grid one (ep, etp, edp:
         module docstring)."""
+        if axis in (CP_A2A, CP_RING):
+            return usp_group(self.group(CP, rank), rank, self.cp_a2a, axis)
         if axis not in GRID_AXES and axis not in EXPERT_AXES and axis != DP_CP:
             raise ConfigError(f"unknown grid axis {axis!r}: axes are "
                               f"{', '.join(dict.fromkeys((*GRID_AXES, DP_CP, *EXPERT_AXES)))}")
@@ -408,15 +414,17 @@ class ParallelConfig:
         if self.cp > 1 and model.seq_length % (2 * self.cp):
             raise ConfigError(f"seq_length={model.seq_length} is not divisible by 2*cp="
                               f"{2 * self.cp} (Megatron splits the sequence into 2*cp chunks)")
-        if self.cp > 1 and self.cp_comm == "ulysses":
+        if self.cp > 1 and self.cp_comm in ("ulysses", "usp"):
+            a2a = self.cp if self.cp_comm == "ulysses" else self.cp_a2a
             for what, count in (("attention heads", model.num_attention_heads),
                                 ("KV groups (num_query_groups)", model.num_query_groups)):
-                if (count // self.tp) % self.cp:
+                if (count // self.tp) % a2a:
                     raise ConfigError(
-                        f"cp_comm='ulysses' splits the {count // self.tp} {what} of a TP rank "
-                        f"over cp={self.cp} ranks (Transformer Engine's a2a context "
+                        f"cp_comm={self.cp_comm!r} splits the {count // self.tp} {what} of a "
+                        f"TP rank over {a2a} ranks (Transformer Engine's a2a context "
                         f"parallelism splits Q, K and V by heads): they must be divisible by "
-                        f"cp; use cp_comm='ring'")
+                        f"{'cp' if self.cp_comm == 'ulysses' else 'cp_a2a'}; use "
+                        f"cp_comm='ring'")
         if self.sequence_parallel and (model.seq_length // self.cp) % self.tp:
             raise ConfigError(f"sequence_parallel: seq_length/cp={model.seq_length // self.cp} "
                               f"is not divisible by tp={self.tp}")

@@ -30,8 +30,9 @@ the sources of each mapping:
 - Megatron-LM / Megatron-Core arguments.py, intra-layer: `--expert-tensor-parallel-size`
   (default None = tp; torchtitan's `expert_tensor_parallel_degree`), `--tp-comm-overlap`
   (the field's own name), `--cp-comm-type` (nargs='+', one value per layer or one for
-  all: 'p2p' = ring attention -> cp_comm 'ring', 'a2a' = Ulysses -> 'ulysses'; 'allgather'
-  and 'a2a+p2p' are not modelled), `--no-scatter-gather-tensors-in-pipeline` (dest
+  all: 'p2p' = ring attention -> cp_comm 'ring', 'a2a' = Ulysses -> 'ulysses', 'a2a+p2p' =
+  USP -> 'usp'; 'allgather' is not modelled), `--hierarchical-context-parallel-sizes A R`
+  (USP: cp_a2a = A, cp = A * R), `--no-scatter-gather-tensors-in-pipeline` (dest
   `scatter_gather_tensors_in_pipeline`, Megatron's default True; here scatter_gather is
   False unless given: True, or the `no_` flag False, turns it on).
 - Megatron-Core pipeline split: `--decoder-first-pipeline-num-layers`,
@@ -98,7 +99,7 @@ SHARDING_STRATEGIES = {  # Megatron-FSDP --data-parallel-sharding-strategy
 FSDP_STRATEGIES = {  # torch.distributed.fsdp.ShardingStrategy -> (zero_stage, fsdp)
     "no_shard": (0, "none"), "shard_grad_op": (2, "none"), "full_shard": (3, "full"),
     "hybrid_shard": (3, "hybrid"), "_hybrid_shard_zero2": (2, "hybrid")}
-CP_COMM_TYPES = {"p2p": "ring", "a2a": "ulysses"}  # Megatron-Core --cp-comm-type
+CP_COMM_TYPES = {"p2p": "ring", "a2a": "ulysses", "a2a+p2p": "usp"}  # --cp-comm-type
 
 
 def _choice(key: str, value: Any, table: Mapping[str, Any]) -> Any:
@@ -184,10 +185,21 @@ def _cp_comm_type(key: str, value: Any) -> dict[str, Any]:
         raise ConfigError(f"{key}={value!r}: one communication type for every layer is "
                           f"modelled, not one per layer")
     (name,) = values
-    if str(name).strip().lower() in ("allgather", "a2a+p2p"):
-        raise ConfigError(f"{key}={value!r}: 'allgather' and 'a2a+p2p' context parallelism "
-                          f"are not modelled; use one of {', '.join(CP_COMM_TYPES)}")
+    if str(name).strip().lower() == "allgather":
+        raise ConfigError(f"{key}={value!r}: 'allgather' context parallelism is not "
+                          f"modelled; use one of {', '.join(CP_COMM_TYPES)}")
     return {"cp_comm": _choice(key, name, CP_COMM_TYPES)}
+
+
+def _hierarchical_cp(key: str, value: Any) -> dict[str, Any]:
+    """Megatron-Core's --hierarchical-context-parallel-sizes A R (a2a+p2p): cp_a2a = A and
+    cp = A * R."""
+    sizes = list(value) if isinstance(value, (list, tuple)) else [value]
+    if len(sizes) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+                                  for v in sizes):
+        raise ConfigError(f"{key}={value!r}: two positive integers, the Ulysses (a2a) ranks "
+                          f"and the ring (p2p) ranks of USP context parallelism")
+    return {"cp_a2a": sizes[0], "cp": sizes[0] * sizes[1]}
 
 
 VALUE_ALIASES: dict[str, Callable[[str, Any], dict[str, Any]]] = {
@@ -215,6 +227,7 @@ VALUE_ALIASES: dict[str, Callable[[str, Any], dict[str, Any]]] = {
                                                   "none": "none"})},
     "recompute_activations": lambda k, v: {"recompute": "selective"} if _flag(k, v) else {},
     "cp_comm_type": _cp_comm_type,
+    "hierarchical_context_parallel_sizes": _hierarchical_cp,
     "no_scatter_gather_tensors_in_pipeline": lambda k, v: {"scatter_gather": not _flag(k, v)},
 }
 

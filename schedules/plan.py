@@ -37,7 +37,8 @@ from .errors import ConfigError
 from .layer_groups import ChunkParts, chunk_parts, data_parallel_groups, group_costs
 from .limits import MAX_OPS, check_op_budget
 from .model import ModelSpec
-from .names import DP, DP_CP, DP_REPLICATE, DP_SHARD, EDP, EXPERT_AXES, GRID_AXES
+from .names import (CP_A2A, CP_RING, DP, DP_CP, DP_REPLICATE, DP_SHARD, EDP, EXPERT_AXES,
+                    GRID_AXES)
 from .parallel import CUSTOM_SCHEDULE, ParallelConfig
 from .pipeline_split import stage_layers, stage_offsets
 from .placement import PLACEMENTS
@@ -49,7 +50,7 @@ from .schedule import Schedule
 from .sharding import group_ranks, shard_group_size
 
 GROUP_AXES = (*GRID_AXES, DP_CP, *(a for a in EXPERT_AXES if a not in GRID_AXES), DP_SHARD,
-              DP_REPLICATE)
+              DP_REPLICATE, CP_A2A, CP_RING)
 
 
 @dataclass(frozen=True)
@@ -199,7 +200,8 @@ class Plan:
             "stage_layers": list(self.stage_layers), "layer_groups": self.layer_groups,
             "groups": {axis: self.group_size(axis) for axis in GROUP_AXES
                        if (axis not in (DP_SHARD, DP_REPLICATE) or self.dp_shard_size)
-                       and (axis != DP_CP or p.cp > 1)},
+                       and (axis != DP_CP or p.cp > 1)
+                       and (axis not in (CP_A2A, CP_RING) or p.cp_comm == "usp")},
             "topology": cluster.name if cluster else None,
             "device": cluster.device if cluster else None,
             "device_memory_bytes": cluster.memory_bytes if cluster else None,

@@ -58,6 +58,7 @@ from typing import Any
 from .cluster_facts import ClusterFacts
 from .errors import ConfigError
 from .names import DP, DP_REPLICATE, DP_SHARD
+from .nested_groups import across_blocks, block_of
 
 # torch DDP's default bucket_cap_mb = 25 (MiB); used when bucket_bytes is None.
 DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
@@ -244,10 +245,8 @@ def group_ranks(parallel: Any, axis: str, rank: int, shard: int | None) -> list[
         return group
     if shard is None:
         raise ConfigError(f"group {axis!r} needs a shard size (fsdp='hybrid' or hpz)")
-    me = group.index(rank)
     if axis == DP_SHARD:
-        start = me - me % shard
-        return group[start:start + shard]
+        return block_of(group, rank, shard)
     if axis == DP_REPLICATE:
-        return group[me % shard::shard]
+        return across_blocks(group, rank, shard)
     raise ConfigError(f"unknown data-parallel group {axis!r}: dp, dp_shard or dp_replicate")

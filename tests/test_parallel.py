@@ -271,8 +271,8 @@ def test_intra_layer_aliases_map_values(kw, expected):
 
 @pytest.mark.parametrize("kw,match", [
     ({"--cp-comm-type": "allgather"}, "cp-comm-type='allgather'.*not modelled"),
-    ({"--cp-comm-type": "a2a+p2p"}, "not modelled"),
-    ({"--cp-comm-type": "ring"}, "cp-comm-type='ring' must be one of p2p, a2a"),
+    ({"--cp-comm-type": "a2a+p2p", "cp": 4}, "cp_comm='usp' needs cp_a2a"),  # no sizes
+    ({"--cp-comm-type": "ring"}, "cp-comm-type='ring' must be one of p2p, a2a, a2a\\+p2p"),
     ({"cp_comm_type": ["p2p", "a2a"]}, "one communication type for every layer"),
     ({"cp_comm": "ring", "cp_comm_type": "p2p"}, "cp_comm given twice"),
     ({"scatter_gather": True, "scatter_gather_tensors_in_pipeline": True},

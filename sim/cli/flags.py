@@ -37,7 +37,7 @@ DEFAULT_PP, DEFAULT_MICROBATCHES = 8, 16
 @dataclass(frozen=True)
 class Flag:
     """A command-line flag: `names` (ours first), the `field` it sets (its argparse
-    dest), and argparse's type / action / choices / metavar / help."""
+    dest), and argparse's type / action / choices / metavar / nargs / help."""
 
     names: tuple[str, ...]
     field: str
@@ -45,7 +45,8 @@ class Flag:
     type: Callable[[str], Any] | None = None
     action: str | type[argparse.Action] | None = None
     choices: Sequence[Any] | None = None
-    metavar: str | None = None
+    metavar: str | tuple[str, ...] | None = None
+    nargs: int | str | None = None
 
     def add_to(self, group: argparse._ActionsContainer, default: Any = None,
                required: bool = False) -> None:
@@ -56,6 +57,8 @@ class Flag:
             options["action"] = self.action
         else:
             options.update(type=self.type, choices=self.choices, metavar=self.metavar)
+            if self.nargs is not None:
+                options["nargs"] = self.nargs
         group.add_argument(*self.names, **options)
 
 
@@ -258,10 +261,16 @@ INTRA_LAYER_FLAGS = (  # how TP/CP/EP communication runs: schedules.intra_layer
             "Megatron --tp-comm-overlap: TP collectives run alongside the GEMMs instead of "
             "between them"),
     _flag("--cp-comm", "cp_comm", "context parallelism: ring attention (KV passed around the "
-          "ring, overlapped; default) or DeepSpeed-Ulysses all-to-alls", choices=CP_COMM),
+          "ring, overlapped; default), DeepSpeed-Ulysses all-to-alls, or USP (Ulysses inside "
+          "--cp-a2a ranks, a ring across; schedules/usp.py)", choices=CP_COMM),
     _flag("--cp-comm-type", "cp_comm_type",
-          "Megatron-Core spelling of --cp-comm: p2p = ring, a2a = ulysses",
-          choices=["p2p", "a2a"]),
+          "Megatron-Core spelling of --cp-comm: p2p = ring, a2a = ulysses, a2a+p2p = usp",
+          choices=["p2p", "a2a", "a2a+p2p"]),
+    _flag("--cp-a2a", "cp_a2a", "with --cp-comm usp: the Ulysses ranks of each ring step "
+          "(divides --cp)", type=int),
+    _flag("--hierarchical-context-parallel-sizes", "hierarchical_context_parallel_sizes",
+          "Megatron-Core spelling for USP: A R = the Ulysses (a2a) and ring (p2p) ranks; "
+          "cp = A * R", type=int, nargs=2, metavar=("A", "R")),
     _flag("--moe-imbalance", "moe_imbalance",
           "busiest expert's tokens over the balanced share (>= 1; default 1)", type=float,
           metavar="FACTOR"),

@@ -130,8 +130,14 @@ def _aligned_rows(schedule: Schedule, kinds: Sequence[OpKind]) -> list[list[str 
     for steps in dry_run(schedule.compute_only()).steps:
         kept = [(op, t) for op, t in steps if op.kind in kinds]
         row: list[str | None] = [None] * (kept[-1][1] + 1 if kept else 0)
+        previous = None  # an overlapped pair takes its F's step, as one action
         for op, t in kept:
+            if op.overlapped and op.kind is OpKind.B and previous is not None:
+                row[previous[1]] = f"({previous[0]};{op})OVERLAP_F_B"
+                previous = None
+                continue
             row[t] = str(op)
+            previous = (op, t) if op.overlapped and op.kind is OpKind.F else None
         rows.append(row)
     return rows
 

@@ -184,3 +184,10 @@ def test_only_the_expert_collectives_run_beside_the_whole_pair():
     waits = local_waits(program)
     assert 0 in waits[3] and 1 not in waits[3]
     assert 1 in waits[4]
+
+
+def test_the_step_aligned_torch_csv_keeps_the_pairs_too():
+    schedule = build_schedule("dualpipev", 2, 4)
+    text = to_torch_csv(schedule, align_steps=True)
+    assert "(0F3;3B1)OVERLAP_F_B" in text
+    assert from_torch_csv(text).programs == schedule.programs

@@ -81,11 +81,12 @@ def format_oom(entry: dict) -> str:
 
 def format_table(rows: Sequence[dict]) -> str:
     """The `compare` table: one row per schedule (throughput: sim.throughput's formulas)."""
-    lines = [f"{'schedule':28} {'iteration':>12} {'bubble':>7} {'tokens/s/GPU':>12} "
+    width = max([28, *(len(row["schedule"]) for row in rows)])
+    lines = [f"{'schedule':{width}} {'iteration':>12} {'bubble':>7} {'tokens/s/GPU':>12} "
              f"{'MFU':>6} {'peak mem':>9}  in-flight per rank"]
     for row in rows:
         mfu = f"{row['mfu']:>6.1%}" if row["mfu"] is not None else f"{'n/a':>6}"
-        lines.append(f"{row['schedule']:28} {format_seconds(row['iteration_time_s']):>12} "
+        lines.append(f"{row['schedule']:{width}} {format_seconds(row['iteration_time_s']):>12} "
                      f"{row['bubble_fraction']:>7.4f} {row['tokens_per_s_per_gpu']:>12,.0f} "
                      f"{mfu} {row['peak_memory_GB']:>6.1f} GB  {row['peak_in_flight']}")
     return "\n".join(lines)

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from clustersim.kernels.microbench import QUEUE_AHEAD_CYCLES
+from clustersim.kernels.microbench import Timer, device_timed
 
 SHAPES = ((8192, 4096, 4096), (8192, 1024, 4096), (8192, 14336, 4096), (8192, 4096, 14336),
           (8192, 4096, 1024), (4096, 4096, 8192), (4096, 1024, 8192), (4096, 14336, 8192),
@@ -55,17 +55,9 @@ def operands(way: str, m: int, n: int, k: int):
 
 
 def _device_seconds(run, count: int) -> float:
-    """Mean device seconds of `count` back-to-back run(i), queued behind a sleeping kernel
-    (kernels.microbench.QUEUE_AHEAD_CYCLES) so the host's launches are not timed."""
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda._sleep(QUEUE_AHEAD_CYCLES)
-    start.record()
-    for i in range(count):
-        run(i)
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / 1e3 / count
+    """Mean device seconds of `count` back-to-back run(i) (kernels.microbench.device_timed:
+    queued behind a sleeping kernel, so the host's launches are not timed)."""
+    return device_timed(Timer(torch.device("cuda")), count, run)[0]
 
 
 def time_way(way: str, shape: tuple[int, int, int]) -> dict:

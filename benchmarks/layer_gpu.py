@@ -26,7 +26,7 @@ import json
 import statistics
 from pathlib import Path
 
-from clustersim.schedules.layer_kernels import layer_backward, layer_forward
+from clustersim.schedules.layer_kernels import Kernel, layer_backward, layer_forward
 from clustersim.schedules.parallel import ParallelConfig
 from clustersim.schedules.profile import Profile
 from clustersim.sim.attention_table import attention_seconds_of
@@ -123,8 +123,8 @@ def layer_section(data: dict, profile: Profile) -> tuple[list[str], float]:
               f"(target {TARGET_PCT:g}%: {'met' if worst <= TARGET_PCT else 'NOT met'}).", "",
               "## 2. By kernel class", "",
               f"Measured: CUDA kernel times under torch.profiler, the mean of "
-              f"{kernels['calls']} calls; 'calibrated less kernels' is the calibrated F or B less the sum of "
-              "its kernels; the same layer queued behind a sleeping kernel (so no host wait) "
+              f"{kernels['calls']} calls; 'calibrated less kernels' is the calibrated F or B "
+              "less the sum of its kernels; the same layer queued behind a sleeping kernel (so no host wait) "
               f"took F {kernels['device_s']['F'] * 1e3:.2f} ms and B "
               f"{kernels['device_s']['B'] * 1e3:.2f} ms on the device, and the host queues "
               "it faster than that (section 8). Predicted ms per setting.", "",
@@ -146,7 +146,6 @@ def gemm_section(profile: Profile) -> list[str]:
     device = DEVICES[DEVICE]
     ratios = []
     for m, n, k, seconds in profile.gemm.points:
-        from clustersim.schedules.layer_kernels import Kernel
         kernel = Kernel("gemm", 2.0 * m * n * k, 2.0 * (m * k + k * n + m * n),
                         gemm=(m, n, k))
         law = gemm_seconds_at_ceiling(device, "bf16", kernel, 2)

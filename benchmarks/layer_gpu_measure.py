@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from clustersim.kernels.microbench import QUEUE_AHEAD_CYCLES
+from clustersim.kernels.microbench import Timer, device_timed
 from environment import environment
 from run_cli import clustersim
 
@@ -132,42 +132,22 @@ def device_layer_times(forwards, grad) -> dict[str, float]:
     """Median device seconds of one layer forward and backward queued behind a sleeping
     kernel long enough (LAYER_QUEUE_CYCLES) for the host to queue all of it first: the
     kernels and the device's own gaps, without waiting on the host."""
+    timer = Timer(torch.device("cuda"))
     times: dict[str, list[float]] = {"F": [], "B": []}
     for _ in range(5):
-        for kind in ("F", "B"):
-            outs = forwards(1) if kind == "B" else None
-            torch.cuda.synchronize()
-            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-            torch.cuda._sleep(LAYER_QUEUE_CYCLES)
-            start.record()
-            if kind == "F":
-                forwards(1)
-            else:
-                torch.autograd.backward(outs[0], grad)
-            end.record()
-            end.synchronize()
-            times[kind].append(start.elapsed_time(end) / 1e3)
+        times["F"].append(device_timed(timer, 1, lambda _: forwards(1), LAYER_QUEUE_CYCLES)[0])
+        outs = forwards(1)
+        times["B"].append(device_timed(timer, 1, lambda _: torch.autograd.backward(outs[0], grad),
+                                       LAYER_QUEUE_CYCLES)[0])
     return {k: statistics.median(v) for k, v in times.items()}
 
 
 def _median_seconds(call, device: torch.device, repeats: int) -> float:
-    """Median seconds of `call()`: on a GPU its device time (CUDA events, queued behind a
-    sleeping kernel as kernels.microbench._device_timed does), on a CPU the host clock."""
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda._sleep(QUEUE_AHEAD_CYCLES)  # the call is queued before the GPU starts it
-            start.record()
-            call()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            call()
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    """Median seconds of `call()`: on a GPU its device time, on a CPU the host clock
+    (kernels.microbench.device_timed)."""
+    timer = Timer(device)
+    return statistics.median(device_timed(timer, 1, lambda _: call())[0]
+                             for _ in range(repeats))
 
 
 def sdpa_backends(device: torch.device, seqs: tuple[int, ...], heads: int, head_dim: int

@@ -110,21 +110,23 @@ def _timed(timer: Timer, count: int, call: Callable[[int], Any]) -> tuple[float,
 QUEUE_AHEAD_CYCLES = 2_000_000
 """GPU clock cycles (about 1 ms at H100 clocks) of torch.cuda._sleep queued before a
 kernel-table measurement, so the host has queued every timed call before the GPU reaches
-them (_device_timed)."""
+them (device_timed)."""
 
 
-def _device_timed(timer: Timer, count: int, call: Callable[[int], Any]) -> tuple[float, list]:
+def device_timed(timer: Timer, count: int, call: Callable[[int], Any],
+                 queue_ahead: int = QUEUE_AHEAD_CYCLES) -> tuple[float, list]:
     """Mean device seconds of `count` back-to-back calls: on CUDA, CUDA events around the
-    calls, queued behind a sleeping kernel (QUEUE_AHEAD_CYCLES) so the time is the kernels'
-    alone, without the host's launch latency (which the simulator's kernel sums leave out:
-    on an H100 a single F.linear of (8192 x 4096) @ (4096 x 4096) timed with events around
-    it alone ran at 690 TFLOP/s, its kernel at 810; benchmarks/results/layer_gpu.md).
+    calls, queued behind a kernel sleeping `queue_ahead` cycles (long enough for the host to
+    queue the calls) so the time is the kernels' alone, without the host's launch latency
+    (which the simulator's kernel sums leave out: on an H100 a single F.linear of
+    (8192 x 4096) @ (4096 x 4096) timed with events around it alone ran at 690 TFLOP/s, its
+    kernel at 810; benchmarks/results/layer_gpu.md).
     On a CPU the host clock, as _timed."""
     if not timer.cuda:
         return _timed(timer, count, call)
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda._sleep(QUEUE_AHEAD_CYCLES)
+    torch.cuda._sleep(queue_ahead)
     start.record()
     results = [call(i) for i in range(count)]
     end.record()
@@ -275,7 +277,7 @@ def measure_gemms(plan: BenchPlan, device: torch.device, step: Callable[[str], N
     per shape of `plan.gemm_shapes`. Rounds: each of warmup + repeats rounds times every
     shape once (fresh random operands each round, allocated outside the timing), so a
     burst of noise hits one sample of many shapes rather than all samples of one; timed
-    by _device_timed (on CUDA the kernels' device time, the mean of BACK_TO_BACK). Operands
+    by device_timed (on CUDA the kernels' device time, the mean of BACK_TO_BACK). Operands
     are row-major (NN); autograd's transposed layouts may run at other speeds. A shape
     whose operands do not fit in GPU memory is left out (no samples; kernels.calibrate
     notes how many)."""
@@ -299,7 +301,7 @@ def measure_gemms(plan: BenchPlan, device: torch.device, step: Callable[[str], N
                 a = b = c = None
                 torch.cuda.empty_cache()
                 continue
-            seconds, _ = _device_timed(timer, count, lambda _: torch.matmul(a, b, out=c))
+            seconds, _ = device_timed(timer, count, lambda _: torch.matmul(a, b, out=c))
             if i >= plan.warmup:
                 samples[(m, n, k)].append(seconds)
             a = b = c = None  # free this shape's operands before the next's
@@ -330,9 +332,9 @@ def measure_attention(plan: BenchPlan, device: torch.device, step: Callable[[str
                     .repeat_interleave(heads // kv_heads, dim=1).requires_grad_()
                     for _ in range(2))
             grad = torch.randn(batch, heads, seq, head_dim, device=device, dtype=dtype)
-            forward, outs = _device_timed(timer, count,
+            forward, outs = device_timed(timer, count,
                                           lambda _: sdpa(q, k, v, is_causal=True))
-            backward, _ = _device_timed(timer, count,
+            backward, _ = device_timed(timer, count,
                                  lambda j: torch.autograd.backward(outs[j], grad))
             if i >= plan.warmup:
                 samples[shape].append((forward, backward))

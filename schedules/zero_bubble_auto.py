@@ -158,16 +158,14 @@ def template_program(stage: int, microbatches: int, warmup: int, delay: int) -> 
 
 
 def coordinate_search(times: Sequence[StageTimes], microbatches: int, p2p: float,
-                      max_in_flight: Sequence[int], start: list[list[Op]] | None = None,
-                      rounds: int = 3, evaluations: int = SEARCH_EVALUATIONS
-                      ) -> tuple[list[list[Op]], float]:
-    """Coordinate descent over per-rank orders: starting from `start` (default 1F1B with a
-    split backward), each rank in turn takes the template order (template_program, any
-    warm-up and W delay within its memory limit) that shortens the iteration most with the
-    other ranks fixed, for up to `rounds` sweeps or `evaluations` tried orders."""
+                      max_in_flight: Sequence[int], start: list[list[Op]], rounds: int = 3,
+                      evaluations: int = SEARCH_EVALUATIONS) -> tuple[list[list[Op]], float]:
+    """Coordinate descent over per-rank orders: starting from `start`, each rank in turn
+    takes the template order (template_program, any warm-up and W delay within its memory
+    limit) that shortens the iteration most with the other ranks fixed, for up to `rounds`
+    sweeps or `evaluations` tried orders."""
     pp = len(times)
-    programs = [list(p) for p in start] if start is not None else [
-        template_program(s, microbatches, min(pp - s, microbatches), 0) for s in range(pp)]
+    programs = [list(p) for p in start]
     best = iteration_time(programs, times, p2p)
     for _ in range(rounds):
         improved = False

@@ -25,14 +25,11 @@ import statistics
 from collections import defaultdict
 from collections.abc import Callable
 
-import networkx as nx
-
 from clustersim.schedules.activation_partition import stage_activation_bytes
 from clustersim.schedules.errors import ConfigError
 from clustersim.schedules.lowering import lower
 from clustersim.schedules.memory_model import rank_memory
 from clustersim.schedules.names import COMPUTE_LANE, HOST, INTRA_LAYER_GROUPS
-from clustersim.schedules.model import ModelSpec
 from clustersim.schedules.ops import WORK_KINDS, OpKind
 from clustersim.schedules.parallel import ParallelConfig
 from clustersim.schedules.plan import Plan
@@ -121,17 +118,16 @@ def memory_caps(plan: Plan, limit: float | None) -> list[int]:
     return caps
 
 
-def build_auto_schedule(model: ModelSpec, parallel: ParallelConfig, topology: nx.DiGraph,
+def build_auto_schedule(parallel: ParallelConfig,
                         simulate_with: Callable[[Schedule], tuple[Plan, Timeline]]
                         ) -> tuple[Schedule, str]:
     """The zb-auto Schedule of this run and the note that says what it was built from.
     `simulate_with(schedule)` simulates the run with a schedule given as data and returns
-    its plan and timeline (sim.simulate passes its own replay)."""
-    if parallel.vpp != 1:
-        raise ConfigError(f"zb-auto schedules one chunk per rank: it needs vpp == 1, got "
-                          f"vpp={parallel.vpp}")
-    plan, timeline = simulate_with(stand_in(parallel))
-    times, p2p = stage_times(timeline, lower(stand_in(parallel), plan))
+    its plan and timeline (sim.simulate passes its own replay). One chunk per rank: the
+    registry entry's vpp rule has refused any other vpp already."""
+    standin = stand_in(parallel)
+    plan, timeline = simulate_with(standin)
+    times, p2p = stage_times(timeline, lower(standin, plan))
     caps = memory_caps(plan, parallel.activation_memory_limit)
     handcrafted = [(name, build_schedule(name, parallel.pp, parallel.num_microbatches).programs)
                    for name in HANDCRAFTED]
@@ -139,7 +135,7 @@ def build_auto_schedule(model: ModelSpec, parallel: ParallelConfig, topology: nx
     schedule = Schedule("zb-auto", parallel.num_microbatches, auto.programs, parallel.pp)
     ms = ", ".join(f"{t.forward * 1e3:.3g}/{t.input_grad * 1e3:.3g}/{t.weight_grad * 1e3:.3g}"
                    for t in times)
-    baseline = iteration_time(stand_in(parallel).programs, times, p2p)
+    baseline = iteration_time(standin.programs, times, p2p)
     note = (f"zb-auto built from the simulated F/I/W ms per stage ({ms}) and P2P "
             f"{p2p * 1e3:.3g} ms under caps of {caps} microbatches per rank: "
             f"{auto.origin}; its pipeline alone takes {auto.makespan:.4g} s against "

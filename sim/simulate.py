@@ -81,7 +81,7 @@ def _simulate_auto(model: ModelSpec, parallel: ParallelConfig, topology: nx.DiGr
         plan = _checked_plan(model, parallel, topology, schedule, max_ops)
         return plan, _replay(plan, topology, costs, schedule)
 
-    schedule, note = build_auto_schedule(model, parallel, topology, simulate_with)
+    schedule, note = build_auto_schedule(parallel, simulate_with)
     plan, timeline = simulate_with(schedule)
     log.info(note)
     timeline.meta["warnings"].append(note)

@@ -50,13 +50,18 @@ def test_unit_costs_reach_the_lower_bound_within_1f1b_rank0_memory(pp, microbatc
         assert {op.stage for op in program} == {s}
 
 
-@settings(max_examples=25, deadline=None)
-@given(st.integers(2, 5), st.integers(1, 10), st.data())
-def test_any_costs_and_caps_are_respected_and_never_beat_the_bound(pp, microbatches, data):
+def draw_costs(data, pp):
+    """Random F, I, W seconds per stage and a P2P time (hypothesis)."""
     seconds = st.floats(0.1, 3.0)
     times = [StageTimes(data.draw(seconds), data.draw(seconds), data.draw(seconds))
              for _ in range(pp)]
-    p2p = data.draw(st.floats(0.0, 1.0))
+    return times, data.draw(st.floats(0.0, 1.0))
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(2, 5), st.integers(1, 10), st.data())
+def test_any_costs_and_caps_are_respected_and_never_beat_the_bound(pp, microbatches, data):
+    times, p2p = draw_costs(data, pp)
     caps = [data.draw(st.integers(min(pp - s, microbatches), 2 * pp)) for s in range(pp)]
     auto = auto_zero_bubble(times, microbatches, p2p, caps)
     assert all(peak <= cap for peak, cap in zip(auto.peak_in_flight, caps))
@@ -83,10 +88,7 @@ def test_uneven_stages_and_slow_p2p_are_scheduled_better_than_the_zb_h1_pattern(
 @settings(max_examples=20, deadline=None)
 @given(st.integers(2, 5), st.integers(2, 10), st.data())
 def test_the_search_is_never_worse_than_the_zb_h1_pattern_it_includes(pp, microbatches, data):
-    seconds = st.floats(0.1, 3.0)
-    times = [StageTimes(data.draw(seconds), data.draw(seconds), data.draw(seconds))
-             for _ in range(pp)]
-    p2p = data.draw(st.floats(0.0, 1.0))
+    times, p2p = draw_costs(data, pp)
     zb_h1 = [template_program(s, microbatches, pp - s, s) for s in range(pp)]
     auto = auto_zero_bubble(times, microbatches, p2p, [pp] * pp)
     assert auto.makespan <= iteration_time(zb_h1, times, p2p) + 1e-9

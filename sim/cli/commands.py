@@ -204,9 +204,9 @@ def cmd_compare_schedules(args: argparse.Namespace) -> int:
         raise ConfigError("--activation-memory-limit caps the search of a schedule built from "
                           "costs (zb-auto); none of --schedules is one")
     for name, vpp in schedules:
-        args.activation_memory_limit_gb = (limit if schedule_entry(name).built_from_costs
-                                           else None)  # the others have fixed orders
-        parallel = parallel_from_args(args, name, vpp, model.micro_batch_size)
+        fixed_order = () if schedule_entry(name).built_from_costs else (
+            "activation_memory_limit_gb",)  # the cap only shapes a schedule built from costs
+        parallel = parallel_from_args(args, name, vpp, model.micro_batch_size, fixed_order)
         label = name if parallel.vpp == 1 else f"{name} (vpp={parallel.vpp})"
         results.append((label, simulate(model, parallel, topology, None, costs,
                                         max_ops_from_args(args))))

@@ -11,7 +11,7 @@ choose the cost model (sim.cost_model). The parsed value's argparse dest is the 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -395,13 +395,15 @@ def model_from_args(args: argparse.Namespace) -> ModelSpec:
 
 
 def parallel_from_args(args: argparse.Namespace, schedule: str | None,
-                       vpp: int | None = None,
-                       micro_batch_size: int = 1) -> ParallelConfig:
+                       vpp: int | None = None, micro_batch_size: int = 1,
+                       without: Collection[str] = ()) -> ParallelConfig:
     """The ParallelConfig of the parallel, sharding and intra-layer flags, for `schedule`
     (CUSTOM_SCHEDULE for a schedule given as data; vpp: `vpp`, --vpp, or the schedule's
-    default). Microbatches default to DEFAULT_MICROBATCHES when neither they nor the
-    global batch size are given."""
-    values = given(args, PARALLEL_FLAGS + SHARDING_FLAGS + INTRA_LAYER_FLAGS)
+    default), leaving out the flags whose fields are named in `without`. Microbatches
+    default to DEFAULT_MICROBATCHES when neither they nor the global batch size are
+    given."""
+    values = {k: v for k, v in given(args, PARALLEL_FLAGS + SHARDING_FLAGS
+                                           + INTRA_LAYER_FLAGS).items() if k not in without}
     values.setdefault("pp", getattr(args, "pp_default", DEFAULT_PP))
     schedule = schedule or DEFAULT_SCHEDULE
     if vpp is not None:

@@ -46,6 +46,11 @@ from .collective_model import slows_compute
 from .network import Network
 
 
+def collective_lane(op: Op) -> str:
+    """The Timeline lane a collective runs on: its group axis (COLLECTIVE_LANE without)."""
+    return op.group or COLLECTIVE_LANE
+
+
 @dataclass(frozen=True)
 class MemoryModel:
     """Per-rank bytes: `static[r]` held all iteration; each forward of stage s adds
@@ -333,7 +338,7 @@ class Replay:
             if self.collective is None:
                 raise ConfigError(f"rank {rank}: op {op} is a collective, but this replay has "
                                   "no collective model")
-            return op.group or COLLECTIVE_LANE, lambda: self.collective(op, rank)
+            return collective_lane(op), lambda: self.collective(op, rank)
         if op.kind.is_copy:
             if self.hosts is None:
                 raise ConfigError(f"rank {rank}: op {op} copies to or from the host, but this "

@@ -36,6 +36,9 @@ sharding fields are canonical, schedules.sharding) and sizes it from the plan
   shard) runs only after the last microbatch's (`outer_fsdp_group_grad_reduce` is
   `is_last_microbatch or model_auto_sync`). The parameters are not sharded: no gather
   before compute; the updated ones are ALL_GATHERed after the step, as ZeRO-1's.
+- an asynchronous pipeline (PipeDream, PipeDream-2BW; schedules.weight_stashing), ZeRO-0
+  only: DDP's reduction and a step after the backward that ends each weight update
+  (`add_per_update_steps`), not once per iteration.
 - zero_stage 3 / FSDP / HSDP / ZeRO++: schedules.zero3 (with pp > 1: FSDP2 under
   torch.distributed.pipelining, as torchtitan runs it).
 - offload (ZeRO-Offload, Ren et al. ATC 2021; zero_stage >= 1): each reduced gradient
@@ -79,7 +82,7 @@ from .sharding import moves_gradients
 from .zero3 import add_zero3
 
 __all__ = ["ADAM_BYTES_PER_PARAM", "add_data_parallel", "add_dp_allreduce",
-           "add_sharded_optimizer", "has_data_parallel"]
+           "add_per_update_steps", "add_sharded_optimizer", "has_data_parallel"]
 
 
 def add_dp_allreduce(schedule: Schedule) -> Schedule:
@@ -150,10 +153,12 @@ def _bucket_ops(part: GradPart, bucket: int, parallel: ParallelConfig, at: Op,
     return ops
 
 
-def step_ops(sizes: DPSizes, parallel: ParallelConfig, stage: int) -> list[Op]:
-    """OPT_STEP of the rank's part of `stage` (on the host when offloaded)."""
+def step_ops(sizes: DPSizes, parallel: ParallelConfig, stage: int,
+             microbatch: int | None = None) -> list[Op]:
+    """OPT_STEP of the rank's part of `stage` (on the host when offloaded); `microbatch`:
+    the last one whose gradients it applies, when a program steps more than once."""
     shard = sizes.stage_params(stage) if parallel.zero_stage == 0 else sizes.shard_params(stage)
-    return [Op(OpKind.OPT_STEP, stage, None, HOST if parallel.offload else None,
+    return [Op(OpKind.OPT_STEP, stage, microbatch, HOST if parallel.offload else None,
                ADAM_BYTES_PER_PARAM * shard)]
 
 
@@ -225,6 +230,34 @@ def add_sharded_optimizer(schedule: Schedule, sizes: DPSizes, parallel: Parallel
     return schedule.with_programs(programs, layer_groups=groups)
 
 
+def add_per_update_steps(schedule: Schedule, sizes: DPSizes, parallel: ParallelConfig
+                         ) -> Schedule:
+    """An asynchronous pipeline (schedules.weight_stashing: PipeDream, 2BW): each stage's
+    gradients are reduced, as DDP's are (bucketed after the layer groups of the backward
+    with overlap_grad_reduce, else after it), and its weights stepped after the backward
+    that ends each update, every `update_every` microbatches; the pipeline never drains.
+    ZeRO-0 only (ParallelConfig refuses the sharded optimizers under stashing)."""
+    every = schedule.asynchronous.update_every
+    overlap = parallel.overlap_grad_reduce and moves_gradients(parallel)
+    groups = sizes.groups if overlap else 1
+    programs = []
+    for program in schedule.programs:
+        out: list[Op] = []
+        for op in program:
+            if op.kind not in WEIGHT_GRAD_KINDS or (op.microbatch + 1) % every:
+                out.append(op)
+                continue
+            for part in split_op(op, groups) if overlap else [op]:
+                out.append(part)
+                if overlap:
+                    out += gradient_ops(sizes, parallel, op.stage, part.chunk, op.microbatch)
+            if not overlap:
+                out += gradient_ops(sizes, parallel, op.stage, None, op.microbatch)
+            out += step_ops(sizes, parallel, op.stage, op.microbatch)
+        programs.append(out)
+    return schedule.with_programs(programs, layer_groups=groups)
+
+
 def reduces_every_microbatch(parallel: ParallelConfig) -> bool:
     """Whether gradients are reduce-scattered after every microbatch's backward instead
     of once per step: ZeRO-2 with pp > 1, as Megatron-FSDP's optim_grads runs it (module
@@ -265,6 +298,8 @@ def add_data_parallel(schedule: Schedule, plan: Plan) -> Schedule:
         raise ConfigError(f"fsdp={parallel.fsdp!r} hpz={parallel.hpz}: give shard_size (the "
                           "ranks of one node's shard group), or a topology to take it from")
     sizes = dp_sizes(plan)
+    if schedule.asynchronous is not None:
+        return add_per_update_steps(schedule, sizes, parallel)
     if parallel.zero_stage == 3 and moves_gradients(parallel):
         return add_zero3(schedule, sizes, parallel)
     return add_sharded_optimizer(schedule, sizes, parallel)

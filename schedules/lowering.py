@@ -65,10 +65,10 @@ PASSES: tuple[Pass, ...] = (
 
 def lower(schedule: Schedule, plan: Plan) -> Schedule:
     """`schedule` (of `plan`'s shape) through every pass of PASSES, in order."""
-    if (schedule.num_ranks, schedule.stage_ranks, schedule.num_microbatches) != (
+    if (schedule.num_ranks, schedule.stage_ranks, schedule.iteration_microbatches) != (
             plan.pp, plan.stage_ranks, plan.num_microbatches):
         raise ConfigError(f"schedule {schedule.name!r} ({schedule.num_ranks} ranks, stages on "
-                          f"ranks {list(schedule.stage_ranks)}, {schedule.num_microbatches} "
+                          f"ranks {list(schedule.stage_ranks)}, {schedule.iteration_microbatches} "
                           f"microbatches) is not the shape its plan was resolved for "
                           f"({plan.pp} ranks, {list(plan.stage_ranks)}, "
                           f"{plan.num_microbatches} microbatches)")

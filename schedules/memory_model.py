@@ -48,6 +48,10 @@ Extras:
   weights: `parameters` under ZeRO 1/2, `gathered_parameters` under ZeRO-3 (whose
   16-bit shard stays, as torchao's FSDP2 float8 all-gather keeps it; Megatron-FSDP's
   FP8 shard, w Psi_8 / N less, is not modelled). fp32 master weights stay in K.
+- Stashed weight versions (PipeDream, PipeDream-2BW; schedules.weight_stashing): a rank
+  holding v versions keeps v - 1 copies of its weights beside the live ones,
+  `stashed_weights` = (v - 1) w Psi (w: the model dtype's weight bytes; v = pp - rank for
+  PipeDream, 2 for 2BW: Narayanan et al. 2021, section 3.1), counted as model state.
 - LoRA / QLoRA (ModelSpec.lora, schedules.lora): Psi is the adapters' parameters, which
   alone have gradients and (K = 12, mixed-precision Adam) optimizer states and shard
   under ZeRO-1/2; the frozen base adds its stored bytes to `parameters`, unsharded (16-bit,
@@ -93,6 +97,7 @@ from .names import COMPUTE_LANE
 from .parallel import ParallelConfig
 from .plan import Plan
 from .recompute import working_layers
+from .registry import schedule_entry
 from .schedule import Schedule
 from .sharding import hpz_degree, shard_group_size, state_shard_degree
 from .timeline import Span, peak_in_flight
@@ -131,13 +136,15 @@ class RankMemory:
     nvme: float = 0.0
     in_flight: int = 0
     frozen_params: float = 0.0
+    stashed_weights: float = 0.0
 
     @property
     def model_states_bytes(self) -> float:
         """Parameters + gradients + optimizer states on the device (ZeRO's Table 1), and
-        the weights' extra copies (hpZ's secondary shard, TE's FP8 copies)."""
+        the weights' extra copies (hpZ's secondary shard, TE's FP8 copies, stashed
+        versions)."""
         return (self.parameters + self.gradients + self.optimizer_states + self.hpz_secondary
-                + self.fp8_weights)
+                + self.fp8_weights + self.stashed_weights)
 
     @property
     def total_bytes(self) -> float:
@@ -289,6 +296,8 @@ def rank_memory(plan: Plan, *, in_flight: Sequence[int] | None = None,
     act, host_act = stage_activation_bytes(plan)
     peaks, counts = _held(plan, act, in_flight, schedule)
     host_peaks = _held(plan, host_act, in_flight, schedule)[0] if any(host_act) else {}
+    stashing = schedule_entry(plan.schedule).stashing if plan.registered else None
+    weight_bytes = precision_bytes(plan.model.dtype)[0]
     result = []
     for r in range(plan.pp):
         mine = plan.stages_of(r)
@@ -311,6 +320,8 @@ def rank_memory(plan: Plan, *, in_flight: Sequence[int] | None = None,
             frozen_params=sum(costs[s].frozen_param_count for s in mine),
             recompute_working=working * _layer_bytes_without_recompute(plan),
             fp8_weights=_fp8_weight_bytes(plan, layers),
+            stashed_weights=(stashing.versions_held(plan.pp, r) - 1) * weight_bytes * params
+            if stashing else 0.0,
             in_flight=counts.get(r, 0), **buffers, **states))
     return result
 

@@ -56,6 +56,7 @@ from .errors import ConfigError, require_positive_int
 from .fp8 import check_fp8_param_gather
 from .lora import check_lora_layout
 from .usp import check_usp_sizes, usp_group
+from .weight_stashing import check_stashed_layout
 from .names import CP, CP_A2A, CP_RING, DP, DP_CP, EDP, EP, EXPERT_AXES, GRID_AXES, PP, TP
 from .limits import check_dimension
 from .recompute import normalised_options
@@ -276,6 +277,8 @@ class ParallelConfig:
         entry = schedule_entry(self.schedule)  # the registry's rules (schedules.registry)
         object.__setattr__(self, "schedule", entry.name)
         entry.check(self.pp, self.num_microbatches, self.vpp)
+        if entry.stashing is not None:
+            check_stashed_layout(entry.name, self.zero_stage, self.fsdp, self.offload)
         limit = self.activation_memory_limit
         if limit is not None and not entry.built_from_costs:
             raise ConfigError(f"activation_memory_limit (--activation-memory-limit) caps the "

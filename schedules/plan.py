@@ -263,8 +263,10 @@ def resolve(model: ModelSpec, parallel: ParallelConfig, cluster: ClusterFacts | 
         if parallel.num_stages > model.num_layers:
             raise ConfigError(f"pp*vpp={parallel.num_stages} stages need at least as many "
                               f"layers, the model has num_layers={model.num_layers}")
-        check_op_budget(parallel.num_stages, parallel.num_microbatches, max_ops)
         entry = schedule_entry(parallel.schedule)
+        check_op_budget(parallel.num_stages,
+                        entry.simulated_microbatches(parallel.pp, parallel.num_microbatches),
+                        max_ops)
         name, placement = entry.name, entry.placement
         ranks = placed(placement, parallel.pp, parallel.num_stages)
         microbatches = parallel.num_microbatches
@@ -272,10 +274,11 @@ def resolve(model: ModelSpec, parallel: ParallelConfig, cluster: ClusterFacts | 
         if schedule.num_ranks != parallel.pp:
             raise ConfigError(f"schedule {schedule.name!r} has {schedule.num_ranks} ranks, "
                               f"pp is {parallel.pp}")
-        if schedule.num_microbatches != parallel.num_microbatches:
-            raise ConfigError(f"schedule {schedule.name!r} has {schedule.num_microbatches} "
-                              f"microbatches, the parallel config {parallel.num_microbatches}")
-        name, ranks, microbatches = schedule.name, schedule.stage_ranks, schedule.num_microbatches
+        if schedule.iteration_microbatches != parallel.num_microbatches:
+            raise ConfigError(f"schedule {schedule.name!r} has {schedule.iteration_microbatches}"
+                              f" microbatches, the parallel config {parallel.num_microbatches}")
+        name, ranks = schedule.name, schedule.stage_ranks
+        microbatches = schedule.iteration_microbatches
         placement = next((p for p in PLACEMENTS if len(ranks) % parallel.pp == 0
                           and placed(p, parallel.pp, len(ranks)) == ranks), CUSTOM_SCHEDULE)
     layers = stage_layers(model.num_layers, parallel, ranks)

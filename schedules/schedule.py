@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from .errors import ConfigError
 from .ops import Op, OpKind, action_texts
 from .placement import loop
+from .weight_stashing import AsyncRun
 
 
 @dataclass
@@ -22,6 +23,9 @@ class Schedule:
     the default is the loop placement, rank r holding stages r, r+P, r+2P, ...).
     `layer_groups` G: how many layer groups every stage splits into for chunked ops
     (`Op.chunk` in 0..G-1; schedules.layer_groups); 1 = no chunked ops.
+    `asynchronous`: an asynchronous pipeline with weight stashing (PipeDream, 2BW:
+    schedules.weight_stashing), whose programs run `num_microbatches` = K batches of the
+    iteration's M microbatches with no flush; None for a flushed schedule.
     """
 
     name: str
@@ -30,6 +34,7 @@ class Schedule:
     num_stages: int
     stage_ranks: tuple[int, ...] = field(default=())
     layer_groups: int = 1
+    asynchronous: AsyncRun | None = None
 
     def __post_init__(self) -> None:
         if not self.programs:
@@ -46,6 +51,12 @@ class Schedule:
         if isinstance(self.layer_groups, bool) or not isinstance(self.layer_groups, int) \
                 or self.layer_groups < 1:
             raise ConfigError(f"layer_groups must be a positive integer, got {self.layer_groups!r}")
+
+    @property
+    def iteration_microbatches(self) -> int:
+        """M, the microbatches of one iteration (of one batch when asynchronous)."""
+        run = self.asynchronous
+        return run.iteration_microbatches if run else self.num_microbatches
 
     @property
     def num_ranks(self) -> int:
@@ -75,6 +86,7 @@ class Schedule:
         return Schedule(
             self.name, self.num_microbatches, [list(p) for p in programs], self.num_stages,
             self.stage_ranks, self.layer_groups if layer_groups is None else layer_groups,
+            self.asynchronous,
         )
 
     def to_text(self) -> str:

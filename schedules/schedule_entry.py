@@ -9,6 +9,7 @@ from .limits import MAX_OPS, check_op_budget
 from .ops import Op
 from .placement import LOOP, PLACEMENTS, stage_ranks, stages_by_rank
 from .schedule import Schedule
+from .weight_stashing import AsyncRun, WeightStashing, simulated_batches
 
 Programs = Callable[[list[list[int]], int], list[list[Op]]]
 """(the stages each rank holds, in stage order, as the entry's placement gives them;
@@ -38,6 +39,7 @@ class ScheduleEntry:
     placement: str = LOOP
     built_from_costs: bool = False
     microbatch_rule: Callable[[int, int], str | None] | None = None  # (pp, M) -> why not
+    stashing: WeightStashing | None = None
 
     def __post_init__(self) -> None:
         if self.placement not in PLACEMENTS:
@@ -72,8 +74,21 @@ class ScheduleEntry:
             raise ConfigError(f"schedule {self.name!r} is built from a run's simulated costs: "
                               f"`clustersim simulate` and `compare` build it; it has no fixed "
                               f"order to show or to run on devices")
-        check_op_budget(pp * vpp, microbatches, max_ops)
+        run = self.async_run(pp, microbatches)
+        total = microbatches * (run.batches if run else 1)
+        check_op_budget(pp * vpp, total, max_ops)
         stages = pp * vpp
-        programs = self.programs(stages_by_rank(self.placement, pp, stages), microbatches)
-        return Schedule(self.name, microbatches, programs, stages,
-                        stage_ranks(self.placement, pp, stages))
+        programs = self.programs(stages_by_rank(self.placement, pp, stages), total)
+        return Schedule(self.name, total, programs, stages,
+                        stage_ranks(self.placement, pp, stages), asynchronous=run)
+
+    def async_run(self, pp: int, microbatches: int) -> AsyncRun | None:
+        """The AsyncRun of an asynchronous schedule (None for a flushed one)."""
+        if self.stashing is None:
+            return None
+        return AsyncRun(self.stashing, microbatches, simulated_batches(pp, microbatches))
+
+    def simulated_microbatches(self, pp: int, microbatches: int) -> int:
+        """The microbatches the program runs: M, or K*M for an asynchronous schedule."""
+        run = self.async_run(pp, microbatches)
+        return microbatches * (run.batches if run else 1)

@@ -4,7 +4,10 @@ A Timeline is one flat list of spans `(rank, lane, op, start, end)` plus memory 
 per rank. Times are seconds from the start of the iteration; memory in bytes. `source`
 is `sim` or `kernels:<device>`.
 
-Metrics (per rank r, T = iteration time = last end - first start):
+Metrics (per rank r, T = iteration time = last end - first start; for an asynchronous
+schedule, whose run is several batches with no flush, T is the steady-state window
+`meta['steady_state']` (schedules.weight_stashing) and every time metric is computed over
+the spans clipped to it; peaks of memory and in-flight microbatches are the run's):
 - compute busy(r) = total duration of r's spans on the `compute` lane;
 - idle(r) = T - busy(r): the time r does not compute, bubble and exposed communication;
 - bubble fraction(r) = the time breakdown's 'bubble' of r / T: nothing of r in flight,
@@ -41,7 +44,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -155,17 +158,37 @@ class Timeline:
         return sorted({s.rank for s in self.spans} | {m.rank for m in self.memory})
 
     @property
+    def window(self) -> tuple[float, float] | None:
+        """(start, end) seconds of the steady-state iteration of an asynchronous schedule
+        (meta['steady_state'], schedules.weight_stashing), over which every time metric is
+        computed; None: the iteration is the whole timeline."""
+        steady = self.meta.get("steady_state")
+        return (steady["start"], steady["end"]) if steady else None
+
+    @property
     def start_time(self) -> float:
+        if self.window:
+            return self.window[0]
         return min((s.start for s in self.spans), default=0.0)
 
     @property
     def iteration_time(self) -> float:
-        """Seconds from the first span's start to the last span's end."""
+        """Seconds from the first span's start to the last span's end (of the window)."""
+        if self.window:
+            return self.window[1] - self.window[0]
         return max((s.end for s in self.spans), default=0.0) - self.start_time
+
+    def window_spans(self) -> list[Span]:
+        """The spans, clipped to the window (all of them when there is none)."""
+        if not self.window:
+            return self.spans
+        start, end = self.window
+        return [replace(s, start=max(s.start, start), end=min(s.end, end))
+                for s in self.spans if s.end > start and s.start < end]
 
     def compute_busy(self) -> dict[int, float]:
         busy = dict.fromkeys(self.ranks, 0.0)
-        for s in self.spans:
+        for s in self.window_spans():
             if s.lane == COMPUTE_LANE:
                 busy[s.rank] += s.duration
         return busy
@@ -216,7 +239,8 @@ class Timeline:
     def time_breakdown(self) -> dict[int, dict[str, float]]:
         """Per rank, seconds per category of CATEGORIES; they sum to the iteration time
         (module docstring)."""
-        return time_breakdown(self.spans, self.ranks, self.start_time, self.iteration_time)
+        return time_breakdown(self.window_spans(), self.ranks, self.start_time,
+                              self.iteration_time)
 
     def metrics(self) -> dict[str, Any]:
         """The metrics JSON: scalars plus per-rank values keyed by rank (as strings)."""
@@ -268,6 +292,7 @@ class Timeline:
             if not isinstance(value, kind):
                 raise ConfigError(f"{key}: must be a JSON {_JSON_NAMES[kind]}, got "
                                   f"{short_repr(value)}")
+        _check_window(meta.get("steady_state"))
         return Timeline([Span.from_dict(s, f"spans[{i}]") for i, s in enumerate(spans)],
                         [_memory_sample(f"memory[{i}]", m) for i, m in enumerate(memory)],
                         source, dict(meta))
@@ -328,6 +353,22 @@ def _memory_sample(where: str, item: Any) -> MemorySample:
     rank, time, nbytes = item
     return MemorySample(_rank(where, rank), _seconds(where, "seconds", time),
                         _number(where, "bytes", nbytes, 0, integer=True))
+
+
+def _check_window(steady: Any) -> None:
+    """meta.steady_state, when given: an object whose `start` and `end` are seconds with
+    end > start."""
+    if steady is None:
+        return
+    where = "meta.steady_state"
+    if not isinstance(steady, Mapping):
+        raise ConfigError(f"{where}: must be an object with start and end seconds, got "
+                          f"{short_repr(steady)}")
+    start, end = _seconds(where, "start", steady.get("start")), _seconds(where, "end",
+                                                                            steady.get("end"))
+    if not end > start:
+        raise ConfigError(f"{where}: end {end!r} is not after start {start!r}; rule: the "
+                          f"steady-state window lasts > 0 s")
 
 
 def _mean(values: Mapping[int, float]) -> float:

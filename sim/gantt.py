@@ -163,6 +163,10 @@ def _add_spans(fig: go.Figure, timeline: Timeline, row: int, shown: set[str]) ->
                 textposition="inside" if labelled else "none", insidetextanchor="middle",
                 **common), row=row, col=1)
     _shade_alternate_ranks(fig, rows, row)
+    if timeline.window:  # an asynchronous schedule: the batches before and after it too
+        fig.add_vrect(x0=0, x1=timeline.iteration_time, fillcolor="#FFF1C2", opacity=0.6,
+                      line_width=0, layer="below", annotation_text="steady-state iteration",
+                      annotation_position="top left", row=row, col=1)
     fig.update_yaxes(tickmode="array", tickvals=list(range(len(rows))),
                      ticktext=[f"rank {r} · {lane}" for r, lane in rows],
                      autorange="reversed", showgrid=False, zeroline=False, row=row, col=1)

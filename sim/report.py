@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from clustersim.schedules.names import CP, DP, EP, PP, TP
 from clustersim.schedules.plan import header_line, model_line
 from clustersim.schedules.timeline import CATEGORIES, Timeline
+from clustersim.schedules.weight_stashing import summary_line
 
 from .throughput import format_throughput
 from .units import format_seconds
@@ -20,6 +21,7 @@ def format_summary(timeline: Timeline) -> str:
     lines = [f"{head} costs={meta.get('cost_model', 'unknown')}",
              *([model_line(meta["plan"])] if "plan" in meta else []),
              *([meta["replayed"]] if "replayed" in meta else []),
+             *([summary_line(meta["steady_state"])] if "steady_state" in meta else []),
              f"iteration time {format_seconds(timeline.iteration_time)}, "
              f"bubble fraction {timeline.bubble_fraction:.4f} (nothing in flight), exposed "
              f"communication {timeline.exposed_comm_fraction:.4f} (communication, no compute)",
@@ -67,6 +69,7 @@ def format_oom(entry: dict) -> str:
     parts = ", ".join(f"{label} {entry[key] / 1e9:.1f}" for label, key in (
         ("parameters", "parameters_bytes"), ("gradients", "gradients_bytes"),
         ("optimizer", "optimizer_states_bytes"), ("hpZ", "hpz_secondary_bytes"),
+        ("stashed weights", "stashed_weights_bytes"),
         ("buffers", "communication_buffers_bytes"),
         ("recompute working set", "recompute_working_bytes"),
         ("gathered parameters", "gathered_parameters_bytes"),

@@ -37,6 +37,7 @@ from clustersim.schedules.registry import schedule_entry
 from clustersim.schedules.schedule import Schedule
 from clustersim.schedules.timeline import Timeline
 from clustersim.schedules.validate import dry_run
+from clustersim.schedules.weight_stashing import steady_window
 from clustersim.topologies import device_of
 
 from .auto_schedule import build_auto_schedule
@@ -129,6 +130,10 @@ def _replay(plan: Plan, topology: nx.DiGraph, costs: CostModel,
     except DeadlockError:
         dry_run(lowered)  # re-raises with the rank x step grid
         raise
+    run = lowered.asynchronous
+    if run is not None:  # the reported iteration is the steady state's window
+        start, end = steady_window(timeline.spans, run)
+        timeline.meta["steady_state"] = {"start": start, "end": end, **run.describe(plan.pp)}
     capacity = plan.cluster.memory_bytes
     over = [r for r, peak in timeline.peak_memory().items() if peak > capacity]
     if over:

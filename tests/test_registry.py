@@ -43,8 +43,10 @@ def accepts(entry, pp, mb, vpp) -> bool:
 def test_every_forward_and_backward_once_on_its_rank_after_its_forward(config):
     entry, pp, mb, vpp = config
     s = entry.build(pp, mb, vpp)
-    assert (s.name, s.num_ranks, s.num_stages, s.num_microbatches) == (entry.name, pp,
-                                                                       pp * vpp, mb)
+    assert (s.name, s.num_ranks, s.num_stages, s.iteration_microbatches) == (
+        entry.name, pp, pp * vpp, mb)
+    mb = s.num_microbatches  # K * M for an asynchronous schedule (schedules.weight_stashing)
+    assert mb == entry.simulated_microbatches(pp, s.iteration_microbatches)
     assert s.stage_ranks == stage_ranks(entry.placement, pp, pp * vpp)
     counts = Counter(op.key for op in s.ops())
     assert set(counts.values()) == {1}

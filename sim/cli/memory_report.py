@@ -134,12 +134,14 @@ def _gb(nbytes: float) -> str:
 
 
 def format_memory(data: dict) -> str:
-    """The table; under fp8 with a column for TE's FP8 weight copies (in `states`), under
+    """The table; under fp8 with a column for TE's FP8 weight copies (in `states`), with
+    one for stashed weight versions (PipeDream, 2BW; in `states`) when any, under
     NVMe offload one for the states on NVMe, and the run's notes."""
     c, p = data["config"], data["config"]["parallel"]
     fp8 = c["dtype"] == "fp8"
     nvme = p["offload_device"] == "nvme"
     lora = any(r["frozen_params"] for r in data["ranks"])  # params: the adapters
+    stash = any(r["stashed_weights"] for r in data["ranks"])  # PipeDream's versions
     recompute = describe_recompute(p["recompute"], p["recompute_method"],
                                    p["recompute_num_layers"])
     lines = [f"{c['model']} ({c['dtype']}, Adam K={c['optimizer_bytes_per_param']} B/param): "
@@ -151,6 +153,7 @@ def format_memory(data: dict) -> str:
                 if c["device"] else ""),
              f"{'rank':>4} {'params':>9} " + (f"{'frozen':>9} " if lora else "")
              + f"{'weights':>8} " + (f"{'fp8 w.':>8} " if fp8 else "")
+             + (f"{'stashed':>8} " if stash else "")
              + f"{'grads':>8} {'optim':>8} "
              f"{'states':>8} {'activ.':>8} {'(mb)':>4} {'recomp.':>8} {'buffers':>8} "
              f"{'gathered':>8} {'total':>8} {'GiB':>8} {'host':>8}"
@@ -161,6 +164,7 @@ def format_memory(data: dict) -> str:
             + (f"{r['frozen_params']:>9.3g} " if lora else "")
             + f"{_gb(r['parameters'] + r['hpz_secondary']):>8} "
             + (f"{_gb(r['fp8_weights']):>8} " if fp8 else "")
+            + (f"{_gb(r['stashed_weights']):>8} " if stash else "")
             + f"{_gb(r['gradients']):>8} {_gb(r['optimizer_states']):>8} "
             f"{_gb(r['model_states_bytes']):>8} {_gb(r['activations']):>8} "
             f"{r['in_flight']:>4} {_gb(r['recompute_working']):>8} "

@@ -9,7 +9,9 @@ returning measured Timelines. Imports schedules and torch only — never sim or 
   'kernels:cpu' or 'kernels:cuda:<device name>'), optionally with the gradients and the
   updated parameters.
 - `run_reference(model, parallel, seed)`: the single-process gradients every pipelined run
-  must reproduce; `run_reference_steps` the same with torch.optim.Adam steps.
+  must reproduce; `run_reference_steps` the same with torch.optim.Adam steps;
+  `run_stale_reference(plan, run)` an asynchronous schedule's (PipeDream, 2BW) on the
+  same stale weight versions (kernels.stashing runs them).
 - `KernelsError`: a failed run, naming the rank and the op.
 
 Rank processes die with the process that started them, meet on a loopback-only store,
@@ -24,6 +26,7 @@ ops as measured spans: kernels.tp_ops); cp, ep, MoE, fp8, LoRA, ZeRO++, offload 
 partitioned activations are not (a clear error says so).
 """
 from .errors import KernelsError
-from .launch import run_reference, run_reference_steps, run_schedule
+from .launch import run_reference, run_reference_steps, run_schedule, run_stale_reference
 
-__all__ = ["KernelsError", "run_reference", "run_reference_steps", "run_schedule"]
+__all__ = ["KernelsError", "run_reference", "run_reference_steps", "run_schedule",
+           "run_stale_reference"]

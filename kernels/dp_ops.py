@@ -197,6 +197,8 @@ class DataParallelOps:
         if op.stage in self._tied_stages:
             sum_tied_grad(self.modules[op.stage], self._group(AXIS))
             self.summed_grads.add(WORD_EMBEDDING)
+        if self.stash:
+            self.stash.before_step(op.stage)
         start = self.clock.mark()
         for unit in units:
             if unit.group is None:
@@ -213,6 +215,8 @@ class DataParallelOps:
             for a, b in unit.owned:
                 unit.write(a, b, master[offset:offset + b - a])
                 offset += b - a
+        if self.stash:
+            self.stash.after_step(op.stage)
         self._compute_span(op, start)
 
     # --- results --------------------------------------------------------------------

@@ -13,6 +13,9 @@ or a posted RECV) and the positional waits of data-parallel ops (`program_contra
   so a chunked op runs one group and an unchunked op all of them (backward in reverse):
   a backward split into groups can follow a forward that was not, as the DDP pass emits.
 - B(s,m): full backward through autograd (weight grads accumulate into `.grad`).
+- An asynchronous schedule (PipeDream, 2BW): F and B run on the stashed weight version
+  of their microbatch (kernels.stashing); the loss is divided by the microbatches of one
+  update, and every batch of the run reads the same global batch's rows.
 - I(s,m) / W(s,m): the zero-bubble split of B (kernels.split_backward), per group: I
   computes the input gradient and keeps what W needs; W accumulates the weight gradients.
   Stage 0 group 0 has no input gradient: its I is empty and its W is its whole backward.
@@ -58,6 +61,7 @@ from .layers import torch_dtype
 from .p2p_ops import P2POps, key_text
 from .posted import Pending, PostedOps
 from .split_backward import backward_input, backward_weight
+from .stashing import StashedWeights
 from .stage import StageModule, microbatch_rows
 from .tensor_parallel import TensorParallel
 from .tp_ops import TensorParallelOps
@@ -118,6 +122,11 @@ class RankExecutor(PostedOps, P2POps, DataParallelOps, TensorParallelOps):
         self.needs = [prerequisites(op, schedule.stage_ranks, schedule.num_microbatches)
                       + self.contract.partner.get(i, ()) for i, op in enumerate(self.program)]
         self.products = program_products(self.program)
+        run = schedule.asynchronous
+        self.stash = (StashedWeights(run, modules, self.program, schedule.num_ranks,
+                                     setup.pipeline_rank) if run else None)
+        self.micro = schedule.iteration_microbatches  # M: the rows of one batch
+        self.loss_divisor = run.update_every if run else schedule.num_microbatches
         self.current: Op | None = None
         self.index = -1
         self.spans: list[dict] = []
@@ -132,6 +141,8 @@ class RankExecutor(PostedOps, P2POps, DataParallelOps, TensorParallelOps):
         self.spans, self.memory, self._pending = [], [], {}
         self._start_dp_iteration()
         self._start_tp_iteration()
+        if self.stash:
+            self.stash.start()
         state = IterationState()
         handlers = {
             OpKind.F: self._forward, OpKind.B: self._backward, OpKind.I: self._input_grad,
@@ -187,11 +198,15 @@ class RankExecutor(PostedOps, P2POps, DataParallelOps, TensorParallelOps):
             return [op.chunk]
         return list(range(self.groups - 1, -1, -1) if reverse else range(self.groups))
 
+    def _rows(self, m: int) -> slice:
+        """This replica's rows of microbatch m (of the batch m falls in: every batch of an
+        asynchronous run reads the same global batch)."""
+        return microbatch_rows(self.setup.dp_rank, m % self.micro, self.activation_shape[0],
+                               self.micro)
+
     def _stage_input(self, s: int, m: int, state: IterationState) -> torch.Tensor:
         if s == 0:
-            rows = microbatch_rows(self.setup.dp_rank, m, self.activation_shape[0],
-                                   self.schedule.num_microbatches)
-            return self.tokens[rows]
+            return self.tokens[self._rows(m)]
         if self._is_local(s - 1):
             return state.chunks[(s - 1, m, self.groups - 1)][1].detach().requires_grad_()
         return self._take_recv((OpKind.RECV_F, s, m), state).requires_grad_()
@@ -204,8 +219,7 @@ class RankExecutor(PostedOps, P2POps, DataParallelOps, TensorParallelOps):
     def _forward(self, op: Op, state: IterationState) -> None:
         s, m = op.stage, op.microbatch
         module = self.modules[s]
-        rows = microbatch_rows(self.setup.dp_rank, m, self.activation_shape[0],
-                               self.schedule.num_microbatches)
+        rows = self._rows(m)
         order = self._groups_of(op, False)
         x = self._chunk_input(s, m, order[0], state)  # may wait for a RECV: before the span
         start = self.clock.mark()
@@ -213,9 +227,10 @@ class RankExecutor(PostedOps, P2POps, DataParallelOps, TensorParallelOps):
             if g != order[0]:
                 x = self._chunk_input(s, m, g, state)
             head = module.last and g == self.groups - 1
-            out = module(x, self.labels[rows] if head else None, g, self.groups)
+            args = (x, self.labels[rows] if head else None, g, self.groups)
+            out = self.stash.forward(module, op, args) if self.stash else module(*args)
             if head:
-                out = out / self.schedule.num_microbatches
+                out = out / self.loss_divisor
             state.chunks[(s, m, g)] = (x, out)
         self._compute_span(op, start)
 
@@ -253,8 +268,12 @@ class RankExecutor(PostedOps, P2POps, DataParallelOps, TensorParallelOps):
     def _backward(self, op: Op, state: IterationState) -> None:
         def step(g: int, x: torch.Tensor, out: torch.Tensor, grad: Any) -> Any:
             torch.autograd.backward(out, grad)
+            if self.stash:
+                self.stash.collect_grads(op)
             return x.grad if x.requires_grad else None
         self._backward_groups(op, state, step)
+        if self.stash and op.chunk in (None, 0):  # the last group of B runs group 0
+            self.stash.backward_done(op)
 
     def _input_grad(self, op: Op, state: IterationState) -> None:
         module = self.modules[op.stage]

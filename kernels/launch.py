@@ -31,7 +31,8 @@ included, as the simulator charges it; 'full' with a schedule of I/W ops is refu
 (kernels.split_backward.check_recompute_split).
 
 `run_reference` / `run_reference_steps` (kernels.reference) compute the same model's
-gradients (and Adam steps) in one process: what every distributed run must reproduce.
+gradients (and Adam steps) in one process: what every distributed run must reproduce;
+`run_stale_reference` does so for an asynchronous schedule, on the same stale weights.
 kernels.results merges the ranks' payloads into the Timeline, gradients and parameters.
 Units: seconds (Timeline), gradients and parameters in the model dtype.
 """
@@ -61,15 +62,16 @@ from clustersim.user_files import is_finite_number
 from .errors import KernelsError
 from .lifecycle import rank_session
 from .preflight import check_local_ranks
-from .reference import run_reference, run_reference_steps
+from .reference import run_reference, run_reference_steps, run_stale_reference
 from .results import gather_grads, gather_state, merge_timeline
 from .split_backward import check_recompute_split
+from .stashing import check_stashing
 from .tied_embedding import check_tied_embeddings
 from .watchdog import ProgressWatch, stall_report
 from .worker import STARTUP, Job, backstop_timeout, describe_progress, run_rank
 
 __all__ = ["gather_grads", "gather_state", "merge_timeline", "run_reference",
-           "run_reference_steps", "run_schedule"]
+           "run_reference_steps", "run_schedule", "run_stale_reference"]
 
 SUPPORTED_KINDS = frozenset({OpKind.F, OpKind.B, OpKind.I, OpKind.W, OpKind.SEND_F,
                              OpKind.RECV_F, OpKind.SEND_B, OpKind.RECV_B, OpKind.ALL_REDUCE,
@@ -176,6 +178,8 @@ def _check_lowered(lowered: Schedule, plan: Plan, check: bool) -> None:
             raise KernelsError(f"op {op} ({op.kind.value}, group {op.group}) is not supported "
                                f"by the kernels backend", op=str(op))
     check_tied_embeddings(lowered, plan.model, plan.parallel)
+    if lowered.asynchronous:
+        check_stashing(plan)
     if check:
         dry_run(lowered)
 

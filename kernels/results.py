@@ -13,6 +13,7 @@ from clustersim.schedules.names import DP, PP, TP
 from clustersim.schedules.ops import OpKind
 from clustersim.schedules.parallel import ParallelConfig
 from clustersim.schedules.timeline import Timeline
+from clustersim.schedules.weight_stashing import steady_window
 
 from .split_backward import EXACT_SPLIT
 from .tied_embedding import summing_ranks
@@ -28,6 +29,8 @@ GLOO_REDUCE_SCATTER = ("REDUCE_SCATTER runs as an all-reduce of the bucket and a
                        "has no reduce-scatter; one code path on NCCL too): its times are "
                        "all-reduce times")
 
+STASH_COPY = ("weight stashing: each version in use is a copy beside the live weights, one "
+              "copy more than the versions the memory model counts (kernels.stashing)")
 TIED_SUM = ("tied embeddings: the word-embedding gradients of the first and last stage are "
             "summed over their two ranks (Megatron's embedding all-reduce, not an op of the "
             "IR) right before those stages' OPT_STEP, outside any span")
@@ -74,8 +77,15 @@ def merge_timeline(payloads: dict[int, dict], job: Any) -> Timeline:
         + ([TP_INSIDE] if p.tp > 1 else [])
         + ([TIED_SUM] if summing_ranks(s, job.model) and not job.replay else []),
     }
-    return Timeline.from_dict({"source": source, "meta": meta, "spans": spans,
-                               "memory": memory})
+    timeline = Timeline.from_dict({"source": source, "meta": meta, "spans": spans,
+                                   "memory": memory})
+    run = s.asynchronous
+    if run is not None:  # the reported iteration is the steady state's window
+        start, end = steady_window(timeline.spans, run)
+        timeline.meta["steady_state"] = {"start": start, "end": end,
+                                         **run.describe(p.pp)}
+        timeline.meta["limits"].append(STASH_COPY)
+    return timeline
 
 
 def gather_grads(payloads: dict[int, dict], parallel: ParallelConfig) -> dict[str, torch.Tensor]:

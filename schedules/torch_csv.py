@@ -92,8 +92,15 @@ def to_torch_csv(schedule: Schedule, compute_only: bool = True,
     places each compute op at its unit-time dry-run step with empty cells for idle steps,
     as torch's own generated compute-only orders look (compute-only form only).
     Layer-group ops (`Op.chunk`, made by the data-parallel passes) have no torch action
-    and are refused: export the pipeline schedule before those passes.
+    and are refused: export the pipeline schedule before those passes. So is an
+    asynchronous schedule (PipeDream, 2BW): torch's runtime flushes and steps once per
+    iteration, so its no-flush order would run as another schedule.
     """
+    if schedule.asynchronous is not None:
+        raise ConfigError(f"schedule {schedule.name!r} has no torch CSV: it runs several "
+                          f"batches with no flush and steps after every update, while "
+                          f"torch.distributed.pipelining flushes and steps once per "
+                          f"iteration; use --format grid or text")
     chunked = next((op for op in schedule.ops() if op.chunk is not None), None)
     if chunked is not None:
         raise ConfigError(f"torch CSV: op {chunked} is a layer group (chunk "

@@ -169,6 +169,11 @@ def cmd_show(args: argparse.Namespace) -> int:
     dry = validate(schedule)
     if args.with_p2p:
         schedule = add_p2p(schedule)
+    if schedule.asynchronous is not None and args.format != "torch-csv":
+        run = schedule.asynchronous
+        print(f"# {run.batches} batches of {run.iteration_microbatches} microbatches back to "
+              f"back, no flush; the data-parallel pass adds a step every {run.update_every} "
+              f"microbatch(es) (schedules.weight_stashing)")
     if args.format == "grid":
         print(dry.grid())
     elif args.format == "text":

@@ -201,8 +201,8 @@ class RankExecutor(PostedOps, P2POps, DataParallelOps, TensorParallelOps):
     def _rows(self, m: int) -> slice:
         """This replica's rows of microbatch m (of the batch m falls in: every batch of an
         asynchronous run reads the same global batch)."""
-        return microbatch_rows(self.setup.dp_rank, m % self.micro, self.activation_shape[0],
-                               self.micro)
+        return microbatch_rows(self.setup.dp_rank, m % self.micro if self.stash else m,
+                               self.activation_shape[0], self.micro)
 
     def _stage_input(self, s: int, m: int, state: IterationState) -> torch.Tensor:
         if s == 0:

@@ -118,8 +118,11 @@ class RankExecutor(PostedOps, P2POps, DataParallelOps, TensorParallelOps):
         self.dtype = torch_dtype(spec)
         self.device = tokens.device
         self.groups = schedule.layer_groups
-        self.contract = program_contract(self.program, schedule.stage_ranks)  # positional
-        self.needs = [prerequisites(op, schedule.stage_ranks, schedule.num_microbatches)
+        self.chains = schedule.stage_chains
+        self.contract = program_contract(self.program, schedule.stage_ranks,  # positional
+                                         self.chains)
+        self.needs = [prerequisites(op, schedule.stage_ranks, schedule.num_microbatches,
+                                    self.chains)
                       + self.contract.partner.get(i, ()) for i, op in enumerate(self.program)]
         self.products = program_products(self.program)
         run = schedule.asynchronous

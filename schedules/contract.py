@@ -35,6 +35,8 @@ deadlock); "(s, g) covers (s, c)" when g == c or either is None:
   the latest preceding weight-gradient op of stage s covering g (B or W: `I` makes no
   weight gradient) and for the latest preceding gradient collective of the same (s, g)
   on another group (HSDP: the replica all-reduce reduces the shard's reduce-scatter);
+  DualPipe's all-reduce of a stage's two copies (group 'pp_copies', schedules.chains)
+  waits for every gradient collective of s since its previous OPT_STEP;
 - COPY_D2H (gradients to the host) of (s, g) waits for the latest preceding gradient
   collective of (s, g) covering it, else the latest weight-gradient op covering g;
 - OPT_STEP(s) waits for every gradient collective and COPY_D2H of stage s since its
@@ -87,7 +89,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .activation_partition import is_checkpoint_copy
-from .names import DP_GROUPS, EP, ETP, HOST, INTRA_LAYER_GROUPS
+from .chains import StageChains
+from .names import DP_GROUPS, EP, ETP, HOST, INTRA_LAYER_GROUPS, PP_COPIES
 from .ops import INPUT_GRAD_KINDS, WORK_KINDS, Op, OpKind, overlapped_pairs
 
 Key = tuple  # (kind, stage, microbatch) or (kind, stage, microbatch, chunk): Op.key
@@ -117,29 +120,33 @@ def runs_on_compute_stream(op: Op) -> bool:
 
 
 def prerequisites(op: Op, stage_ranks: Sequence[int],
-                  num_microbatches: int | None = None) -> tuple[Key, ...]:
+                  num_microbatches: int | None = None,
+                  chains: StageChains | None = None) -> tuple[Key, ...]:
     """Keys of the ops that must have *completed* before `op` may start (or be posted).
 
     `stage_ranks[s]` is the rank holding stage `s`. Where two neighbouring stages sit on
     the same rank there is no transfer, and the consumer waits for the producer directly.
     A whole-iteration data-parallel gradient collective of stage s (`ALL_REDUCE` /
     `REDUCE_SCATTER` on a DP group, chunk and microbatch None) waits for the weight
-    gradients of all `num_microbatches` microbatches. Chunked ops wait for the same
-    whole-stage keys as their unchunked op (positional rules: `local_waits`).
+    gradients of all `num_microbatches` microbatches (of its chain: `chains`, default one
+    chain of all stages, schedules.chains). Chunked ops wait for the same whole-stage keys
+    as their unchunked op (positional rules: `local_waits`).
     """
     s, m = op.stage, op.microbatch
     kind = op.kind
-    last = len(stage_ranks) - 1
+    chains = chains or StageChains(len(stage_ranks), 1, num_microbatches)
     if kind is OpKind.F:
-        if s == 0:
+        before = chains.previous(s)
+        if before is None:
             return ()
-        local = stage_ranks[s - 1] == stage_ranks[s]
-        return ((OpKind.F, s - 1, m) if local else (OpKind.RECV_F, s, m),)
+        local = stage_ranks[before] == stage_ranks[s]
+        return ((OpKind.F, before, m) if local else (OpKind.RECV_F, s, m),)
     if kind in INPUT_GRAD_KINDS:
         needs = [(OpKind.F, s, m)]
-        if s < last:
-            local = stage_ranks[s + 1] == stage_ranks[s]
-            needs.append((OpKind.I, s + 1, m) if local else (OpKind.RECV_B, s, m))
+        after = chains.next(s)
+        if after is not None:
+            local = stage_ranks[after] == stage_ranks[s]
+            needs.append((OpKind.I, after, m) if local else (OpKind.RECV_B, s, m))
         return tuple(needs)
     if kind is OpKind.W:
         return ((OpKind.I, s, m),)
@@ -149,7 +156,7 @@ def prerequisites(op: Op, stage_ranks: Sequence[int],
         return ((OpKind.I, s, m),)
     if (kind in _GRADIENT_KINDS and op.group in DP_GROUPS and num_microbatches
             and op.chunk is None and m is None):
-        return tuple((OpKind.W, s, mb) for mb in range(num_microbatches))
+        return tuple((OpKind.W, s, mb) for mb in chains.microbatches_of(s))
     return ()
 
 
@@ -219,6 +226,8 @@ def local_waits(program: Sequence[Op]) -> list[tuple[int, ...]]:
             need = _newest(_covering(grads, s, g))
             if (s, g) in reduced and reduced_on[(s, g)] != op.group:
                 need += (reduced[(s, g)],)
+            if op.group == PP_COPIES:  # DualPipe sums the copies' reduced gradients
+                need += tuple(pending.get(s, ()))
             waits[index] = need
             reduced[(s, g)], reduced_on[(s, g)] = index, op.group
             pending.setdefault(s, []).append(index)
@@ -285,13 +294,14 @@ class ProgramContract:
     partner: dict[int, tuple[Key, ...]] = field(default_factory=dict)
 
 
-def program_contract(program: Sequence[Op], stage_ranks: Sequence[int] = ()
-                     ) -> ProgramContract:
+def program_contract(program: Sequence[Op], stage_ranks: Sequence[int] = (),
+                     chains: StageChains | None = None) -> ProgramContract:
     return ProgramContract(local_waits(program), chunk_completions(program),
-                           pair_waits(program, stage_ranks) if stage_ranks else {})
+                           pair_waits(program, stage_ranks, chains) if stage_ranks else {})
 
 
-def pair_waits(program: Sequence[Op], stage_ranks: Sequence[int]) -> dict[int, tuple[Key, ...]]:
+def pair_waits(program: Sequence[Op], stage_ranks: Sequence[int],
+               chains: StageChains | None = None) -> dict[int, tuple[Key, ...]]:
     """An overlapped pair (an F and the B after it, both `overlapped`: DualPipe's F&B chunk)
     starts when the inputs of both are there, as torch lowers OVERLAP_F_B
     (`_add_send_recv`) and DeepSeek's `_forward_backward_chunk` receives both before
@@ -302,7 +312,8 @@ def pair_waits(program: Sequence[Op], stage_ranks: Sequence[int]) -> dict[int, t
     for forward, backward in overlapped_pairs(program):
         op = program[backward]
         own = (OpKind.F, op.stage, op.microbatch)
-        waits[forward] = tuple(k for k in prerequisites(op, stage_ranks) if k != own)
+        waits[forward] = tuple(k for k in prerequisites(op, stage_ranks, chains=chains)
+                               if k != own)
     return waits
 
 
@@ -318,6 +329,12 @@ def p2p_peer(op: Op) -> Key:
     if op.kind is OpKind.RECV_B:
         return (OpKind.SEND_B, s + 1, m)
     raise ValueError(f"{op} is not a P2P op")
+
+
+def copy_peer(op: Op, chains: StageChains) -> Key:
+    """The key of the other half of DualPipe's all-reduce of a stage's two copies (group
+    'pp_copies'): the same op of the other copy's stage, on pipeline rank P-1-r."""
+    return (op.kind, chains.copy_of(op.stage), op.microbatch)
 
 
 def gather_releases(program: list[Op], contract: ProgramContract) -> dict[int, list[int]]:

@@ -73,7 +73,7 @@ import math
 
 from .dp_sizes import ADAM_BYTES_PER_PARAM, DPSizes, GradPart, dp_sizes, split_op
 from .errors import ConfigError
-from .names import DP, DP_GROUPS, DP_REPLICATE, DP_SHARD, HOST, PCIE
+from .names import DP, DP_GROUPS, DP_REPLICATE, DP_SHARD, HOST, PCIE, PP_COPIES
 from .ops import BACKWARD_KINDS, WEIGHT_GRAD_KINDS, Op, OpKind
 from .parallel import ParallelConfig
 from .plan import Plan
@@ -153,6 +153,17 @@ def _bucket_ops(part: GradPart, bucket: int, parallel: ParallelConfig, at: Op,
     return ops
 
 
+def copy_ops(sizes: DPSizes, parallel: ParallelConfig, stage: int) -> list[Op]:
+    """DualPipe (schedules.chains): the ALL_REDUCE of `stage`'s reduced gradients (this
+    rank's shard under ZeRO 1-2) with the other copy of its model stage, on pipeline rank
+    P-1-r (group 'pp_copies'), so that both copies step alike. DeepSeek's example sums
+    the copies' gradients after its step() (deepseek-ai/DualPipe,
+    examples/example_dualpipe.py); an all-reduce of two ranks moves the same bytes."""
+    nbytes = sum(part.nbytes // (part.shard if parallel.zero_stage else 1)
+                 for part in sizes.parts(stage, None))
+    return [Op(OpKind.ALL_REDUCE, stage, None, PP_COPIES, nbytes)] if nbytes else []
+
+
 def step_ops(sizes: DPSizes, parallel: ParallelConfig, stage: int,
              microbatch: int | None = None) -> list[Op]:
     """OPT_STEP of the rank's part of `stage` (on the host when offloaded); `microbatch`:
@@ -220,6 +231,9 @@ def add_sharded_optimizer(schedule: Schedule, sizes: DPSizes, parallel: Parallel
         if not overlap:
             for s in stages:
                 out += gradient_ops(sizes, parallel, s, None, None)
+        if schedule.chains > 1:  # in one order on both ranks of a copy pair
+            for s in sorted(stages, key=schedule.stage_chains.model_stage):
+                out += copy_ops(sizes, parallel, s)
         for s in stages:
             out += step_ops(sizes, parallel, s)
         for s in stages:

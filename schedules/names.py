@@ -20,6 +20,7 @@ ETP, EDP = "etp", "edp"
 DP_SHARD, DP_REPLICATE = "dp_shard", "dp_replicate"
 DP_CP = "dp_cp"  # Megatron-Core's data-parallel group with context parallel (dp x cp ranks)
 CP_A2A, CP_RING = "cp_a2a", "cp_ring"  # USP's levels of cp: Ulysses inside, ring across
+PP_COPIES = "pp_copies"  # DualPipe: pipeline ranks r and P-1-r, holding copies of a stage
 HOST = "host"  # an OPT_STEP on the host CPU (ZeRO-Offload)
 PCIE = "pcie"  # a copy between a GPU and its host CPU
 
@@ -27,8 +28,9 @@ GRID_AXES = (TP, CP, EP, DP, PP)
 """The axes of ParallelConfig.rank_order (ep folds into dp and cp)."""
 EXPERT_AXES = {EP: EP, ETP: TP, EDP: DP}
 """Expert-grid group axis -> the dense axis whose place it takes in the rank order."""
-DP_GROUPS = frozenset({DP, DP_CP, DP_SHARD, DP_REPLICATE, EDP})
-"""Group axes of data-parallel communication."""
+DP_GROUPS = frozenset({DP, DP_CP, DP_SHARD, DP_REPLICATE, EDP, PP_COPIES})
+"""Group axes of data-parallel communication (gradient reductions over the ranks that
+hold the same weights; DualPipe's two copies of a stage included: schedules.chains)."""
 INTRA_LAYER_GROUPS = frozenset({TP, CP, EP, ETP, CP_A2A, CP_RING})
 """Group axes of communication inside a layer (tensor, context, expert parallelism)."""
 

@@ -33,7 +33,7 @@ def add_p2p(schedule: Schedule, boundary_bytes: BoundaryBytes | None = None) -> 
         return schedule
     nbytes = boundary_bytes or (lambda stage: 0)
     ranks = schedule.stage_ranks
-    last = schedule.num_stages - 1
+    chains = schedule.stage_chains
 
     def remote(a: int, b: int) -> bool:
         return ranks[a] != ranks[b]
@@ -49,14 +49,16 @@ def add_p2p(schedule: Schedule, boundary_bytes: BoundaryBytes | None = None) -> 
             s, m = op.stage, op.microbatch
             if op.kind is OpKind.F or op.kind in INPUT_GRAD_KINDS:
                 forward = op.kind is OpKind.F
-                # F talks to s-1 before and s+1 after; backward the other way round
-                before, after = (s - 1, s + 1) if forward else (s + 1, s - 1)
+                # F talks to the stage before it in its chain (schedules.chains) and the
+                # one after; a backward the other way round
+                before, after = ((chains.previous(s), chains.next(s)) if forward
+                                 else (chains.next(s), chains.previous(s)))
                 recv, send = ((OpKind.RECV_F, OpKind.SEND_F) if forward
                               else (OpKind.RECV_B, OpKind.SEND_B))
-                if index in first and 0 <= before <= last and remote(before, s):
+                if index in first and before is not None and remote(before, s):
                     lowered.append(comm(recv, s, m))
                 lowered.append(op)
-                if index in final and 0 <= after <= last and remote(s, after):
+                if index in final and after is not None and remote(s, after):
                     lowered.append(comm(send, s, m))
             else:
                 lowered.append(op)

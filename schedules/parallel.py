@@ -279,6 +279,12 @@ class ParallelConfig:
         entry.check(self.pp, self.num_microbatches, self.vpp)
         if entry.stashing is not None:
             check_stashed_layout(entry.name, self.zero_stage, self.fsdp, self.offload)
+        if entry.chains > 1 and (self.zero_stage == 3 or self.offload):
+            raise ConfigError(f"schedule {entry.name!r} sums the gradients of each stage's two "
+                              f"copies after their data-parallel reduction "
+                              f"(schedules.chains); with zero_stage 3 / FSDP or offload the "
+                              f"gradients leave the device first: not modelled, got "
+                              f"zero_stage={self.zero_stage}, offload={self.offload}")
         limit = self.activation_memory_limit
         if limit is not None and not entry.built_from_costs:
             raise ConfigError(f"activation_memory_limit (--activation-memory-limit) caps the "

@@ -37,8 +37,9 @@ from .errors import ConfigError
 from .layer_groups import ChunkParts, chunk_parts, data_parallel_groups, group_costs
 from .limits import MAX_OPS, check_op_budget
 from .model import ModelSpec
+from .chains import StageChains
 from .names import (CP_A2A, CP_RING, DP, DP_CP, DP_REPLICATE, DP_SHARD, EDP, EXPERT_AXES,
-                    GRID_AXES)
+                    GRID_AXES, PP, PP_COPIES)
 from .parallel import CUSTOM_SCHEDULE, ParallelConfig
 from .pipeline_split import stage_layers, stage_offsets
 from .placement import PLACEMENTS
@@ -50,7 +51,7 @@ from .schedule import Schedule
 from .sharding import group_ranks, shard_group_size
 
 GROUP_AXES = (*GRID_AXES, DP_CP, *(a for a in EXPERT_AXES if a not in GRID_AXES), DP_SHARD,
-              DP_REPLICATE, CP_A2A, CP_RING)
+              DP_REPLICATE, CP_A2A, CP_RING, PP_COPIES)
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,7 @@ class Plan:
     dp_shard_size: int | None  # the 'dp_shard' group (hybrid or hpZ), None without one
     cluster: ClusterFacts | None = None
     max_ops: int = MAX_OPS  # the op budget of a schedule built from the registry
+    chains: int = 1  # stage chains (directions), schedules.chains: DualPipe's 2
 
     # --- the pipeline ----------------------------------------------------------------
     @property
@@ -86,9 +88,20 @@ class Plan:
         return self.num_stages // self.pp
 
     @property
+    def stage_chains(self) -> StageChains:
+        """The stage chains (schedules.chains): one, or DualPipe's two directions."""
+        return StageChains(self.num_stages, self.chains, self.num_microbatches)
+
+    @property
+    def model_stages(self) -> int:
+        """The stages the model is cut into (one chain's: the stages of the other chains
+        are copies of them)."""
+        return self.num_stages // self.chains
+
+    @property
     def stage_offsets(self) -> tuple[int, ...]:
         """Index of each stage's first layer (0-based, model order)."""
-        return stage_offsets(self.stage_layers)
+        return stage_offsets(self.stage_layers[:self.model_stages]) * self.chains
 
     def stages_of(self, pipeline_rank: int) -> list[int]:
         """The virtual stages pipeline rank `pipeline_rank` holds, in stage order."""
@@ -97,7 +110,9 @@ class Plan:
     def chunk_parts(self, stage: int, chunk: int | None, groups: int) -> ChunkParts:
         """The layers, embedding and head a (stage, layer group) op runs, the stage split
         into `groups` groups (schedules.layer_groups.chunk_parts)."""
-        return chunk_parts(self.stage_layers, stage, chunk, groups)
+        chains = self.stage_chains
+        return chunk_parts(self.stage_layers[:chains.length], chains.model_stage(stage),
+                           chunk, groups)
 
     def costs_of(self, stage: int, chunk: int | None) -> StageCost:
         """The costs of a stage (chunk None) or of layer group `chunk` of it."""
@@ -120,6 +135,9 @@ class Plan:
         """Global ranks of `rank`'s group along `axis` (GROUP_AXES), in axis order."""
         if axis in (DP_SHARD, DP_REPLICATE):
             return group_ranks(self.parallel, axis, rank, self.dp_shard_size)
+        if axis == PP_COPIES:  # DualPipe: pipeline ranks r and P-1-r (schedules.chains)
+            line, r = self.parallel.group(PP, rank), self.parallel.coords(rank)[PP]
+            return sorted({line[r], line[self.pp - 1 - r]})
         return self.parallel.group(axis, rank)
 
     def group_size(self, axis: str) -> int:
@@ -201,7 +219,8 @@ class Plan:
             "groups": {axis: self.group_size(axis) for axis in GROUP_AXES
                        if (axis not in (DP_SHARD, DP_REPLICATE) or self.dp_shard_size)
                        and (axis != DP_CP or p.cp > 1)
-                       and (axis not in (CP_A2A, CP_RING) or p.cp_comm == "usp")},
+                       and (axis not in (CP_A2A, CP_RING) or p.cp_comm == "usp")
+                       and (axis != PP_COPIES or self.chains > 1)},
             "topology": cluster.name if cluster else None,
             "device": cluster.device if cluster else None,
             "device_memory_bytes": cluster.memory_bytes if cluster else None,
@@ -260,10 +279,11 @@ def resolve(model: ModelSpec, parallel: ParallelConfig, cluster: ClusterFacts | 
     or partly lowered schedule) and otherwise the registered schedule `parallel` names.
     `max_ops`: the op budget of a registered schedule (schedules.limits), checked first."""
     if schedule is None:
-        if parallel.num_stages > model.num_layers:
+        entry = schedule_entry(parallel.schedule)
+        chains = entry.chains
+        if parallel.num_stages // chains > model.num_layers:
             raise ConfigError(f"pp*vpp={parallel.num_stages} stages need at least as many "
                               f"layers, the model has num_layers={model.num_layers}")
-        entry = schedule_entry(parallel.schedule)
         check_op_budget(parallel.num_stages,
                         entry.simulated_microbatches(parallel.pp, parallel.num_microbatches),
                         max_ops)
@@ -277,18 +297,21 @@ def resolve(model: ModelSpec, parallel: ParallelConfig, cluster: ClusterFacts | 
         if schedule.iteration_microbatches != parallel.num_microbatches:
             raise ConfigError(f"schedule {schedule.name!r} has {schedule.iteration_microbatches}"
                               f" microbatches, the parallel config {parallel.num_microbatches}")
-        name, ranks = schedule.name, schedule.stage_ranks
+        name, ranks, chains = schedule.name, schedule.stage_ranks, schedule.chains
         microbatches = schedule.iteration_microbatches
         placement = next((p for p in PLACEMENTS if len(ranks) % parallel.pp == 0
                           and placed(p, parallel.pp, len(ranks)) == ranks), CUSTOM_SCHEDULE)
-    layers = stage_layers(model.num_layers, parallel, ranks)
+    # the model's stages (one chain's); further chains hold copies of them (schedules.chains)
+    model_layers = stage_layers(model.num_layers, parallel, ranks[:len(ranks) // chains])
+    layers = model_layers * chains
     parallel.check_model(model)
     check_fits(parallel, layers)
     shard = shard_group_size(parallel, cluster)
     groups = (schedule.layer_groups if schedule is not None and schedule.layer_groups > 1
               else data_parallel_groups(model, parallel, layers))
-    costs = costs_for_layers(model, parallel, layers)
-    by_group = [[c] for c in costs] if groups == 1 else group_costs(model, parallel, layers, groups)
+    costs = costs_for_layers(model, parallel, model_layers)
+    by_group = ([[c] for c in costs] if groups == 1
+                else group_costs(model, parallel, model_layers, groups))
     return Plan(model, parallel, name, placement, schedule is None, microbatches, tuple(ranks),
-                layers, groups, tuple(costs), tuple(tuple(row) for row in by_group), shard,
-                cluster, max_ops)
+                layers, groups, tuple(costs) * chains,
+                tuple(tuple(row) for row in by_group) * chains, shard, cluster, max_ops, chains)

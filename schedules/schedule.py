@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from .errors import ConfigError
 from .ops import Op, OpKind, action_texts
+from .chains import StageChains
 from .placement import loop
 from .weight_stashing import AsyncRun
 
@@ -26,6 +27,8 @@ class Schedule:
     `asynchronous`: an asynchronous pipeline with weight stashing (PipeDream, 2BW:
     schedules.weight_stashing), whose programs run `num_microbatches` = K batches of the
     iteration's M microbatches with no flush; None for a flushed schedule.
+    `chains`: the stage chains (directions) the stages form, 1 but for DualPipe's 2
+    (schedules.chains).
     """
 
     name: str
@@ -35,6 +38,7 @@ class Schedule:
     stage_ranks: tuple[int, ...] = field(default=())
     layer_groups: int = 1
     asynchronous: AsyncRun | None = None
+    chains: int = 1
 
     def __post_init__(self) -> None:
         if not self.programs:
@@ -51,6 +55,11 @@ class Schedule:
         if isinstance(self.layer_groups, bool) or not isinstance(self.layer_groups, int) \
                 or self.layer_groups < 1:
             raise ConfigError(f"layer_groups must be a positive integer, got {self.layer_groups!r}")
+
+    @property
+    def stage_chains(self) -> StageChains:
+        """Which stages neighbour which, and which microbatches each runs."""
+        return StageChains(self.num_stages, self.chains, self.num_microbatches)
 
     @property
     def iteration_microbatches(self) -> int:
@@ -86,7 +95,7 @@ class Schedule:
         return Schedule(
             self.name, self.num_microbatches, [list(p) for p in programs], self.num_stages,
             self.stage_ranks, self.layer_groups if layer_groups is None else layer_groups,
-            self.asynchronous,
+            self.asynchronous, self.chains,
         )
 
     def to_text(self) -> str:

@@ -40,6 +40,7 @@ class ScheduleEntry:
     built_from_costs: bool = False
     microbatch_rule: Callable[[int, int], str | None] | None = None  # (pp, M) -> why not
     stashing: WeightStashing | None = None
+    chains: int = 1  # stage chains (directions): DualPipe's 2 (schedules.chains)
 
     def __post_init__(self) -> None:
         if self.placement not in PLACEMENTS:
@@ -80,7 +81,8 @@ class ScheduleEntry:
         stages = pp * vpp
         programs = self.programs(stages_by_rank(self.placement, pp, stages), total)
         return Schedule(self.name, total, programs, stages,
-                        stage_ranks(self.placement, pp, stages), asynchronous=run)
+                        stage_ranks(self.placement, pp, stages), asynchronous=run,
+                        chains=self.chains)
 
     def async_run(self, pp: int, microbatches: int) -> AsyncRun | None:
         """The AsyncRun of an asynchronous schedule (None for a flushed one)."""

@@ -25,7 +25,8 @@ the spans clipped to it; peaks of memory and in-flight microbatches are the run'
   'bubble' when nothing of r runs at all (idle, waiting with nothing in flight). A
   span's category is its op's group axis ('tp', 'cp', 'ep', with the expert-TP 'etp' as
   'ep': MoE-layer communication; 'pp' and every SEND/RECV;
-  'dp', 'dp_cp', 'dp_shard', 'dp_replicate', 'edp' are 'dp'); host copies and a host optimizer step are
+  'dp', 'dp_cp', 'dp_shard', 'dp_replicate', 'edp' and DualPipe's 'pp_copies' are 'dp');
+  host copies and a host optimizer step are
   'other'. Priority: intra-layer groups first (the compute stream waits on them
   directly), then pipeline, then data-parallel traffic. A RECV's span starts when both
   ends are posted, so waiting for a peer that has not sent yet is bubble, not PP.
@@ -51,7 +52,8 @@ from typing import Any
 from clustersim.user_files import is_finite_number, parse_json, read_text, short_repr
 
 from .errors import ConfigError, ScheduleFormatError
-from .names import COMPUTE_LANE, CP, DP, DP_CP, DP_REPLICATE, DP_SHARD, EDP, EP, ETP, PP, TP
+from .names import (COMPUTE_LANE, CP, DP, DP_CP, DP_REPLICATE, DP_SHARD, EDP, EP, ETP, PP,
+                    PP_COPIES, TP)
 from .ops import Op, OpKind, parse_op
 from .output_files import write_text_atomic
 
@@ -60,7 +62,7 @@ CATEGORIES = ("compute", *EXPOSED_ORDER, "bubble")
 MAX_OP_CHARS = 64  # longest op string read ('12SEND_F345' is 11)
 MAX_ABS_SECONDS = 1e9  # largest |time| read (s; ~32 years), so differences of times stay finite
 _GROUP_CATEGORY = {TP: TP, CP: CP, EP: EP, ETP: EP, PP: PP, DP: DP, DP_CP: DP, DP_SHARD: DP,
-                   DP_REPLICATE: DP, EDP: DP}
+                   DP_REPLICATE: DP, EDP: DP, PP_COPIES: DP}
 
 
 def span_category(span: Span) -> str:

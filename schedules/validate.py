@@ -11,11 +11,12 @@ from __future__ import annotations
 from collections import Counter, deque
 from dataclasses import dataclass
 
-from .contract import (Key, is_gradient_collective, is_intra_layer, is_parameter_gather,
-                       p2p_peer, prerequisites, produces, program_contract,
-                       runs_on_compute_stream)
+from .contract import (Key, copy_peer, is_gradient_collective, is_intra_layer,
+                       is_parameter_gather, p2p_peer, prerequisites, produces,
+                       program_contract, runs_on_compute_stream)
 from .errors import ConfigError, DeadlockError
 from .limits import MAX_GRID_CELLS
+from .names import PP_COPIES
 from .ops import Op, OpKind
 from .p2p import add_p2p
 from .schedule import Schedule
@@ -66,6 +67,7 @@ def check_structure(schedule: Schedule) -> None:
     (B, I) in reverse. Data-parallel ops (schedules.contract's positional kinds) may repeat
     a key: they are placed by their position in the program, not by key."""
     m_count, s_count = schedule.num_microbatches, schedule.num_stages
+    chains = schedule.stage_chains
     seen: Counter = Counter()
     for rank, program in enumerate(schedule.programs):
         _check_chunks(program, rank, schedule.layer_groups)
@@ -79,6 +81,12 @@ def check_structure(schedule: Schedule) -> None:
             if op.microbatch is not None and not 0 <= op.microbatch < m_count:
                 raise ConfigError(f"rank {rank}: op {op} names microbatch {op.microbatch}, "
                                   f"schedule has microbatches 0..{m_count - 1}")
+            if (op.microbatch is not None and op.kind.is_compute
+                    and not chains.runs(op.stage, op.microbatch)):
+                runs = chains.microbatches_of(op.stage)
+                raise ConfigError(f"rank {rank}: op {op}: stage {op.stage} runs microbatches "
+                                  f"{runs.start}..{runs.stop - 1} (its direction, "
+                                  f"schedules.chains), not {op.microbatch}")
             if not positional(op):
                 seen[op.key] += 1
     for key, n in seen.items():
@@ -88,7 +96,7 @@ def check_structure(schedule: Schedule) -> None:
     for key in [k for k in seen if len(k) > 3]:
         seen[key[:3]] += 1 if key[3] == 0 else 0  # a complete group set counts once
     for s in range(s_count):
-        for m in range(m_count):
+        for m in chains.microbatches_of(s):
             if not seen[(OpKind.F, s, m)]:
                 raise ConfigError(f"missing forward {s}F{m}")
             full = seen[(OpKind.B, s, m)]
@@ -158,9 +166,11 @@ def dry_run(schedule: Schedule) -> DryRun:
     """Run the contract with unit compute time; raise DeadlockError if it cannot finish."""
     lowered = add_p2p(schedule)
     programs, ranks = lowered.programs, lowered.stage_ranks
-    contracts = [program_contract(p, ranks) for p in programs]
+    chains = lowered.stage_chains
+    contracts = [program_contract(p, ranks, chains) for p in programs]
     done: dict[Key, int] = {}      # key -> step at which its product is available
     posted: dict[Key, int] = {}    # p2p key -> step at which it was posted
+    copies: dict[Key, tuple[int, int, int]] = {}  # DualPipe copy all-reduce -> rank, index, step
     finished = [[0] * len(p) for p in programs]  # step at which op i's product exists
     clock = [0] * len(programs)
     pc = [0] * len(programs)
@@ -184,7 +194,7 @@ def dry_run(schedule: Schedule) -> DryRun:
         while pc[r] < len(program):
             i = pc[r]
             op = program[i]
-            needs = (prerequisites(op, ranks, lowered.num_microbatches)
+            needs = (prerequisites(op, ranks, lowered.num_microbatches, chains)
                      + contract.partner.get(i, ()))
             missing = next((n for n in needs if n not in done), None)
             if missing is not None:
@@ -202,6 +212,13 @@ def dry_run(schedule: Schedule) -> DryRun:
                 peer = p2p_peer(op)
                 if peer in posted:
                     finish((op.key, peer), max(posted[op.key], posted[peer]))
+            elif op.group == PP_COPIES:  # DualPipe's copies: both replayed ranks post it
+                copies[op.key] = (r, i, max(clock[r], ready))
+                peer = copies.get(copy_peer(op, chains))
+                if peer is not None:
+                    at = max(copies[op.key][2], peer[2])
+                    finished[r][i] = finished[peer[0]][peer[1]] = at
+                    finish((op.key, copy_peer(op, chains)), at)
             else:  # collectives (members are symmetric replicas: all post now), copies
                 finished[r][i] = max(clock[r], ready)
                 finish((op.key,), finished[r][i])
@@ -212,7 +229,7 @@ def dry_run(schedule: Schedule) -> DryRun:
     if stuck:
         lines = []
         for r, op in stuck.items():
-            needs = (prerequisites(op, ranks, lowered.num_microbatches)
+            needs = (prerequisites(op, ranks, lowered.num_microbatches, chains)
                      + contracts[r].partner.get(pc[r], ()))
             missing = [n for n in needs if n not in done]
             waits = ", ".join(_describe_wait(n, posted) for n in missing)

@@ -10,6 +10,10 @@ order, once their positional waits are met: collectives on the lane named by the
 checkpoints) on lane 'pcie' as transfers between the rank's GPU and its host CPU
 (`hosts[r]`) through the network seam (an op of count k: k transfers in turn), and an
 OPT_STEP with group 'host' (ZeRO-Offload) on lane 'host' for `compute_time(op)`.
+A collective's other members are the same pipeline rank in the other replicas, which by
+symmetry post it at the same moment, but for DualPipe's all-reduce of a stage's two copies
+(group 'pp_copies', schedules.chains), whose members are two replayed ranks: it starts
+once both are ready and runs once for both (schedules.contract.copy_peer).
 An intra-layer collective flagged `Op.alongside` runs beside the compute op after it
 (schedules.contract); a P2P op is posted once its positional waits are met.
 Overlap is not free (`slowdown`, per rank; sim.collective_model.overlap_slowdown): while
@@ -32,11 +36,12 @@ from dataclasses import dataclass
 
 import simpy
 
-from clustersim.schedules.contract import (Key, gather_releases, p2p_peer, prerequisites,
-                                           produces, program_contract, runs_on_compute_stream)
+from clustersim.schedules.contract import (Key, copy_peer, gather_releases, p2p_peer,
+                                           prerequisites, produces, program_contract,
+                                           runs_on_compute_stream)
 from clustersim.schedules.errors import ConfigError, DeadlockError
 from clustersim.schedules.names import (COLLECTIVE_LANE, COMPUTE_LANE, HOST_LANE, PCIE_LANE,
-                                        RECV_LANE, SEND_LANE)
+                                        PP_COPIES, RECV_LANE, SEND_LANE)
 from clustersim.schedules.ops import (COLLECTIVE_KINDS, COPY_KINDS, P2P_KINDS, WORK_KINDS, Op,
                                       OpKind)
 from clustersim.schedules.schedule import Schedule
@@ -102,13 +107,16 @@ class Replay:
         self.done: set[Key] = set()
         self.waiting: dict[Key, simpy.Event] = {}  # events exist only for awaited keys
         self.posted: dict[Key, tuple[int, Op, float]] = {}
+        self.ready_copies: dict[Key, tuple] = {}  # DualPipe's copy all-reduce, one side ready
         self.spans: list[Span] = []
         self.samples: list[MemorySample] = []
         self.pc = [0] * schedule.num_ranks
         self.allocated = [0] * schedule.num_ranks
         self.split_backward = {(op.stage, op.microbatch)
                                for op in schedule.ops() if op.kind is OpKind.W}
-        self.contracts = [program_contract(p, schedule.stage_ranks) for p in schedule.programs]
+        self.chains = schedule.stage_chains
+        self.contracts = [program_contract(p, schedule.stage_ranks, self.chains)
+                          for p in schedule.programs]
         # positional waits: which indices are awaited, which are done, events on demand
         self.awaited = [{j for waits in c.local for j in waits} for c in self.contracts]
         self.local_done: list[set[int]] = [set() for _ in schedule.programs]
@@ -176,7 +184,8 @@ class Replay:
         ranks, count = self.schedule.stage_ranks, self.schedule.num_microbatches
         handlers = self.handlers
         for index, op in enumerate(self.schedule.programs[rank]):
-            for key in prerequisites(op, ranks, count) + contract.partner.get(index, ()):
+            for key in (prerequisites(op, ranks, count, self.chains)
+                        + contract.partner.get(index, ())):
                 if key not in self.done:
                     ev = self.waiting.get(key)
                     if ev is None:
@@ -306,6 +315,7 @@ class Replay:
         done = self.env.event()
         self.last_on_lane[key] = done
         pending = [ev for ev in (previous, *waits) if ev is not None and not ev.processed]
+        members = [(rank, index, op, lane, done)]
 
         def start(_event: simpy.Event | None = None) -> None:
             while pending:
@@ -313,21 +323,28 @@ class Replay:
                 if not ev.processed:
                     ev.callbacks.append(start)
                     return
+            if op.group == PP_COPIES:  # both replayed copies meet: one collective for both
+                partner = self.ready_copies.pop(copy_peer(op, self.chains), None)
+                if partner is None:
+                    self.ready_copies[op.key] = members[0]
+                    return
+                members.append(partner)
             begin = self.env.now
             running = run()
-            slowing = self.slowdown[rank] and slows_compute(op)
-            if slowing:
-                self._slowing(rank, +1)
+            slowing = [r for r, *_ in members if self.slowdown[r] and slows_compute(op)]
+            for r in slowing:
+                self._slowing(r, +1)
 
             def finish(event: simpy.Event) -> None:
-                if slowing:
-                    self._slowing(rank, -1)
+                for r in slowing:
+                    self._slowing(r, -1)
                 info = event.value if isinstance(event.value, dict) else None
-                self.spans.append(Span(rank, lane, op, begin, self.env.now, info))
-                if self.releases is not None and index in self.held[rank]:
-                    self._allocate(rank, self._gathered(rank, index))
-                self._complete(rank, index, op)
-                done.succeed()
+                for r, i, member, on, event_done in members:
+                    self.spans.append(Span(r, on, member, begin, self.env.now, info))
+                    if self.releases is not None and i in self.held[r]:
+                        self._allocate(r, self._gathered(r, i))
+                    self._complete(r, i, member)
+                    event_done.succeed()
 
             running.callbacks.append(finish)
 
@@ -384,7 +401,7 @@ class Replay:
         lines = []
         for rank, op in stuck.items():
             missing = [k for k in prerequisites(op, self.schedule.stage_ranks,
-                                                self.schedule.num_microbatches)
+                                                self.schedule.num_microbatches, self.chains)
                        if k not in self.done]
             waits = ", ".join(f"{k[1]}{k[0].value}{'' if k[2] is None else k[2]}"
                               for k in missing)

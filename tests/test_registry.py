@@ -50,8 +50,10 @@ def test_every_forward_and_backward_once_on_its_rank_after_its_forward(config):
     assert s.stage_ranks == stage_ranks(entry.placement, pp, pp * vpp)
     counts = Counter(op.key for op in s.ops())
     assert set(counts.values()) == {1}
-    for stage in range(pp * vpp):
-        for m in range(mb):
+    for stage in range(pp * vpp):  # the microbatches of its chain (DualPipe: its direction)
+        assert set(s.stage_chains.microbatches_of(stage)) == {
+            key[2] for key in counts if key[1] == stage}
+        for m in s.stage_chains.microbatches_of(stage):
             assert (OpKind.F, stage, m) in counts
             split = {(OpKind.I, stage, m), (OpKind.W, stage, m)}
             assert ((OpKind.B, stage, m) in counts) != (split <= set(counts))

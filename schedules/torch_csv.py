@@ -94,8 +94,14 @@ def to_torch_csv(schedule: Schedule, compute_only: bool = True,
     Layer-group ops (`Op.chunk`, made by the data-parallel passes) have no torch action
     and are refused: export the pipeline schedule before those passes. So is an
     asynchronous schedule (PipeDream, 2BW): torch's runtime flushes and steps once per
-    iteration, so its no-flush order would run as another schedule.
+    iteration, so its no-flush order would run as another schedule; and so is bidirectional
+    DualPipe (two stage chains), which torch's runtime does not run.
     """
+    if schedule.chains > 1:
+        raise ConfigError(f"schedule {schedule.name!r} has no torch CSV: its stages form "
+                          f"{schedule.chains} chains (DualPipe's two directions, "
+                          f"schedules.chains), while torch.distributed.pipelining runs one "
+                          f"(its DualPipeV is `dualpipev` here); use --format grid or text")
     if schedule.asynchronous is not None:
         raise ConfigError(f"schedule {schedule.name!r} has no torch CSV: it runs several "
                           f"batches with no flush and steps after every update, while "

@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from clustersim.schedules.contract import gather_releases
+from clustersim.schedules.names import PP_COPIES
 from clustersim.schedules.ops import Op, OpKind
 
 from .errors import KernelsError
@@ -121,6 +122,8 @@ class DataParallelOps:
             index = self.index
             after = lambda: self._keep_shard(index, unit, lo, hi, flat)  # noqa: E731
         _, size = self._rank_in(op.group)
+        if op.group == PP_COPIES:  # DualPipe: each copy now holds the two copies' mean
+            self.summed_grads.update(unit.names)
 
         def finish() -> None:
             flat.div_(size)

@@ -129,7 +129,8 @@ class RankExecutor(PostedOps, P2POps, DataParallelOps, TensorParallelOps):
         self.stash = (StashedWeights(run, modules, self.program, schedule.num_ranks,
                                      setup.pipeline_rank) if run else None)
         self.micro = schedule.iteration_microbatches  # M: the rows of one batch
-        self.loss_divisor = run.update_every if run else schedule.num_microbatches
+        self.loss_divisor = (run.update_every if run else  # microbatches of one gradient:
+                             schedule.num_microbatches // schedule.chains)  # of its chain
         self.current: Op | None = None
         self.index = -1
         self.spans: list[dict] = []
@@ -208,10 +209,11 @@ class RankExecutor(PostedOps, P2POps, DataParallelOps, TensorParallelOps):
                                self.activation_shape[0], self.micro)
 
     def _stage_input(self, s: int, m: int, state: IterationState) -> torch.Tensor:
-        if s == 0:
+        before = self.chains.previous(s)
+        if before is None:
             return self.tokens[self._rows(m)]
-        if self._is_local(s - 1):
-            return state.chunks[(s - 1, m, self.groups - 1)][1].detach().requires_grad_()
+        if self._is_local(before):
+            return state.chunks[(before, m, self.groups - 1)][1].detach().requires_grad_()
         return self._take_recv((OpKind.RECV_F, s, m), state).requires_grad_()
 
     def _chunk_input(self, s: int, m: int, g: int, state: IterationState) -> torch.Tensor:
@@ -242,17 +244,18 @@ class RankExecutor(PostedOps, P2POps, DataParallelOps, TensorParallelOps):
         """Gradient w.r.t. the output of group g of stage s (None: it is the loss)."""
         if g < self.groups - 1:
             return state.out_grads.pop((s, m, g))
-        if s == self.schedule.num_stages - 1:
+        after = self.chains.next(s)
+        if after is None:
             return None
-        if self._is_local(s + 1):
-            return state.input_grads.pop((s + 1, m))
+        if self._is_local(after):
+            return state.input_grads.pop((after, m))
         return self._take_recv((OpKind.RECV_B, s, m), state)
 
     def _pass_input_grad(self, s: int, m: int, g: int, dx: torch.Tensor | None,
                          state: IterationState) -> None:
         if g > 0:
             state.out_grads[(s, m, g - 1)] = dx
-        elif s > 0:
+        elif not self.chains.is_first(s):
             state.input_grads[(s, m)] = dx
 
     def _backward_groups(self, op: Op, state: IterationState, step: Callable) -> None:

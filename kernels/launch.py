@@ -180,8 +180,24 @@ def _check_lowered(lowered: Schedule, plan: Plan, check: bool) -> None:
     check_tied_embeddings(lowered, plan.model, plan.parallel)
     if lowered.asynchronous:
         check_stashing(plan)
+    if lowered.chains > 1:
+        check_copies(plan)
     if check:
         dry_run(lowered)
+
+
+def check_copies(plan: Plan) -> None:
+    """DualPipe's two copies of each stage (schedules.chains) run with DDP (their gradient
+    all-reduce follows the whole-stage reduction) and untied embeddings (a tied word
+    embedding would have four copies on two ranks)."""
+    if plan.parallel.zero_stage:
+        raise KernelsError(f"zero_stage={plan.parallel.zero_stage} with {plan.schedule}'s "
+                           f"stage copies: the kernels backend sums the copies' whole "
+                           f"gradients (DDP, zero_stage 0) only")
+    if not plan.model.untie_embeddings_and_output_weights:
+        raise KernelsError(f"tied embeddings with {plan.schedule}'s stage copies: the word "
+                           f"embedding would have four copies on two ranks; untie them "
+                           f"(untie_embeddings_and_output_weights=True)")
 
 
 def _context() -> Any:

@@ -15,6 +15,7 @@ from clustersim.schedules.parallel import ParallelConfig
 from clustersim.schedules.timeline import Timeline
 from clustersim.schedules.weight_stashing import steady_window
 
+from .errors import KernelsError
 from .split_backward import EXACT_SPLIT
 from .tied_embedding import summing_ranks
 
@@ -133,6 +134,11 @@ def _merge_tp_rank(payloads: dict[int, dict], parallel: ParallelConfig,
     out: dict[str, torch.Tensor] = {}
     for pp in sorted(per_pp):
         for name, t in per_pp[pp].items():
+            if what == "params" and name in out and not torch.equal(
+                    torch.nan_to_num(out[name]), torch.nan_to_num(t)):
+                raise KernelsError(f"parameter {name}: its copies on two pipeline ranks "
+                                   f"differ after the run (a tied weight's or DualPipe's "
+                                   f"stage copies must step alike)")
             add = name in out and what == "grads" and name not in summed
             out[name] = out[name] + t if add else out.get(name, t)
     return out

@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from clustersim.schedules.chains import StageChains
 from clustersim.schedules.layer_groups import chunk_parts
 from clustersim.schedules.model import ModelSpec
 from clustersim.schedules.recompute import INSIDE, KEPT, Recompute
@@ -179,16 +180,21 @@ class StageModule(nn.Module):
 
 def build_stages(spec: ModelSpec, stages: list[int], num_stages: int, seed: int,
                  device: torch.device | str = "cpu", tp: TensorParallel | None = None,
-                 split: Sequence[int] | None = None, recompute: Recompute | str = "none"
-                 ) -> dict[int, StageModule]:
+                 split: Sequence[int] | None = None, recompute: Recompute | str = "none",
+                 chains: StageChains | None = None) -> dict[int, StageModule]:
     """The modules of the stages one rank holds (its TP shard: `tp`; layers per stage:
     `split`, see stage_split; activation `recompute`), initialised from `seed` and placed
-    on `device` in the model dtype. When the rank holds both the first
+    on `device` in the model dtype. With several stage `chains` (DualPipe's directions,
+    schedules.chains) virtual stage s is a copy of model stage chains.model_stage(s), of
+    the same name and initial values. When the rank holds both the first
     and the last stage of a tied model, the two share one word-embedding module (as one
     model would)."""
     modules = {}
+    if chains is not None and chains.chains > 1:
+        num_stages, split = chains.length, None if split is None else split[:chains.length]
     for s in stages:
-        module = StageModule(spec, s, num_stages, tp, split, recompute)
+        model_stage = s if chains is None else chains.model_stage(s)
+        module = StageModule(spec, model_stage, num_stages, tp, split, recompute)
         init_parameters(module, seed, module.tp.rank)
         modules[s] = module.to(device=device, dtype=torch_dtype(spec))
     first, last = 0, num_stages - 1

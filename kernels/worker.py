@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 
 from clustersim.schedules.model import ModelSpec
-from clustersim.schedules.names import DP, DP_REPLICATE, DP_SHARD, PP, TP
+from clustersim.schedules.names import DP, DP_REPLICATE, DP_SHARD, PP, PP_COPIES, TP
 from clustersim.schedules.parallel import ParallelConfig
 from clustersim.schedules.plan import Plan
 from clustersim.schedules.recompute import Recompute
@@ -122,8 +122,9 @@ def dp_axes(plan: Plan, rank: int) -> dict[str, list[int]]:
     """Global ranks of `rank`'s data-parallel groups (Plan.group): 'dp', and with a
     hybrid shard group also 'dp_shard' and 'dp_replicate'."""
     hybrid = plan.parallel.fsdp == "hybrid" and plan.dp_shard_size
+    copies = (PP_COPIES,) if plan.chains > 1 else ()  # DualPipe's two copies of a stage
     return {axis: plan.group(axis, rank)
-            for axis in ((DP, DP_SHARD, DP_REPLICATE) if hybrid else (DP,))}
+            for axis in ((DP, DP_SHARD, DP_REPLICATE) if hybrid else (DP,)) + copies}
 
 
 def group_axes(plan: Plan, rank: int) -> dict[str, list[int]]:
@@ -256,7 +257,7 @@ def _iterate(rank: int, job: Job, device: torch.device, setup: RankSetup,
     tp = _tensor_parallel(job.parallel, setup, clock)
     modules = build_stages(job.model, plan.stages_of(setup.pipeline_rank), plan.num_stages,
                            job.seed, device, tp, plan.stage_layers,
-                           Recompute.of(job.parallel))
+                           Recompute.of(job.parallel), plan.stage_chains)
     tokens, labels = token_batch(job.model, job.parallel.global_batch_size, job.seed, device)
 
     def on_op(index: int) -> None:

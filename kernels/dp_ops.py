@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from clustersim.schedules.contract import gather_releases
-from clustersim.schedules.names import PP_COPIES
+from clustersim.schedules.names import DP, PP_COPIES
 from clustersim.schedules.ops import Op, OpKind
 
 from .errors import KernelsError
@@ -64,6 +64,7 @@ class DataParallelOps:
         tied = tied_pipeline_ranks(self.schedule, spec) and not self.setup.loopback
         self._tied_stages = ends if tied else set()
         self.summed_grads: set[str] = set()  # names whose gradient is summed over copies
+        self.single_process = self.setup.single_process
 
     def _rank_in(self, axis: str) -> tuple[int, int]:
         if self.setup.loopback:
@@ -110,6 +111,9 @@ class DataParallelOps:
         if op.kind is OpKind.ALL_GATHER:
             self._all_gather(op, unit, lo, hi)
             return
+        if op.kind in (OpKind.BROADCAST, OpKind.REDUCE):
+            self._rooted(op, unit, lo, hi)
+            return
         if op.kind is OpKind.ALL_REDUCE and chained is not None:
             flat = self._pieces.pop(chained)
             after = lambda: self._accumulate(unit, lo, hi, flat)  # noqa: E731
@@ -135,6 +139,28 @@ class DataParallelOps:
         self._collective(op, lambda: dist.all_reduce(flat, group=self._group(op.group),
                                                      async_op=True),
                          flat, flat.numel() * flat.element_size(), info, finish)
+
+    def _rooted(self, op: Op, unit: ParamUnit, lo: int, hi: int) -> None:
+        """torch.nn.DataParallel's collectives, rooted at the group's first rank: the
+        parameters broadcast from it, or the gradients summed onto it (each replica's
+        already divided by dp: kernels.executor's loss divisor), the others' then dropped."""
+        me, size = self._rank_in(op.group)
+        root = self.setup.group_ranks[op.group][0] if not self.setup.loopback else 0
+        broadcast = op.kind is OpKind.BROADCAST
+        flat = unit.read(lo, hi, grad=not broadcast)
+
+        def finish() -> None:
+            if broadcast and me:
+                unit.write(lo, hi, flat)
+            elif not broadcast:
+                unit.write(lo, hi, flat, grad=True) if me == 0 else unit.consume_grad(lo, hi)
+
+        group = self._group(op.group) if not self.setup.loopback else None
+        post = ((lambda: dist.broadcast(flat, src=root, group=group, async_op=True))
+                if broadcast else
+                (lambda: dist.reduce(flat, dst=root, group=group, async_op=True)))
+        self._collective(op, post, flat, flat.numel() * flat.element_size(),
+                         {"group_size": size, "root": root}, finish)
 
     def _keep_shard(self, index: int, unit: ParamUnit, lo: int, hi: int,
                     reduced: torch.Tensor) -> None:
@@ -196,6 +222,8 @@ class DataParallelOps:
 
     # --- optimizer step -------------------------------------------------------------
     def _opt_step(self, op: Op, state: Any) -> None:
+        if self.single_process and self._rank_in(DP)[0]:
+            return  # torch.nn.DataParallel steps on GPU 0 only; the next forward broadcasts
         units = [u for u in self.units.values() if u.stage == op.stage]
         if op.stage in self._tied_stages:
             sum_tied_grad(self.modules[op.stage], self._group(AXIS))

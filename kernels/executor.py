@@ -76,7 +76,8 @@ class RankSetup:
     `pp_ranks[p]` is the global rank of pipeline rank p in this rank's PP group;
     `groups` maps 'p2p_f', 'p2p_b', 'dp' (and 'dp_shard', 'dp_replicate' for hybrid
     sharding) to process groups (None = the world); `group_ranks` the DP axes to their
-    global ranks in group order; `loopback` replays the rank without peers."""
+    global ranks in group order; `loopback` replays the rank without peers;
+    `single_process`: the DP ranks are torch.nn.DataParallel's replicas."""
 
     rank: int
     pipeline_rank: int
@@ -87,6 +88,7 @@ class RankSetup:
     timeout: float
     loopback: bool = False
     group_ranks: dict[str, list[int]] = field(default_factory=dict)
+    single_process: bool = False  # torch.nn.DataParallel (schedules.single_process_dp)
 
 
 @dataclass
@@ -131,6 +133,8 @@ class RankExecutor(PostedOps, P2POps, DataParallelOps, TensorParallelOps):
         self.micro = schedule.iteration_microbatches  # M: the rows of one batch
         self.loss_divisor = (run.update_every if run else  # microbatches of one gradient:
                              schedule.num_microbatches // schedule.chains)  # of its chain
+        if setup.single_process:  # DataParallel's mean loss over replicas; REDUCE sums
+            self.loss_divisor *= setup.dp_size
         self.current: Op | None = None
         self.index = -1
         self.spans: list[dict] = []

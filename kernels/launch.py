@@ -75,7 +75,8 @@ __all__ = ["gather_grads", "gather_state", "merge_timeline", "run_reference",
 
 SUPPORTED_KINDS = frozenset({OpKind.F, OpKind.B, OpKind.I, OpKind.W, OpKind.SEND_F,
                              OpKind.RECV_F, OpKind.SEND_B, OpKind.RECV_B, OpKind.ALL_REDUCE,
-                             OpKind.REDUCE_SCATTER, OpKind.ALL_GATHER, OpKind.OPT_STEP})
+                             OpKind.REDUCE_SCATTER, OpKind.ALL_GATHER, OpKind.OPT_STEP,
+                             OpKind.BROADCAST, OpKind.REDUCE})
 UNSUPPORTED_SHARDING = ("quantized_weights", "hpz", "quantized_gradients", "offload")
 _POLL_S = 0.05
 _DEATH_GRACE_S = 0.5  # after a rank's error, how long to look for a peer that died first

@@ -220,10 +220,16 @@ def _element_range(unit: ParamUnit, lo: int, start: int, nbytes: int) -> Range:
     return lo + start // size, lo + (start + nbytes) // size
 
 
+def _shard_gather(op: Op) -> bool:
+    """A ZeRO / FSDP parameter ALL_GATHER, which implies sharded parameters (not
+    torch.nn.DataParallel's BROADCAST of whole ones)."""
+    return is_parameter_gather(op) and op.kind is OpKind.ALL_GATHER
+
+
 def _shard(unit: ParamUnit, program: list[Op], rank_in: Callable, at_rest: bool) -> None:
     ops = [op for op in program if op.stage == unit.stage
-           and (is_parameter_gather(op) or (is_gradient_collective(op)
-                                            and op.kind is OpKind.REDUCE_SCATTER))
+           and (_shard_gather(op) or (is_gradient_collective(op)
+                                       and op.kind is OpKind.REDUCE_SCATTER))
            and (unit.chunk is None or op.chunk == unit.chunk)]
     if not ops:
         unit.owned = [(0, unit.numel)]
@@ -232,7 +238,7 @@ def _shard(unit: ParamUnit, program: list[Op], rank_in: Callable, at_rest: bool)
     index, size = rank_in(unit.group)
     buckets, cursor, total = [], 0, unit.numel * unit.params[0].element_size()
     for op in ops:
-        if is_parameter_gather(op) and cursor < total:
+        if _shard_gather(op) and cursor < total:
             n = min(_bytes(op, unit, 0, unit.numel), total - cursor)
             buckets.append(_element_range(unit, 0, cursor, n))
             cursor += n
@@ -274,7 +280,7 @@ def _gathered_units(program: list[Op], contract: ProgramContract, units: dict) -
     for index, op in enumerate(program):
         if op.kind in WORK_KINDS:
             for j in contract.local[index]:
-                if is_parameter_gather(program[j]):
+                if _shard_gather(program[j]):
                     unit = unit_of(units, program[j])[0]
                     keys.add((unit.stage, unit.chunk))
     return keys

@@ -43,7 +43,9 @@ deadlock); "(s, g) covers (s, c)" when g == c or either is None:
   previous OPT_STEP, and for the latest weight-gradient op of s;
 - COPY_H2D (parameters to the device) of (s, g) waits for the latest OPT_STEP(s);
 - a parameter gather of (s, g) waits for the latest OPT_STEP(s) and COPY_H2D of (s, c)
-  covering g (ZeRO-1/2: gather the updated shards).
+  covering g (ZeRO-1/2: gather the updated shards); torch.nn.DataParallel's BROADCAST of
+  the parameters also for the latest REDUCE of s (its `loss.backward()` returns after the
+  gradients' reduce, and the next forward replicates again).
 An op that is not compute (collectives, copies, an OPT_STEP with group 'host') is posted
 in program order and starts once its waits are met and the previous op on its lane ends.
 
@@ -96,10 +98,11 @@ from .ops import INPUT_GRAD_KINDS, WORK_KINDS, Op, OpKind, overlapped_pairs
 Key = tuple  # (kind, stage, microbatch) or (kind, stage, microbatch, chunk): Op.key
 
 
-_GRADIENT_KINDS = (OpKind.ALL_REDUCE, OpKind.REDUCE_SCATTER)
+_GRADIENT_KINDS = (OpKind.ALL_REDUCE, OpKind.REDUCE_SCATTER, OpKind.REDUCE)
+_GATHER_KINDS = (OpKind.ALL_GATHER, OpKind.BROADCAST)
 _POSITIONAL_KINDS = frozenset({OpKind.ALL_REDUCE, OpKind.REDUCE_SCATTER, OpKind.ALL_GATHER,
                                OpKind.ALL_TO_ALL, OpKind.OPT_STEP, OpKind.COPY_D2H,
-                               OpKind.COPY_H2D})
+                               OpKind.COPY_H2D, OpKind.BROADCAST, OpKind.REDUCE})
 
 
 def is_intra_layer(op: Op) -> bool:
@@ -111,7 +114,9 @@ def is_gradient_collective(op: Op) -> bool:
 
 
 def is_parameter_gather(op: Op) -> bool:
-    return op.kind is OpKind.ALL_GATHER and op.group in DP_GROUPS
+    """A ZeRO / FSDP ALL_GATHER of parameters, or torch.nn.DataParallel's BROADCAST of
+    them from its first GPU (schedules.data_parallel.add_single_process)."""
+    return op.kind in _GATHER_KINDS and op.group in DP_GROUPS
 
 
 def runs_on_compute_stream(op: Op) -> bool:
@@ -214,6 +219,7 @@ def local_waits(program: Sequence[Op]) -> list[tuple[int, ...]]:
     pending: dict = {}    # stage -> gradient collectives / D2H copies since its last step
     steps: dict = {}      # stage -> latest OPT_STEP
     uploads: dict = {}    # (stage, chunk) -> latest COPY_H2D
+    reduces: dict = {}    # stage -> latest REDUCE (torch.nn.DataParallel)
     for index, op in enumerate(program):
         s, g, kind = op.stage, op.chunk, op.kind
         if is_checkpoint_copy(op):
@@ -231,6 +237,8 @@ def local_waits(program: Sequence[Op]) -> list[tuple[int, ...]]:
             waits[index] = need
             reduced[(s, g)], reduced_on[(s, g)] = index, op.group
             pending.setdefault(s, []).append(index)
+            if kind is OpKind.REDUCE:
+                reduces[s] = index
         elif kind is OpKind.COPY_D2H:
             waits[index] = _newest(_covering(reduced, s, g) or _covering(grads, s, g))
             pending.setdefault(s, []).append(index)
@@ -243,6 +251,8 @@ def local_waits(program: Sequence[Op]) -> list[tuple[int, ...]]:
             uploads[(s, g)] = index
         elif is_parameter_gather(op):
             need = ([steps[s]] if s in steps else []) + _covering(uploads, s, g)
+            if kind is OpKind.BROADCAST and s in reduces:
+                need.append(reduces[s])
             waits[index] = tuple(need)
             gathers[(s, g)] = index
     return waits

@@ -39,6 +39,9 @@ sharding fields are canonical, schedules.sharding) and sizes it from the plan
 - an asynchronous pipeline (PipeDream, PipeDream-2BW; schedules.weight_stashing), ZeRO-0
   only: DDP's reduction and a step after the backward that ends each weight update
   (`add_per_update_steps`), not once per iteration.
+- dp_impl 'dataparallel' (torch.nn.DataParallel, one process): a parameter BROADCAST
+  before every forward and a gradient REDUCE to GPU 0 after every backward, then GPU 0's
+  step (schedules.single_process_dp).
 - zero_stage 3 / FSDP / HSDP / ZeRO++: schedules.zero3 (with pp > 1: FSDP2 under
   torch.distributed.pipelining, as torchtitan runs it).
 - offload (ZeRO-Offload, Ren et al. ATC 2021; zero_stage >= 1): each reduced gradient
@@ -79,6 +82,7 @@ from .parallel import ParallelConfig
 from .plan import Plan
 from .schedule import Schedule
 from .sharding import moves_gradients
+from .single_process_dp import add_single_process
 from .zero3 import add_zero3
 
 __all__ = ["ADAM_BYTES_PER_PARAM", "add_data_parallel", "add_dp_allreduce",
@@ -312,6 +316,10 @@ def add_data_parallel(schedule: Schedule, plan: Plan) -> Schedule:
         raise ConfigError(f"fsdp={parallel.fsdp!r} hpz={parallel.hpz}: give shard_size (the "
                           "ranks of one node's shard group), or a topology to take it from")
     sizes = dp_sizes(plan)
+    if parallel.dp_impl == "dataparallel" and parallel.dp > 1:
+        params, grads = (sum(part.nbytes for part in sizes.parts(0, None, gradients=g))
+                         for g in (False, True))
+        return add_single_process(schedule, params, grads, step_ops(sizes, parallel, 0))
     if schedule.asynchronous is not None:
         return add_per_update_steps(schedule, sizes, parallel)
     if parallel.zero_stage == 3 and moves_gradients(parallel):

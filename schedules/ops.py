@@ -45,6 +45,7 @@ class OpKind(str, Enum):
     REDUCE_SCATTER = "REDUCE_SCATTER"
     ALL_TO_ALL = "ALL_TO_ALL"
     BROADCAST = "BROADCAST"
+    REDUCE = "REDUCE"  # to the group's first rank (torch.nn.DataParallel's gradients)
     OPT_STEP = "OPT_STEP"  # optimizer step of a stage (group 'host': on the host CPU)
     COPY_D2H = "COPY_D2H"  # device -> host copy over PCIe (offloaded gradients)
     COPY_H2D = "COPY_H2D"  # host -> device copy over PCIe (updated parameters)
@@ -77,7 +78,7 @@ WEIGHT_GRAD_KINDS = frozenset({OpKind.B, OpKind.W})
 P2P_KINDS = frozenset({OpKind.SEND_F, OpKind.RECV_F, OpKind.SEND_B, OpKind.RECV_B})
 COLLECTIVE_KINDS = frozenset(
     {OpKind.ALL_REDUCE, OpKind.ALL_GATHER, OpKind.REDUCE_SCATTER, OpKind.ALL_TO_ALL,
-     OpKind.BROADCAST}
+     OpKind.BROADCAST, OpKind.REDUCE}
 )
 COPY_KINDS = frozenset({OpKind.COPY_D2H, OpKind.COPY_H2D})
 

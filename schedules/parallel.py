@@ -56,6 +56,7 @@ from .errors import ConfigError, require_positive_int
 from .fp8 import check_fp8_param_gather
 from .lora import check_lora_layout
 from .usp import check_usp_sizes, usp_group
+from .single_process_dp import check_single_process
 from .weight_stashing import check_stashed_layout
 from .names import CP, CP_A2A, CP_RING, DP, DP_CP, EDP, EP, EXPERT_AXES, GRID_AXES, PP, TP
 from .limits import check_dimension
@@ -117,6 +118,7 @@ class ParallelConfig:
     partition_activations: bool = False  # Pa: each TP rank keeps 1/tp of a checkpoint
     cpu_checkpointing: bool = False  # Pa+cpu: the partitions live in host memory
     # data-parallel sharding and its communication (issue 5); see schedules.data_parallel
+    dp_impl: str = "ddp"  # 'ddp' (one process per GPU) or 'dataparallel' (torch.nn.DataParallel)
     fsdp: str = "none"  # 'none', 'full' (= ZeRO-3 over dp) or 'hybrid' (shard in a node)
     shard_size: int | None = None  # hybrid shard group size; None = dp ranks per node
     offload: bool = False  # ZeRO-Offload: optimizer state and step on the host
@@ -188,6 +190,7 @@ class ParallelConfig:
         for name, value in normalised_sharding(self).items():  # rules: schedules.sharding
             object.__setattr__(self, name, value)
         self._check_offload_device()
+        check_single_process(self)
         self._check_expert_grid()
         self._resolve_microbatches()
         self._check_schedule()

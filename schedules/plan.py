@@ -232,6 +232,10 @@ class Plan:
     def replay_statement(self) -> str:
         """What a simulation of this plan replays and what it assumes, in one sentence."""
         n, m = self.pp, self.world_size
+        if self.parallel.dp_impl == "dataparallel" and m > 1:
+            return (f"GPU 0 of {m} replayed op by op (torch.nn.DataParallel, one process: the "
+                    f"other {m - 1} GPUs run the same forward and backward on their replicas "
+                    f"and keep no gradients; GPU 0 alone steps)")
         if n == m:
             return f"all {m} GPUs replayed op by op (one pipeline replica, no other)"
         return (f"{n} of {m} GPUs replayed op by op (the pipeline ranks of replica 0: "
@@ -265,6 +269,8 @@ def header_line(plan: dict[str, Any]) -> str:
     if plan["etp"] != plan["tp"]:
         axes += f" etp={plan['etp']}"
     p = plan["parallel"]
+    if p.get("dp_impl", "ddp") != "ddp":
+        axes += f" ({p['dp_impl']})"
     recompute = ("" if p["recompute"] == "none" else " recompute=" + describe_recompute(
         p["recompute"], p["recompute_method"], p["recompute_num_layers"]))
     return (f"{plan['schedule']}: pp={plan['pp']} vpp={plan['vpp']}{axes} "

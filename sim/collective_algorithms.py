@@ -7,13 +7,16 @@ so a phase is one flow per (src, dst) pair carrying that pair's total bytes, not
 per chunk; it costs `steps` route latencies plus the time the flows need on the network.
 Units: bytes.
 
-Sizes follow nccl-tests (doc/PERFORMANCE.md): S is the per-rank buffer for all-reduce and
-broadcast, the total output for all-gather (each rank contributes S/n), the per-rank input
-for reduce-scatter (output S/n), the per-rank send buffer for all-to-all (S/n per peer).
+Sizes follow nccl-tests (doc/PERFORMANCE.md): S is the per-rank buffer for all-reduce,
+broadcast and reduce, the total output for all-gather (each rank contributes S/n), the
+per-rank input for reduce-scatter (output S/n), the per-rank send buffer for all-to-all
+(S/n per peer).
 
 Algorithms (n ranks, in the order given):
 - ring: all-reduce 2(n-1) steps, flow i->i+1 of 2(n-1)/n*S; all-gather and reduce-scatter
-  n-1 steps, flows of (n-1)/n*S; broadcast a pipelined chain from rank 0, n-1 steps, S.
+  n-1 steps, flows of (n-1)/n*S; broadcast a pipelined chain from rank 0, n-1 steps, S;
+  reduce the same chain towards rank 0 (NCCL runs broadcast and reduce as rings only:
+  src/device/broadcast.h, reduce.h).
 - tree: NCCL's double binary tree (Sanders, Speck & Traeff 2009; NCCL src/graph/trees.cc):
   two complementary binary trees, each carrying S/2. All-reduce = reduce up + broadcast
   down, pipelined, so one phase with both directions, 2*depth steps (depth =
@@ -70,6 +73,8 @@ def ring(op: str, gpus: Sequence[str], size: float) -> list[Phase]:
         return [Phase(n - 1, ring_flows(gpus, (n - 1) / n * size))]
     if op == "broadcast":
         return [Phase(n - 1, [(gpus[i], gpus[i + 1], size) for i in range(n - 1)])]
+    if op == "reduce":  # the broadcast's chain run backwards, ending at rank 0
+        return [Phase(n - 1, [(gpus[i + 1], gpus[i], size) for i in range(n - 1)])]
     raise AssertionError(op)
 
 

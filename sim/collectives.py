@@ -16,8 +16,9 @@ alpha-beta estimate, sum over phases of
 with each flow's bytes spread evenly over its equal-cost routes (ideal ECMP) and no other
 traffic. That is exact for an uncontended ring, and counts the links an algorithm's own
 flows share (e.g. a tree node sending to its parent and two children). Ties go to the
-first in APPLICABLE order. So, like NCCL's tuner, small all-reduces and broadcasts get
-the tree (log-depth latency) and large ones the ring; across hosts, the largest get the
+first in APPLICABLE order. So, like NCCL's tuner, small all-reduces get the tree
+(log-depth latency) and large ones the ring, broadcasts and reduces the ring (AUTOMATIC:
+the only algorithm NCCL runs them with); across hosts, the largest get the
 multi-ring (NCCL's channels: every GPU's NIC busy, NVLink and network overlapped) and
 smaller all-gathers / reduce-scatters the hierarchical one (fewest latency steps).
 ALGORITHMS and APPLICABLE register them (docs/architecture.md, "Add a collective
@@ -49,6 +50,7 @@ class Collective(str, Enum):
     ALL_GATHER = "all-gather"
     REDUCE_SCATTER = "reduce-scatter"
     BROADCAST = "broadcast"
+    REDUCE = "reduce"
     ALL_TO_ALL = "all-to-all"
     P2P = "p2p"
 
@@ -56,7 +58,7 @@ class Collective(str, Enum):
         """nccl-tests' busbw / algbw for n ranks."""
         if self is Collective.ALL_REDUCE:
             return 2 * (n - 1) / n
-        if self in (Collective.BROADCAST, Collective.P2P):
+        if self in (Collective.BROADCAST, Collective.REDUCE, Collective.P2P):
             return 1.0
         return (n - 1) / n
 
@@ -64,7 +66,8 @@ class Collective(str, Enum):
 _OP_KINDS = {
     Collective.ALL_REDUCE: OpKind.ALL_REDUCE, Collective.ALL_GATHER: OpKind.ALL_GATHER,
     Collective.REDUCE_SCATTER: OpKind.REDUCE_SCATTER, Collective.ALL_TO_ALL: OpKind.ALL_TO_ALL,
-    Collective.BROADCAST: OpKind.BROADCAST, Collective.P2P: OpKind.SEND_F,
+    Collective.BROADCAST: OpKind.BROADCAST, Collective.REDUCE: OpKind.REDUCE,
+    Collective.P2P: OpKind.SEND_F,
 }
 _FROM_OP_KIND = {kind: coll for coll, kind in _OP_KINDS.items() if coll is not Collective.P2P}
 _FROM_OP_KIND.update({OpKind.SEND_F: Collective.P2P, OpKind.SEND_B: Collective.P2P,
@@ -80,9 +83,14 @@ APPLICABLE = {
     Collective.ALL_GATHER: ("ring", "multi-ring", "hierarchical"),
     Collective.REDUCE_SCATTER: ("ring", "multi-ring", "hierarchical"),
     Collective.BROADCAST: ("ring", "tree"),
+    Collective.REDUCE: ("ring",),
     Collective.ALL_TO_ALL: ("direct",),
     Collective.P2P: ("direct",),
 }
+AUTOMATIC = {**APPLICABLE, Collective.BROADCAST: ("ring",)}
+"""What the default choice considers: NCCL runs broadcast and reduce as rings only (its
+src/device/broadcast.h and reduce.h specialise RunWorkColl for NCCL_ALGO_RING alone), so
+their tree is a what-if that `algorithm='tree'` may force."""
 
 
 def parse_collective(op: str | Collective | OpKind | Op) -> Collective:
@@ -133,7 +141,7 @@ def collective_phases(op: str | Collective | OpKind | Op, gpus: Sequence[str], n
         name = _check_algorithm(coll, algorithm)
         return name, _phases(coll, name, gpus, nbytes, graph)
     candidates = []
-    for name in APPLICABLE[coll]:
+    for name in AUTOMATIC[coll]:
         try:
             candidates.append((name, _phases(coll, name, gpus, nbytes, graph)))
         except ConfigError:

@@ -58,6 +58,7 @@ KIND_COLOURS: dict[OpKind, str] = {
     OpKind.REDUCE_SCATTER: "#9467BD",
     OpKind.ALL_TO_ALL: "#C5B0D5",
     OpKind.BROADCAST: "#5E3C99",
+    OpKind.REDUCE: "#3F007D",
     OpKind.COPY_D2H: "#B279A2",  # host copies over PCIe: pinks
     OpKind.COPY_H2D: "#D6A5C9",
 }

@@ -35,6 +35,7 @@ from clustersim.schedules.parallel import ParallelConfig
 from clustersim.schedules.plan import Plan, resolve
 from clustersim.schedules.registry import schedule_entry
 from clustersim.schedules.schedule import Schedule
+from clustersim.schedules.single_process_dp import check_one_host, single_process_notes
 from clustersim.schedules.timeline import Timeline
 from clustersim.schedules.validate import dry_run
 from clustersim.schedules.weight_stashing import steady_window
@@ -72,6 +73,7 @@ def _checked_plan(model: ModelSpec, parallel: ParallelConfig, topology: nx.DiGra
     for device in {device_of(topology, gpu) for gpu in plan.devices}:
         check_fp8_device(model, device.name, device.compute_capability)
     check_symmetric(plan, topology)
+    check_one_host(plan)
     return plan
 
 
@@ -109,8 +111,9 @@ def _replay(plan: Plan, topology: nx.DiGraph, costs: CostModel,
     devices = plan.devices
     schedule = schedule or plan.build_schedule()
     lowered = lower(schedule, plan)
-    warnings = costs.notes(plan, topology) + fp8_notes(plan.model,
-                                                       plan.parallel.sequence_parallel)
+    warnings = (costs.notes(plan, topology)
+                + fp8_notes(plan.model, plan.parallel.sequence_parallel)
+                + single_process_notes(plan))
     pairs = sum(len(overlapped_pairs(program)) for program in schedule.programs)
     if pairs:
         warnings.append(pair_note(pairs, pair_hides_experts(plan.model, plan.parallel)))

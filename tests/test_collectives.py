@@ -21,8 +21,8 @@ from clustersim.schedules.errors import ConfigError
 from clustersim.schedules.ops import Op, OpKind
 from clustersim.sim.collective_algorithms import double_binary_tree, tree_depth
 from clustersim.sim.cli.collective_report import parse_size, sweep_sizes
-from clustersim.sim.collectives import (APPLICABLE, Collective, collective_phases, parse_collective,
-                             run_collective, simulate_collective)
+from clustersim.sim.collectives import (AUTOMATIC, Collective, collective_phases,
+                                        parse_collective, run_collective, simulate_collective)
 from clustersim.sim.flows import FlowNetwork
 from clustersim.sim.gantt import hover_text
 from clustersim.topologies import fat_tree, gpu_nodes, load_topology, path_latency, route, single_node
@@ -108,6 +108,26 @@ def test_broadcast_closed_forms(n):
     assert ring.busbw == pytest.approx(ring.algbw)
 
 
+@pytest.mark.parametrize("op", ["broadcast", "reduce"])
+def test_default_broadcast_and_reduce_are_rings_as_nccl_runs_them(op):
+    """At 8 bytes on 8 GPUs the tree broadcast's estimate, 4 latencies, beats the ring's 7,
+    yet NCCL runs both as rings (src/device/broadcast.h, reduce.h): so does the default."""
+    tree = simulate_collective("broadcast", 8, 8, node(8), "tree")
+    chosen = simulate_collective(op, 8, 8, node(8))
+    assert chosen.algorithm == "ring" and chosen.time_s > tree.time_s
+
+
+@pytest.mark.parametrize("n", [2, 3, 8, 9])
+@pytest.mark.parametrize("size", SIZES)
+def test_reduce_closed_form(n, size):
+    """NCCL's reduce is a pipelined chain into the root (ring only, src/device/reduce.h):
+    (n-1) latencies and S over the slowest hop; nccl-tests' busbw factor for reduce is 1."""
+    r = simulate_collective("reduce", size, n, node(n))
+    assert r.algorithm == "ring" and r.steps == n - 1 and r.flows == n - 1
+    assert r.time_s == pytest.approx((n - 1) * ALPHA + size / B, rel=1e-9)
+    assert r.busbw == pytest.approx(r.algbw)
+
+
 @pytest.mark.parametrize("n", [2, 4, 8])
 def test_all_to_all_and_p2p_closed_forms(n):
     size = 1 << 30
@@ -134,7 +154,7 @@ def test_default_all_reduce_is_the_faster_closed_form(size):
 def test_default_is_the_fastest_applicable_algorithm_across_hosts(op, size):
     graph = fat_tree("dgx-h100", num_nodes=4)
     times = {name: simulate_collective(op, size, 32, graph, name).time_s
-             for name in APPLICABLE[parse_collective(op)]}
+             for name in AUTOMATIC[parse_collective(op)]}
     chosen = simulate_collective(op, size, 32, graph)
     assert chosen.time_s == pytest.approx(min(times.values()), rel=1e-9)
 

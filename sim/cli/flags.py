@@ -195,6 +195,10 @@ SHARDING_FLAGS = (  # ZeRO/FSDP, offload, ZeRO++, buckets, recompute: schedules.
     _flag("--zero --zero-stage", "zero_stage",
           "ZeRO stage: 1 optimizer state, 2 + gradients, 3 + parameters", type=int,
           choices=range(4)),
+    _flag("--dp-impl", "dp_impl", "ddp (default: one process per GPU, DDP or ZeRO) or "
+          "dataparallel (single-process torch.nn.DataParallel on one host: parameters "
+          "broadcast from GPU 0 every forward, gradients reduced to it; "
+          "schedules/single_process_dp.py)", choices=["ddp", "dataparallel"]),
     _flag("--fsdp", "fsdp", "full = ZeRO-3 over all dp ranks; hybrid = shard inside a node "
           "(--shard-size), replicate across nodes", choices=FSDP),
     _flag("--shard-size", "shard_size", "hybrid shard group (default: the dp ranks on one "

@@ -178,11 +178,11 @@ def _check_lowered(lowered: Schedule, plan: Plan, check: bool) -> None:
                 op.kind is OpKind.OPT_STEP and op.group is not None):
             raise KernelsError(f"op {op} ({op.kind.value}, group {op.group}) is not supported "
                                f"by the kernels backend", op=str(op))
+    if lowered.chains > 1:
+        check_copies(plan)
     check_tied_embeddings(lowered, plan.model, plan.parallel)
     if lowered.asynchronous:
         check_stashing(plan)
-    if lowered.chains > 1:
-        check_copies(plan)
     if check:
         dry_run(lowered)
 

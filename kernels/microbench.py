@@ -380,6 +380,8 @@ def run_collective(op: str, buf: torch.Tensor, n: int, group: Any, gloo: bool) -
         dist.all_reduce(buf, group=group)
     elif op == "broadcast":
         dist.broadcast(buf, src=0, group=group)
+    elif op == "reduce":  # to the group's first rank, as torch.nn.DataParallel's gradients
+        dist.reduce(buf, dst=0, group=group)
     elif op == "all_gather":  # buf is one rank's share of the nccl-tests size
         outs = [torch.empty_like(buf) for _ in range(n)]
         dist.all_gather(outs, buf, group=group)

@@ -278,6 +278,24 @@ def header_line(plan: dict[str, Any]) -> str:
             f"topology={plan['topology'] or 'this host'}")
 
 
+def _check_chain_split(model: ModelSpec, parallel: ParallelConfig, name: str,
+                       model_stages: int) -> None:
+    """DualPipe cuts the model into pp stages and holds each twice: an even split only
+    (the uneven-split flags name the first and last pipeline rank's layers, and each of
+    those ranks holds a first or last stage and a copy of another)."""
+    uneven = [flag for flag in ("first_stage_layers", "last_stage_layers",
+                                "account_for_embedding", "account_for_loss")
+              if getattr(parallel, flag)]
+    if uneven:
+        raise ConfigError(f"{uneven[0]} with schedule {name!r}: every rank holds two stages "
+                          f"(a stage and a copy of another, schedules.chains), so the split "
+                          f"is even: leave the uneven-split flags unset")
+    if model.num_layers % model_stages:
+        raise ConfigError(f"num_layers={model.num_layers} is not divisible by the "
+                          f"{model_stages} stages schedule {name!r} cuts the model into (each "
+                          f"held twice, schedules.chains)")
+
+
 def resolve(model: ModelSpec, parallel: ParallelConfig, cluster: ClusterFacts | None = None,
             schedule: Schedule | None = None, max_ops: int = MAX_OPS) -> Plan:
     """The Plan of running `model` split by `parallel` on `cluster` (None: no topology, as
@@ -288,7 +306,10 @@ def resolve(model: ModelSpec, parallel: ParallelConfig, cluster: ClusterFacts | 
         entry = schedule_entry(parallel.schedule)
         chains = entry.chains
         if parallel.num_stages // chains > model.num_layers:
-            raise ConfigError(f"pp*vpp={parallel.num_stages} stages need at least as many "
+            raise ConfigError(f"{parallel.num_stages // chains} model stages (pp*vpp / its "
+                              f"{chains} stage chains) need at least as many layers, the model "
+                              f"has num_layers={model.num_layers}" if chains > 1 else
+                              f"pp*vpp={parallel.num_stages} stages need at least as many "
                               f"layers, the model has num_layers={model.num_layers}")
         check_op_budget(parallel.num_stages,
                         entry.simulated_microbatches(parallel.pp, parallel.num_microbatches),
@@ -308,6 +329,8 @@ def resolve(model: ModelSpec, parallel: ParallelConfig, cluster: ClusterFacts | 
         placement = next((p for p in PLACEMENTS if len(ranks) % parallel.pp == 0
                           and placed(p, parallel.pp, len(ranks)) == ranks), CUSTOM_SCHEDULE)
     # the model's stages (one chain's); further chains hold copies of them (schedules.chains)
+    if chains > 1:
+        _check_chain_split(model, parallel, name, len(ranks) // chains)
     model_layers = stage_layers(model.num_layers, parallel, ranks[:len(ranks) // chains])
     layers = model_layers * chains
     parallel.check_model(model)

@@ -78,7 +78,8 @@ from .output_files import write_text_atomic
 FORMAT = "clustersim-profile/1"
 COMPUTE_PARTS = ("layer", "embedding", "head")
 PROFILED_KINDS = ("F", "B", "I", "W")  # the keys of each compute part: OpKind values
-COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
+COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce",
+                  "all_to_all")
 # ModelSpec fields a per-layer time depends on (num_layers does not: times are per layer).
 SHAPE_FIELDS = ("hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
                 "seq_length", "micro_batch_size", "dtype", "vocab_size", "swiglu",

@@ -32,7 +32,7 @@ import math
 
 from .errors import ConfigError
 from .names import DP
-from .ops import Op, OpKind
+from .ops import WEIGHT_GRAD_KINDS, Op, OpKind
 from .schedule import Schedule
 
 DP_IMPLS = ("ddp", "dataparallel")
@@ -46,8 +46,8 @@ def check_single_process(parallel) -> None:
         raise ConfigError(f"dp_impl={parallel.dp_impl!r} must be one of {', '.join(DP_IMPLS)}")
     if parallel.dp_impl != "dataparallel":
         return
-    found = [f"{name}={getattr(parallel, name)}" for name in ("pp", "tp", "cp", "ep")
-             if getattr(parallel, name) != 1]
+    found = [f"{name}={getattr(parallel, name)}" for name in ("pp", "vpp", "tp", "cp", "ep")
+             if getattr(parallel, name) not in (1, None)]
     found += [f"{name}={getattr(parallel, name)!r}" for name, off in (
         ("zero_stage", 0), ("fsdp", "none"), ("offload", False)) if getattr(parallel, name) != off]
     if parallel.bucket_bytes is not None:
@@ -56,13 +56,21 @@ def check_single_process(parallel) -> None:
                           f"{REPLICATE_BUCKET // 2 ** 20} MiB buffers of its own (leave it unset)")
     if found:
         raise ConfigError(f"dp_impl='dataparallel' (torch.nn.DataParallel) replicates one "
-                          f"process's whole module over dp GPUs: it needs pp = tp = cp = ep = 1 "
-                          f"and no ZeRO, FSDP or offload, got {', '.join(found)}")
+                          f"process's whole module over dp GPUs: it needs pp = vpp = tp = cp = "
+                          f"ep = 1 and no ZeRO, FSDP or offload, got {', '.join(found)}")
 
 
 def check_one_host(plan) -> None:
-    """The replicas are threads of one process: every GPU of the job on one host."""
-    if plan.parallel.dp_impl == "dataparallel" and plan.groups_spanning_hosts(DP):
+    """The replicas are threads of one process: every GPU of the job on one host. LoRA is
+    refused: replicate broadcasts every parameter, frozen ones too, which the
+    data-parallel sizes (the trained adapters') do not count."""
+    if plan.parallel.dp_impl != "dataparallel":
+        return
+    if plan.model.lora:
+        raise ConfigError(f"dp_impl='dataparallel' with lora_rank={plan.model.lora_rank}: "
+                          f"torch.nn.DataParallel broadcasts the frozen base weights too, "
+                          f"which this model does not count; use DDP (dp_impl 'ddp')")
+    if plan.groups_spanning_hosts(DP):
         raise ConfigError(f"dp_impl='dataparallel' (torch.nn.DataParallel) is one process on "
                           f"one host: its dp={plan.parallel.dp} GPUs span several hosts of the "
                           f"topology; use DDP (dp_impl 'ddp') across hosts")
@@ -83,7 +91,7 @@ def add_single_process(schedule: Schedule, param_bytes: int, grad_bytes: int,
             if op.kind is OpKind.F:
                 out.append(collective(OpKind.BROADCAST, op.microbatch, param_bytes))
             out.append(op)
-            if op.kind is OpKind.B:
+            if op.kind in WEIGHT_GRAD_KINDS:  # B, or W of a split backward
                 out.append(collective(OpKind.REDUCE, op.microbatch, grad_bytes))
         programs.append(out + step)
     return schedule.with_programs(programs)
@@ -91,7 +99,7 @@ def add_single_process(schedule: Schedule, param_bytes: int, grad_bytes: int,
 
 def single_process_notes(plan) -> list[str]:
     """What a torch.nn.DataParallel run assumes (module docstring)."""
-    if plan.parallel.dp_impl != "dataparallel":
+    if plan.parallel.dp_impl != "dataparallel" or plan.parallel.dp == 1:
         return []
     model = plan.model
     return [f"torch.nn.DataParallel: GPU 0 is replayed (it broadcasts the parameters before "

@@ -197,6 +197,9 @@ def dry_run(schedule: Schedule) -> DryRun:
             needs = (prerequisites(op, ranks, lowered.num_microbatches, chains)
                      + contract.partner.get(i, ()))
             missing = next((n for n in needs if n not in done), None)
+            if missing is None:  # an earlier copy all-reduce not met by its peer yet
+                missing = next((program[j].key for j in contract.local[i]
+                                if finished[r][j] is None), None)
             if missing is not None:
                 waiting.setdefault(missing, []).append(r)
                 break
@@ -215,6 +218,7 @@ def dry_run(schedule: Schedule) -> DryRun:
             elif op.group == PP_COPIES:  # DualPipe's copies: both replayed ranks post it
                 copies[op.key] = (r, i, max(clock[r], ready))
                 peer = copies.get(copy_peer(op, chains))
+                finished[r][i] = None  # until the peer posts it
                 if peer is not None:
                     at = max(copies[op.key][2], peer[2])
                     finished[r][i] = finished[peer[0]][peer[1]] = at
@@ -232,7 +236,11 @@ def dry_run(schedule: Schedule) -> DryRun:
             needs = (prerequisites(op, ranks, lowered.num_microbatches, chains)
                      + contracts[r].partner.get(pc[r], ()))
             missing = [n for n in needs if n not in done]
-            waits = ", ".join(_describe_wait(n, posted) for n in missing)
+            waits = ", ".join([_describe_wait(n, posted) for n in missing] + [
+                f"{_describe_wait(programs[r][j].key, posted)} on '{PP_COPIES}' (its other "
+                f"copy's all-reduce {_describe_wait(copy_peer(programs[r][j], chains), posted)}"
+                f" is never posted)"
+                for j in contracts[r].local[pc[r]] if finished[r][j] is None])
             lines.append(f"rank {r} stuck at {op} waiting for {waits}")
         cells = result.cells()
         report = (result.grid(stuck) if cells <= MAX_GRID_CELLS else
@@ -261,7 +269,7 @@ _MAYBE_POSITIONAL = frozenset({OpKind.OPT_STEP, OpKind.COPY_D2H, OpKind.COPY_H2D
 
 def _describe_wait(key: Key, posted: dict[Key, int]) -> str:
     kind, stage, microbatch = key[:3]
-    text = f"{stage}{kind.value}{microbatch}"
+    text = f"{stage}{kind.value}{'' if microbatch is None else microbatch}"
     if kind.is_p2p:
         p_kind, p_stage, p_mb = p2p_peer(Op(kind, stage, microbatch))
         if key in posted:

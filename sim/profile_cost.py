@@ -43,7 +43,7 @@ from clustersim.schedules.recompute import rerun_layers
 # OpKind -> the profile's collectives key
 COLLECTIVE_NAMES = {OpKind.ALL_REDUCE: "all_reduce", OpKind.ALL_GATHER: "all_gather",
                     OpKind.REDUCE_SCATTER: "reduce_scatter", OpKind.BROADCAST: "broadcast",
-                    OpKind.ALL_TO_ALL: "all_to_all"}
+                    OpKind.ALL_TO_ALL: "all_to_all", OpKind.REDUCE: "reduce"}
 
 
 def check_profile(profile: Profile, model: ModelSpec, parallel: ParallelConfig | None = None
@@ -83,15 +83,16 @@ class ProfileCost:
     11.9 + 7.7 ms less 0.1 for a 22B layer)."""
 
     def __init__(self, profile: Profile, layers_per_stage: Sequence[int], groups: int = 1,
-                 rerun_layers: Callable[[range], int] | None = None):
+                 rerun_layers: Callable[[range], int] | None = None, chains: int = 1):
         if not layers_per_stage:
             raise ConfigError("ProfileCost needs at least one stage")
         self.profile = profile
         self.layers = list(layers_per_stage)
         self.table: dict[tuple[int, OpKind, int | None], float] = {}
+        model_stages = len(self.layers) // chains  # DualPipe: copies of the model's stages
         for s in range(len(self.layers)):
             for chunk in [None] + (list(range(groups)) if groups > 1 else []):
-                parts = chunk_parts(self.layers, s, chunk, groups)
+                parts = chunk_parts(self.layers[:model_stages], s % model_stages, chunk, groups)
                 self._add(s, chunk, len(parts.layers), parts.embedding, parts.head,
                           rerun_layers(parts.positions) if rerun_layers else 0)
 
@@ -118,7 +119,8 @@ class ProfileCost:
         profile does not describe the plan's model and layout: check_profile)."""
         check_profile(profile, plan.model, plan.parallel)
         return ProfileCost(profile, plan.stage_layers, plan.layer_groups,
-                           rerun_layers=partial(rerun_layers, plan.parallel))
+                           rerun_layers=partial(rerun_layers, plan.parallel),
+                           chains=plan.chains)
 
     def __call__(self, op: Op) -> float:
         time = self.table.get((op.stage, op.kind, op.chunk))

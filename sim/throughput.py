@@ -44,7 +44,8 @@ def iteration_flops(plan: Plan) -> tuple[float, float]:
     flops = model.iteration_flops(sequences)
     if parallel.recompute == "full":
         rerun = sum(model.layer_forward_flops(first + p)
-                    for first, layers in zip(plan.stage_offsets, plan.stage_layers)
+                    for first, layers in zip(plan.stage_offsets[:plan.model_stages],
+                                             plan.stage_layers[:plan.model_stages])
                     for p in range(layers) if layer_role(parallel, p) != KEPT)
         return flops, flops + sequences * rerun
     if parallel.recompute == "selective":

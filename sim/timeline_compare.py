@@ -47,9 +47,9 @@ def compare_timelines(a: Timeline, b: Timeline) -> dict[str, Any]:
     """Iteration time, and mean span durations per op kind and per (op kind, stage), of A
     against B (the reference): error = (A - B) / B in percent."""
     return {"a": {"source": a.source, "iteration_time_s": a.iteration_time,
-                  "bubble_fraction": a.bubble_fraction},
+                  "bubble_fraction": a.bubble_fraction, "steady_state": a.window is not None},
             "b": {"source": b.source, "iteration_time_s": b.iteration_time,
-                  "bubble_fraction": b.bubble_fraction},
+                  "bubble_fraction": b.bubble_fraction, "steady_state": b.window is not None},
             "iteration_time_error_pct": _error(a.iteration_time, b.iteration_time),
             "op_kinds": _rows(a, b, per_stage=False),
             "op_kinds_per_stage": _rows(a, b, per_stage=True)}
@@ -68,6 +68,12 @@ def format_comparison(result: dict[str, Any], label_a: str, label_b: str) -> str
              f"bubble fraction A {a['bubble_fraction']:.4f}  B {b['bubble_fraction']:.4f}",
              f"{'op kind':10} {'count A':>7} {'count B':>7} {'mean A':>12} {'mean B':>12} "
              f"{'error':>9}"]
+    windowed = [label for label, t in (("A", a), ("B", b)) if t.get("steady_state")]
+    if windowed:  # PipeDream / 2BW: schedules.weight_stashing
+        lines.insert(2, f"note: {' and '.join(windowed)} {'is' if len(windowed) == 1 else 'are'}"
+                        f" the steady-state batch of an asynchronous schedule (no flush, stale "
+                        f"weights), not one flushed iteration; the op counts and means below "
+                        f"cover its whole run")
     per_stage = result["op_kinds_per_stage"]
     several = len({r["stage"] for r in per_stage}) > 1
     for row in result["op_kinds"] + (per_stage if several else []):

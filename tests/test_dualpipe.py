@@ -179,3 +179,41 @@ def test_no_torch_csv_and_no_fsdp():
         to_torch_csv(build_schedule("dualpipe", 2, 4))
     with pytest.raises(ConfigError, match="zero_stage 3 / FSDP or offload"):
         config(2, 4, dp=2, zero_stage=3)
+
+
+def test_a_copy_all_reduce_whose_other_copy_never_posts_is_a_deadlock():
+    from clustersim.schedules.errors import DeadlockError
+    from clustersim.schedules.validate import dry_run
+    plan = resolve(MODEL, config(2, 4, dp=2))
+    lowered = lower(plan.build_schedule(), plan)
+    dry_run(lowered)
+    broken = lowered.with_programs([lowered.programs[0], [
+        op for op in lowered.programs[1] if op.group != PP_COPIES]])
+    with pytest.raises(DeadlockError, match="on 'pp_copies' .* is never posted"):
+        dry_run(broken)
+
+
+def test_profile_costs_give_both_copies_of_a_stage_its_embedding_or_head():
+    """A profile's per-part times (schedules.profile): the first stage of each direction
+    pays the embedding, the last the head (the profile model holds both)."""
+    from test_profile import make_profile
+    from clustersim.sim.profile_cost import ProfileCost
+    cost = ProfileCost(make_profile(), [2] * 8, chains=2)
+    for kind in (OpKind.F, OpKind.B):
+        times = [cost.table[(s, kind, None)] for s in range(8)]
+        assert times[:4] == times[4:]  # stage j and its copy P + j
+        assert times[0] > times[1] == times[2] < times[3]
+
+
+def test_recomputed_flops_count_the_model_once():
+    """Hardware FLOPs = model FLOPs + one more forward of the recomputed layers (SC21), of
+    the model, not of each of its two copies."""
+    from clustersim.sim.throughput import iteration_flops
+    for name in ("dualpipe", "1f1b"):
+        plan = resolve(MODEL, ParallelConfig.from_kwargs(
+            schedule=name, pp=4, num_microbatches=8, recompute="full"))
+        model_flops, hardware = iteration_flops(plan)
+        if name == "dualpipe":
+            ratio = hardware / model_flops
+        else:
+            assert hardware / model_flops == pytest.approx(ratio)

@@ -172,3 +172,14 @@ def test_the_cli_states_the_steady_state_and_the_staleness(tmp_path):
     data = json.loads(metrics.read_text())
     assert data["iteration_time"] == 12 and data["bubble_fraction"] == 0
     assert data["meta"]["steady_state"]["updates_per_iteration"] == 4
+
+
+def test_comparing_a_steady_state_with_a_flushed_iteration_says_so(tmp_path):
+    paths = []
+    for name in ("pipedream", "1f1b"):
+        paths.append(tmp_path / f"{name}.json")
+        clustersim("simulate", "--schedule", name, "--pp", "2", "--microbatches", "2",
+                   "--uniform-costs", "1,2", "-o", str(tmp_path / f"{name}.html"),
+                   "--timeline-json", str(paths[-1]))
+    out = clustersim("compare", str(paths[0]), str(paths[1])).stdout
+    assert "note: A is the steady-state batch of an asynchronous schedule" in out

@@ -81,3 +81,25 @@ def test_layouts_it_cannot_run_are_refused(kw, field):
 def test_gpus_on_two_hosts_are_refused():
     with pytest.raises(ConfigError, match="one process on one host"):
         simulate(MODEL, config(16), fat_tree("dgx-h100", num_nodes=2))
+
+
+def test_a_split_backward_reduces_after_its_weight_gradients():
+    plan = resolve(MODEL, config(4, 4, schedule="zb-h1"))
+    program = lower(plan.build_schedule(), plan).programs[0]
+    for i, op in enumerate(program):
+        if op.kind is OpKind.REDUCE:
+            assert program[i - 1].kind is OpKind.W and program[i - 1].microbatch == op.microbatch
+    assert sum(op.kind is OpKind.REDUCE for op in program) == 4
+
+
+@pytest.mark.parametrize("kw, rule", [(dict(schedule="looped-bfs"), "vpp=2"),
+                                      (dict(schedule="interleaved-1f1b"), "vpp=2")])
+def test_one_stage_only(kw, rule):
+    with pytest.raises(ConfigError, match=rule):
+        config(4, 4, **kw)
+
+
+def test_lora_is_refused():
+    from dataclasses import replace
+    with pytest.raises(ConfigError, match="frozen base weights"):
+        simulate(replace(MODEL, lora_rank=8), config(4, 2), single_node("h100-sxm", num_gpus=4))

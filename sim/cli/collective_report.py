@@ -47,10 +47,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "collective", help="simulate a collective (nccl-tests style bandwidths)",
         description="Simulate one collective on a topology and print time, algbw and busbw "
                     "(nccl-tests conventions), or a size sweep as nccl-tests' table.")
-    p.add_argument("op", help="all-reduce, all-gather, reduce-scatter, broadcast or all-to-all "
-                              "(allreduce, all_reduce, ... also accepted)")
-    p.add_argument("--size", help="bytes: per-rank buffer (all-reduce, broadcast, all-to-all, "
-                                  "reduce-scatter input), total output (all-gather); 1G = 2^30")
+    p.add_argument("op", help="all-reduce, all-gather, reduce-scatter, broadcast, reduce or "
+                              "all-to-all (allreduce, all_reduce, ... also accepted)")
+    p.add_argument("--size", help="bytes: per-rank buffer (all-reduce, broadcast, reduce, "
+                                  "all-to-all, reduce-scatter input), total output "
+                                  "(all-gather); 1G = 2^30")
     p.add_argument("--ranks", type=int, help="use the first N GPUs (default: all)")
     p.add_argument("--topology", default=DEFAULT_TOPOLOGY,
                    help=f"preset name or topology JSON file (default {DEFAULT_TOPOLOGY})")

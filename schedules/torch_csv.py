@@ -82,6 +82,28 @@ _MAX_INDEX_DIGITS = 9  # a MAX_CSV_BYTES file holds far fewer actions than 10**9
 
 # ---------------------------------------------------------------- writing
 
+def _no_torch_csv(name: str, asynchronous: bool, chains: int) -> str | None:
+    """Why a schedule has no torch CSV, or None: torch's runtime flushes, steps once per
+    iteration and runs one stage chain."""
+    if chains > 1:
+        return (f"schedule {name!r} has no torch CSV: its stages form {chains} chains "
+                f"(DualPipe's two directions, schedules.chains), while "
+                f"torch.distributed.pipelining runs one (its DualPipeV is `dualpipev` here)")
+    if asynchronous:
+        return (f"schedule {name!r} has no torch CSV: it runs several batches with no flush "
+                f"and steps after every update, while torch.distributed.pipelining flushes "
+                f"and steps once per iteration")
+    return None
+
+
+def check_exportable(entry, flag: str) -> None:
+    """Refuse, before any work, a registered schedule (a ScheduleEntry) that `to_torch_csv`
+    would refuse."""
+    why = _no_torch_csv(entry.name, entry.stashing is not None, entry.chains)
+    if why:
+        raise ConfigError(f"{flag}: {why}")
+
+
 def to_torch_csv(schedule: Schedule, compute_only: bool = True,
                  align_steps: bool = False) -> str:
     """The schedule as torch's CSV: one row per rank, one action per cell.
@@ -97,16 +119,9 @@ def to_torch_csv(schedule: Schedule, compute_only: bool = True,
     iteration, so its no-flush order would run as another schedule; and so is bidirectional
     DualPipe (two stage chains), which torch's runtime does not run.
     """
-    if schedule.chains > 1:
-        raise ConfigError(f"schedule {schedule.name!r} has no torch CSV: its stages form "
-                          f"{schedule.chains} chains (DualPipe's two directions, "
-                          f"schedules.chains), while torch.distributed.pipelining runs one "
-                          f"(its DualPipeV is `dualpipev` here); use --format grid or text")
-    if schedule.asynchronous is not None:
-        raise ConfigError(f"schedule {schedule.name!r} has no torch CSV: it runs several "
-                          f"batches with no flush and steps after every update, while "
-                          f"torch.distributed.pipelining flushes and steps once per "
-                          f"iteration; use --format grid or text")
+    why = _no_torch_csv(schedule.name, schedule.asynchronous is not None, schedule.chains)
+    if why:
+        raise ConfigError(f"{why}; use --format grid or text")
     chunked = next((op for op in schedule.ops() if op.chunk is not None), None)
     if chunked is not None:
         raise ConfigError(f"torch CSV: op {chunked} is a layer group (chunk "

@@ -60,10 +60,20 @@ def simulate(model: ModelSpec, parallel: ParallelConfig, topology: nx.DiGraph,
     """Simulate one training iteration; `schedule` (a custom one, given as data)
     overrides the registered schedule `parallel` names; `max_ops`: the op budget of a
     registered schedule (schedules.limits), checked before it is built."""
+    return simulate_schedule(model, parallel, topology, schedule, costs, max_ops)[1]
+
+
+def simulate_schedule(model: ModelSpec, parallel: ParallelConfig, topology: nx.DiGraph,
+                      schedule: Schedule | None = None,
+                      costs: CostModel = RooflineCostModel(), max_ops: int = MAX_OPS
+                      ) -> tuple[Schedule, Timeline]:
+    """`simulate`, and the compute-only schedule it replayed (the registered one, the
+    one given, or zb-auto's order built for this run's costs)."""
     if schedule is None and schedule_entry(parallel.schedule).built_from_costs:
         return _simulate_auto(model, parallel, topology, costs, max_ops)
     plan = _checked_plan(model, parallel, topology, schedule, max_ops)
-    return _replay(plan, topology, costs, schedule)
+    schedule = schedule or plan.build_schedule()
+    return schedule, _replay(plan, topology, costs, schedule)
 
 
 def _checked_plan(model: ModelSpec, parallel: ParallelConfig, topology: nx.DiGraph,
@@ -78,7 +88,7 @@ def _checked_plan(model: ModelSpec, parallel: ParallelConfig, topology: nx.DiGra
 
 
 def _simulate_auto(model: ModelSpec, parallel: ParallelConfig, topology: nx.DiGraph,
-                   costs: CostModel, max_ops: int) -> Timeline:
+                   costs: CostModel, max_ops: int) -> tuple[Schedule, Timeline]:
     """A schedule built from this run's simulated costs (sim.auto_schedule), replayed."""
     def simulate_with(schedule: Schedule) -> tuple[Plan, Timeline]:
         plan = _checked_plan(model, parallel, topology, schedule, max_ops)
@@ -88,7 +98,7 @@ def _simulate_auto(model: ModelSpec, parallel: ParallelConfig, topology: nx.DiGr
     plan, timeline = simulate_with(schedule)
     log.info(note)
     timeline.meta["warnings"].append(note)
-    return timeline
+    return schedule, timeline
 
 
 def pair_note(pairs: int, hides_experts: bool) -> str:

@@ -17,12 +17,12 @@ from clustersim.schedules.registry import (SCHEDULES, build_schedule, canonical_
                                            schedule_entry)
 from clustersim.schedules.schedule import Schedule
 from clustersim.schedules.timeline import Timeline
-from clustersim.schedules.torch_csv import read_torch_csv, to_torch_csv
+from clustersim.schedules.torch_csv import check_exportable, read_torch_csv, to_torch_csv
 from clustersim.schedules.validate import validate
 from clustersim.topologies import list_presets, load_topology
 
 from ..report import format_summary, format_table
-from ..simulate import simulate
+from ..simulate import simulate, simulate_schedule
 from ..timeline_compare import compare_timelines, format_comparison
 from .flags import (add_cluster_flags, add_intra_layer_flags, add_limit_flags,
                     add_model_flags, add_parallel_flags, cost_model_from_args, flag,
@@ -37,6 +37,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     add_model_flags(sim)
     add_cluster_flags(sim)
     add_output_flags(sim, timeline_default=None)
+    sim.add_argument("--schedule-out", metavar="PATH",
+                     help="write the compute order the run replayed as a torch.distributed."
+                          "pipelining CSV (zb-auto: the order built for this run's costs), "
+                          "to run with `clustersim run --schedule-csv PATH` or torch's "
+                          "_PipelineScheduleRuntime")
 
     show = sub.add_parser("show", help="print a schedule's rank x step grid or torch CSV",
                           description="Print a schedule without simulating it.")
@@ -152,14 +157,20 @@ def write_outputs(timeline: Timeline, args: argparse.Namespace) -> None:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    check_outputs(output_paths(args), input_paths(args))
+    check_outputs({**output_paths(args), "--schedule-out": args.schedule_out},
+                  input_paths(args))
     model = model_from_args(args)
     custom, parallel = schedule_and_parallel(args, model)
+    if args.schedule_out is not None and custom is None:
+        check_exportable(schedule_entry(parallel.schedule), "--schedule-out")
     topology = load_topology(args.topology)
-    timeline = simulate(model, parallel, topology, custom, cost_model_from_args(args),
-                        max_ops_from_args(args))
+    schedule, timeline = simulate_schedule(model, parallel, topology, custom,
+                                           cost_model_from_args(args), max_ops_from_args(args))
     print(format_summary(timeline))
     write_outputs(timeline, args)
+    if args.schedule_out is not None:
+        print(write_output(args.schedule_out, lambda path: write_text_atomic(
+            path, to_torch_csv(schedule))))
     return 0
 
 

@@ -46,10 +46,19 @@ _SPELLINGS = {spelling: entry.name for entry in SCHEDULES.values()
               for spelling in (_key(alias), _key(alias).replace("-", ""))}
 
 
+RUNTIME_BASE_CLASSES = ("pipelineschedulesingle", "pipelineschedulemulti")
+"""Names torch's get_schedule_class also accepts: the base classes that run an order loaded
+from a CSV (torchtitan's pipeline_parallel_schedule_csv), not schedules of their own."""
+
+
 def schedule_entry(name: str) -> ScheduleEntry:
     """The entry of `name` or one of its aliases; ConfigError listing the choices."""
     key = _key(name)
     canonical = _SPELLINGS.get(key) or _SPELLINGS.get(key.replace("-", ""))
+    if canonical is None and key.replace("-", "") in RUNTIME_BASE_CLASSES:
+        raise ConfigError(f"schedule {name!r} is torch's runtime for an order loaded from a "
+                          f"CSV, not a schedule of its own: give the order with "
+                          f"--schedule-csv PATH (torch.distributed.pipelining's CSV format)")
     if canonical is None:
         raise ConfigError(f"unknown schedule {name!r}: choose one of {', '.join(SCHEDULES)}")
     return SCHEDULES[canonical]

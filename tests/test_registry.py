@@ -115,3 +115,20 @@ def test_degrees_outside_the_rules_name_the_field(entry):
 def test_unknown_name_lists_every_choice():
     with pytest.raises(ConfigError, match=", ".join(SCHEDULES)):
         schedule_entry("zbv-nope")
+
+
+def test_every_name_torchs_get_schedule_class_accepts():
+    """torch.distributed.pipelining's get_schedule_class (torch 2.13) maps these names,
+    case-insensitively; the two runtime base classes run an order loaded from a CSV."""
+    schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+    names = ["1F1B", "Interleaved1F1B", "GPipe", "LoopedBFS", "InterleavedZeroBubble",
+             "PipelineScheduleSingle", "PipelineScheduleMulti", "ZBVZeroBubble", "DualPipeV"]
+    for name in names:
+        schedules.get_schedule_class(name)  # still a name torch accepts
+        for spelling in (name, name.lower(), name.upper()):
+            if name.startswith("PipelineSchedule"):
+                with pytest.raises(ConfigError, match="--schedule-csv PATH"):
+                    schedule_entry(spelling)
+            else:
+                torch_class = schedules.get_schedule_class(spelling).__name__
+                assert schedule_entry(spelling) is schedule_entry(torch_class)

@@ -108,6 +108,10 @@ def _check_layout(plan: Plan, device: str, replay: bool) -> None:
         raise KernelsError(f"expert_tensor_parallel={parallel.etp} differs from tp="
                            f"{parallel.tp}: the kernels backend runs no MoE experts (leave it "
                            f"unset)")
+    if parallel.tp_mode != "1d":
+        raise KernelsError(f"tp_mode={parallel.tp_mode!r}: the kernels backend runs Megatron's "
+                           f"1D tensor parallelism only so far (SUMMA's broadcasts and "
+                           f"reduces inside each linear are not implemented)")
     _check_tensor_parallel(model, parallel, replay)
     for name in UNSUPPORTED_SHARDING:
         if getattr(parallel, name):

@@ -78,7 +78,7 @@ def embedding_activation_bytes(model: ModelSpec, parallel: ParallelConfig) -> fl
     under LoRA (nothing before the first layer trains, so autograd keeps no mask)."""
     if model.lora:
         return 0.0
-    sp = parallel.tp if parallel.sequence_parallel else 1
+    sp = parallel.tp if parallel.activations_split else 1
     return model.seq_length * model.micro_batch_size * model.hidden_size / (sp * parallel.cp)
 
 
@@ -87,7 +87,7 @@ def output_activation_bytes(model: ModelSpec, parallel: ParallelConfig) -> float
     fp32 logits 4sbV/t: with SP Korthikanti et al. 2022's 4sbh/t (1 + V/h), section 4.3.
     Under LoRA the frozen output layer's dX needs its weight alone: not its input."""
     sb, t = model.seq_length * model.micro_batch_size, parallel.tp
-    sp = t if parallel.sequence_parallel else 1
+    sp = t if parallel.activations_split else 1
     inputs = (1 if model.lora else 2) * sb * model.hidden_size * model.dtype_bytes / sp
     return (inputs + LOGITS_BYTES * sb * model.vocab_size / t) / parallel.cp
 
@@ -118,9 +118,11 @@ def costs_for_layers(model: ModelSpec, parallel: ParallelConfig, counts: Sequenc
         raise ConfigError(f"positions {list(positions)} must hold counts {list(counts)} layers")
     recompute_flops = {"none": 0.0, "full": layer_fwd,
                        "selective": model.attention_core_flops() / shard}[parallel.recompute]
-    stored = {how: model.layer_activation_bytes(tp, parallel.sequence_parallel, how) / cp
+    stored = {how: model.layer_activation_bytes(tp, parallel.activations_split, how) / cp
               for how in RECOMPUTE}
-    layer_params = model.layer_param_count(tp, parallel.ep, etp=parallel.etp)
+    layer_params = (model.layer_param_count(tp, parallel.ep, etp=parallel.etp)
+                    if parallel.tp_mode == "1d" else  # 2D: norms and biases split too
+                    model.layer_param_count() / tp)
     layer_experts = model.layer_expert_param_count(tp, parallel.ep, etp=parallel.etp)
     layer_adapters = model.layer_adapter_param_count(tp)
     layer_frozen = model.layer_frozen_weight_bytes(tp) if model.lora else 0.0
@@ -130,7 +132,7 @@ def costs_for_layers(model: ModelSpec, parallel: ParallelConfig, counts: Sequenc
     word = model.vocab_size * model.hidden_size / tp  # vocab-parallel embedding / output
     position = model.embedding_param_count() - model.vocab_size * model.hidden_size
     boundary = model.micro_batch_size * model.seq_length * model.hidden_size * d / cp
-    if parallel.sequence_parallel:
+    if parallel.activations_split:
         boundary /= tp
 
     costs = []

@@ -55,6 +55,8 @@ with the compute it hides behind (the op's communication hides behind its whole 
 """
 from __future__ import annotations
 
+import math
+
 from .comm_spec import Comm, Covered
 from .cp_comms import cp_comms
 from .ep_comms import ep_comms, etp_comms, imbalance_flops, pair_hides_experts
@@ -65,6 +67,7 @@ from .parallel import ParallelConfig
 from .plan import Plan
 from .recompute import KEPT, layer_role
 from .schedule import Schedule
+from .tp_2d import summa_placements, tp_2d_comms
 from .tp_comms import tp_comms
 
 
@@ -101,6 +104,8 @@ def covered(op: Op, plan: Plan, groups: int) -> Covered:
 def op_comms(plan: Plan, cov: Covered) -> list[Comm]:
     """All intra-layer collectives of one compute op: TP, then CP, then EP and ETP."""
     model, parallel = plan.model, plan.parallel
+    if parallel.tp_mode == "2d":  # no cp or ep beside it (schedules.tp_2d)
+        return tp_2d_comms(model, parallel, cov)
     return (tp_comms(model, parallel, cov) + cp_comms(model, parallel, cov, parallel.cp_comm)
             + ep_comms(model, parallel, cov) + etp_comms(model, parallel, cov))
 
@@ -171,10 +176,12 @@ def add_intra_layer(schedule: Schedule, plan: Plan) -> Schedule:
             cov = covered(op, plan, groups)
             hidden = overlapped | (EXPERT_GROUPS if op.overlapped and pair_experts
                                    else frozenset())
+            comms = op_comms(plan, cov)
+            placements = (summa_placements(comms, math.isqrt(parallel.tp))
+                          if parallel.tp_mode == "2d" else
+                          _placements(comms, hidden, tp_overlap and op.kind is OpKind.F))
             proto = [Op(c.kind, op.stage, None, c.group, c.nbytes, chunk=op.chunk,
-                        count=c.count, alongside=alongside)
-                     for c, alongside in _placements(op_comms(plan, cov), hidden,
-                                                     tp_overlap and op.kind is OpKind.F)]
+                        count=c.count, alongside=alongside) for c, alongside in placements]
             memo[shape] = ([p for p in proto if p.alongside],
                            [p for p in proto if not p.alongside],
                            imbalance_flops(plan.model, parallel, cov, parallel.moe_imbalance))

@@ -274,7 +274,7 @@ def pipelined_fsdp_buffers(params: float, dtype: str = "bf16") -> float:
 def _layer_bytes_without_recompute(plan: Plan) -> float:
     """Activation bytes one layer keeps without recompute, per microbatch (K22 Table 2)."""
     model, parallel = plan.model, plan.parallel
-    return model.layer_activation_bytes(parallel.tp, parallel.sequence_parallel) / parallel.cp
+    return model.layer_activation_bytes(parallel.tp, parallel.activations_split) / parallel.cp
 
 
 def rank_memory(plan: Plan, *, in_flight: Sequence[int] | None = None,

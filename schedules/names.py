@@ -12,6 +12,8 @@ ZeRO++ hpZ on a shard group inside a node and the replica group across shard gro
 data-parallel group 'edp' where it differs (Plan.expert_grad_group). USP context
 parallelism splits the cp group in two levels (schedules.cp_comms): 'cp_a2a', blocks of
 consecutive cp ranks (Ulysses), and 'cp_ring', the ranks at one place in every block.
+2D tensor parallelism (schedules.tp_2d) lays a tp group out as a q x q grid: 'tp_row' and
+'tp_col' are its rows and columns.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ ETP, EDP = "etp", "edp"
 DP_SHARD, DP_REPLICATE = "dp_shard", "dp_replicate"
 DP_CP = "dp_cp"  # Megatron-Core's data-parallel group with context parallel (dp x cp ranks)
 CP_A2A, CP_RING = "cp_a2a", "cp_ring"  # USP's levels of cp: Ulysses inside, ring across
+TP_ROW, TP_COL = "tp_row", "tp_col"  # 2D tensor parallelism's grid rows and columns
 PP_COPIES = "pp_copies"  # DualPipe: pipeline ranks r and P-1-r, holding copies of a stage
 HOST = "host"  # an OPT_STEP on the host CPU (ZeRO-Offload)
 PCIE = "pcie"  # a copy between a GPU and its host CPU
@@ -31,7 +34,7 @@ EXPERT_AXES = {EP: EP, ETP: TP, EDP: DP}
 DP_GROUPS = frozenset({DP, DP_CP, DP_SHARD, DP_REPLICATE, EDP, PP_COPIES})
 """Group axes of data-parallel communication (gradient reductions over the ranks that
 hold the same weights; DualPipe's two copies of a stage included: schedules.chains)."""
-INTRA_LAYER_GROUPS = frozenset({TP, CP, EP, ETP, CP_A2A, CP_RING})
+INTRA_LAYER_GROUPS = frozenset({TP, CP, EP, ETP, CP_A2A, CP_RING, TP_ROW, TP_COL})
 """Group axes of communication inside a layer (tensor, context, expert parallelism)."""
 
 COMPUTE_LANE, SEND_LANE, RECV_LANE = "compute", "send", "recv"

@@ -57,6 +57,7 @@ from .fp8 import check_fp8_param_gather
 from .lora import check_lora_layout
 from .usp import check_usp_sizes, usp_group
 from .single_process_dp import check_single_process
+from .tp_2d import check_model_2d, check_tp_mode
 from .weight_stashing import check_stashed_layout
 from .names import CP, CP_A2A, CP_RING, DP, DP_CP, EDP, EP, EXPERT_AXES, GRID_AXES, PP, TP
 from .limits import check_dimension
@@ -141,6 +142,7 @@ class ParallelConfig:
     schedule: str = DEFAULT_SCHEDULE  # or CUSTOM_SCHEDULE for a schedule given as data
     activation_memory_limit: float | None = None  # bytes per rank, for zb-auto's search
     # intra-layer communication (issue 6); see schedules.intra_layer
+    tp_mode: str = "1d"  # '1d' (Megatron) or '2d' (Optimus' SUMMA grid, schedules.tp_2d)
     tp_comm_overlap: bool = False  # TP collectives run alongside the GEMMs
     cp_comm: str = "ring"  # context parallelism: 'ring', 'ulysses' or 'usp' (both)
     cp_a2a: int | None = None  # USP: the Ulysses ranks of each ring step (cp_comm 'usp')
@@ -176,6 +178,7 @@ class ParallelConfig:
         if self.cp_comm not in CP_COMM:
             raise ConfigError(f"cp_comm={self.cp_comm!r} must be one of {', '.join(CP_COMM)}")
         self._check_intra_layer_applies()
+        check_tp_mode(self)
         check_partition_activations(self)
         object.__setattr__(self, "moe_imbalance", check_moe_imbalance(self.moe_imbalance))
         for name in ("shard_size", "bucket_bytes", "hpz_partition_size",
@@ -336,6 +339,13 @@ class ParallelConfig:
         return self.pp * self.vpp
 
     @property
+    def activations_split(self) -> bool:
+        """Whether the activations between a layer's linears are split over the tp ranks
+        too: Megatron's sequence parallelism, or 2D tensor parallelism's grid
+        (schedules.tp_2d); else they are replicated on every tp rank."""
+        return self.sequence_parallel or self.tp_mode == "2d"
+
+    @property
     def overlapped_groups(self) -> frozenset[str]:
         """Intra-layer groups whose collectives run alongside their compute op instead of
         after it (schedules.contract): 'tp' with tp_comm_overlap, 'cp' with ring attention.
@@ -417,6 +427,7 @@ class ParallelConfig:
         checked where it is computed, schedules.plan.resolve)."""
         check_fp8_param_gather(model, self)
         check_lora_layout(model, self.zero_stage)
+        check_model_2d(model, self)
         if model.num_attention_heads % self.tp:
             raise ConfigError(f"num_attention_heads={model.num_attention_heads} is not "
                               f"divisible by tp={self.tp}")

@@ -28,6 +28,7 @@ counts.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -39,7 +40,7 @@ from .limits import MAX_OPS, check_op_budget
 from .model import ModelSpec
 from .chains import StageChains
 from .names import (CP_A2A, CP_RING, DP, DP_CP, DP_REPLICATE, DP_SHARD, EDP, EXPERT_AXES,
-                    GRID_AXES, PP, PP_COPIES)
+                    GRID_AXES, PP, PP_COPIES, TP, TP_COL, TP_ROW)
 from .parallel import CUSTOM_SCHEDULE, ParallelConfig
 from .pipeline_split import stage_layers, stage_offsets
 from .placement import PLACEMENTS
@@ -51,7 +52,7 @@ from .schedule import Schedule
 from .sharding import group_ranks, shard_group_size
 
 GROUP_AXES = (*GRID_AXES, DP_CP, *(a for a in EXPERT_AXES if a not in GRID_AXES), DP_SHARD,
-              DP_REPLICATE, CP_A2A, CP_RING, PP_COPIES)
+              DP_REPLICATE, CP_A2A, CP_RING, PP_COPIES, TP_ROW, TP_COL)
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,11 @@ class Plan:
         """Global ranks of `rank`'s group along `axis` (GROUP_AXES), in axis order."""
         if axis in (DP_SHARD, DP_REPLICATE):
             return group_ranks(self.parallel, axis, rank, self.dp_shard_size)
+        if axis in (TP_ROW, TP_COL):  # 2D tensor parallelism: t = q * row + col
+            line, q = self.parallel.group(TP, rank), math.isqrt(self.parallel.tp)
+            row, col = divmod(self.parallel.coords(rank)[TP], q)
+            return [line[row * q + k] if axis == TP_ROW else line[col + k * q]
+                    for k in range(q)]
         if axis == PP_COPIES:  # DualPipe: pipeline ranks r and P-1-r (schedules.chains)
             line, r = self.parallel.group(PP, rank), self.parallel.coords(rank)[PP]
             return sorted({line[r], line[self.pp - 1 - r]})
@@ -220,7 +226,8 @@ class Plan:
                        if (axis not in (DP_SHARD, DP_REPLICATE) or self.dp_shard_size)
                        and (axis != DP_CP or p.cp > 1)
                        and (axis not in (CP_A2A, CP_RING) or p.cp_comm == "usp")
-                       and (axis != PP_COPIES or self.chains > 1)},
+                       and (axis != PP_COPIES or self.chains > 1)
+                       and (axis not in (TP_ROW, TP_COL) or p.tp_mode == "2d")},
             "topology": cluster.name if cluster else None,
             "device": cluster.device if cluster else None,
             "device_memory_bytes": cluster.memory_bytes if cluster else None,
@@ -269,8 +276,9 @@ def header_line(plan: dict[str, Any]) -> str:
     if plan["etp"] != plan["tp"]:
         axes += f" etp={plan['etp']}"
     p = plan["parallel"]
-    if p.get("dp_impl", "ddp") != "ddp":
-        axes += f" ({p['dp_impl']})"
+    axes += "".join(f" {key}={p[key]}" for key, default in (("tp_mode", "1d"),
+                                                             ("dp_impl", "ddp"))
+                    if p.get(key, default) != default)
     recompute = ("" if p["recompute"] == "none" else " recompute=" + describe_recompute(
         p["recompute"], p["recompute_method"], p["recompute_num_layers"]))
     return (f"{plan['schedule']}: pp={plan['pp']} vpp={plan['vpp']}{axes} "

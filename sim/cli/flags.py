@@ -162,6 +162,9 @@ PARALLEL_FLAGS = (  # ParallelConfig fields (pp's default depends on the command
     _flag("--dp --data-parallel-size", "dp", "data-parallel ranks (default 1)", type=int),
     _flag("--tp --tensor-model-parallel-size", "tp", "tensor-parallel ranks (default 1)",
           type=int),
+    _flag("--tp-mode", "tp_mode", "1d (default: Megatron's column- and row-parallel "
+          "layers) or 2d (Optimus: SUMMA on a q x q grid of the tp ranks, tp = q^2; "
+          "schedules/tp_2d.py)", choices=["1d", "2d"]),
     _flag("--cp --context-parallel-size", "cp",
           "context-parallel ranks (the sequence split over them; default 1)", type=int),
     _flag("--ep --expert-model-parallel-size", "ep",

@@ -94,7 +94,7 @@ def check_model_2d(model, parallel) -> None:
                               f"splits it over the grid's rows or columns")
 
 
-def _linears(model) -> list[tuple[float, float]]:
+def layer_linears(model) -> list[tuple[float, float]]:
     """(h_in, h_out) of a layer's QKV, projection, fc1 and fc2."""
     h, f = model.hidden_size, model.ffn_hidden_size
     return [(h, h + 2 * model.kv_hidden_size), (h, h), (h, (2 if model.swiglu else 1) * f),
@@ -108,7 +108,7 @@ def tp_2d_comms(model, parallel, cov: Covered) -> list[Comm]:
     q = grid_side(parallel.tp)
     d = model.dtype_bytes
     tokens = model.micro_batch_size * model.seq_length
-    linears = _linears(model)
+    linears = layer_linears(model)
     x = sum(tokens * h_in for h_in, _ in linears) / q ** 2  # one step of every linear
     w = sum(h_in * h_out for h_in, h_out in linears) / q ** 2
     forward = cov.forward_layers  # recomputed forwards included

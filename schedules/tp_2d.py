@@ -31,8 +31,9 @@ all-gathers its output gradient in backward; the output layer is one more SUMMA 
 with h_out = V (Colossal-AI's VocabParallelClassifier2D: its forward broadcasts W blocks over
 'tp_col' and reduces output blocks over 'tp_row'), and the vocabulary-parallel
 cross-entropy all-reduces 3 T/q fp32 values over 'tp_row' and a scalar over 'tp_col'.
-Not modelled: the SUMMA receive buffers (transient, 2 (T h_in + h_in h_out) / q^2), and
-2.5D / 3D (the same note, to come).
+Not modelled, and said in the run's notes (`tp_2d_notes`): the SMs the SUMMA collectives
+beside the GEMMs take from them (no slowdown is charged), and the receive buffers
+(transient, 2 (T h_in + h_in h_out) / q^2 elements). 2.5D and 3D: to come (same note).
 """
 from __future__ import annotations
 
@@ -162,6 +163,15 @@ def _embedding_and_head(model, cov: Covered, q: int, tokens: int, d: int) -> lis
             out += comms(OpKind.BROADCAST, TP_ROW, q * logits * d, q)
             out += comms(OpKind.REDUCE, TP_COL, q * w * d, q)
     return out
+
+
+def tp_2d_notes(parallel) -> list[str]:
+    """What a 2D run assumes (module docstring)."""
+    if parallel.tp_mode != "2d":
+        return []
+    return ["tp_mode='2d': SUMMA's broadcasts and reduces of steps 2..q run beside the "
+            "GEMMs without slowing them (the SMs NCCL takes are not charged), and its "
+            "double-buffered receive blocks are not counted in memory"]
 
 
 def summa_placements(comms_of_op: list[Comm], q: int) -> list[tuple[Comm, bool]]:

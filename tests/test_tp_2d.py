@@ -141,3 +141,10 @@ def test_the_kernels_backend_refuses_it_naming_what_is_missing():
                                                    num_microbatches=1, micro_batch_size=4))
     with pytest.raises(KernelsError, match="tp_mode='2d'.*SUMMA's broadcasts"):
         run_schedule(plan.build_schedule(), plan, timeout=30)
+
+
+def test_the_run_says_what_it_does_not_charge():
+    parallel = ParallelConfig.from_kwargs(tp=4, tp_mode="2d", pp=1, num_microbatches=1,
+                                          micro_batch_size=4)
+    timeline = simulate(GPT, parallel, load_topology("dgx-h100"))
+    assert any("without slowing them" in w for w in timeline.meta["warnings"])

@@ -18,8 +18,11 @@ simulated in time:
 - every remaining W runs at the end.
 F and I run in microbatch order on every rank, as in every schedule of the paper. Both fill
 policies and every memory limit from 1F1B's (P - s on rank s) up to the cap are simulated,
-and the shortest iteration wins (ties: less memory, then 'gap'); the paper refines its
-heuristic with an ILP, which is not done here. With uniform costs F = I = W, free P2P and
+and the shortest iteration wins (ties: less memory, then 'gap'). The paper refines its
+heuristic with an ILP; here, where the problem is small (at most EXACT_LIMIT joint orders),
+an exact search times every order of every rank that runs F, I and W each in microbatch
+order within the memory cap (`exact_search`), so the result is the optimum over that
+family. With uniform costs F = I = W, free P2P and
 M >= P this finds ZB-H1's iteration under 1F1B's memory and ZB-H2's (no bubble) under
 twice it (tests/test_zero_bubble_auto.py); with uneven stages it can beat both.
 
@@ -27,6 +30,9 @@ Units: seconds. Pure Python; the simulator supplies the costs (sim.simulate).
 """
 from __future__ import annotations
 
+import functools
+import itertools
+import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,6 +42,7 @@ from .ops import Op, OpKind
 
 FILL_POLICIES = ("gap", "greedy")
 GRID_EVALUATIONS = 300  # template orders tried on the joint grid (spread over it)
+EXACT_LIMIT = 20_000  # joint orders the exact search times: all of them, or it is skipped
 SEARCH_EVALUATIONS = 250  # single-rank changes tried by the coordinate search
 
 
@@ -116,6 +123,10 @@ def auto_zero_bubble(times: Sequence[StageTimes], microbatches: int, p2p: float,
                   list_schedule(times, microbatches, p2p, limits, fill)[0])
     for origin, programs in candidates:
         weigh(origin, programs)
+    exact = exact_search(times, microbatches, p2p, max_in_flight)
+    if exact is not None:
+        weigh(f"exact search (every in-order F/I/W order of every rank: {exact[1]} joint "
+              f"orders)", exact[0])
     if not found:
         raise ConfigError(f"no searched schedule fits the memory limits {tuple(max_in_flight)} "
                           f"(microbatches per rank); 1F1B needs P - s on rank s")
@@ -125,6 +136,61 @@ def auto_zero_bubble(times: Sequence[StageTimes], microbatches: int, p2p: float,
     if refined_seconds < seconds - 1e-12:
         seconds, programs, origin = refined_seconds, refined, origin + ", then coordinate search"
     return AutoSchedule(programs, seconds, tuple(peak_held(p) for p in programs), origin)
+
+
+def rank_orders(stage: int, microbatches: int, cap: int) -> list[list[Op]]:
+    """Every order of one rank's F, I and W ops that runs each kind in microbatch order,
+    I(m) after F(m) and W(m) after I(m), holding at most `cap` microbatches (F to W)."""
+    orders: list[list[Op]] = []
+    ops: list[Op] = []
+
+    def walk(f: int, i: int, w: int) -> None:
+        if w == microbatches:
+            orders.append(list(ops))
+            return
+        for kind, m, ok in ((OpKind.F, f, f < microbatches and f - w < cap),
+                            (OpKind.I, i, i < f), (OpKind.W, w, w < i)):
+            if ok:
+                ops.append(Op(kind, stage, m))
+                walk(f + (kind is OpKind.F), i + (kind is OpKind.I), w + (kind is OpKind.W))
+                ops.pop()
+
+    walk(0, 0, 0)
+    return orders
+
+
+def count_orders(microbatches: int, cap: int) -> int:
+    """len(rank_orders(s, microbatches, cap)), by dynamic programming over how many F, I
+    and W ops have run."""
+    @functools.lru_cache(maxsize=None)
+    def ways(f: int, i: int, w: int) -> int:
+        if w == microbatches:
+            return 1
+        return ((ways(f + 1, i, w) if f < microbatches and f - w < cap else 0)
+                + (ways(f, i + 1, w) if i < f else 0) + (ways(f, i, w + 1) if w < i else 0))
+
+    return ways(0, 0, 0)
+
+
+def exact_search(times: Sequence[StageTimes], microbatches: int, p2p: float,
+                 max_in_flight: Sequence[int], limit: int = EXACT_LIMIT
+                 ) -> tuple[list[list[Op]], int] | None:
+    """The shortest of all joint orders (rank_orders of every rank, within its memory
+    cap) and how many there are; None when there are more than `limit` (counted first,
+    without listing them)."""
+    count = math.prod(count_orders(microbatches, cap) for cap in max_in_flight)
+    if count > limit or not count:
+        return None
+    per_rank = [rank_orders(s, microbatches, cap) for s, cap in enumerate(max_in_flight)]
+    best: tuple[float, tuple] | None = None
+    for joint in itertools.product(*per_rank):
+        try:
+            seconds = iteration_time(joint, times, p2p)
+        except ConfigError:
+            continue  # deadlocks
+        if best is None or seconds < best[0] - 1e-12:
+            best = (seconds, joint)
+    return None if best is None else ([list(p) for p in best[1]], count)
 
 
 def _limit_sweep(pp: int, microbatches: int, max_in_flight: Sequence[int]):

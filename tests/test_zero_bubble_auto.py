@@ -15,7 +15,8 @@ from clustersim.schedules.registry import build_schedule
 from clustersim.schedules.schedule import Schedule
 from clustersim.schedules.validate import validate
 from clustersim.schedules.zero_bubble_auto import (
-    StageTimes, auto_zero_bubble, iteration_time, peak_held, template_program)
+    StageTimes, auto_zero_bubble, exact_search, iteration_time, list_schedule, peak_held,
+    template_program)
 
 UNIT = StageTimes(1.0, 1.0, 1.0)
 
@@ -137,3 +138,46 @@ def test_slow_p2p_is_scheduled_better_than_zb_h1_in_its_memory(pp, microbatches)
     roomy = auto_zero_bubble(times, microbatches, 1.0, [2 * pp - 1] * pp, [("zb-h2", zb_h2)])
     assert roomy.makespan == lower_bound(times, microbatches, 1.0) == \
         3 * microbatches + (pp - 1) * 2
+
+
+@pytest.mark.parametrize("p2p, best", [(0.0, 7.0), (0.5, 8.0)])
+def test_the_exact_search_finds_the_hand_derived_optimum(p2p, best):
+    """P = 2, M = 2, F = I = W = 1. Free P2P: rank 1's first input arrives after one
+    forward and it then has 6 units of work, so 7 is a lower bound, and reached. P2P of
+    0.5: rank 0 can start I(1) no sooner than rank 1's I(1) ends (at 5.5) + 0.5, then runs
+    I(1) and W(1): 8, the best of the orders worked out by hand."""
+    times = [StageTimes(1.0, 1.0, 1.0)] * 2
+    programs, count = exact_search(times, 2, p2p, [2, 2])
+    assert count == 25  # 5 orders per rank (the 3-row standard Young tableaux of 2)
+    assert iteration_time(programs, times, p2p) == pytest.approx(best)
+    assert auto_zero_bubble(times, 2, p2p, [2, 2]).makespan == pytest.approx(best)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 3), st.floats(0.0, 1.0),
+       st.lists(st.tuples(st.floats(0.1, 3.0), st.floats(0.1, 3.0), st.floats(0.1, 3.0)),
+                min_size=3, max_size=3))
+def test_no_searched_order_beats_the_exact_search(pp, m, p2p, costs):
+    times = [StageTimes(*c) for c in costs[:pp]]
+    caps = [min(m, pp - s) + 1 for s in range(pp)]
+    found = exact_search(times, m, p2p, caps)
+    if found is None:  # more joint orders than EXACT_LIMIT
+        return
+    best = iteration_time(found[0], times, p2p)
+    assert auto_zero_bubble(times, m, p2p, caps).makespan == pytest.approx(best)
+    for fill in ("gap", "greedy"):
+        assert list_schedule(times, m, p2p, caps, fill)[1] >= best - 1e-9
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6])
+def test_the_orders_counted_are_the_3_row_standard_young_tableaux(m):
+    """Without a memory cap, in-order F/I/W orders are the standard Young tableaux of
+    shape (m, m, m), 2 (3m)! / (m! (m+1)! (m+2)!) of them (hook length formula)."""
+    import math
+    from clustersim.schedules.zero_bubble_auto import count_orders, rank_orders
+    tableaux = 2 * math.factorial(3 * m) // (math.factorial(m) * math.factorial(m + 1)
+                                            * math.factorial(m + 2))
+    assert count_orders(m, m) == tableaux
+    if m <= 4:
+        assert len(rank_orders(0, m, m)) == tableaux
+    assert count_orders(m, 1) == 1  # one microbatch at a time: F I W, F I W, ...

@@ -214,8 +214,7 @@ def _run(rank: int, job: Job, device: torch.device, groups: dict, progress: Any)
                       pp_ranks=job.plan.group(PP, rank), groups=groups,
                       dp_size=job.parallel.dp, timeout=backstop_timeout(job.timeout),
                       group_ranks=dp_axes(job.plan, rank),
-                      single_process=job.parallel.dp_impl == "dataparallel"
-                      and job.parallel.dp > 1)
+                      single_process=job.parallel.dp_impl == "dataparallel")
     iterations, results = _iterate(rank, job, device, setup, progress)
     return {"iterations": iterations, **results, "device_name": _device_name(device)}
 

@@ -316,7 +316,7 @@ def add_data_parallel(schedule: Schedule, plan: Plan) -> Schedule:
         raise ConfigError(f"fsdp={parallel.fsdp!r} hpz={parallel.hpz}: give shard_size (the "
                           "ranks of one node's shard group), or a topology to take it from")
     sizes = dp_sizes(plan)
-    if parallel.dp_impl == "dataparallel" and parallel.dp > 1:
+    if parallel.dp_impl == "dataparallel":
         params, grads = (sum(part.nbytes for part in sizes.parts(0, None, gradients=g))
                          for g in (False, True))
         return add_single_process(schedule, params, grads, step_ops(sizes, parallel, 0))

@@ -239,7 +239,7 @@ class Plan:
     def replay_statement(self) -> str:
         """What a simulation of this plan replays and what it assumes, in one sentence."""
         n, m = self.pp, self.world_size
-        if self.parallel.dp_impl == "dataparallel" and m > 1:
+        if self.parallel.dp_impl == "dataparallel":
             return (f"GPU 0 of {m} replayed op by op (torch.nn.DataParallel, one process: the "
                     f"other {m - 1} GPUs run the same forward and backward on their replicas "
                     f"and keep no gradients; GPU 0 alone steps)")

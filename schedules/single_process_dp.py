@@ -54,10 +54,12 @@ def check_single_process(parallel) -> None:
         raise ConfigError(f"bucket_bytes={parallel.bucket_bytes} sizes DDP's gradient buckets; "
                           f"torch.nn.DataParallel coalesces its broadcast and reduce in "
                           f"{REPLICATE_BUCKET // 2 ** 20} MiB buffers of its own (leave it unset)")
+    if parallel.dp == 1:
+        found.append("dp=1 (no replica: one GPU runs the module as it is)")
     if found:
         raise ConfigError(f"dp_impl='dataparallel' (torch.nn.DataParallel) replicates one "
-                          f"process's whole module over dp GPUs: it needs pp = vpp = tp = cp = "
-                          f"ep = 1 and no ZeRO, FSDP or offload, got {', '.join(found)}")
+                          f"process's whole module over dp > 1 GPUs: it needs pp = vpp = tp = "
+                          f"cp = ep = 1 and no ZeRO, FSDP or offload, got {', '.join(found)}")
 
 
 def check_one_host(plan) -> None:
@@ -99,7 +101,7 @@ def add_single_process(schedule: Schedule, param_bytes: int, grad_bytes: int,
 
 def single_process_notes(plan) -> list[str]:
     """What a torch.nn.DataParallel run assumes (module docstring)."""
-    if plan.parallel.dp_impl != "dataparallel" or plan.parallel.dp == 1:
+    if plan.parallel.dp_impl != "dataparallel":
         return []
     model = plan.model
     return [f"torch.nn.DataParallel: GPU 0 is replayed (it broadcasts the parameters before "

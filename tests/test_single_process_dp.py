@@ -71,11 +71,12 @@ def test_it_costs_more_than_ddp_on_the_same_gpus():
 
 @pytest.mark.parametrize("kw, field", [
     (dict(pp=2), "pp=2"), (dict(tp=2), "tp=2"), (dict(zero_stage=1), "zero_stage=1"),
+    (dict(dp=1), "dp=1 \\(no replica"),
     (dict(bucket_bytes=1 << 20), "bucket_bytes"), (dict(dp_impl="horovod"), "dp_impl")])
 def test_layouts_it_cannot_run_are_refused(kw, field):
     with pytest.raises(ConfigError, match=field):
-        ParallelConfig.from_kwargs(dp=4, num_microbatches=2, **{"dp_impl": "dataparallel",
-                                                                **kw})
+        ParallelConfig.from_kwargs(**{"dp": 4, "num_microbatches": 2,
+                                      "dp_impl": "dataparallel", **kw})
 
 
 def test_gpus_on_two_hosts_are_refused():

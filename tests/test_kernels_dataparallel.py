@@ -9,14 +9,11 @@ import pytest
 torch = pytest.importorskip("torch", reason="the kernels backend needs torch "
                             "(pip install -e '.[kernels]')")
 
-from clustersim.kernels import run_reference_steps, run_schedule  # noqa: E402
-from clustersim.schedules.model import ModelSpec  # noqa: E402
+from clustersim.kernels import run_schedule  # noqa: E402
 from clustersim.schedules.ops import OpKind  # noqa: E402
 from clustersim.schedules.parallel import ParallelConfig  # noqa: E402
 from clustersim.schedules.plan import resolve  # noqa: E402
-
-GPT = ModelSpec(num_layers=4, hidden_size=64, num_attention_heads=4, seq_length=32,
-                vocab_size=128, micro_batch_size=2, dtype="fp32")  # tied embeddings
+from test_kernels_zero import GPT, assert_matches_reference  # noqa: E402
 
 
 @pytest.mark.parametrize("dp, m", [(2, 2), (4, 3)])
@@ -27,13 +24,7 @@ def test_gradients_and_parameters_equal_the_reference(dp, m):
     timeline, grads, params = run_schedule(plan.build_schedule(), plan, timeout=90,
                                            warmup_iterations=1, return_grads=True,
                                            return_params=True)
-    want_grads, want_params = run_reference_steps(GPT, parallel, 2)
-    assert set(grads) == set(want_grads) == set(params)
-    for name in want_grads:
-        torch.testing.assert_close(grads[name], want_grads[name],
-                                   msg=lambda text, n=name: f"grad {n}: {text}")
-        torch.testing.assert_close(params[name], want_params[name], atol=1e-4, rtol=1e-5,
-                                   msg=lambda text, n=name: f"param {n}: {text}")
+    assert_matches_reference(grads, params, parallel, GPT, steps=2)
     for rank in range(dp):
         kinds = [s.op.kind for s in timeline.spans if s.rank == rank]
         assert kinds.count(OpKind.BROADCAST) == kinds.count(OpKind.REDUCE) == m

@@ -8,16 +8,11 @@ import pytest
 torch = pytest.importorskip("torch", reason="the kernels backend needs torch "
                             "(pip install -e '.[kernels]')")
 
-from clustersim.kernels import KernelsError, run_reference_steps, run_schedule  # noqa: E402
-from clustersim.schedules.model import ModelSpec  # noqa: E402
+from clustersim.kernels import KernelsError, run_schedule  # noqa: E402
 from clustersim.schedules.names import PP_COPIES  # noqa: E402
 from clustersim.schedules.parallel import ParallelConfig  # noqa: E402
 from clustersim.schedules.plan import resolve  # noqa: E402
-
-LLAMA = ModelSpec(num_layers=4, hidden_size=64, num_attention_heads=4, num_query_groups=2,
-                  seq_length=32, vocab_size=128, micro_batch_size=2, dtype="fp32", swiglu=True,
-                  normalization="RMSNorm", add_bias_linear=False, position_embedding_type="rope",
-                  untie_embeddings_and_output_weights=True)
+from test_kernels_zero import GPT, LLAMA, assert_matches_reference  # noqa: E402
 
 
 def plan_of(pp, dp, m, model=LLAMA, **kw):
@@ -32,21 +27,14 @@ def test_gradients_and_parameters_equal_the_reference(pp, dp, m):
     timeline, grads, params = run_schedule(plan.build_schedule(), plan, timeout=90,
                                            warmup_iterations=0, return_grads=True,
                                            return_params=True)
-    want_grads, want_params = run_reference_steps(LLAMA, plan.parallel, 1)
-    assert set(grads) == set(want_grads) == set(params)
-    for name in want_grads:
-        torch.testing.assert_close(grads[name], want_grads[name],
-                                   msg=lambda text, n=name: f"grad {n}: {text}")
-        torch.testing.assert_close(params[name], want_params[name], atol=1e-4, rtol=1e-5,
-                                   msg=lambda text, n=name: f"param {n}: {text}")
+    assert_matches_reference(grads, params, plan.parallel, LLAMA)
     copies = [s for s in timeline.spans if s.op.group == PP_COPIES]
     assert len(copies) == 2 * plan.world_size  # two stages per rank, each one all-reduce
 
 
 @pytest.mark.parametrize("model, kw, match", [
     (LLAMA, dict(zero_stage=1), "zero_stage=1 with dualpipe"),
-    (ModelSpec(num_layers=4, hidden_size=64, num_attention_heads=4, seq_length=32,
-               vocab_size=128, micro_batch_size=2, dtype="fp32"), {}, "tied embeddings")])
+    (GPT, {}, "tied embeddings")])
 def test_what_the_copies_cannot_run_is_refused(model, kw, match):
     plan = plan_of(2, 2, 4, model, **kw)
     with pytest.raises(KernelsError, match=match):

@@ -10,14 +10,9 @@ torch = pytest.importorskip("torch", reason="the kernels backend needs torch "
 
 from clustersim.kernels import (KernelsError, run_reference_steps, run_schedule,  # noqa: E402
                                 run_stale_reference)
-from clustersim.schedules.model import ModelSpec  # noqa: E402
 from clustersim.schedules.parallel import ParallelConfig  # noqa: E402
 from clustersim.schedules.plan import resolve  # noqa: E402
-
-LLAMA = ModelSpec(num_layers=4, hidden_size=64, num_attention_heads=4, num_query_groups=2,
-                  seq_length=32, vocab_size=128, micro_batch_size=2, dtype="fp32", swiglu=True,
-                  normalization="RMSNorm", add_bias_linear=False, position_embedding_type="rope",
-                  untie_embeddings_and_output_weights=True)
+from test_kernels_zero import GPT, LLAMA  # noqa: E402
 
 
 def plan_of(name, pp, dp, m, model=LLAMA, **kw):
@@ -51,9 +46,7 @@ def test_parameters_and_gradients_equal_the_stale_reference(name, pp, dp, m):
     (dict(recompute="full"), "recompute='full' with weight stashing"),
     (dict(), "tied embeddings with weight stashing")])
 def test_what_the_stashing_cannot_run_is_refused(kw, match):
-    model = LLAMA if kw else ModelSpec(num_layers=4, hidden_size=64, num_attention_heads=4,
-                                       seq_length=32, vocab_size=128, micro_batch_size=2,
-                                       dtype="fp32")
+    model = LLAMA if kw else GPT  # GPT: tied embeddings
     plan = plan_of("pipedream", 2, 1, 2, model, **kw)
     with pytest.raises(KernelsError, match=match):
         run_schedule(plan.build_schedule(), plan, timeout=30)

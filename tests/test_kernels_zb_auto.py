@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="the kernels backend needs torch "
                             "(pip install -e '.[kernels]')")
 
-from clustersim.kernels import run_reference_steps, run_schedule  # noqa: E402
+from clustersim.kernels import run_schedule  # noqa: E402
 from clustersim.schedules.model import ModelSpec  # noqa: E402
 from clustersim.schedules.ops import OpKind  # noqa: E402
 from clustersim.schedules.parallel import ParallelConfig  # noqa: E402
@@ -16,6 +16,7 @@ from clustersim.schedules.torch_csv import read_torch_csv  # noqa: E402
 from clustersim.sim.simulate import simulate_schedule  # noqa: E402
 from clustersim.topologies import load_topology  # noqa: E402
 from test_cli import clustersim  # noqa: E402
+from test_kernels_zero import assert_matches_reference  # noqa: E402
 
 MODEL = ModelSpec(num_layers=4, hidden_size=64, num_attention_heads=4, seq_length=32,
                   vocab_size=128, micro_batch_size=2, dtype="fp32",
@@ -40,10 +41,7 @@ def test_the_order_zb_auto_built_runs_with_the_reference_gradients(tmp_path):
     _, grads, params = run_schedule(written, resolve(MODEL, custom, schedule=written),
                                     timeout=90, warmup_iterations=0, return_grads=True,
                                     return_params=True)
-    want_grads, want_params = run_reference_steps(MODEL, custom, 1)
-    for name in want_grads:
-        torch.testing.assert_close(grads[name], want_grads[name])
-        torch.testing.assert_close(params[name], want_params[name], atol=1e-4, rtol=1e-5)
+    assert_matches_reference(grads, params, custom, MODEL)
 
 
 def test_schedules_without_a_torch_csv_are_refused_before_simulating(tmp_path):

@@ -125,7 +125,7 @@ input and weight in FP8 and writes a 16-bit output."""
 BASE_GEMMS = {"linear_qkv": "qkv_gemm", "linear_proj": "proj_gemm", "linear_fc1": "fc1_gemm",
               "linear_fc2": "fc2_gemm"}  # a layer's linear layers (Megatron names): their GEMMs
 FROZEN_GEMMS = frozenset({*BASE_GEMMS.values(), "logits_gemm"})  # frozen under LoRA
-COLUMN_PARALLEL = frozenset({"linear_qkv", "linear_fc1", "linear_output"})  # others: rows
+COLUMN_PARALLEL = frozenset({"linear_qkv", "linear_fc1"})  # the others are row-parallel
 FP32 = 4  # bytes of an fp32 element
 RMSNORM_OPS = ("rmsnorm_to_fp32", "rmsnorm_pow", "rmsnorm_mean", "rmsnorm_mul_rsqrt",
                "rmsnorm_type_as", "rmsnorm_mul_weight")  # per residual element
@@ -300,7 +300,8 @@ def _layer_compute(model: ModelSpec, parallel: ParallelConfig,
                   if not (eager and model.swiglu) else _eager(SWIGLU_OPS, mlp, d))
     def linear(name: str, in_elems: float, out_elems: float, weights: float) -> list[Kernel]:
         if parallel.tp_mode == "2d":
-            return [summa_gemm(name, x, in_elems, out_elems)]
+            return [summa_gemm(BASE_GEMMS[name], name in COLUMN_PARALLEL, x, in_elems,
+                               out_elems)]
         return _linear(model, x, name, x.gemm(BASE_GEMMS[name], in_elems, out_elems, weights))
 
     kernels = [*norm(True),
@@ -321,16 +322,17 @@ def _layer_compute(model: ModelSpec, parallel: ParallelConfig,
     return kernels
 
 
-def summa_gemm(name: str, x: _Shape, in_elems: float, out_elems: float) -> Kernel:
-    """Linear layer `name` under 2D tensor parallelism (schedules.tp_2d), given as its 1D
-    split's per-rank input and output elements: the same FLOPs per rank, 2 T h_in h_out / t,
-    run as q SUMMA steps of (T/q x h_in/q) @ (h_in/q x h_out/q), each reading its two blocks
+def summa_gemm(kernel: str, column: bool, x: _Shape, in_elems: float,
+               out_elems: float) -> Kernel:
+    """GEMM `kernel` of a linear layer under 2D tensor parallelism (schedules.tp_2d),
+    given as its 1D split's per-rank input and output elements (`column`: 1D splits its
+    output columns, else its input rows): the same FLOPs per rank, 2 T h_in h_out / t, run
+    as q SUMMA steps of (T/q x h_in/q) @ (h_in/q x h_out/q), each reading its two blocks
     and writing its output block."""
-    column = name in COLUMN_PARALLEL  # 1D splits its output columns, else its input rows
     h_in = in_elems / x.tokens * (1 if column else x.t)
     h_out = out_elems / x.tokens * (x.t if column else 1)
     q = math.isqrt(x.t)
-    return Kernel(BASE_GEMMS.get(name, "logits_gemm"), 2 * x.tokens * h_in * h_out / x.t,
+    return Kernel(kernel, 2 * x.tokens * h_in * h_out / x.t,
                   x.d * (x.tokens * h_in / q + h_in * h_out / q + x.tokens * h_out / q),
                   gemm=(x.tokens / q, h_out / q, h_in / q))
 
@@ -516,7 +518,7 @@ def head_forward(model: ModelSpec, parallel: ParallelConfig) -> list[Kernel]:
     fp32)."""
     x = _Shape(model, parallel)
     logits = x.tokens * model.vocab_size / x.t
-    gemm = (summa_gemm("linear_output", x, x.full, logits) if parallel.tp_mode == "2d" else
+    gemm = (summa_gemm("logits_gemm", True, x, x.full, logits) if parallel.tp_mode == "2d" else
             x.gemm("logits_gemm", x.full, logits, model.vocab_size * x.h / x.t))
     return [*_norm(model, x.residual, x.d), gemm,
             Kernel("cross_entropy", 0.0, logits * (x.d + 3 * CROSS_ENTROPY_FP32))]

@@ -51,20 +51,32 @@ class Covered:
 class Comm:
     """`count` back-to-back collectives `kind` on group axis `group`, `nbytes` in total
     (nbytes / count each, nccl-tests' size S): one Op with this count and nbytes.
-    `te_linear`: the sequence-parallel gathers and scatters of Transformer Engine's linear
-    layers, which its userbuffers can overlap with their GEMMs (schedules.intra_layer)."""
+    `in_linear`: a collective inside a linear layer that can run beside its GEMMs:
+    Transformer Engine's sequence-parallel gathers and scatters (its userbuffers), SUMMA's
+    broadcasts and reduces (schedules.tp_2d); schedules.intra_layer places them."""
 
     kind: OpKind
     group: str
     nbytes: int
     count: int
-    te_linear: bool = False
+    in_linear: bool = False
 
 
-def comms(kind: OpKind, group: str, nbytes: float, count: int, te_linear: bool = False
+def comms(kind: OpKind, group: str, nbytes: float, count: int, in_linear: bool = False
           ) -> list[Comm]:
     """[Comm] of `nbytes` in total when count > 0 and nbytes > 0, else [] (so callers can
     add terms freely)."""
     if count <= 0 or nbytes <= 0:
         return []
-    return [Comm(kind, group, max(1, round(nbytes)), count, te_linear)]
+    return [Comm(kind, group, max(1, round(nbytes)), count, in_linear)]
+
+
+def merged(out: list[Comm]) -> list[Comm]:
+    """Collectives of one kind, group and `in_linear` added up, in first-seen order."""
+    total: dict[tuple, Comm] = {}
+    for c in out:
+        key = (c.kind, c.group, c.in_linear)
+        seen = total.get(key)
+        total[key] = c if seen is None else Comm(c.kind, c.group, seen.nbytes + c.nbytes,
+                                                 seen.count + c.count, c.in_linear)
+    return list(total.values())

@@ -18,6 +18,8 @@ from .layer_kernels import (Kernel, embedding_forward, head_backward, head_forwa
 from .model import ModelSpec
 from .parallel import RECOMPUTE, ParallelConfig
 from .recompute import CHECKPOINT, INSIDE, KEPT, roles
+from .tp_3d import saved_gathered_bytes, saved_head_bytes
+from .tp_grid import grid_layer_params, tp_grid
 
 LOGITS_BYTES = 4  # cross-entropy keeps fp32 logits (Korthikanti et al. 2022, section 4.3)
 
@@ -82,6 +84,19 @@ def embedding_activation_bytes(model: ModelSpec, parallel: ParallelConfig) -> fl
     return model.seq_length * model.micro_batch_size * model.hidden_size / (sp * parallel.cp)
 
 
+def layer_stored_bytes(model: ModelSpec, parallel: ParallelConfig,
+                       recompute: str = "none") -> float:
+    """Bytes one layer keeps for its backward per micro-batch on one rank, under
+    `recompute`: ModelSpec.layer_activation_bytes / cp, plus under 3D tensor parallelism
+    the gathered linear inputs and weights it saves (schedules.tp_3d; a full recompute
+    gathers them again in the backward)."""
+    stored = model.layer_activation_bytes(parallel.tp, parallel.activations_split,
+                                          recompute) / parallel.cp
+    if parallel.tp_mode == "3d" and recompute != "full":
+        stored += saved_gathered_bytes(model, parallel)
+    return stored
+
+
 def output_activation_bytes(model: ModelSpec, parallel: ParallelConfig) -> float:
     """Final-norm input and output-projection input, 2sbh each in 16 bit (/t with SP), and
     fp32 logits 4sbV/t: with SP Korthikanti et al. 2022's 4sbh/t (1 + V/h), section 4.3.
@@ -89,7 +104,8 @@ def output_activation_bytes(model: ModelSpec, parallel: ParallelConfig) -> float
     sb, t = model.seq_length * model.micro_batch_size, parallel.tp
     sp = t if parallel.activations_split else 1
     inputs = (1 if model.lora else 2) * sb * model.hidden_size * model.dtype_bytes / sp
-    return (inputs + LOGITS_BYTES * sb * model.vocab_size / t) / parallel.cp
+    gathered = saved_head_bytes(model, parallel) if parallel.tp_mode == "3d" else 0.0
+    return (inputs + LOGITS_BYTES * sb * model.vocab_size / t) / parallel.cp + gathered
 
 
 def costs_for_layers(model: ModelSpec, parallel: ParallelConfig, counts: Sequence[int],
@@ -118,19 +134,20 @@ def costs_for_layers(model: ModelSpec, parallel: ParallelConfig, counts: Sequenc
         raise ConfigError(f"positions {list(positions)} must hold counts {list(counts)} layers")
     recompute_flops = {"none": 0.0, "full": layer_fwd,
                        "selective": model.attention_core_flops() / shard}[parallel.recompute]
-    stored = {how: model.layer_activation_bytes(tp, parallel.activations_split, how) / cp
-              for how in RECOMPUTE}
+    stored = {how: layer_stored_bytes(model, parallel, how) for how in RECOMPUTE}
+    grid = tp_grid(parallel)
     layer_params = (model.layer_param_count(tp, parallel.ep, etp=parallel.etp)
-                    if parallel.tp_mode == "1d" else  # 2D: norms and biases split too
-                    model.layer_param_count() / tp)
+                    if grid is None else grid_layer_params(model, grid))
     layer_experts = model.layer_expert_param_count(tp, parallel.ep, etp=parallel.etp)
     layer_adapters = model.layer_adapter_param_count(tp)
     layer_frozen = model.layer_frozen_weight_bytes(tp) if model.lora else 0.0
     layer_kernels_f = layer_forward(model, parallel)
     layer_kernels_b = layer_backward(model, parallel)
     layer_kernels_redo = recompute_forward(model, parallel)
-    word = model.vocab_size * model.hidden_size / tp  # vocab-parallel embedding / output
-    position = model.embedding_param_count() - model.vocab_size * model.hidden_size
+    word = (model.vocab_size * model.hidden_size  # vocab-parallel embedding / output
+            / (grid.matrix_shards if grid else tp))
+    position = ((model.embedding_param_count() - model.vocab_size * model.hidden_size)
+                / (grid.position_shards if grid else 1))
     boundary = model.micro_batch_size * model.seq_length * model.hidden_size * d / cp
     if parallel.activations_split:
         boundary /= tp
@@ -163,7 +180,7 @@ def costs_for_layers(model: ModelSpec, parallel: ParallelConfig, counts: Sequenc
             logits = model.logits_forward_flops() / shard
             fwd, bwd = fwd + logits, bwd + model.logits_backward_passes * logits
             act += output_activation_bytes(model, parallel)
-            params += model.final_norm_param_count()
+            params += model.final_norm_param_count() / (grid.vector_shards if grid else 1)
             if model.untie_embeddings_and_output_weights:
                 params += word
             elif not first:

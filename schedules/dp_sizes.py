@@ -54,7 +54,7 @@ class DPSizes:
     gathered: list[list[int]]
     expert_params: list[list[int]]
     dtype_bytes: int
-    dp: int  # ranks the dense gradients reduce over (dp x cp)
+    dp: int  # ranks the dense gradients reduce over (ParallelConfig.grad_replicas)
     grad_group: str  # their group axis (Plan.grad_group)
     shard: int  # ranks one copy of the sharded dense state is split over (N)
     hybrid: bool  # HSDP: reduce-scatter over 'dp_shard', all-reduce over 'dp_replicate'
@@ -126,7 +126,7 @@ def dp_sizes(plan: Plan) -> DPSizes:
     p = plan.parallel
     fp8 = model.layer_fp8_weight_count(p.tp, p.ep, etp=p.etp) if model.fp8_param_gather else 0
     fp8_params = [[c.layers * fp8 for c in row] for row in plan.group_costs]
-    return DPSizes(grads, params, gathered, experts, model.dtype_bytes, p.dp * p.cp,
+    return DPSizes(grads, params, gathered, experts, model.dtype_bytes, p.grad_replicas,
                    plan.grad_group, plan.comm_shards, p.fsdp == "hybrid", p.edp,
                    p.grad_bucket_bytes, layers, fp8_params,
                    model.fp8.weight_bytes if model.fp8 else model.dtype_bytes)

@@ -5,7 +5,8 @@ layer groups allowed) and, for every compute op, adds the
 collectives of the layers it covers (schedules.comm_spec.Covered), aggregated per op and
 kind (`Op.count` back-to-back collectives, `nbytes` their total; stage, microbatch and
 chunk those of the compute op):
-- tensor / sequence parallelism: schedules.tp_comms ('tp');
+- tensor / sequence parallelism: schedules.tp_comms ('tp'); under a 2D or 2.5D grid
+  schedules.tp_2d, under 3D schedules.tp_3d (the grid's groups: schedules.tp_grid);
 - context parallelism: schedules.cp_comms ('cp', ring attention or Ulysses);
 - expert parallelism: schedules.ep_comms ('ep' dispatch/combine all-to-alls, and
   with expert tensor parallelism the 'etp' all-gather / reduce-scatter of the dispatched
@@ -21,7 +22,8 @@ scatter_gather; Megatron aliases in schedules.parallel_aliases).
 Placement (the contract's rule, schedules.contract): collectives of a blocking group go
 right after their compute op, those of an overlapped group
 (ParallelConfig.overlapped_groups: 'cp' with ring attention, 'tp' with tp_comm_overlap)
-right before it, after its RECVs, marked `Op.alongside`.
+right before it, after its RECVs, marked `Op.alongside`; so are the SUMMA broadcasts and
+reduces of steps 2..q of a 2D or 2.5D linear (schedules.tp_2d).
 
 TP overlap (--tp-comm-overlap: Transformer Engine's userbuffers, as Megatron-LM
 configures them by default; TE's initialize_ub, transformer_engine/pytorch/module/base.py):
@@ -55,8 +57,6 @@ with the compute it hides behind (the op's communication hides behind its whole 
 """
 from __future__ import annotations
 
-import math
-
 from .comm_spec import Comm, Covered
 from .cp_comms import cp_comms
 from .ep_comms import ep_comms, etp_comms, imbalance_flops, pair_hides_experts
@@ -68,6 +68,8 @@ from .plan import Plan
 from .recompute import KEPT, layer_role
 from .schedule import Schedule
 from .tp_2d import summa_placements, tp_2d_comms
+from .tp_3d import tp_3d_comms
+from .tp_grid import tp_grid
 from .tp_comms import tp_comms
 
 
@@ -104,7 +106,9 @@ def covered(op: Op, plan: Plan, groups: int) -> Covered:
 def op_comms(plan: Plan, cov: Covered) -> list[Comm]:
     """All intra-layer collectives of one compute op: TP, then CP, then EP and ETP."""
     model, parallel = plan.model, plan.parallel
-    if parallel.tp_mode == "2d":  # no cp or ep beside it (schedules.tp_2d)
+    if parallel.tp_mode == "3d":  # no cp or ep beside a grid (schedules.tp_grid)
+        return tp_3d_comms(model, parallel, cov)
+    if parallel.tp_mode != "1d":
         return tp_2d_comms(model, parallel, cov)
     return (tp_comms(model, parallel, cov) + cp_comms(model, parallel, cov, parallel.cp_comm)
             + ep_comms(model, parallel, cov) + etp_comms(model, parallel, cov))
@@ -137,14 +141,14 @@ def _placements(comms: list[Comm], overlapped: frozenset[str], pipelined_rs: boo
                 ) -> list[tuple[Comm, bool]]:
     """Each collective of a compute op with whether it runs alongside the op: those of an
     overlapped group do, but on 'tp' only Transformer Engine's layers' gathers and scatters
-    (Comm.te_linear: not the embedding's, the output layer's or the cross-entropy's), and,
+    (Comm.in_linear: not the embedding's, the output layer's or the cross-entropy's), and,
     with `pipelined_rs` (a forward under TP overlap), not the last of TP_OVERLAP_RS_SPLITS
     chunks of their reduce-scatters (module docstring)."""
     out = []
     for c in comms:
-        if c.group == TP and not c.te_linear:
+        if c.group == TP and not c.in_linear:
             out.append((c, False))
-        elif pipelined_rs and c.te_linear and c.kind is OpKind.REDUCE_SCATTER:
+        elif pipelined_rs and c.in_linear and c.kind is OpKind.REDUCE_SCATTER:
             splits = TP_OVERLAP_RS_SPLITS
             hidden = c.nbytes * (splits - 1) // splits
             out += [(Comm(c.kind, c.group, hidden, c.count * (splits - 1), True), True),
@@ -165,6 +169,7 @@ def add_intra_layer(schedule: Schedule, plan: Plan) -> Schedule:
     scatter = scatters_p2p(parallel)
     tp_overlap = TP in overlapped
     pair_experts = pair_hides_experts(plan.model, parallel)
+    grid = tp_grid(parallel)
     groups = schedule.layer_groups
     memo: dict[tuple, tuple[list[Op], list[Op], float]] = {}
 
@@ -177,8 +182,7 @@ def add_intra_layer(schedule: Schedule, plan: Plan) -> Schedule:
             hidden = overlapped | (EXPERT_GROUPS if op.overlapped and pair_experts
                                    else frozenset())
             comms = op_comms(plan, cov)
-            placements = (summa_placements(comms, math.isqrt(parallel.tp))
-                          if parallel.tp_mode == "2d" else
+            placements = (summa_placements(comms, grid.q) if grid else
                           _placements(comms, hidden, tp_overlap and op.kind is OpKind.F))
             proto = [Op(c.kind, op.stage, None, c.group, c.nbytes, chunk=op.chunk,
                         count=c.count, alongside=alongside) for c, alongside in placements]

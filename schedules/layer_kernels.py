@@ -102,8 +102,6 @@ intermediates hold (layer_activation_bytes stays K22's).
 """
 from __future__ import annotations
 
-import math
-
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
@@ -112,6 +110,7 @@ from .fp8 import Fp8Recipe
 from .lora import adapters, base_linears, stored_weight_bytes
 from .model import ModelSpec
 from .parallel import ParallelConfig
+from .tp_grid import TpGrid, tp_grid
 
 CROSS_ENTROPY_FP32 = 4  # vocab-parallel cross-entropy runs in fp32 (K22 section 4.3)
 CAUSAL_FLASH_SHARE = 0.5  # of the score blocks a causal flash kernel computes (docstring)
@@ -298,10 +297,12 @@ def _layer_compute(model: ModelSpec, parallel: ParallelConfig,
         rope += _eager(["repeat_kv"], 2 * (x.kv + x.q), d)
     activation = ([Kernel("activation", 0.0, d * (up + 1) * mlp)]
                   if not (eager and model.swiglu) else _eager(SWIGLU_OPS, mlp, d))
+    grid = tp_grid(parallel)
+
     def linear(name: str, in_elems: float, out_elems: float, weights: float) -> list[Kernel]:
-        if parallel.tp_mode == "2d":
-            return [summa_gemm(BASE_GEMMS[name], name in COLUMN_PARALLEL, x, in_elems,
-                               out_elems)]
+        if grid:
+            return [grid_gemm(BASE_GEMMS[name], name in COLUMN_PARALLEL, x, in_elems,
+                              out_elems, grid)]
         return _linear(model, x, name, x.gemm(BASE_GEMMS[name], in_elems, out_elems, weights))
 
     kernels = [*norm(True),
@@ -322,19 +323,18 @@ def _layer_compute(model: ModelSpec, parallel: ParallelConfig,
     return kernels
 
 
-def summa_gemm(kernel: str, column: bool, x: _Shape, in_elems: float,
-               out_elems: float) -> Kernel:
-    """GEMM `kernel` of a linear layer under 2D tensor parallelism (schedules.tp_2d),
+def grid_gemm(kernel: str, column: bool, x: _Shape, in_elems: float, out_elems: float,
+              grid: TpGrid) -> Kernel:
+    """GEMM `kernel` of a linear layer under a 2D, 2.5D or 3D grid (schedules.tp_grid),
     given as its 1D split's per-rank input and output elements (`column`: 1D splits its
     output columns, else its input rows): the same FLOPs per rank, 2 T h_in h_out / t, run
-    as q SUMMA steps of (T/q x h_in/q) @ (h_in/q x h_out/q), each reading its two blocks
-    and writing its output block."""
+    as the grid's local GEMMs (TpGrid.gemm_steps), each reading its two blocks and writing
+    its output block."""
     h_in = in_elems / x.tokens * (1 if column else x.t)
     h_out = out_elems / x.tokens * (x.t if column else 1)
-    q = math.isqrt(x.t)
-    return Kernel(kernel, 2 * x.tokens * h_in * h_out / x.t,
-                  x.d * (x.tokens * h_in / q + h_in * h_out / q + x.tokens * h_out / q),
-                  gemm=(x.tokens / q, h_out / q, h_in / q))
+    steps, (m, n, k) = grid.gemm_steps(x.tokens, h_in, h_out)
+    return Kernel(kernel, 2 * steps * m * n * k, x.d * steps * (m * k + k * n + m * n),
+                  gemm=(m, n, k))
 
 
 def _linear(model: ModelSpec, x: _Shape, name: str, gemm: Kernel) -> list[Kernel]:
@@ -518,7 +518,8 @@ def head_forward(model: ModelSpec, parallel: ParallelConfig) -> list[Kernel]:
     fp32)."""
     x = _Shape(model, parallel)
     logits = x.tokens * model.vocab_size / x.t
-    gemm = (summa_gemm("logits_gemm", True, x, x.full, logits) if parallel.tp_mode == "2d" else
+    grid = tp_grid(parallel)
+    gemm = (grid_gemm("logits_gemm", True, x, x.full, logits, grid) if grid else
             x.gemm("logits_gemm", x.full, logits, model.vocab_size * x.h / x.t))
     return [*_norm(model, x.residual, x.d), gemm,
             Kernel("cross_entropy", 0.0, logits * (x.d + 3 * CROSS_ENTROPY_FP32))]

@@ -92,6 +92,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from .activation_partition import stage_activation_bytes
+from .costs import layer_stored_bytes
 from .errors import ConfigError
 from .names import COMPUTE_LANE
 from .parallel import ParallelConfig
@@ -223,7 +224,7 @@ def _buffers(plan: Plan, rank_params: float, layers_here: int) -> dict[str, floa
     model, parallel = plan.model, plan.parallel
     weight, _ = precision_bytes(model.dtype)
     buckets = gathered = unsharded = 0.0
-    if parallel.dp * parallel.cp > 1:
+    if parallel.grad_replicas > 1:
         buckets = min(BUCKETS_IN_FLIGHT * parallel.grad_bucket_bytes, weight * rank_params)
     if parallel.zero_stage == 3 and parallel.pp > 1:
         gathered = unsharded = pipelined_fsdp_buffers(rank_params, model.dtype)
@@ -272,9 +273,9 @@ def pipelined_fsdp_buffers(params: float, dtype: str = "bf16") -> float:
 
 
 def _layer_bytes_without_recompute(plan: Plan) -> float:
-    """Activation bytes one layer keeps without recompute, per microbatch (K22 Table 2)."""
-    model, parallel = plan.model, plan.parallel
-    return model.layer_activation_bytes(parallel.tp, parallel.activations_split) / parallel.cp
+    """Activation bytes one layer keeps without recompute, per microbatch (K22 Table 2;
+    schedules.costs.layer_stored_bytes)."""
+    return layer_stored_bytes(plan.model, plan.parallel)
 
 
 def rank_memory(plan: Plan, *, in_flight: Sequence[int] | None = None,

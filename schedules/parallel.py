@@ -57,7 +57,7 @@ from .fp8 import check_fp8_param_gather
 from .lora import check_lora_layout
 from .usp import check_usp_sizes, usp_group
 from .single_process_dp import check_single_process
-from .tp_2d import check_model_2d, check_tp_mode
+from .tp_grid import check_model_grid, check_tp_mode
 from .weight_stashing import check_stashed_layout
 from .names import CP, CP_A2A, CP_RING, DP, DP_CP, EDP, EP, EXPERT_AXES, GRID_AXES, PP, TP
 from .limits import check_dimension
@@ -142,7 +142,8 @@ class ParallelConfig:
     schedule: str = DEFAULT_SCHEDULE  # or CUSTOM_SCHEDULE for a schedule given as data
     activation_memory_limit: float | None = None  # bytes per rank, for zb-auto's search
     # intra-layer communication (issue 6); see schedules.intra_layer
-    tp_mode: str = "1d"  # '1d' (Megatron) or '2d' (Optimus' SUMMA grid, schedules.tp_2d)
+    tp_mode: str = "1d"  # '1d' (Megatron), '2d', '2.5d' or '3d' (schedules.tp_grid)
+    tp_depth: int | None = None  # tp_mode '2.5d': the depth d of its q x q x d grid
     tp_comm_overlap: bool = False  # TP collectives run alongside the GEMMs
     cp_comm: str = "ring"  # context parallelism: 'ring', 'ulysses' or 'usp' (both)
     cp_a2a: int | None = None  # USP: the Ulysses ranks of each ring step (cp_comm 'usp')
@@ -341,9 +342,15 @@ class ParallelConfig:
     @property
     def activations_split(self) -> bool:
         """Whether the activations between a layer's linears are split over the tp ranks
-        too: Megatron's sequence parallelism, or 2D tensor parallelism's grid
-        (schedules.tp_2d); else they are replicated on every tp rank."""
-        return self.sequence_parallel or self.tp_mode == "2d"
+        too: Megatron's sequence parallelism, or a 2D, 2.5D or 3D grid
+        (schedules.tp_grid); else they are replicated on every tp rank."""
+        return self.sequence_parallel or self.tp_mode != "1d"
+
+    @property
+    def grad_replicas(self) -> int:
+        """Ranks holding the same dense weights, over which their gradients are summed:
+        dp * cp, times tp_depth under 2.5D tensor parallelism (schedules.tp_grid)."""
+        return self.dp * self.cp * (self.tp_depth if self.tp_mode == "2.5d" else 1)
 
     @property
     def overlapped_groups(self) -> frozenset[str]:
@@ -427,11 +434,11 @@ class ParallelConfig:
         checked where it is computed, schedules.plan.resolve)."""
         check_fp8_param_gather(model, self)
         check_lora_layout(model, self.zero_stage)
-        check_model_2d(model, self)
-        if model.num_attention_heads % self.tp:
+        check_model_grid(model, self)
+        if self.tp_mode == "1d" and model.num_attention_heads % self.tp:
             raise ConfigError(f"num_attention_heads={model.num_attention_heads} is not "
                               f"divisible by tp={self.tp}")
-        if model.num_query_groups % self.tp:
+        if self.tp_mode == "1d" and model.num_query_groups % self.tp:
             raise ConfigError(f"num_query_groups={model.num_query_groups} is not divisible "
                               f"by tp={self.tp}")
         if self.cp > 1 and model.seq_length % (2 * self.cp):

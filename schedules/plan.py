@@ -28,7 +28,6 @@ counts.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -39,8 +38,9 @@ from .layer_groups import ChunkParts, chunk_parts, data_parallel_groups, group_c
 from .limits import MAX_OPS, check_op_budget
 from .model import ModelSpec
 from .chains import StageChains
-from .names import (CP_A2A, CP_RING, DP, DP_CP, DP_REPLICATE, DP_SHARD, EDP, EXPERT_AXES,
-                    GRID_AXES, PP, PP_COPIES, TP, TP_COL, TP_ROW)
+from .names import (CP_A2A, CP_RING, DP, DP_CP, DP_DEP, DP_REPLICATE, DP_SHARD, EDP,
+                    EXPERT_AXES, GRID_AXES, PP, PP_COPIES, TP, TP_COL, TP_DEP, TP_GRID_GROUPS,
+                    TP_INPUT, TP_INPUT_WEIGHT, TP_OUTPUT, TP_OUTPUT_WEIGHT, TP_ROW, TP_WEIGHT)
 from .parallel import CUSTOM_SCHEDULE, ParallelConfig
 from .pipeline_split import stage_layers, stage_offsets
 from .placement import PLACEMENTS
@@ -50,9 +50,11 @@ from .recompute import describe as describe_recompute
 from .registry import schedule_entry
 from .schedule import Schedule
 from .sharding import group_ranks, shard_group_size
+from .tp_grid import tp_grid
 
 GROUP_AXES = (*GRID_AXES, DP_CP, *(a for a in EXPERT_AXES if a not in GRID_AXES), DP_SHARD,
-              DP_REPLICATE, CP_A2A, CP_RING, PP_COPIES, TP_ROW, TP_COL)
+              DP_REPLICATE, CP_A2A, CP_RING, PP_COPIES, TP_ROW, TP_COL, TP_DEP, DP_DEP,
+              TP_INPUT, TP_WEIGHT, TP_OUTPUT, TP_INPUT_WEIGHT, TP_OUTPUT_WEIGHT)
 
 
 @dataclass(frozen=True)
@@ -136,11 +138,14 @@ class Plan:
         """Global ranks of `rank`'s group along `axis` (GROUP_AXES), in axis order."""
         if axis in (DP_SHARD, DP_REPLICATE):
             return group_ranks(self.parallel, axis, rank, self.dp_shard_size)
-        if axis in (TP_ROW, TP_COL):  # 2D tensor parallelism: t = q * row + col
-            line, q = self.parallel.group(TP, rank), math.isqrt(self.parallel.tp)
-            row, col = divmod(self.parallel.coords(rank)[TP], q)
-            return [line[row * q + k] if axis == TP_ROW else line[col + k * q]
-                    for k in range(q)]
+        if axis in TP_GRID_GROUPS:  # 2D, 2.5D, 3D tensor parallelism (schedules.tp_grid)
+            line, grid = self.parallel.group(TP, rank), tp_grid(self.parallel)
+            if grid is None:
+                raise ConfigError(f"group {axis!r} is a tp grid's: tp_mode='1d' has none")
+            return [line[t] for t in grid.members(axis, self.parallel.coords(rank)[TP])]
+        if axis == DP_DEP:  # 2.5D: the dp ranks' depth slices, which hold the same weights
+            return sorted(r for d in self.parallel.group(DP, rank)
+                          for r in self.group(TP_DEP, d))
         if axis == PP_COPIES:  # DualPipe: pipeline ranks r and P-1-r (schedules.chains)
             line, r = self.parallel.group(PP, rank), self.parallel.coords(rank)[PP]
             return sorted({line[r], line[self.pp - 1 - r]})
@@ -150,10 +155,19 @@ class Plan:
         return len(self.group(axis, 0))
 
     @property
+    def grid_groups(self) -> tuple[str, ...]:
+        """The groups of a 2D, 2.5D or 3D tp grid (and 2.5D's 'dp_dep'); () for 1D."""
+        grid = tp_grid(self.parallel)
+        return () if grid is None else grid.groups + ((DP_DEP,) if grid.depth > 1 else ())
+
+    @property
     def grad_group(self) -> str:
         """The group dense gradients reduce over and ZeRO shards over: 'dp', or 'dp_cp'
         when cp > 1 (the CP ranks hold the same weights; Megatron-Core's data-parallel
-        group with context parallel)."""
+        group with context parallel), or 'dp_dep' under 2.5D tensor parallelism (its depth
+        slices hold the same weights: schedules.tp_grid)."""
+        if self.parallel.tp_mode == "2.5d":
+            return DP_DEP
         return DP_CP if self.parallel.cp > 1 else DP
 
     @property
@@ -165,10 +179,10 @@ class Plan:
     @property
     def comm_shards(self) -> int:
         """Ranks a sharded gradient or parameter collective splits its bytes over: the
-        hybrid shard group, else the dp x cp ranks of `grad_group`."""
+        hybrid shard group, else the ranks of `grad_group`."""
         if self.parallel.fsdp == "hybrid":
             return self.dp_shard_size
-        return self.parallel.dp * self.parallel.cp
+        return self.parallel.grad_replicas
 
     # --- what is replayed, and where ---------------------------------------------------
     @property
@@ -227,7 +241,8 @@ class Plan:
                        and (axis != DP_CP or p.cp > 1)
                        and (axis not in (CP_A2A, CP_RING) or p.cp_comm == "usp")
                        and (axis != PP_COPIES or self.chains > 1)
-                       and (axis not in (TP_ROW, TP_COL) or p.tp_mode == "2d")},
+                       and (axis not in TP_GRID_GROUPS | {DP_DEP}
+                            or axis in self.grid_groups)},
             "topology": cluster.name if cluster else None,
             "device": cluster.device if cluster else None,
             "device_memory_bytes": cluster.memory_bytes if cluster else None,
@@ -277,6 +292,7 @@ def header_line(plan: dict[str, Any]) -> str:
         axes += f" etp={plan['etp']}"
     p = plan["parallel"]
     axes += "".join(f" {key}={p[key]}" for key, default in (("tp_mode", "1d"),
+                                                             ("tp_depth", None),
                                                              ("dp_impl", "ddp"))
                     if p.get(key, default) != default)
     recompute = ("" if p["recompute"] == "none" else " recompute=" + describe_recompute(

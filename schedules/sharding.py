@@ -159,8 +159,8 @@ def _check_applies(cfg: Any, zero: int) -> None:
                             (f"bucket_bytes={cfg.bucket_bytes}", cfg.bucket_bytes is not None)):
             if given:
                 raise ConfigError(f"{name}: with dp*cp=1 and no offload no gradient leaves "
-                                  f"the rank, so there is nothing to reduce in buckets or "
-                                  f"overlap")
+                                  f"the rank (one replica of the weights), so there is "
+                                  f"nothing to reduce in buckets or overlap")
     if cfg.overlap_param_gather and (zero not in (1, 2) or cfg.dp * cfg.cp == 1
                                      or not cfg.overlap_grad_reduce):
         raise ConfigError(
@@ -179,10 +179,10 @@ def _check_applies(cfg: Any, zero: int) -> None:
 
 
 def moves_gradients(cfg: Any) -> bool:
-    """Whether gradients leave the rank: to the other ranks of its dp x cp group, or to the
-    host (offload). Otherwise (dp * cp = 1) the data-parallel pass adds only the optimizer
-    steps."""
-    return cfg.dp * cfg.cp > 1 or cfg.offload
+    """Whether gradients leave the rank: to the other ranks holding the same weights (dp x
+    cp, ParallelConfig.grad_replicas), or to the host (offload). Otherwise the
+    data-parallel pass adds only the optimizer steps."""
+    return cfg.grad_replicas > 1 or cfg.offload
 
 
 def shard_group_size(cfg: Any, cluster: ClusterFacts | None = None) -> int | None:

@@ -52,8 +52,8 @@ from typing import Any
 from clustersim.user_files import is_finite_number, parse_json, read_text, short_repr
 
 from .errors import ConfigError, ScheduleFormatError
-from .names import (COMPUTE_LANE, CP, DP, DP_CP, DP_REPLICATE, DP_SHARD, EDP, EP, ETP, PP,
-                    PP_COPIES, TP, TP_COL, TP_ROW)
+from .names import (COMPUTE_LANE, CP, DP, DP_CP, DP_DEP, DP_REPLICATE, DP_SHARD, EDP, EP,
+                    ETP, PP, PP_COPIES, TP, TP_GRID_GROUPS)
 from .ops import Op, OpKind, parse_op
 from .output_files import write_text_atomic
 
@@ -62,7 +62,8 @@ CATEGORIES = ("compute", *EXPOSED_ORDER, "bubble")
 MAX_OP_CHARS = 64  # longest op string read ('12SEND_F345' is 11)
 MAX_ABS_SECONDS = 1e9  # largest |time| read (s; ~32 years), so differences of times stay finite
 _GROUP_CATEGORY = {TP: TP, CP: CP, EP: EP, ETP: EP, PP: PP, DP: DP, DP_CP: DP, DP_SHARD: DP,
-                   DP_REPLICATE: DP, EDP: DP, PP_COPIES: DP, TP_ROW: TP, TP_COL: TP}
+                   DP_REPLICATE: DP, EDP: DP, PP_COPIES: DP, DP_DEP: DP,
+                   **dict.fromkeys(TP_GRID_GROUPS, TP)}
 
 
 def span_category(span: Span) -> str:

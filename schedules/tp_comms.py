@@ -86,8 +86,8 @@ def tp_comms(model: ModelSpec, parallel: ParallelConfig, cov: Covered) -> list[C
         if model.fp8 and model.fp8.current_amax:
             out += comms(OpKind.ALL_REDUCE, TP, layer * AMAX_BYTES, layer)
         if parallel.tp_comm_overlap:  # TE's layers' collectives apart: they overlap
-            out += comms(OpKind.ALL_GATHER, TP, te_gathered, layer, te_linear=True)
-            out += comms(OpKind.REDUCE_SCATTER, TP, layer * x, layer, te_linear=True)
+            out += comms(OpKind.ALL_GATHER, TP, te_gathered, layer, in_linear=True)
+            out += comms(OpKind.REDUCE_SCATTER, TP, layer * x, layer, in_linear=True)
             out += comms(OpKind.ALL_GATHER, TP, gathers * x, gathers)
             out += comms(OpKind.REDUCE_SCATTER, TP, scatters * x, scatters)
         else:

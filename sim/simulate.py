@@ -36,7 +36,7 @@ from clustersim.schedules.plan import Plan, resolve
 from clustersim.schedules.registry import schedule_entry
 from clustersim.schedules.schedule import Schedule
 from clustersim.schedules.single_process_dp import check_one_host, single_process_notes
-from clustersim.schedules.tp_2d import tp_2d_notes
+from clustersim.schedules.tp_grid import tp_grid_notes
 from clustersim.schedules.timeline import Timeline
 from clustersim.schedules.validate import dry_run
 from clustersim.schedules.weight_stashing import steady_window
@@ -124,7 +124,7 @@ def _replay(plan: Plan, topology: nx.DiGraph, costs: CostModel,
     lowered = lower(schedule, plan)
     warnings = (costs.notes(plan, topology)
                 + fp8_notes(plan.model, plan.parallel.sequence_parallel)
-                + single_process_notes(plan) + tp_2d_notes(plan.parallel))
+                + single_process_notes(plan) + tp_grid_notes(plan.parallel))
     pairs = sum(len(overlapped_pairs(program)) for program in schedule.programs)
     if pairs:
         warnings.append(pair_note(pairs, pair_hides_experts(plan.model, plan.parallel)))

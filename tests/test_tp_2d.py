@@ -120,7 +120,7 @@ def test_it_simulates_and_names_its_mode():
 
 @pytest.mark.parametrize("kw, rule", [
     (dict(tp=8), "square"), (dict(sequence_parallel=True), "sequence_parallel"),
-    (dict(cp=2), "cp=2"), (dict(tp_mode="3d"), "tp_mode")])
+    (dict(cp=2), "cp=2"), (dict(tp_mode="4d"), "tp_mode")])
 def test_layouts_it_does_not_model_are_refused(kw, rule):
     with pytest.raises(ConfigError, match=rule):
         ParallelConfig.from_kwargs(**{"tp": 4, "tp_mode": "2d", "pp": 3,
@@ -128,7 +128,8 @@ def test_layouts_it_does_not_model_are_refused(kw, rule):
 
 
 def test_a_model_that_does_not_split_over_the_grid_is_refused():
-    with pytest.raises(ConfigError, match="micro_batch_size=1 is not divisible by q=2"):
+    with pytest.raises(ConfigError,
+                       match="micro_batch_size=1 is not divisible by 2, as tp_mode=.2d. with"):
         resolve(ModelSpec(num_layers=6, hidden_size=1024, num_attention_heads=16,
                           seq_length=512, vocab_size=8192, ffn_hidden_size=4096),
                 ParallelConfig.from_kwargs(tp=4, tp_mode="2d", pp=3, num_microbatches=3))

@@ -163,8 +163,10 @@ PARALLEL_FLAGS = (  # ParallelConfig fields (pp's default depends on the command
     _flag("--tp --tensor-model-parallel-size", "tp", "tensor-parallel ranks (default 1)",
           type=int),
     _flag("--tp-mode", "tp_mode", "1d (default: Megatron's column- and row-parallel "
-          "layers) or 2d (Optimus: SUMMA on a q x q grid of the tp ranks, tp = q^2; "
-          "schedules/tp_2d.py)", choices=["1d", "2d"]),
+          "layers), 2d (Optimus: SUMMA on a q x q grid of the tp ranks, tp = q^2), 2.5d "
+          "(Tesseract: --tp-depth d such grids, tp = d q^2) or 3d (Colossal-AI's 3D, "
+          "tp = q^3); schedules/tp_grid.py", choices=["1d", "2d", "2.5d", "3d"]),
+    _flag("--tp-depth", "tp_depth", "the depth d of --tp-mode 2.5d's grid (>= 2)", type=int),
     _flag("--cp --context-parallel-size", "cp",
           "context-parallel ranks (the sequence split over them; default 1)", type=int),
     _flag("--ep --expert-model-parallel-size", "ep",

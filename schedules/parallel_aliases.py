@@ -22,7 +22,10 @@ the sources of each mapping:
 - Megatron-LM arguments.py: `--use-distributed-optimizer` (shards the optimizer state
   over data-parallel ranks, i.e. ZeRO-1), `--optimizer-cpu-offload`,
   `--recompute-granularity {full,selective}`, `--recompute-activations` (= selective),
-  `--distribute-saved-activations` (= partition_activations)
+  `--distribute-saved-activations` (= partition_activations), `--ddp-bucket-size`
+  (Megatron-Core DistributedDataParallelConfig.bucket_size: PARAMETERS per bucket,
+  converted to bytes at 2 per gradient, Megatron's default reduction in the 16-bit
+  parameter dtype without --grad-reduce-in-bf16/fp32 flags)
   (`--recompute-method` and `--recompute-num-layers` are fields of their own names,
   schedules.recompute), and Megatron-FSDP's
   `--data-parallel-sharding-strategy {no_shard,optim,optim_grads,optim_grads_params}`
@@ -88,6 +91,7 @@ RENAMES: dict[str, str] = {
 }
 
 DEEPSPEED_GRAD_BYTES = 2  # reduce_bucket_size counts elements of 16-bit gradients
+MEGATRON_GRAD_BYTES = 2  # --ddp-bucket-size counts parameters, reduced in 16 bits
 MIB = 1024 * 1024
 MAX_BUCKET_BYTES = 1 << 40  # a gradient bucket above 1 TiB is a typo
 GB = 10**9  # --nvme-bandwidth is in GB/s
@@ -222,6 +226,8 @@ VALUE_ALIASES: dict[str, Callable[[str, Any], dict[str, Any]]] = {
     "bucket_cap_mb": lambda k, v: {"bucket_bytes": _bytes_from(k, v, MIB)},
     "reduce_bucket_size":
         lambda k, v: {"bucket_bytes": _bytes_from(k, v, DEEPSPEED_GRAD_BYTES)},
+    "ddp_bucket_size":
+        lambda k, v: {"bucket_bytes": _bytes_from(k, v, MEGATRON_GRAD_BYTES)},
     "recompute_granularity":
         lambda k, v: {"recompute": _choice(k, v, {"full": "full", "selective": "selective",
                                                   "none": "none"})},

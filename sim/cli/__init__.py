@@ -14,10 +14,10 @@ import re
 import sys
 
 from clustersim import __version__
-from clustersim.schedules.errors import ClustersimError, DeadlockError
+from clustersim.schedules.errors import ClustersimError, ConfigError, DeadlockError
 from clustersim.topologies import TopologyError
 
-from . import collective_report, commands, hardware, memory_report
+from . import collective_report, commands, config_files, hardware, memory_report
 
 EXIT_USAGE, EXIT_DEADLOCK = 2, 3
 MAX_ECHO = 200  # characters of one word (a value echoed back) in an error line
@@ -33,7 +33,11 @@ def shorten(message: str) -> str:
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (no usage dump), like every other error."""
 
+    raising = False  # sim.cli.config_files checks a file's values with errors raised
+
     def error(self, message: str) -> None:  # type: ignore[override]
+        if self.raising:
+            raise ConfigError(message)
         self.exit(EXIT_USAGE, f"{self.prog}: error: {shorten(message)} "
                               f"(see {self.prog} --help)\n")
 
@@ -57,9 +61,17 @@ COMMANDS = {**commands.COMMANDS, **hardware.COMMANDS, **memory_report.COMMANDS,
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    try:
+        argv, notes = config_files.expand(list(sys.argv[1:] if argv is None else argv), parser)
+    except ClustersimError as err:
+        print(f"clustersim: error: {shorten(str(err))}", file=sys.stderr)
+        return EXIT_USAGE
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="clustersim: %(levelname)s: %(message)s")
+    for note in notes:
+        print(f"clustersim: note: {shorten(note)}", file=sys.stderr)
     try:
         return COMMANDS[args.command](args)
     except DeadlockError as err:

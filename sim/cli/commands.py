@@ -24,6 +24,7 @@ from clustersim.topologies import list_presets, load_topology
 from ..report import format_summary, format_table
 from ..simulate import simulate, simulate_schedule
 from ..timeline_compare import compare_timelines, format_comparison
+from .config_files import add_config_flags
 from .flags import (add_cluster_flags, add_intra_layer_flags, add_limit_flags,
                     add_model_flags, add_parallel_flags, cost_model_from_args, flag,
                     max_ops_from_args, model_from_args, parallel_from_args)
@@ -37,6 +38,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     add_model_flags(sim)
     add_cluster_flags(sim)
     add_output_flags(sim, timeline_default=None)
+    add_config_flags(sim)
     sim.add_argument("--schedule-out", metavar="PATH",
                      help="write the compute order the run replayed as a torch.distributed."
                           "pipelining CSV (zb-auto: the order built for this run's costs), "
@@ -72,6 +74,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     add_intra_layer_flags(cmp)
     add_model_flags(cmp)
     add_cluster_flags(cmp)
+    add_config_flags(cmp)
     cmp.add_argument("-o", "--output", help="HTML with the Gantt charts stacked")
     cmp.add_argument("--json", action="store_true", help="print the table as JSON")
 
@@ -105,7 +108,8 @@ def schedule_and_parallel(args: argparse.Namespace,
     that sets one of them differently is refused. Shared by simulate and run."""
     if args.schedule_csv is None:
         return None, parallel_from_args(args, args.schedule,
-                                        micro_batch_size=model.micro_batch_size)
+                                        micro_batch_size=model.micro_batch_size,
+                                        num_layers=model.num_layers)
     if not args.schedule_csv.strip():
         raise ConfigError("--schedule-csv: an empty path (give the CSV file, or leave the "
                           "flag out to run --schedule)")
@@ -123,7 +127,8 @@ def schedule_and_parallel(args: argparse.Namespace,
     for _, (field, value) in fixed.items():
         setattr(args, field, value)
     return custom, parallel_from_args(args, CUSTOM_SCHEDULE,
-                                      micro_batch_size=model.micro_batch_size)
+                                      micro_batch_size=model.micro_batch_size,
+                                      num_layers=model.num_layers)
 
 
 def output_paths(args: argparse.Namespace) -> dict[str, str | None]:
@@ -222,7 +227,8 @@ def cmd_compare_schedules(args: argparse.Namespace) -> int:
     for name, vpp in schedules:
         fixed_order = () if schedule_entry(name).built_from_costs else (
             "activation_memory_limit_gb",)  # the cap only shapes a schedule built from costs
-        parallel = parallel_from_args(args, name, vpp, model.micro_batch_size, fixed_order)
+        parallel = parallel_from_args(args, name, vpp, model.micro_batch_size, fixed_order,
+                                      model.num_layers)
         label = name if parallel.vpp == 1 else f"{name} (vpp={parallel.vpp})"
         results.append((label, simulate(model, parallel, topology, None, costs,
                                         max_ops_from_args(args))))

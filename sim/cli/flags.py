@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from clustersim.schedules.errors import ConfigError, require_positive_int
@@ -25,6 +25,7 @@ from clustersim.schedules.parallel import (CP_COMM, FSDP, OFFLOAD_DEVICES, RECOM
                                            ParallelConfig)
 from clustersim.schedules.profile import Profile
 from clustersim.schedules.recompute import METHODS as RECOMPUTE_METHODS
+from clustersim.schedules.sharding import moves_gradients
 from clustersim.schedules.registry import DEFAULT_SCHEDULE, SCHEDULES, schedule_help
 from clustersim.topologies.attention_kernels import BACKENDS
 
@@ -81,6 +82,21 @@ def _both(names: str, field: str, help: str) -> Flag:
     return _flag(names, field, help, action=argparse.BooleanOptionalAction)
 
 
+def _const(names: str, field: str, value: Any, help: str) -> Flag:
+    """A flag that sets `field` to `value` (Megatron's --bf16 sets the dtype)."""
+
+    class _Store(argparse.Action):
+        def __init__(self, option_strings: Sequence[str], dest: str, **kw: Any) -> None:
+            kw.pop("nargs", None)
+            super().__init__(option_strings, dest, nargs=0, **kw)
+
+        def __call__(self, parser: Any, namespace: Any, values: Any,
+                     option: str | None = None) -> None:
+            setattr(namespace, self.dest, value)
+
+    return _flag(names, field, help, action=_Store)
+
+
 def _names(text: str) -> tuple[str, ...]:
     """'a,b' -> ('a', 'b'), for a list flag."""
     return tuple(name.strip() for name in text.split(","))
@@ -94,6 +110,9 @@ MODEL_FLAGS = (  # ModelSpec fields, Megatron-LM's names
     _flag("--num-attention-heads", "num_attention_heads", type=int, metavar="INT"),
     _flag("--num-query-groups", "num_query_groups", "KV groups (default: one per head)",
           type=int, metavar="INT"),
+    _switch("--group-query-attention", "group_query_attention",
+            "Megatron's switch for --num-query-groups (which needs it there; here "
+            "--num-query-groups alone does it)"),
     _flag("--seq-length", "seq_length", type=int, metavar="INT"),
     _flag("--vocab-size", "vocab_size", type=int, metavar="INT"),
     _flag("--micro-batch-size", "micro_batch_size", type=int, metavar="INT"),
@@ -103,6 +122,8 @@ MODEL_FLAGS = (  # ModelSpec fields, Megatron-LM's names
           "sequence-parallel all-gathers that feed TE's GEMMs (and --fp8-param-gather's "
           "parameter gathers); FP8 casts, weight copies "
           "and saved GEMM inputs per --fp8-recipe", type=str, metavar="STR"),
+    _const("--bf16", "dtype", "bf16", "Megatron's spelling of --dtype bf16"),
+    _const("--fp16", "dtype", "fp16", "Megatron's spelling of --dtype fp16"),
     _flag("--fp8-format", "fp8_format",
           "with --dtype fp8: " + "; ".join(f"{k} = {v}" for k, v in FP8_FORMATS.items())
           + " (default: the recipe's TE default); numerics only: the same bytes and speed, "
@@ -159,6 +180,8 @@ PARALLEL_FLAGS = (  # ParallelConfig fields (pp's default depends on the command
           "model chunks (virtual stages) per rank (default: the schedule's: "
           + ", ".join(f"{e.name} {e.default_vpp}" for e in SCHEDULES.values()) + ")",
           type=int),
+    _flag("--num-layers-per-virtual-pipeline-stage", "layers_per_virtual_stage",
+          "Megatron's other spelling of --vpp: vpp = num_layers / (pp * this)", type=int),
     _flag("--dp --data-parallel-size", "dp", "data-parallel ranks (default 1)", type=int),
     _flag("--tp --tensor-model-parallel-size", "tp", "tensor-parallel ranks (default 1)",
           type=int),
@@ -213,7 +236,8 @@ SHARDING_FLAGS = (  # ZeRO/FSDP, offload, ZeRO++, buckets, recompute: schedules.
     _flag("--data-parallel-sharding-strategy", "data_parallel_sharding_strategy",
           "Megatron-FSDP spelling of ZeRO 0/1/2/3",
           choices=["no_shard", "optim", "optim_grads", "optim_grads_params"]),
-    _switch("--offload", "offload", "ZeRO-Offload: optimizer state and step on the host"),
+    _switch("--offload --optimizer-cpu-offload", "offload",
+            "ZeRO-Offload: optimizer state and step on the host"),
     _flag("--offload-device", "offload_device",
           "with --offload: where the optimizer states live, host memory (cpu, default) or "
           "the node's NVMe (nvme: ZeRO-Infinity, ZeRO-3 only; simulate needs "
@@ -234,6 +258,12 @@ SHARDING_FLAGS = (  # ZeRO/FSDP, offload, ZeRO++, buckets, recompute: schedules.
             "forward, each layer group's before it runs (Megatron's --overlap-param-gather)"),
     _off("--no-overlap-grad-reduce", "overlap_grad_reduce",
          "reduce gradients after the backward instead of during it"),
+    _switch("--overlap-grad-reduce", "overlap_grad_reduce",
+            "reduce gradients in buckets during the backward (the default here; Megatron-LM's "
+            "flag, off by default there)"),
+    _flag("--ddp-bucket-size", "ddp_bucket_size",
+          "Megatron's gradient bucket in parameters (2 bytes each; --bucket-mb in MiB)",
+          type=int, metavar="PARAMS"),
     _off("--no-reshard-after-forward", "reshard_after_forward",
          "ZeRO-3/FSDP: keep gathered parameters from forward to backward"),
     _switch("--quantized-weights", "quantized_weights",
@@ -247,6 +277,8 @@ SHARDING_FLAGS = (  # ZeRO/FSDP, offload, ZeRO++, buckets, recompute: schedules.
           choices=RECOMPUTE),
     _flag("--recompute-granularity", "recompute_granularity",
           "Megatron spelling of --recompute", choices=["selective", "full"]),
+    _switch("--recompute-activations", "recompute_activations",
+            "Megatron spelling of --recompute selective"),
     _flag("--recompute-method", "recompute_method",
           "with full recompute: 'uniform' (default) checkpoints chunks of "
           "--recompute-num-layers layers and recomputes every layer; 'block' checkpoints and "
@@ -346,6 +378,7 @@ def add_parallel_flags(parser: argparse.ArgumentParser, with_schedule: bool = Tr
     for flag in PARALLEL_FLAGS:
         flag.add_to(g)
     parser.set_defaults(pp_default=pp_default)
+    parser.add_argument("--megatron-defaults", action="store_true", help=argparse.SUPPRESS)
     add_limit_flags(parser)
     g = parser.add_argument_group("data-parallel sharding and recompute "
                                   "(DeepSpeed/Megatron/FSDP spellings accepted)")
@@ -392,35 +425,69 @@ def model_from_args(args: argparse.Namespace) -> ModelSpec:
     without --model: a model of Megatron-LM's argument defaults (ModelSpec's) with those
     fields; no model flag at all: DEFAULT_MODEL."""
     dims = given(args, MODEL_FLAGS)
+    grouped = dims.pop("group_query_attention", False)
     if args.model is not None or not dims:
-        return get_model(args.model or DEFAULT_MODEL, **dims)
-    missing = [flag.names[0] for flag in MODEL_FLAGS
-               if flag.field in REQUIRED_MODEL_FIELDS and flag.field not in dims]
-    if missing:
-        raise ConfigError(f"model dimensions without --model take Megatron-LM's defaults, "
-                          f"which have no value for {', '.join(missing)}: give them, or a "
-                          f"preset with --model")
-    return ModelSpec(**dims)
+        model = get_model(args.model or DEFAULT_MODEL, **dims)
+    else:
+        missing = [flag.names[0] for flag in MODEL_FLAGS
+                   if flag.field in REQUIRED_MODEL_FIELDS and flag.field not in dims]
+        if missing:
+            raise ConfigError(f"model dimensions without --model take Megatron-LM's defaults, "
+                              f"which have no value for {', '.join(missing)}: give them, or a "
+                              f"preset with --model")
+        model = ModelSpec(**dims)
+    if grouped and model.num_query_groups == model.num_attention_heads:
+        raise ConfigError("--group-query-attention with one KV group per head changes "
+                          "nothing: give --num-query-groups")
+    return model
 
 
 def parallel_from_args(args: argparse.Namespace, schedule: str | None,
                        vpp: int | None = None, micro_batch_size: int = 1,
-                       without: Collection[str] = ()) -> ParallelConfig:
+                       without: Collection[str] = (),
+                       num_layers: int | None = None) -> ParallelConfig:
     """The ParallelConfig of the parallel, sharding and intra-layer flags, for `schedule`
     (CUSTOM_SCHEDULE for a schedule given as data; vpp: `vpp`, --vpp, or the schedule's
-    default), leaving out the flags whose fields are named in `without`. Microbatches
-    default to DEFAULT_MICROBATCHES when neither they nor the global batch size are
-    given."""
+    default; Megatron's --num-layers-per-virtual-pipeline-stage N gives vpp =
+    num_layers / (pp N) of a model of `num_layers`), leaving out the flags whose fields
+    are named in `without`. Microbatches default to DEFAULT_MICROBATCHES when neither they
+    nor the global batch size are given."""
     values = {k: v for k, v in given(args, PARALLEL_FLAGS + SHARDING_FLAGS
                                            + INTRA_LAYER_FLAGS).items() if k not in without}
     values.setdefault("pp", getattr(args, "pp_default", DEFAULT_PP))
     schedule = schedule or DEFAULT_SCHEDULE
+    per_chunk = values.pop("layers_per_virtual_stage", None)
+    if per_chunk is not None:
+        vpp = vpp_from_layers(per_chunk, values, vpp, num_layers)
     if vpp is not None:
         values["vpp"] = vpp
     if "num_microbatches" not in values and "global_batch_size" not in values:
         values["num_microbatches"] = DEFAULT_MICROBATCHES
-    return ParallelConfig.from_kwargs(schedule=schedule, micro_batch_size=micro_batch_size,
-                                      **values)
+    config = ParallelConfig.from_kwargs(schedule=schedule, micro_batch_size=micro_batch_size,
+                                        **values)
+    if (getattr(args, "megatron_defaults", False) and "overlap_grad_reduce" not in values
+            and moves_gradients(config) and config.zero_stage < 3):
+        config = replace(config, overlap_grad_reduce=False)  # Megatron's default
+    return config
+
+
+def vpp_from_layers(per_chunk: int, values: dict[str, Any], vpp: int | None,
+                    num_layers: int | None) -> int:
+    """vpp from Megatron's --num-layers-per-virtual-pipeline-stage (per_chunk layers in
+    each model chunk): num_layers / (pp per_chunk), as Megatron computes it."""
+    require_positive_int("--num-layers-per-virtual-pipeline-stage", per_chunk)
+    if vpp is not None or "vpp" in values:
+        raise ConfigError("--num-layers-per-virtual-pipeline-stage and --vpp both set the "
+                          "model chunks per rank: give one")
+    if num_layers is None:
+        raise ConfigError("--num-layers-per-virtual-pipeline-stage needs the model's layers: "
+                          "this command has no model")
+    pp = values["pp"]
+    if num_layers % (pp * per_chunk):
+        raise ConfigError(f"--num-layers-per-virtual-pipeline-stage {per_chunk}: num_layers="
+                          f"{num_layers} is not divisible by pp * {per_chunk} = "
+                          f"{pp * per_chunk}")
+    return num_layers // (pp * per_chunk)
 
 
 def cost_model_from_args(args: argparse.Namespace) -> CostModel:

@@ -24,6 +24,7 @@ from ..throughput import throughput
 from ..units import format_seconds
 from .commands import (add_output_flags, input_paths, output_paths, schedule_and_parallel,
                        write_outputs)
+from .config_files import add_config_flags
 from .flags import add_model_flags, add_parallel_flags, max_ops_from_args, model_from_args
 
 INSTALL_HINT = "the kernels backend needs PyTorch: pip install -e '.[kernels]'"
@@ -100,6 +101,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                     "(gloo on CPU, NCCL on CUDA), and write the measured Timeline JSON, a "
                     "Gantt chart and metrics.")
     run.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    add_config_flags(run)
     run.add_argument("--nproc", type=int, help="rank processes; must equal the world size "
                                                "tp*cp*dp*pp if given")
     run.add_argument("--replay", action="store_true",

@@ -31,6 +31,7 @@ from clustersim.schedules.sharding import shard_group_size
 from clustersim.topologies import DeviceSpec, device_of, get_device, gpu_nodes, load_topology
 
 from ..cluster import cluster_facts
+from .config_files import add_config_flags
 from .flags import (MODEL_FLAGS, add_model_flags, add_parallel_flags, given,
                     max_ops_from_args, model_from_args, parallel_from_args)
 
@@ -66,6 +67,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "instead of --model")
     add_parallel_flags(p, pp_default=1)
     add_model_flags(p)
+    add_config_flags(p)
     g = p.add_argument_group("device (for the OOM flag)")
     g.add_argument("--topology", help="preset or topology JSON: its GPU memory and GPUs "
                                       "per node (hybrid and hpZ groups)")
@@ -103,7 +105,8 @@ def breakdown(args: argparse.Namespace) -> tuple[dict, list[RankMemory]]:
         spec = model_from_args(args)
         if device:
             check_fp8_device(spec, device.name, device.compute_capability)
-        parallel = parallel_from_args(args, args.schedule, micro_batch_size=spec.micro_batch_size)
+        parallel = parallel_from_args(args, args.schedule, micro_batch_size=spec.micro_batch_size,
+                                      num_layers=spec.num_layers)
         ranks = rank_memory(resolve(spec, parallel, cluster, max_ops=max_ops_from_args(args)))
         model, dtype = spec.name or "custom", spec.dtype
         notes = fp8_notes(spec, parallel.sequence_parallel) + lora_notes(spec)

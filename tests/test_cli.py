@@ -306,3 +306,15 @@ def test_the_summary_prints_the_resolved_model(tmp_path):
                      "32000", "--pp", "2", "--microbatches", "2", "-o", str(tmp_path / "g.html"))
     assert ("model custom: 4 layers, hidden 512, ffn 2048 (GeLU), heads 8 / KV groups 8, "
             "vocabulary 32000 (tied), sequence 1024") in out.stdout
+
+
+def test_scripted_use_no_html_and_metrics_on_stdout(tmp_path):
+    """--no-html writes no page; --metrics-json - makes stdout the metrics JSON alone (the
+    summary goes to stderr), whose iteration time is the --uniform-costs closed form
+    (1F1B, P=2, M=2, F=1, B=2: (M + P - 1)(F + B) = 9 s)."""
+    run = clustersim("simulate", "--pp", "2", "--microbatches", "2", "--uniform-costs", "1,2",
+                     "--no-html", "--metrics-json", "-", cwd=tmp_path)
+    assert json.loads(run.stdout)["iteration_time"] == pytest.approx(9.0)
+    assert "iteration time" in run.stderr and not list(tmp_path.iterdir())
+    both = clustersim("simulate", "--no-html", "-o", "x.html", cwd=tmp_path, check=False)
+    assert both.returncode == 2 and "--no-html and --output x.html" in both.stderr

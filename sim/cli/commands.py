@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
+from typing import TextIO
 
 from clustersim.schedules.errors import ClustersimError, ConfigError
 from clustersim.schedules.model import ModelSpec
@@ -88,10 +90,13 @@ def add_output_flags(parser: argparse.ArgumentParser, timeline_default: str | No
     group = parser.add_argument_group("outputs")
     group.add_argument("--schedule-csv", metavar="PATH",
                        help="run a custom schedule from a torch.distributed.pipelining CSV")
-    group.add_argument("-o", "--output", default="gantt.html",
-                       help="Gantt HTML (default gantt.html)")
+    group.add_argument("-o", "--output", help=f"Gantt HTML (default {DEFAULT_HTML})")
+    group.add_argument("--no-html", action="store_true",
+                       help="write no Gantt HTML (scripted use)")
     group.add_argument("--trace-json", metavar="PATH", help="Chrome/Perfetto trace JSON")
-    group.add_argument("--metrics-json", metavar="PATH", help="metrics JSON")
+    group.add_argument("--metrics-json", metavar="PATH",
+                       help="metrics JSON; '-' prints it to stdout alone (the summary and "
+                            "the 'wrote' lines then go to stderr)")
     group.add_argument("--timeline-json", default=timeline_default, metavar="PATH",
                        help="the Timeline as JSON" + (f" (default {timeline_default})"
                                                       if timeline_default else ""))
@@ -131,10 +136,25 @@ def schedule_and_parallel(args: argparse.Namespace,
                                       num_layers=model.num_layers)
 
 
+DEFAULT_HTML = "gantt.html"
+STDOUT = "-"  # --metrics-json - : the metrics on stdout
+
+
 def output_paths(args: argparse.Namespace) -> dict[str, str | None]:
-    """The files simulate and run write: flag -> path (None: not asked for)."""
-    return {"--output": args.output, "--trace-json": args.trace_json,
-            "--metrics-json": args.metrics_json, "--timeline-json": args.timeline_json}
+    """The files simulate and run write: flag -> path (None: not asked for; the metrics
+    on stdout are not a file)."""
+    if args.no_html and args.output is not None:
+        raise ConfigError(f"--no-html and --output {args.output} both given: give one")
+    html = None if args.no_html else (args.output or DEFAULT_HTML)
+    metrics = None if args.metrics_json == STDOUT else args.metrics_json
+    return {"--output": html, "--trace-json": args.trace_json, "--metrics-json": metrics,
+            "--timeline-json": args.timeline_json}
+
+
+def report_stream(args: argparse.Namespace) -> TextIO:
+    """Where the summary and the 'wrote' lines go: stderr when stdout carries the metrics
+    JSON (--metrics-json -), else stdout."""
+    return sys.stderr if args.metrics_json == STDOUT else sys.stdout
 
 
 def input_paths(args: argparse.Namespace) -> dict[str, str | None]:
@@ -158,7 +178,9 @@ def write_outputs(timeline: Timeline, args: argparse.Namespace) -> None:
                "--timeline-json": timeline.save}
     for flag_name, path in output_paths(args).items():
         if path is not None:
-            print(write_output(path, writers[flag_name]))
+            print(write_output(path, writers[flag_name]), file=report_stream(args))
+    if args.metrics_json == STDOUT:
+        print(json.dumps(timeline.metrics(), indent=2))
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -171,11 +193,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     topology = load_topology(args.topology)
     schedule, timeline = simulate_schedule(model, parallel, topology, custom,
                                            cost_model_from_args(args), max_ops_from_args(args))
-    print(format_summary(timeline))
+    print(format_summary(timeline), file=report_stream(args))
     write_outputs(timeline, args)
     if args.schedule_out is not None:
         print(write_output(args.schedule_out, lambda path: write_text_atomic(
-            path, to_torch_csv(schedule))))
+            path, to_torch_csv(schedule))), file=report_stream(args))
     return 0
 
 

@@ -22,8 +22,8 @@ from clustersim.topologies import DeviceSpec, TopologyError, get_device
 from ..report import format_summary
 from ..throughput import throughput
 from ..units import format_seconds
-from .commands import (add_output_flags, input_paths, output_paths, schedule_and_parallel,
-                       write_outputs)
+from .commands import (add_output_flags, input_paths, output_paths, report_stream,
+                       schedule_and_parallel, write_outputs)
 from .config_files import add_config_flags
 from .flags import add_model_flags, add_parallel_flags, max_ops_from_args, model_from_args
 
@@ -200,11 +200,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     timeline.meta.setdefault("cost_model", "measured")
     timeline.meta["throughput"] = throughput(plan, timeline.iteration_time,
                                              _datasheet(timeline.meta.get("device", "")))
-    print(format_summary(timeline))
+    print(format_summary(timeline), file=report_stream(args))
     times = timeline.meta.get("iteration_times", [])
     if len(times) > 1:
         print("iteration times: " + ", ".join(format_seconds(t) for t in times)
-              + " (the Timeline is the median one)")
+              + " (the Timeline is the median one)", file=report_stream(args))
     write_outputs(timeline, args)
     return 0
 

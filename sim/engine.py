@@ -35,6 +35,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import simpy
+from simpy.core import EmptySchedule
 
 from clustersim.schedules.contract import (Key, copy_peer, gather_releases, p2p_peer,
                                            prerequisites, produces, program_contract,
@@ -49,6 +50,7 @@ from clustersim.schedules.timeline import MemorySample, Span, Timeline
 
 from .collective_model import slows_compute
 from .network import Network
+from .progress import CHECK_EVERY, Progress
 
 
 def collective_lane(op: Op) -> str:
@@ -387,8 +389,18 @@ class Replay:
                 self._allocate(rank, nbytes)
         for rank in range(self.schedule.num_ranks):
             self.env.process(self._run_rank(rank))
-        with _gc_paused():
-            self.env.run()
+        progress = Progress(sum(len(p) for p in self.schedule.programs))
+        step = self.env.step
+        try:
+            with _gc_paused():
+                while True:  # simpy's Environment.run, with a look at the progress
+                    for _ in range(CHECK_EVERY):
+                        step()
+                    progress.tick(sum(self.pc))
+        except EmptySchedule:
+            pass
+        finally:
+            progress.close()
         self._raise_if_stuck()
         self.spans.sort(key=lambda s: (s.start, s.rank))
         return Timeline(self.spans, self.samples, source="sim")

@@ -17,6 +17,7 @@ from clustersim import __version__
 from clustersim.schedules.errors import ClustersimError, ConfigError, DeadlockError
 from clustersim.topologies import TopologyError
 
+from .. import progress
 from . import collective_report, commands, config_files, hardware, memory_report
 
 EXIT_USAGE, EXIT_DEADLOCK = 2, 3
@@ -73,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     for note in notes:
         print(f"clustersim: note: {shorten(note)}", file=sys.stderr)
     try:
-        return COMMANDS[args.command](args)
+        with progress.reporting():
+            return COMMANDS[args.command](args)
     except DeadlockError as err:
         print(f"clustersim: error: {err.args[0]}", file=sys.stderr)
         print(err.report, file=sys.stderr)

@@ -208,9 +208,11 @@ class Timeline:
         """Per rank, the time communication runs with no compute over the iteration time."""
         return self._fractions(lambda row: sum(row[c] for c in EXPOSED_ORDER))
 
-    def _fractions(self, part: Callable[[dict[str, float]], float]) -> dict[int, float]:
+    def _fractions(self, part: Callable[[dict[str, float]], float],
+                   breakdown: Mapping[int, dict[str, float]] | None = None) -> dict[int, float]:
         t = self.iteration_time
-        return {r: (part(row) / t if t > 0 else 0.0) for r, row in self.time_breakdown().items()}
+        rows = self.time_breakdown() if breakdown is None else breakdown
+        return {r: (part(row) / t if t > 0 else 0.0) for r, row in rows.items()}
 
     @property
     def bubble_fraction(self) -> float:
@@ -250,12 +252,14 @@ class Timeline:
         def per_rank(values: Mapping[int, float]) -> dict[str, float]:
             return {str(r): v for r, v in sorted(values.items())}
 
-        breakdown = self.time_breakdown()
+        breakdown = self.time_breakdown()  # once: the fractions below are parts of it
+        bubble = self._fractions(lambda row: row["bubble"], breakdown)
+        exposed = self._fractions(lambda row: sum(row[c] for c in EXPOSED_ORDER), breakdown)
         return {
             "source": self.source,
             "iteration_time": self.iteration_time,
-            "bubble_fraction": self.bubble_fraction,
-            "exposed_comm_fraction": self.exposed_comm_fraction,
+            "bubble_fraction": _mean(bubble),
+            "exposed_comm_fraction": _mean(exposed),
             "time_breakdown": {  # seconds per rank; total = summed over ranks (rank-seconds)
                 "categories": list(CATEGORIES),
                 "per_rank": {str(r): v for r, v in sorted(breakdown.items())},
@@ -264,8 +268,8 @@ class Timeline:
             "per_rank": {
                 "compute_time": per_rank(self.compute_busy()),
                 "idle_time": per_rank(self.idle_time()),
-                "bubble_fraction": per_rank(self.bubble_fractions()),
-                "exposed_comm_fraction": per_rank(self.exposed_comm_fractions()),
+                "bubble_fraction": per_rank(bubble),
+                "exposed_comm_fraction": per_rank(exposed),
                 "peak_in_flight_microbatches": per_rank(self.peak_in_flight()),
                 "peak_memory_bytes": per_rank(self.peak_memory()),
                 "peak_memory_time": per_rank(self.peak_memory_times()),

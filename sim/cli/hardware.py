@@ -50,29 +50,31 @@ def _note(text: str) -> None:
 
 
 class ProgressBar:
-    """`[#####-----]  12/40  label` redrawn in place on stderr (a plain line per update
-    when stderr is not a terminal would flood logs, so then only every 10%)."""
+    """Calibration progress, `progress(done, total, label)`: a tqdm bar on a terminal; a
+    line per tenth when stderr is not a terminal (a redrawn bar would flood logs)."""
 
-    def __init__(self, title: str, width: int = 30, stream: Any = None):
-        self.title, self.width = title, width
-        self.stream = stream or sys.stderr
+    def __init__(self, title: str, stream: Any = None):
+        self.title, self.stream = title, stream or sys.stderr
         self.tty = getattr(self.stream, "isatty", lambda: False)()
         self.started = time.monotonic()
         self._last_decile = -1
+        self.bar: Any = None
 
     def __call__(self, done: int, total: int, label: str) -> None:
-        fraction = done / total if total else 1.0
-        filled = int(round(self.width * fraction))
-        line = (f"{self.title} [{'#' * filled}{'-' * (self.width - filled)}] "
-                f"{done:>3}/{total} {time.monotonic() - self.started:5.1f}s {label}")
         if self.tty:
-            self.stream.write("\r" + line[:120].ljust(120))
+            if self.bar is None:
+                from tqdm import tqdm
+                self.bar = tqdm(total=total, desc=self.title, file=self.stream)
+            self.bar.set_postfix_str(label, refresh=False)
+            self.bar.update(done - self.bar.n)
             if done >= total:
-                self.stream.write("\n")
-        elif int(fraction * 10) != self._last_decile or done >= total:
+                self.bar.close()
+            return
+        fraction = done / total if total else 1.0
+        if int(fraction * 10) != self._last_decile or done >= total:
             self._last_decile = int(fraction * 10)
-            self.stream.write(line + "\n")
-        self.stream.flush()
+            print(f"{self.title}: {done}/{total} {time.monotonic() - self.started:.1f}s "
+                  f"{label}", file=self.stream, flush=True)
 
 
 # --- parsers ----------------------------------------------------------------------------

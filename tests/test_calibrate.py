@@ -79,7 +79,7 @@ def test_cli_run_simulate_with_calibrated_profile_and_compare(tmp_path):
     """calibrate -> run -> simulate --profile -> compare, as a user does it."""
     cal = clustersim("calibrate", *TINY_FLAGS, "--repeats", "3", "--warmup", "1",
                      "-o", str(tmp_path / "profile.json"), cwd=tmp_path)
-    assert "wrote" in cal.stdout and "calibrate cpu [" in cal.stderr
+    assert "wrote" in cal.stdout and "calibrate cpu: 1/" in cal.stderr
     assert "CPU timings calibrate only this CPU" in cal.stderr
     assert Profile.load(tmp_path / "profile.json").optimizer_seconds_per_param > 0
 

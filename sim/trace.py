@@ -1,7 +1,7 @@
 """Chrome/Perfetto trace JSON of a Timeline (open it at https://ui.perfetto.dev).
 
-Units: `ts` and `dur` in microseconds (span seconds * 1e6, same origin as the Timeline);
-memory counters in GB (1e9 bytes).
+Units: `ts` and `dur` in microseconds on a whole-nanosecond grid (span seconds * 1e6, same
+origin as the Timeline; see "Nesting"); memory counters in GB (1e9 bytes).
 
 Mapping: process (`pid`) = rank, named `rank N`; thread (`tid`) = a track of a lane,
 named by `thread_name` metadata, lanes in the Gantt chart's order. Chrome and Perfetto nest
@@ -13,10 +13,19 @@ complete event (`ph: "X"`) named by its op text (`2F0`) with the op kind as cate
 memory samples are counter events (`ph: "C"`, name `memory`); every P2P transfer is a flow
 arrow (`ph: "s"` on the send, `ph: "f"`, `bp: "e"` on the matching receive). Flow ends
 sit at the middle of their slices so each binds to its own slice unambiguously.
+
+Nesting: Perfetto reads `ts` and `dur` as llround(µs * 1000) nanoseconds each
+(perfetto src/trace_processor/importers/json/json_trace_parser_impl.cc, CoerceToTs), so a
+slice that ends exactly where the next one of its track starts would, written as
+start * 1e6 and duration * 1e6, end up to 1 ns after that start and overlap it partially.
+Every span's start and end are therefore rounded to whole nanoseconds first (rounding is
+monotonic, so spans apart or nested in seconds stay so) and `dur` is the difference;
+`nesting_violations` checks a trace as Perfetto reads it.
 """
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -29,6 +38,7 @@ from clustersim.schedules.output_files import write_text_atomic
 from clustersim.schedules.timeline import Span, Timeline
 
 US_PER_S = 1e6
+NS_PER_US = 1000
 TRACKS_PER_LANE = 1000  # tid = lane index * TRACKS_PER_LANE + track
 LANE_ORDER = (COMPUTE_LANE, SEND_LANE, RECV_LANE, PP, TP, CP, EP, ETP, DP, DP_CP, DP_SHARD,
               DP_REPLICATE, EDP, PCIE_LANE, HOST_LANE)
@@ -112,8 +122,19 @@ def _span_event(span: Span, tid: int) -> dict[str, Any]:
         args["group"] = op.group
     if span.info:
         args.update(_jsonable(dict(span.info)))
+    start, end = _ns(span.start), _ns(span.end)
     return {"ph": "X", "name": str(op), "cat": op.kind.value, "pid": span.rank, "tid": tid,
-            "ts": span.start * US_PER_S, "dur": span.duration * US_PER_S, "args": args}
+            "ts": start / NS_PER_US, "dur": (end - start) / NS_PER_US, "args": args}
+
+
+def _ns(seconds: float) -> int:
+    """`seconds` as whole nanoseconds (module docstring, "Nesting")."""
+    return round(seconds * US_PER_S * NS_PER_US)
+
+
+def _middle_us(span: Span) -> float:
+    """The middle of `span`'s slice in µs, on the nanosecond grid, so it lies in the slice."""
+    return (_ns(span.start) + _ns(span.end)) // 2 / NS_PER_US
 
 
 def _flow_events(timeline: Timeline, tracks: dict[int, int]) -> list[dict[str, Any]]:
@@ -121,9 +142,9 @@ def _flow_events(timeline: Timeline, tracks: dict[int, int]) -> list[dict[str, A
     for flow_id, (send, recv) in enumerate(p2p_pairs(timeline)):
         common = {"name": f"{send.op}→{recv.op}", "cat": "p2p", "id": flow_id}
         events.append({"ph": "s", "pid": send.rank, "tid": tracks[id(send)],
-                       "ts": (send.start + send.end) / 2 * US_PER_S, **common})
+                       "ts": _middle_us(send), **common})
         events.append({"ph": "f", "bp": "e", "pid": recv.rank, "tid": tracks[id(recv)],
-                       "ts": (recv.start + recv.end) / 2 * US_PER_S, **common})
+                       "ts": _middle_us(recv), **common})
     return events
 
 
@@ -142,3 +163,34 @@ def chrome_trace(timeline: Timeline) -> dict[str, Any]:
 def write_trace(timeline: Timeline, path: str | Path) -> Path:
     """Write the Chrome/Perfetto trace JSON file (atomically); returns its path."""
     return write_text_atomic(path, json.dumps(chrome_trace(timeline), separators=(",", ":")))
+
+
+def perfetto_ns(microseconds: float) -> int:
+    """A JSON `ts` or `dur` (µs) as Perfetto stores it: llround(µs * 1000) nanoseconds, half
+    away from zero (module docstring, "Nesting")."""
+    return int(math.copysign(math.floor(abs(microseconds) * NS_PER_US + 0.5), microseconds))
+
+
+def nesting_violations(trace: dict[str, Any]) -> list[str]:
+    """The complete events (`ph: "X"`) of `trace` that break Perfetto's rule for the slices
+    of one thread (pid, tid): any two are disjoint or one holds the other. Times as
+    Perfetto reads them (`perfetto_ns`); one line per slice that overlaps an open one
+    partially, naming both. Empty: every slice nests."""
+    threads: dict[tuple, list[tuple[int, int, str]]] = defaultdict(list)
+    for event in trace["traceEvents"]:
+        if event.get("ph") == "X":
+            start = perfetto_ns(event["ts"])
+            threads[(event["pid"], event["tid"])].append(
+                (start, -(start + perfetto_ns(event["dur"])), event["name"]))
+    problems = []
+    for (pid, tid), slices in threads.items():
+        open_slices: list[tuple[int, str]] = []  # (end ns, name), innermost last
+        for start, neg_end, name in sorted(slices):  # by start, the longer one first
+            while open_slices and open_slices[-1][0] <= start:
+                open_slices.pop()
+            if open_slices and -neg_end > open_slices[-1][0]:
+                outer_end, outer = open_slices[-1]
+                problems.append(f"pid {pid} tid {tid}: {name} [{start}, {-neg_end}] ns "
+                                f"starts inside {outer} (ends {outer_end} ns) and ends after it")
+            open_slices.append((-neg_end, name))
+    return problems

@@ -318,3 +318,15 @@ def test_scripted_use_no_html_and_metrics_on_stdout(tmp_path):
     assert "iteration time" in run.stderr and not list(tmp_path.iterdir())
     both = clustersim("simulate", "--no-html", "-o", "x.html", cwd=tmp_path, check=False)
     assert both.returncode == 2 and "--no-html and --output x.html" in both.stderr
+
+
+def test_chakra_out_writes_one_trace_per_gpu(tmp_path):
+    """--chakra-out: one Chakra ET file per GPU of the run (pp 2 x dp 2 = 4) and the
+    communicator groups, decodable by mlc-chakra (tests/test_chakra.py checks contents)."""
+    pytest.importorskip("chakra.schema.protobuf.et_def_pb2")
+    run = clustersim("simulate", "--pp", "2", "--dp", "2", "--microbatches", "2",
+                     "--no-html", "--chakra-out", "et", cwd=tmp_path)
+    names = sorted(p.name for p in (tmp_path / "et").iterdir())
+    assert names == ["clustersim.0.et", "clustersim.1.et", "clustersim.2.et",
+                     "clustersim.3.et", "comm_group.json"]
+    assert "wrote 5 Chakra files to et" in run.stdout

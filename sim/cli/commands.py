@@ -15,6 +15,7 @@ from clustersim.schedules.model_presets import MODEL_PRESETS
 from clustersim.schedules.output_files import check_outputs, write_output, write_text_atomic
 from clustersim.schedules.p2p import add_p2p
 from clustersim.schedules.parallel import CUSTOM_SCHEDULE, ParallelConfig
+from clustersim.schedules.plan import Plan, resolve
 from clustersim.schedules.registry import (SCHEDULES, build_schedule, canonical_schedule_name,
                                            schedule_entry)
 from clustersim.schedules.schedule import Schedule
@@ -25,6 +26,8 @@ from clustersim.topologies import list_presets, load_topology
 
 from ..report import format_summary, format_table
 from ..simulate import simulate, simulate_schedule
+from ..cluster import cluster_facts
+from ..kineto import is_kineto_trace, read_kineto
 from ..timeline_compare import compare_timelines, format_comparison
 from .config_files import add_config_flags
 from .flags import (add_cluster_flags, add_intra_layer_flags, add_limit_flags,
@@ -68,7 +71,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                     "against B, and with -o write both Gantt charts stacked.")
     cmp.add_argument("timelines", nargs="*", metavar="TIMELINE.json",
                      help="two Timeline JSON files A B (from --timeline-json of simulate or "
-                          "run); B is the reference")
+                          "run) or PyTorch profiler traces (torch.profiler's Chrome JSON, "
+                          "sim/kineto.py); B is the reference")
     cmp.add_argument("--schedules", default="gpipe,1f1b,interleaved-1f1b",
                      help="comma-separated; NAME:V sets vpp, e.g. interleaved-1f1b:4 "
                           f"(schedules: {', '.join(SCHEDULES)})")
@@ -97,6 +101,10 @@ def add_output_flags(parser: argparse.ArgumentParser, timeline_default: str | No
     group.add_argument("--metrics-json", metavar="PATH",
                        help="metrics JSON; '-' prints it to stdout alone (the summary and "
                             "the 'wrote' lines then go to stderr)")
+    group.add_argument("--chakra-out", metavar="DIR",
+                       help="the run as Chakra execution traces (MLCommons; what ASTRA-sim "
+                            "replays): DIR/clustersim.<rank>.et per GPU and "
+                            "DIR/comm_group.json (pip install -e '.[chakra]')")
     group.add_argument("--timeline-json", default=timeline_default, metavar="PATH",
                        help="the Timeline as JSON" + (f" (default {timeline_default})"
                                                       if timeline_default else ""))
@@ -166,9 +174,11 @@ def input_paths(args: argparse.Namespace) -> dict[str, str | None]:
             "--topology": topology if topology and Path(topology).exists() else None}
 
 
-def write_outputs(timeline: Timeline, args: argparse.Namespace) -> None:
+def write_outputs(timeline: Timeline, args: argparse.Namespace, plan: Plan | None = None
+                  ) -> None:
     """Gantt HTML, and the trace, metrics and Timeline JSON files the flags ask for, each
-    written atomically (schedules.output_files)."""
+    written atomically (schedules.output_files); the Chakra traces (`plan`: the run's,
+    needed for a custom schedule; else rebuilt from the Timeline's meta)."""
     from ..gantt import write_gantt
     from ..trace import write_trace
 
@@ -179,6 +189,10 @@ def write_outputs(timeline: Timeline, args: argparse.Namespace) -> None:
     for flag_name, path in output_paths(args).items():
         if path is not None:
             print(write_output(path, writers[flag_name]), file=report_stream(args))
+    if args.chakra_out is not None:
+        from ..chakra import write_chakra
+        paths = write_chakra(timeline, args.chakra_out, plan)
+        print(f"wrote {len(paths)} Chakra files to {args.chakra_out}", file=report_stream(args))
     if args.metrics_json == STDOUT:
         print(json.dumps(timeline.metrics(), indent=2))
 
@@ -194,7 +208,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     schedule, timeline = simulate_schedule(model, parallel, topology, custom,
                                            cost_model_from_args(args), max_ops_from_args(args))
     print(format_summary(timeline), file=report_stream(args))
-    write_outputs(timeline, args)
+    plan = (resolve(model, parallel, cluster_facts(topology), custom)
+            if custom is not None and args.chakra_out is not None else None)
+    write_outputs(timeline, args, plan)
     if args.schedule_out is not None:
         print(write_output(args.schedule_out, lambda path: write_text_atomic(
             path, to_torch_csv(schedule))), file=report_stream(args))
@@ -264,14 +280,15 @@ def cmd_compare_schedules(args: argparse.Namespace) -> int:
 
 def cmd_compare_timelines(args: argparse.Namespace) -> int:
     if len(args.timelines) != 2:
-        raise ConfigError(f"compare takes two Timeline JSON files (A B), got "
-                          f"{len(args.timelines)}: {' '.join(args.timelines)}")
+        raise ConfigError(f"compare takes two Timeline JSON or PyTorch profiler trace files "
+                          f"(A B), got {len(args.timelines)}: {' '.join(args.timelines)}")
     path_a, path_b = args.timelines
     check_outputs({"--output": args.output}, {"TIMELINE A": path_a, "TIMELINE B": path_b})
     timelines = []
     for path in (path_a, path_b):
         try:
-            timelines.append(Timeline.load(path))
+            timelines.append(read_kineto(path) if is_kineto_trace(path) else
+                             Timeline.load(path))
         except (KeyError, TypeError, ValueError) as err:
             if isinstance(err, ClustersimError):
                 raise

@@ -16,20 +16,19 @@ note; what it sets that the model cannot honour is refused by its translator.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from clustersim.schedules.errors import ConfigError
-from clustersim.user_files import read_text
 
-Settings = list[tuple[str, dict[str, Any]]]
-"""What a translator sets: (the file's key, {this CLI's flag name or dest: value})."""
+from .config_reading import Settings, read_mapping
+from .deepspeed_config import settings as deepspeed_settings
+from .megatron_args import read_args
+from .megatron_args import tokens as megatron_tokens
+from .torchtitan_config import settings as torchtitan_settings
+
 CONFIG_COMMANDS = ("simulate", "compare", "memory", "run")
 """Commands whose flags a config file may set."""
-MAX_CONFIG_BYTES = 1 << 20  # a run's config above 1 MiB is not a config
 
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
@@ -48,42 +47,6 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
                    help="a Megatron-LM argument list as its training script passes it (or "
                         "paste the list after `--`); flags with no effect on time or memory "
                         "are listed as ignored")
-
-
-def read_mapping(path: str, what: str) -> dict[str, Any]:
-    """The top-level mapping of YAML (.yaml, .yml), TOML (.toml) or JSON (.json) file
-    `path`; ConfigError naming the file otherwise."""
-    source = f"{what} {path}"
-    text = read_text(path, source, ConfigError, MAX_CONFIG_BYTES)
-    suffix = Path(path).suffix.lower()
-    try:
-        if suffix in (".yaml", ".yml"):
-            import yaml
-            data = yaml.safe_load(text)
-        elif suffix == ".toml":
-            data = _toml().loads(text)
-        elif suffix == ".json":
-            data = json.loads(text)
-        else:
-            raise ConfigError(f"{source}: unknown format {suffix or '(no suffix)'!r}; rule: "
-                              f"name it .yaml, .yml, .toml or .json")
-    except ConfigError:
-        raise
-    except Exception as exc:  # each parser's own error class; one line, no traceback
-        reason = " ".join(str(exc).split())
-        raise ConfigError(f"{source}: not valid {suffix[1:].upper()}: {reason}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source}: the top level must be a mapping of keys to values, got "
-                          f"{type(data).__name__}")
-    return data
-
-
-def _toml() -> Any:
-    if sys.version_info >= (3, 11):
-        import tomllib
-        return tomllib
-    import tomli
-    return tomli
 
 
 def flag_tokens(sub: argparse.ArgumentParser, source: str,
@@ -153,8 +116,6 @@ class _raising:
 def expand(argv: list[str], parser: argparse.ArgumentParser) -> tuple[list[str], list[str]]:
     """`argv` with its config sources turned into flag tokens (module docstring), and the
     notes they produced (what was ignored, what was assumed)."""
-    from . import deepspeed_config, megatron_args, torchtitan_config
-
     command = next((i for i, token in enumerate(argv) if not token.startswith("-")), None)
     if command is None or argv[command] not in CONFIG_COMMANDS:
         return argv, []
@@ -175,14 +136,13 @@ def expand(argv: list[str], parser: argparse.ArgumentParser) -> tuple[list[str],
     readers: dict[str, Callable[[str], tuple[list[str], list[str]]]] = {
         "--config": lambda path: (flag_tokens(sub, f"--config {path}",
                                               read_mapping(path, "--config")), []),
-        "--deepspeed-config": translated("--deepspeed-config", deepspeed_config.settings),
-        "--torchtitan-config": translated("--torchtitan-config", torchtitan_config.settings),
-        "--megatron-args": lambda path: megatron(megatron_args.read_args(path),
-                                                 f"--megatron-args {path}"),
+        "--deepspeed-config": translated("--deepspeed-config", deepspeed_settings),
+        "--torchtitan-config": translated("--torchtitan-config", torchtitan_settings),
+        "--megatron-args": lambda path: megatron(read_args(path), f"--megatron-args {path}"),
     }
 
     def megatron(args: list[str], source: str) -> tuple[list[str], list[str]]:
-        tokens, notes = megatron_args.tokens(args, source)
+        tokens, notes = megatron_tokens(args, source)
         with _raising(sub):
             try:
                 sub.parse_args(tokens)

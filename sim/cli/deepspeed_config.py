@@ -22,7 +22,7 @@ from typing import Any
 from clustersim.schedules.errors import ConfigError
 from clustersim.schedules.parallel_aliases import DEEPSPEED_GRAD_BYTES, MIB, VALUE_ALIASES
 
-from .config_files import Settings, read_mapping
+from .config_reading import Settings, read_mapping
 
 IGNORED_SECTIONS = {  # whole sections (and their keys): no modelled time or byte
     "scheduler", "tensorboard", "wandb", "csv_monitor", "comet", "flops_profiler",

@@ -31,7 +31,7 @@ from typing import Any
 from clustersim.schedules.errors import ConfigError
 from clustersim.schedules.model_presets import MODEL_PRESETS
 
-from .config_files import Settings, read_mapping
+from .config_reading import Settings, read_mapping
 
 IGNORED_SECTIONS = {"job", "profiling", "metrics", "checkpoint", "comm", "lr_scheduler",
                     "validation", "fault_tolerance", "experimental", "memory_estimation",

@@ -5,8 +5,10 @@ the memory curve is in GB (1e9 bytes); hover text formats times as s/ms/µs/ns a
 in decimal units (kB, MB, GB).
 
 Rows are (rank, lane) pairs, rank 0 on top, lanes in the order compute, send, recv, then
-the parallel axes; a lane appears only if some span uses it. One trace per op kind, so
-the legend is the list of kinds.
+the parallel axes; a lane appears only if some span uses it. A row of a simulated run is
+named by its GPU (sim.rank_gpus: `rank 3 · gpu192 +63 · compute` is pipeline rank 3,
+replayed on gpu192, standing for 63 more GPUs). One legend entry per op kind. The memory
+panel draws each rank's curve and, where the plan knows it, the device's memory as a line.
 
 Large timelines. Measured 2026-11-22 on the 2-core dev machine, 8 ranks, headless
 Chromium with software WebGL; "paint" = page load to first frame, "zoom" = one relayout:
@@ -16,55 +18,48 @@ Chromium with software WebGL; "paint" = page load to first frame, "zoom" = one r
     10k    0.45 s        8.2 |  8.8 MB    2.7 | 3.8 s        0.48 | 0.06 s
     50k    1.4 s        21.5 | 24.3 MB    9.7 | 7.9 s        4.5  | 2.1 s
 (4.8 MB of each file is plotly.js.) Building is cheap; the browser is the limit: SVG bars
-cost one DOM node per span, so every pan/zoom re-lays out all of them. Above
-`LARGE_TIMELINE_SPANS` each kind becomes one `go.Scattergl` polyline of thick segments
-(start, end, gap) plus invisible markers at span middles that carry the hover text once
-per span. The memory curve stays one SVG path per rank, which is cheap at any length.
+cost one DOM node per span, so every pan/zoom re-lays out all of them. So a Timeline of
+more than `AGGREGATE_BUDGET` spans is drawn aggregated (sim.span_groups): consecutive spans
+of a row too thin to see merge into one hatched bar, its opacity the fraction of it the
+ops keep busy, its hover the ops it holds; the finest resolution that keeps at most
+`AGGREGATE_BUDGET` bars is chosen, and the Perfetto trace (sim.trace) keeps every op.
+Without aggregation (`budget=None`) and above `LARGE_TIMELINE_SPANS` bars, each kind
+becomes one `go.Scattergl` polyline of thick segments (start, end, gap) plus invisible
+markers at span middles that carry the hover text once per span. The memory curve stays
+one SVG path per rank, which is cheap at any length.
 """
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from clustersim.schedules.ops import OpKind
 from clustersim.schedules.output_files import write_text_atomic
 from clustersim.schedules.timeline import Span, Timeline
 
+from .gantt_hover import group_hover, hover_text
+from .gantt_legend import PAIRED, colour_of, legend_key, legend_order
+from .memory_plot import add_memory
+from .rank_gpus import RankGpus, rank_gpus
+from .span_groups import SpanGroup, aggregate
 from .trace import LANE_ORDER
-from .units import format_bytes, format_seconds
+from .units import format_seconds
 
-LARGE_TIMELINE_SPANS = 5000  # above this, spans are WebGL segments instead of SVG bars
+__all__ = ["PAIRED", "gantt_figure", "gantt_rows", "hover_text", "write_gantt",
+           "write_gantt_comparison"]
+
+LARGE_TIMELINE_SPANS = 5000  # above this many bars, WebGL segments instead of SVG bars
+AGGREGATE_BUDGET = 4000  # above this many spans, aggregate to at most this many bars
 LABELLED_BARS_LIMIT = 400  # op text inside bars only when bars are few enough to read
 ROW_PX = 26  # pixel height of one (rank, lane) row
+PLOT_CONFIG = {"displaylogo": False, "scrollZoom": True}  # plotly.js options of every page
+MIN_OPACITY = 0.12  # of a bar of merged spans that keep it almost idle, so it still shows
 MEMORY_PX = 220  # pixel height of the memory panel
-
-KIND_COLOURS: dict[OpKind, str] = {
-    OpKind.F: "#4C78A8",  # forward: blue
-    OpKind.B: "#54A24B",  # full backward: green
-    OpKind.I: "#F58518",  # input-grad backward: orange
-    OpKind.W: "#72B7B2",  # weight-grad backward: teal
-    OpKind.OPT_STEP: "#E45756",  # optimizer: red
-    OpKind.SEND_F: "#8C8C8C",  # point-to-point: greys
-    OpKind.RECV_F: "#BDBDBD",
-    OpKind.SEND_B: "#6E6E6E",
-    OpKind.RECV_B: "#A9A9A9",
-    OpKind.ALL_REDUCE: "#7B4EA3",  # collectives: purples
-    OpKind.ALL_GATHER: "#A87BC9",
-    OpKind.REDUCE_SCATTER: "#9467BD",
-    OpKind.ALL_TO_ALL: "#C5B0D5",
-    OpKind.BROADCAST: "#5E3C99",
-    OpKind.REDUCE: "#3F007D",
-    OpKind.COPY_D2H: "#B279A2",  # host copies over PCIe: pinks
-    OpKind.COPY_H2D: "#D6A5C9",
-}
-MEMORY_COLOURS = ("#1F77B4", "#D62728", "#2CA02C", "#FF7F0E", "#9467BD", "#8C564B",
-                  "#E377C2", "#7F7F7F", "#BCBD22", "#17BECF")
-
 
 def gantt_rows(timeline: Timeline) -> list[tuple[int, str]]:
     """The (rank, lane) rows in display order: by rank, then compute/send/recv/axes."""
@@ -73,27 +68,6 @@ def gantt_rows(timeline: Timeline) -> list[tuple[int, str]]:
 
     pairs = {(s.rank, s.lane) for s in timeline.spans}
     return sorted(pairs, key=lambda p: (p[0], lane_key(p[1])))
-
-
-def hover_text(span: Span, origin: float = 0.0) -> str:
-    op = span.op
-    lines = [f"<b>{op}</b> · rank {span.rank} · {span.lane}",
-             f"stage {op.stage}" + ("" if op.microbatch is None else f" · microbatch {op.microbatch}"),
-             f"{format_seconds(span.start - origin)} → {format_seconds(span.end - origin)}"
-             f" (duration {format_seconds(span.duration)})"]
-    if op.nbytes:
-        lines.append(f"bytes: {format_bytes(op.nbytes)}")
-    if op.flops:
-        lines.append(f"flops: {op.flops:.3g}")
-    if op.group:
-        lines.append(f"group: {op.group}")
-    if op.count != 1:
-        lines.append(f"collectives: {op.count} back-to-back")
-    if op.overlapped:
-        lines.append("one op of an overlapped F&B pair (DualPipe; run F then B)")
-    for key, value in (span.info or {}).items():
-        lines.append(f"{key}: {value:.4g}" if isinstance(value, float) else f"{key}: {value}")
-    return "<br>".join(lines)
 
 
 def describe(timeline: Timeline, label: str | None = None) -> str:
@@ -109,69 +83,106 @@ def describe(timeline: Timeline, label: str | None = None) -> str:
             f"bubble {timeline.bubble_fraction:.1%}{rate} ({timeline.source})")
 
 
-PAIRED = {OpKind.F: "F of F&B", OpKind.B: "B of F&B"}
-"""Legend entries of the two ops of an overlapped pair (Op.overlapped: DualPipe's F&B),
-drawn apart from plain F's and B's."""
-PAIRED_COLOURS = {PAIRED[OpKind.F]: "#27456B", PAIRED[OpKind.B]: "#2E6B2A"}  # darker
+def _bars_by_key(timeline: Timeline, extent: float, budget: int | None
+                 ) -> tuple[dict[str, tuple[list[Span], list[SpanGroup]]], float]:
+    """Per legend entry, the spans drawn alone and the groups drawn as one bar each (under
+    the kind with the most op time); and the resolution (s) of the grouping, 0 if none."""
+    singles: dict[str, list[Span]] = defaultdict(list)
+    groups: dict[str, list[SpanGroup]] = defaultdict(list)
+    aggregated, resolution = aggregate(timeline.spans, extent, budget)
+    for group in aggregated:
+        if len(group.spans) == 1:
+            singles[legend_key(group.spans[0])].append(group.spans[0])
+        else:
+            groups[next(iter(group.op_time(legend_key)))].append(group)
+    return ({k: (singles[k], groups[k]) for k in sorted({*singles, *groups}, key=legend_order)},
+            resolution)
 
 
-def _spans_by_kind(timeline: Timeline) -> dict[str, list[Span]]:
-    """Spans per legend entry: the op kind, or PAIRED's entry for an op of an overlapped
-    pair (after its kind), in OpKind order."""
-    groups: dict[str, list[Span]] = defaultdict(list)
-    for s in timeline.spans:
-        groups[PAIRED[s.op.kind] if s.op.overlapped else s.op.kind.value].append(s)
-    order = [k.value for k in OpKind]
-    return {k: groups[k] for k in sorted(groups, key=lambda k: order.index(k[0]) + 0.5
-                                         if k in PAIRED_COLOURS else order.index(k))}
+def _draw(fig: go.Figure, row: int, key: str, bars: dict[str, Any], segments: bool,
+          shown: set[str]) -> None:
+    """One trace of bars (`bars`: start, end, y, hover, and for merged spans `ops` and
+    `opacity`): SVG bars, or WebGL segments with hover markers."""
+    colour = colour_of(key)
+    common = dict(name=key, legendgroup=key, showlegend=key not in shown, hoverinfo="text",
+                  hoverlabel=dict(namelength=0))
+    shown.add(key)
+    start, end, y = bars["start"], bars["end"], bars["y"]
+    merged = "ops" in bars
+    if segments:
+        # One polyline per trace, (start, end, gap) per bar; hover text lives once per bar
+        # on an invisible marker at its middle, which keeps the file small.
+        gap = np.full_like(start, np.nan)
+        fig.add_trace(go.Scattergl(
+            x=np.column_stack([start, end, gap]).ravel(),
+            y=np.column_stack([y, y, gap]).ravel(), mode="lines", connectgaps=False,
+            line=dict(color=colour, width=ROW_PX * 0.7), **{**common, "hoverinfo": "skip"}),
+            row=row, col=1)
+        fig.add_trace(go.Scattergl(
+            x=(start + end) / 2, y=y, mode="markers", hovertext=bars["hover"],
+            showlegend=False, marker=dict(color=colour, opacity=0, size=ROW_PX * 0.7),
+            name=key, legendgroup=key, hoverinfo="text", hoverlabel=dict(namelength=0),
+            customdata=bars.get("ops")), row=row, col=1)
+        return
+    marker: dict[str, Any] = dict(color=colour, line=dict(width=0.5, color="white"))
+    if merged:  # hatched; as opaque as its ops keep it busy (a pixel's mean colour)
+        marker.update(opacity=bars["opacity"], pattern=dict(shape="/", fgcolor="white",
+                                                            size=6, solidity=0.25))
+    text = bars.get("text")
+    fig.add_trace(go.Bar(
+        y=y, x=end - start, base=start, orientation="h", width=0.8, marker=marker,
+        hovertext=bars["hover"], text=text, customdata=bars.get("ops"),
+        textposition="inside" if text else "none", insidetextanchor="middle",
+        meta={"merged": merged}, **common), row=row, col=1)
 
 
-def _add_spans(fig: go.Figure, timeline: Timeline, row: int, shown: set[str]) -> bool:
-    """Draw the spans of `timeline` in subplot `row`; returns True if drawn as segments."""
+def _row_label(rank: int, lane: str, gpus: dict[int, RankGpus]) -> str:
+    return f"{gpus[rank].label if rank in gpus else f'rank {rank}'} · {lane}"
+
+
+def _add_spans(fig: go.Figure, timeline: Timeline, row: int, shown: set[str],
+               budget: int | None) -> dict[str, Any]:
+    """Draw the spans of `timeline` in subplot `row`; returns what was drawn: spans, bars,
+    the grouping's resolution (s) and whether as WebGL segments."""
     rows = gantt_rows(timeline)
     index = {p: i for i, p in enumerate(rows)}
+    gpus = rank_gpus(timeline.meta.get("plan"))
     origin = timeline.start_time
-    large = len(timeline.spans) > LARGE_TIMELINE_SPANS
+    extent = max((s.end for s in timeline.spans), default=origin) - origin  # x range (s)
+    layers, resolution = _bars_by_key(timeline, extent, budget)
+    drawn = sum(len(a) + len(b) for a, b in layers.values())
+    segments = drawn > LARGE_TIMELINE_SPANS
     labelled = len(timeline.spans) <= LABELLED_BARS_LIMIT
-    for kind, spans in _spans_by_kind(timeline).items():
-        start = np.fromiter((s.start for s in spans), float, len(spans)) - origin
-        end = np.fromiter((s.end for s in spans), float, len(spans)) - origin
-        y = np.fromiter((index[(s.rank, s.lane)] for s in spans), float, len(spans))
-        hover = [hover_text(s, origin) for s in spans]
-        common = dict(name=kind, legendgroup=kind, showlegend=kind not in shown,
-                      hoverinfo="text", hoverlabel=dict(namelength=0))
-        shown.add(kind)
-        colour = PAIRED_COLOURS.get(kind) or KIND_COLOURS.get(OpKind(kind), "#333333")
-        if large:
-            # One polyline per kind, (start, end, gap) per span; hover text lives once per
-            # span on an invisible marker at its middle, which keeps the file small.
-            gap = np.full_like(start, np.nan)
-            fig.add_trace(go.Scattergl(
-                x=np.column_stack([start, end, gap]).ravel(),
-                y=np.column_stack([y, y, gap]).ravel(), mode="lines", connectgaps=False,
-                line=dict(color=colour, width=ROW_PX * 0.7), **{**common, "hoverinfo": "skip"}),
-                row=row, col=1)
-            fig.add_trace(go.Scattergl(
-                x=(start + end) / 2, y=y, mode="markers", hovertext=hover, showlegend=False,
-                marker=dict(color=colour, opacity=0, size=ROW_PX * 0.7), name=kind,
-                legendgroup=kind, hoverinfo="text", hoverlabel=dict(namelength=0)),
-                row=row, col=1)
-        else:
-            fig.add_trace(go.Bar(
-                y=y, x=end - start, base=start, orientation="h", width=0.8,
-                marker=dict(color=colour, line=dict(width=0.5, color="white")),
-                hovertext=hover, text=[str(s.op) for s in spans] if labelled else None,
-                textposition="inside" if labelled else "none", insidetextanchor="middle",
-                **common), row=row, col=1)
+    for key, (spans, groups) in layers.items():
+        if spans:
+            _draw(fig, row, key, {
+                "start": np.fromiter((s.start for s in spans), float, len(spans)) - origin,
+                "end": np.fromiter((s.end for s in spans), float, len(spans)) - origin,
+                "y": np.fromiter((index[(s.rank, s.lane)] for s in spans), float, len(spans)),
+                "hover": [hover_text(s, origin, gpus.get(s.rank)) for s in spans],
+                "text": [str(s.op) for s in spans] if labelled else None}, segments, shown)
+        if groups:
+            busy = np.array([sum(s.duration for s in g.spans) for g in groups])
+            start = np.array([g.start for g in groups]) - origin
+            end = np.array([g.end for g in groups]) - origin
+            _draw(fig, row, key, {
+                "start": start, "end": end,
+                "y": np.array([index[(g.rank, g.lane)] for g in groups], float),
+                "hover": [group_hover(g, origin, gpus.get(g.rank)) for g in groups],
+                "ops": np.array([len(g.spans) for g in groups]),
+                "opacity": np.clip(busy / np.maximum(end - start, 1e-30), MIN_OPACITY, 1)},
+                segments, shown)
     _shade_alternate_ranks(fig, rows, row)
     if timeline.window:  # an asynchronous schedule: the batches before and after it too
         fig.add_vrect(x0=0, x1=timeline.iteration_time, fillcolor="#FFF1C2", opacity=0.6,
                       line_width=0, layer="below", annotation_text="steady-state iteration",
                       annotation_position="top left", row=row, col=1)
     fig.update_yaxes(tickmode="array", tickvals=list(range(len(rows))),
-                     ticktext=[f"rank {r} · {lane}" for r, lane in rows],
-                     autorange="reversed", showgrid=False, zeroline=False, row=row, col=1)
-    return large
+                     ticktext=[_row_label(r, lane, gpus) for r, lane in rows], automargin=True,
+                     range=[len(rows) - 0.5, -0.5], showgrid=False, zeroline=False,
+                     row=row, col=1)  # rank 0 on top
+    return {"spans": len(timeline.spans), "bars": drawn, "resolution_s": resolution,
+            "extent_s": extent, "segments": segments}
 
 
 def _shade_alternate_ranks(fig: go.Figure, rows: list[tuple[int, str]], row: int) -> None:
@@ -187,32 +198,14 @@ def _shade_alternate_ranks(fig: go.Figure, rows: list[tuple[int, str]], row: int
                           line_width=0, layer="below", row=row, col=1)
 
 
-def _add_memory(fig: go.Figure, timeline: Timeline, row: int) -> None:
-    origin, finish = timeline.start_time, timeline.start_time + timeline.iteration_time
-    per_rank: dict[int, list[tuple[float, int]]] = defaultdict(list)
-    for m in timeline.memory:
-        per_rank[m.rank].append((m.time, m.nbytes))
-    for rank in sorted(per_rank):
-        samples = sorted(per_rank[rank])
-        if samples[-1][0] < finish:  # hold the last level to the end of the iteration
-            samples.append((finish, samples[-1][1]))
-        t = np.array([s[0] for s in samples]) - origin
-        gb = np.array([s[1] for s in samples]) / 1e9
-        fig.add_trace(go.Scatter(  # one SVG path per rank stays cheap at any length
-            x=t, y=gb, mode="lines", line=dict(shape="hv", width=1.5,
-                                               color=MEMORY_COLOURS[rank % len(MEMORY_COLOURS)]),
-            name=f"memory rank {rank}", legendgroup="memory",
-            hovertemplate=f"rank {rank}<br>%{{y:.3f}} GB at %{{x:.4g}} s<extra></extra>"),
-            row=row, col=1)
-    fig.update_yaxes(title_text="memory (GB)", rangemode="tozero", row=row, col=1)
-
-
-def _style(fig: go.Figure, nrows: int, height: int, title: str, large: bool) -> go.Figure:
+def _style(fig: go.Figure, nrows: int, height: int, title: str,
+           drawn: list[dict[str, Any]]) -> go.Figure:
+    segments = any(d["segments"] for d in drawn)
     fig.update_layout(
         title=dict(text=title, x=0.01), height=height, barmode="overlay", bargap=0,
         template="plotly_white", hovermode="closest", legend=dict(traceorder="grouped"),
         margin=dict(l=130, r=30, t=70, b=50), uniformtext=dict(minsize=8, mode="hide"),
-        meta={"representation": "segments" if large else "bars"},
+        meta={"representation": "segments" if segments else "bars", "drawn": drawn},
     )
     fig.update_xaxes(showgrid=True, gridcolor="#E5E5E5")
     fig.update_xaxes(tickformat="~s", ticksuffix="s")  # SI prefixes: 0.005 reads as 5ms
@@ -220,20 +213,27 @@ def _style(fig: go.Figure, nrows: int, height: int, title: str, large: bool) -> 
     return fig
 
 
-def gantt_figure(timeline: Timeline, title: str | None = None) -> go.Figure:
-    """One row per (rank, lane), colour by op kind; memory per rank underneath if sampled."""
+GANTT_TITLE = "spans: one row per rank and lane, colour by op kind (x: seconds)"
+MEMORY_TITLE = "memory per rank (GB = 1e9 bytes)"
+
+
+def gantt_figure(timeline: Timeline, title: str | None = None,
+                 budget: int | None = AGGREGATE_BUDGET) -> go.Figure:
+    """One row per (rank, lane), colour by op kind; memory per rank underneath if sampled.
+    Above `budget` spans, thin spans are drawn merged (module docstring; None: never)."""
     gantt_px = max(200, ROW_PX * len(gantt_rows(timeline)))
     has_memory = bool(timeline.memory)
+    height = gantt_px + (MEMORY_PX + 60 if has_memory else 0) + 140
     if has_memory:
-        fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.04,
-                            row_heights=[gantt_px, MEMORY_PX])
+        fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=60 / height,
+                            row_heights=[gantt_px, MEMORY_PX],
+                            subplot_titles=[GANTT_TITLE, MEMORY_TITLE])
     else:
-        fig = make_subplots(rows=1, cols=1)
-    large = _add_spans(fig, timeline, 1, set())
+        fig = make_subplots(rows=1, cols=1, subplot_titles=[GANTT_TITLE])
+    drawn = _add_spans(fig, timeline, 1, set(), budget)
     if has_memory:
-        _add_memory(fig, timeline, 2)
-    height = gantt_px + (MEMORY_PX if has_memory else 0) + 140
-    return _style(fig, 2 if has_memory else 1, height, title or describe(timeline), large)
+        add_memory(fig, timeline, 2)
+    return _style(fig, 2 if has_memory else 1, height, title or describe(timeline), [drawn])
 
 
 def comparison_figure(items: Sequence[tuple[str, Timeline]]) -> go.Figure:
@@ -245,23 +245,27 @@ def comparison_figure(items: Sequence[tuple[str, Timeline]]) -> go.Figure:
                         row_heights=heights,
                         subplot_titles=[describe(t, label) for label, t in items])
     shown: set[str] = set()
-    large = False
-    for i, (_, timeline) in enumerate(items, start=1):
-        large |= _add_spans(fig, timeline, i, shown)
+    drawn = [_add_spans(fig, timeline, i, shown, AGGREGATE_BUDGET)
+             for i, (_, timeline) in enumerate(items, start=1)]
     fig.update_xaxes(showticklabels=True)
     height = sum(heights) + 90 * len(items) + 80
-    return _style(fig, len(items), height, "schedule comparison", large)
+    return _style(fig, len(items), height, "schedule comparison", drawn)
 
 
 def count_bars(fig: go.Figure) -> int:
-    """Spans drawn as SVG bars (0 when the figure uses WebGL segments)."""
+    """Bars drawn as SVG bars (0 when the figure uses WebGL segments)."""
     return sum(len(t.x) for t in fig.data if t.type == "bar")
+
+
+def count_ops(fig: go.Figure) -> int:
+    """Ops the Gantt bars hold: one per plain bar, `customdata` per bar of merged spans."""
+    return sum(int(np.sum(t.customdata)) if t.customdata is not None else len(t.x)
+               for t in fig.data if t.type == "bar")
 
 
 def _write(fig: go.Figure, path: str | Path) -> Path:
     return write_text_atomic(path, fig.to_html(include_plotlyjs=True, full_html=True,
-                                               config={"displaylogo": False,
-                                                       "scrollZoom": True}))
+                                               config=PLOT_CONFIG))
 
 
 def write_gantt(timeline: Timeline, path: str | Path, title: str | None = None) -> Path:

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from clustersim.schedules.names import CP, DP, EP, PP, TP
 from clustersim.schedules.plan import header_line, model_line
 from clustersim.schedules.timeline import CATEGORIES, Timeline
 from clustersim.schedules.weight_stashing import summary_line
 
+from .headline import KIND_NAMES
 from .throughput import format_throughput
 from .units import format_seconds
 
@@ -52,10 +52,9 @@ def format_breakdown(timeline: Timeline) -> list[str]:
         return []
     total = {c: sum(row[c] for row in breakdown.values()) for c in CATEGORIES}
     shown = [c for c in CATEGORIES if total[c] > 0 or c in ("compute", "bubble")]
-    names = {TP: "TP", CP: "CP", EP: "EP", PP: "PP", DP: "DP"}
     lines = ["time breakdown: compute, exposed communication (not overlapped by compute), "
              "bubble (nothing in flight)",
-             f"{'rank':>4} " + " ".join(f"{names.get(c, c):>10}" for c in shown)]
+             f"{'rank':>4} " + " ".join(f"{KIND_NAMES.get(c, c):>10}" for c in shown)]
     for rank, row in sorted(breakdown.items()):
         lines.append(f"{rank:>4} " + " ".join(f"{format_seconds(row[c]):>10}" for c in shown))
     ranks = len(breakdown)

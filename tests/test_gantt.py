@@ -12,7 +12,8 @@ from clustersim.schedules.ops import Op, OpKind
 from clustersim.schedules.timeline import MemorySample, Span, Timeline
 from clustersim.schedules.validate import dry_run
 from clustersim.sim import gantt
-from clustersim.sim.gantt import count_bars, gantt_figure, gantt_rows, write_gantt, write_gantt_comparison
+from clustersim.sim.gantt import (count_bars, count_ops, gantt_figure, gantt_rows, write_gantt,
+                                  write_gantt_comparison)
 from clustersim.sim.units import format_bytes, format_seconds
 
 STEP = 1e-3  # seconds per dry-run step
@@ -110,7 +111,7 @@ def test_figure_has_one_bar_per_span_one_trace_per_kind_and_memory():
     memory = [tr for tr in fig.data if tr.type == "scatter"]
     assert len(memory) == 4 and all(tr.line.shape == "hv" for tr in memory)
     assert max(max(tr.y) for tr in memory) == pytest.approx(2 + 4)  # GB, 1f1b warm-up
-    assert fig.layout.yaxis.autorange == "reversed"
+    assert list(fig.layout.yaxis.range) == [len(gantt_rows(t)) - 0.5, -0.5]  # rank 0 on top
     assert fig.layout.xaxis.type in (None, "linear", "-")
     title = fig.layout.title.text
     assert "1f1b" in title and "ms" in title and "bubble" in title
@@ -121,7 +122,8 @@ def test_hover_shows_op_place_times_bytes_and_info():
     send = next(tr for tr in fig.data if tr.name == "SEND_F")
     text = send.hovertext[0]
     for part in ("0SEND_F0", "rank 0", "send", "stage 0", "microbatch 0",
-                 "900 µs → 980 µs (duration 80 µs)", "bytes: 8.39 MB", "peer: 1", "GB/s: 104.9"):
+                 "900 µs → 980 µs (duration 80 µs)", "bytes: 8.39 MB", "peer: 1",
+                 "GB/s: 104.9"):
         assert part in text, part
     assert send.text is not None and send.text[0] == "0SEND_F0"
 
@@ -147,10 +149,10 @@ def test_comparison_stacks_labelled_charts_on_one_x_axis(tmp_path):
     assert "gpipe" in path.read_text()
 
 
-def test_large_timeline_switches_to_webgl_segments():
+def test_large_timeline_without_aggregation_switches_to_webgl_segments():
     t = synthetic_timeline(20_000)
     began = time.perf_counter()
-    fig = gantt_figure(t)
+    fig = gantt_figure(t, budget=None)
     elapsed = time.perf_counter() - began
     assert elapsed < 10
     assert fig.layout.meta["representation"] == "segments"
@@ -160,8 +162,34 @@ def test_large_timeline_switches_to_webgl_segments():
     assert drawn == len(t.spans)
     hover = [tr for tr in fig.data if tr.type == "scattergl" and tr.mode == "markers"]
     assert sum(len(tr.hovertext) for tr in hover) == len(t.spans)
-    small = gantt_figure(synthetic_timeline(gantt.LARGE_TIMELINE_SPANS))
+    small = gantt_figure(synthetic_timeline(gantt.LARGE_TIMELINE_SPANS), budget=None)
     assert small.layout.meta["representation"] == "bars"
+
+
+def test_large_timeline_is_drawn_as_few_bars_holding_every_op():
+    t = synthetic_timeline(20_000)
+    fig = gantt_figure(t)
+    drawn = fig.layout.meta["drawn"][0]
+    assert fig.layout.meta["representation"] == "bars"
+    assert count_bars(fig) == drawn["bars"] <= gantt.AGGREGATE_BUDGET < drawn["spans"]
+    assert count_ops(fig) == len(t.spans)
+    merged = [tr for tr in fig.data if tr.type == "bar" and tr.meta["merged"]]
+    assert merged and all(tr.marker.pattern.shape == "/" for tr in merged)
+    assert all(0 < o <= 1 for tr in merged for o in tr.marker.opacity)
+    assert all("ops in one bar" in h and "Perfetto" in h for tr in merged for h in tr.hovertext)
+    assert drawn["resolution_s"] > 0
+    assert not gantt_figure(synthetic_timeline(gantt.AGGREGATE_BUDGET)).layout.meta[
+        "drawn"][0]["resolution_s"]  # at the budget: every span drawn as itself
+
+
+def test_memory_panel_draws_the_device_memory_as_a_line():
+    t = pipeline_timeline()
+    t.meta["plan"].update(device_memory_bytes=80e9, device="h100-sxm")
+    fig = gantt_figure(t)
+    (line,) = [tr for tr in fig.data if tr.meta and tr.meta.get("device_memory")]
+    assert line.name == "device memory 80 GB (h100-sxm)"
+    assert list(line.y) == [80.0, 80.0] and line.x[0] == 0
+    assert line.x[1] == pytest.approx(t.iteration_time) and line.xaxis == "x2"
 
 
 @pytest.mark.browser

@@ -94,7 +94,9 @@ def add_output_flags(parser: argparse.ArgumentParser, timeline_default: str | No
     group = parser.add_argument_group("outputs")
     group.add_argument("--schedule-csv", metavar="PATH",
                        help="run a custom schedule from a torch.distributed.pipelining CSV")
-    group.add_argument("-o", "--output", help=f"Gantt HTML (default {DEFAULT_HTML})")
+    group.add_argument("-o", "--output", help=f"HTML report: the plan, headline numbers, an "
+                                                 f"out-of-memory banner, the Gantt and the "
+                                                 f"memory plot (default {DEFAULT_HTML})")
     group.add_argument("--no-html", action="store_true",
                        help="write no Gantt HTML (scripted use)")
     group.add_argument("--trace-json", metavar="PATH", help="Chrome/Perfetto trace JSON")
@@ -179,10 +181,11 @@ def write_outputs(timeline: Timeline, args: argparse.Namespace, plan: Plan | Non
     """Gantt HTML, and the trace, metrics and Timeline JSON files the flags ask for, each
     written atomically (schedules.output_files); the Chakra traces (`plan`: the run's,
     needed for a custom schedule; else rebuilt from the Timeline's meta)."""
-    from ..gantt import write_gantt
+    from ..html_report import write_report
     from ..trace import write_trace
 
-    writers = {"--output": lambda path: write_gantt(timeline, path),
+    writers = {"--output": lambda path: write_report(timeline, path,
+                                                     trace_path=args.trace_json),
                "--trace-json": lambda path: write_trace(timeline, path),
                "--metrics-json": _json_writer(timeline.metrics()),
                "--timeline-json": timeline.save}

@@ -17,8 +17,8 @@ SHARED = "user_files"  # clustersim.user_files, at the package root
 ALLOWED_THIRD_PARTY = {
     "schedules": set(),
     "topologies": {"networkx"},
-    "sim": {"simpy", "networkx", "numpy", "plotly", "yaml", "tomli", "tqdm",
-            "chakra"},  # config files, progress bars; Chakra traces (the chakra extra)
+    "sim": {"simpy", "networkx", "numpy", "plotly", "yaml", "tomli", "tqdm", "tabulate",
+            "chakra"},  # config files, progress, tables; Chakra traces (the chakra extra)
     "kernels": {"torch", "numpy"},
 }
 ALLOWED_OURS = {

@@ -71,11 +71,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="clustersim: %(levelname)s: %(message)s")
-    for note in notes:
-        print(f"clustersim: note: {shorten(note)}", file=sys.stderr)
     try:
         with progress.reporting():
-            return COMMANDS[args.command](args)
+            code = COMMANDS[args.command](args)
+        for note in notes:  # what the config files set aside; after the run, so that an
+            print(f"clustersim: note: {shorten(note)}", file=sys.stderr)  # error stays one line
+        return code
     except DeadlockError as err:
         print(f"clustersim: error: {err.args[0]}", file=sys.stderr)
         print(err.report, file=sys.stderr)

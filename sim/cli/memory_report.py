@@ -19,6 +19,8 @@ import json
 from collections.abc import Sequence
 from dataclasses import asdict
 
+from tabulate import tabulate
+
 from clustersim.schedules.cluster_facts import ClusterFacts
 from clustersim.schedules.errors import ConfigError
 from clustersim.schedules.memory_model import (RankMemory, bare_rank_memory, precision_bytes,
@@ -153,28 +155,30 @@ def format_memory(data: dict) -> str:
              + (f" offload ({p['offload_device'] or 'cpu'})" if p["offload"] else ""),
              "GB = 1e9 bytes per rank"
              + (f"; {c['device']} has {c['device_memory_bytes'] / GB:.0f} GB"
-                if c["device"] else ""),
-             f"{'rank':>4} {'params':>9} " + (f"{'frozen':>9} " if lora else "")
-             + f"{'weights':>8} " + (f"{'fp8 w.':>8} " if fp8 else "")
-             + (f"{'stashed':>8} " if stash else "")
-             + f"{'grads':>8} {'optim':>8} "
-             f"{'states':>8} {'activ.':>8} {'(mb)':>4} {'recomp.':>8} {'buffers':>8} "
-             f"{'gathered':>8} {'total':>8} {'GiB':>8} {'host':>8}"
-             + (f" {'nvme':>8}" if nvme else "")]
-    for r in data["ranks"]:
-        lines.append(
-            f"{r['pp_rank']:>4} {r['params']:>9.3g} "
-            + (f"{r['frozen_params']:>9.3g} " if lora else "")
-            + f"{_gb(r['parameters'] + r['hpz_secondary']):>8} "
-            + (f"{_gb(r['fp8_weights']):>8} " if fp8 else "")
-            + (f"{_gb(r['stashed_weights']):>8} " if stash else "")
-            + f"{_gb(r['gradients']):>8} {_gb(r['optimizer_states']):>8} "
-            f"{_gb(r['model_states_bytes']):>8} {_gb(r['activations']):>8} "
-            f"{r['in_flight']:>4} {_gb(r['recompute_working']):>8} "
-            f"{_gb(r['communication_buffers']):>8} "
-            f"{_gb(r['gathered_parameters']):>8} "
-            f"{_gb(r['total_bytes']):>8} {r['total_bytes'] / GIB:>8.2f} {_gb(r['host']):>8}"
-            + (f" {_gb(r['nvme']):>8}" if nvme else "") + ("  OOM" if r["oom"] else ""))
+                if c["device"] else "")]
+    columns = [  # header, value of a rank's row, shown
+        ("rank", lambda r: r["pp_rank"], True),
+        ("params", lambda r: f"{r['params']:.3g}", True),
+        ("frozen", lambda r: f"{r['frozen_params']:.3g}", lora),
+        ("weights", lambda r: _gb(r["parameters"] + r["hpz_secondary"]), True),
+        ("fp8 w.", lambda r: _gb(r["fp8_weights"]), fp8),
+        ("stashed", lambda r: _gb(r["stashed_weights"]), stash),
+        ("grads", lambda r: _gb(r["gradients"]), True),
+        ("optim", lambda r: _gb(r["optimizer_states"]), True),
+        ("states", lambda r: _gb(r["model_states_bytes"]), True),
+        ("activ.", lambda r: _gb(r["activations"]), True),
+        ("(mb)", lambda r: r["in_flight"], True),
+        ("recomp.", lambda r: _gb(r["recompute_working"]), True),
+        ("buffers", lambda r: _gb(r["communication_buffers"]), True),
+        ("gathered", lambda r: _gb(r["gathered_parameters"]), True),
+        ("total", lambda r: _gb(r["total_bytes"]), True),
+        ("GiB", lambda r: f"{r['total_bytes'] / GIB:.2f}", True),
+        ("host", lambda r: _gb(r["host"]), True), ("nvme", lambda r: _gb(r["nvme"]), nvme),
+        ("", lambda r: "OOM" if r["oom"] else "", True)]
+    shown = [(header, value) for header, value, on in columns if on]
+    lines.append(tabulate([[value(r) for _, value in shown] for r in data["ranks"]],
+                          headers=[header for header, _ in shown], tablefmt="plain",
+                          disable_numparse=True, colalign=["right"] * len(shown)).rstrip())
     for rank in data["oom_ranks"]:
         total = data["total_bytes"][rank]
         lines.append(f"OOM: rank {rank} needs {total / GB:.1f} GB, the {c['device']} has "

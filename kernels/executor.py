@@ -31,7 +31,9 @@ or a posted RECV) and the positional waits of data-parallel ops (`program_contra
   their shards; the TP collectives run inside the compute ops (kernels.tensor_parallel),
   and the program's TP ops (group 'tp', schedules.intra_layer) become spans on the 'tp'
   lane from the times measured there (kernels.tp_ops). With sequence parallelism the
-  activation between stages is the sequence shard (b, s/t, h).
+  activation between stages is the sequence shard (b, s/t, h); on a 2D grid
+  (kernels.summa, ops on 'tp_row' and 'tp_col', on lanes of those names) the block
+  (b/q, s, h/q).
 - Activation recomputation lives in the modules (kernels.stage): under 'full' a B (or
   a chunked B of layer groups) first reruns its layers' forward, TP collectives included,
   which kernels.tp_ops attributes to that B as the IR does; 'full' with I/W ops is
@@ -51,7 +53,7 @@ import torch
 from clustersim.schedules.contract import (is_gradient_collective, is_intra_layer,
                                            is_parameter_gather, prerequisites, program_contract,
                                            program_products)
-from clustersim.schedules.names import COMPUTE_LANE, TP
+from clustersim.schedules.names import COMPUTE_LANE
 from clustersim.schedules.ops import WORK_KINDS, Op, OpKind
 from clustersim.schedules.schedule import Schedule
 
@@ -64,7 +66,7 @@ from .split_backward import backward_input, backward_weight
 from .stashing import StashedWeights
 from .stage import StageModule, microbatch_rows
 from .tensor_parallel import TensorParallel
-from .tp_ops import TensorParallelOps
+from .tp_ops import TENSOR_GROUPS, TensorParallelOps
 
 Key = tuple
 
@@ -115,8 +117,9 @@ class RankExecutor(PostedOps, P2POps, DataParallelOps, TensorParallelOps):
         self.tokens, self.labels, self.clock, self.on_op = tokens, labels, clock, on_op
         spec = next(iter(modules.values())).spec
         tp = tp if tp is not None else TensorParallel(clock=clock)
-        seq = spec.seq_length // (tp.size if tp.sequence_parallel else 1)
-        self.activation_shape = (spec.micro_batch_size, seq, spec.hidden_size)
+        self.micro_batch_size = spec.micro_batch_size
+        self.activation_shape = tp.activation_shape(spec.micro_batch_size, spec.seq_length,
+                                                    spec.hidden_size)
         self.dtype = torch_dtype(spec)
         self.device = tokens.device
         self.groups = schedule.layer_groups
@@ -163,7 +166,7 @@ class RankExecutor(PostedOps, P2POps, DataParallelOps, TensorParallelOps):
             handler = handlers.get(op.kind)
             if is_gradient_collective(op) or is_parameter_gather(op):
                 handler = self._dp_collective
-            elif is_intra_layer(op) and op.group == TP:
+            elif is_intra_layer(op) and op.group in TENSOR_GROUPS:
                 handler = self._tp_op
             if handler is None:
                 raise KernelsError(f"op {op}: kind {op.kind.value} (group {op.group}) is not "
@@ -210,7 +213,7 @@ class RankExecutor(PostedOps, P2POps, DataParallelOps, TensorParallelOps):
         """This replica's rows of microbatch m (of the batch m falls in: every batch of an
         asynchronous run reads the same global batch)."""
         return microbatch_rows(self.setup.dp_rank, m % self.micro if self.stash else m,
-                               self.activation_shape[0], self.micro)
+                               self.micro_batch_size, self.micro)
 
     def _stage_input(self, s: int, m: int, state: IterationState) -> torch.Tensor:
         before = self.chains.previous(s)

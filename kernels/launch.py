@@ -50,12 +50,14 @@ from clustersim.schedules.errors import ConfigError
 from clustersim.schedules.layer_kernels import check_kernel_list_used
 from clustersim.schedules.lowering import lower
 from clustersim.schedules.model import ModelSpec
-from clustersim.schedules.names import DP_GROUPS, PP, TP
+from clustersim.schedules.names import DP_GROUPS, PP
 from clustersim.schedules.ops import OpKind
 from clustersim.schedules.parallel import ParallelConfig
 from clustersim.schedules.plan import Plan
+from clustersim.schedules.registry import SCHEDULES, schedule_entry
 from clustersim.schedules.schedule import Schedule
 from clustersim.schedules.timeline import Timeline
+from clustersim.schedules.tp_grid import tp_grid
 from clustersim.schedules.validate import dry_run
 from clustersim.user_files import is_finite_number
 
@@ -65,8 +67,10 @@ from .preflight import check_local_ranks
 from .reference import run_reference, run_reference_steps, run_stale_reference
 from .results import gather_grads, gather_state, merge_timeline
 from .split_backward import check_recompute_split
+from .stage_2d import check_grid_model
 from .stashing import check_stashing
 from .tied_embedding import check_tied_embeddings
+from .tp_ops import TENSOR_GROUPS
 from .watchdog import ProgressWatch, stall_report
 from .worker import STARTUP, Job, backstop_timeout, describe_progress, run_rank
 
@@ -77,6 +81,7 @@ SUPPORTED_KINDS = frozenset({OpKind.F, OpKind.B, OpKind.I, OpKind.W, OpKind.SEND
                              OpKind.RECV_F, OpKind.SEND_B, OpKind.RECV_B, OpKind.ALL_REDUCE,
                              OpKind.REDUCE_SCATTER, OpKind.ALL_GATHER, OpKind.OPT_STEP,
                              OpKind.BROADCAST, OpKind.REDUCE})
+KERNEL_TP_MODES = ("1d", "2d")  # Megatron's (kernels.tensor_parallel), Optimus' (kernels.summa)
 UNSUPPORTED_SHARDING = ("quantized_weights", "hpz", "quantized_gradients", "offload")
 _POLL_S = 0.05
 _DEATH_GRACE_S = 0.5  # after a rank's error, how long to look for a peer that died first
@@ -108,10 +113,10 @@ def _check_layout(plan: Plan, device: str, replay: bool) -> None:
         raise KernelsError(f"expert_tensor_parallel={parallel.etp} differs from tp="
                            f"{parallel.tp}: the kernels backend runs no MoE experts (leave it "
                            f"unset)")
-    if parallel.tp_mode != "1d":
+    if parallel.tp_mode not in KERNEL_TP_MODES:
         raise KernelsError(f"tp_mode={parallel.tp_mode!r}: the kernels backend runs Megatron's "
-                           f"1D tensor parallelism only so far (SUMMA's broadcasts and "
-                           f"reduces inside each linear are not implemented)")
+                           f"1D and Optimus' 2D tensor parallelism only so far (tp_mode '1d' "
+                           f"or '2d'; 2.5D's depth slices and 3D's cube are not implemented)")
     _check_tensor_parallel(model, parallel, replay)
     for name in UNSUPPORTED_SHARDING:
         if getattr(parallel, name):
@@ -163,7 +168,20 @@ def _check_tensor_parallel(model: ModelSpec, parallel: ParallelConfig, replay: b
     if replay:
         raise KernelsError(f"replay runs one pipeline rank alone on one device: tp={t} needs "
                            f"its TP group's collectives inside every layer; replay with tp=1")
-    parallel.check_model(model)  # heads, query groups, SP sequence split
+    parallel.check_model(model)  # heads, query groups, SP sequence split; a grid's q splits
+    grid = tp_grid(parallel)
+    if grid is not None:
+        check_grid_model(model, grid.q)
+        entry = schedule_entry(parallel.schedule) if parallel.schedule in SCHEDULES else None
+        untested = [what for what, on in (
+            (f"zero_stage={parallel.zero_stage}", parallel.zero_stage == 3),
+            ("DualPipe's two stage chains", entry is not None and entry.chains > 1),
+            ("weight stashing", entry is not None and entry.stashing is not None)) if on]
+        if untested:
+            raise KernelsError(f"tp_mode={parallel.tp_mode!r} with {', '.join(untested)}: not "
+                               f"verified against the reference in the kernels backend (2D "
+                               f"runs with DDP or ZeRO-1/2 on flushed single-chain schedules)")
+        return
     for name, size in (("vocab_size", model.vocab_size), ("ffn_hidden_size",
                                                            model.ffn_hidden_size)):
         if size % t:
@@ -177,7 +195,7 @@ def _check_lowered(lowered: Schedule, plan: Plan, check: bool) -> None:
     lowering checked the structure already)."""
     check_recompute_split(lowered, plan.parallel)
     for op in lowered.ops():
-        dp_op = op.kind.is_collective and op.group in (DP_GROUPS | {TP})
+        dp_op = op.kind.is_collective and op.group in (DP_GROUPS | TENSOR_GROUPS)
         if op.kind not in SUPPORTED_KINDS or (op.kind.is_collective and not dp_op) or (
                 op.kind is OpKind.OPT_STEP and op.group is not None):
             raise KernelsError(f"op {op} ({op.kind.value}, group {op.group}) is not supported "
@@ -238,9 +256,11 @@ def run_schedule(schedule: Schedule, plan: Plan, device: str = "cpu", seed: int 
     bad input.
 
     Tensor (and sequence) parallelism: parallel.tp ranks per (pp, dp) coordinate run one
-    program on their shards (kernels.tensor_parallel). The lowering adds the TP ops of
+    program on their shards (kernels.tensor_parallel; with tp_mode '2d' on a q x q grid,
+    kernels.summa and kernels.stage_2d). The lowering adds the TP ops of
     schedules.intra_layer as the simulator does: the collectives run inside the compute
-    ops, and TP ops become 'tp' spans (kernels.tp_ops).
+    ops, and TP ops become spans on their group's lane ('tp', or 'tp_row' and 'tp_col';
+    kernels.tp_ops).
 
     Like torch.multiprocessing.spawn, rank processes import the caller's main module, so
     a script calling this needs an `if __name__ == '__main__':` guard.

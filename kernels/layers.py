@@ -29,9 +29,10 @@ sequence parallelism (Korthikanti et al. 2022) the norms and residuals see (b, s
 and their replicated parameters' gradients are summed over TP (kernels.tensor_parallel).
 
 Every parameter carries its *full* (unsharded) shape, the dimension it is sharded along
-and its init rule, so `init_parameters` can draw the full tensor from a generator seeded by
-(seed, parameter name) and keep this rank's shard: every rank, every pipeline split and
-the single-process reference build bit-identical weights.
+(or, on a 2D grid, its `blocks`: kernels.layers_2d) and its init rule, so
+`init_parameters` can draw the full tensor from a generator seeded by (seed, parameter
+name) and keep this rank's block: every rank, every pipeline split and the single-process
+reference build bit-identical weights.
 """
 from __future__ import annotations
 
@@ -88,6 +89,32 @@ def sharded_parameter(full_shape: tuple[int, ...], init: str, tp_size: int = 1,
     p = nn.Parameter(torch.empty(shape))
     p.full_shape, p.shard_dim, p.init = tuple(full_shape), shard_dim, init
     return p
+
+
+def block_parameter(full_shape: tuple[int, ...], init: str,
+                    blocks: tuple[tuple[int, int, int], ...]) -> nn.Parameter:
+    """A parameter holding one block of a `full_shape` tensor: along each `dim` of
+    `blocks` = ((dim, index, parts), ...) part `index` of `parts` equal parts."""
+    shape = list(full_shape)
+    for dim, index, parts in blocks:
+        if shape[dim] % parts or not 0 <= index < parts:
+            raise ValueError(f"dimension {shape[dim]} has no part {index} of {parts} equal "
+                             f"parts")
+        shape[dim] //= parts
+    p = nn.Parameter(torch.empty(shape))
+    p.full_shape, p.shard_dim, p.init, p.blocks = tuple(full_shape), None, init, tuple(blocks)
+    return p
+
+
+def parameter_blocks(p: torch.Tensor, tp_rank: int) -> tuple[tuple[int, int, int], ...]:
+    """((dim, index, parts), ...) of the full tensor that `p` holds on TP rank `tp_rank`:
+    its `blocks`, or part tp_rank along its shard dim; () for a whole tensor."""
+    if getattr(p, "blocks", None) is not None:
+        return p.blocks
+    dim, full = getattr(p, "shard_dim", None), getattr(p, "full_shape", tuple(p.shape))
+    if dim is None or p.shape[dim] == full[dim]:
+        return ()
+    return ((dim, tp_rank, full[dim] // p.shape[dim]),)
 
 
 def _tp_of(tp: TensorParallel | None, tp_size: int, tp_rank: int) -> TensorParallel:
@@ -183,32 +210,41 @@ class Attention(nn.Module):
     def __init__(self, spec: ModelSpec, tp: TensorParallel | None = None,
                  recompute: str = "none"):
         super().__init__()
-        h, a, g = spec.hidden_size, spec.num_attention_heads, spec.num_query_groups
+        h, bias = spec.hidden_size, spec.add_bias_linear
         self.tp = tp = _tp_of(tp, 1, 0)
-        if a % tp.size or g % tp.size:
-            raise ValueError(f"heads={a} and query groups={g} must be divisible by tp={tp.size}")
-        self.head_dim = h // a
-        self.heads, self.groups = a // tp.size, g // tp.size
-        self.rope = spec.position_embedding_type == "rope"
-        bias = spec.add_bias_linear
+        self._init_heads(spec, tp.size, f"tp={tp.size}", recompute)
         # Q, K and V of one rank's heads; separate linears keep each TP shard's Q/K/V whole
         self.query = ColumnParallelLinear(h, h, bias, tp=tp)
         self.key = ColumnParallelLinear(h, spec.kv_hidden_size, bias, tp=tp)
         self.value = ColumnParallelLinear(h, spec.kv_hidden_size, bias, tp=tp)
         self.proj = RowParallelLinear(h, h, bias, tp=tp)
+
+    def _init_heads(self, spec: ModelSpec, shards: int, split: str, recompute: str) -> None:
+        """This rank's 1/`shards` of the heads and K/V groups (`split` names the divisor
+        in the error), RoPE, and the core attention (checkpointed when selective)."""
+        h, a, g = spec.hidden_size, spec.num_attention_heads, spec.num_query_groups
+        if a % shards or g % shards:
+            raise ValueError(f"heads={a} and query groups={g} must be divisible by {split}")
+        self.head_dim = h // a
+        self.heads, self.groups = a // shards, g // shards
+        self.rope = spec.position_embedding_type == "rope"
         self.core = CoreAttention(self.heads, self.groups)
         self.selective = check_recompute(recompute) == "selective"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.tp.enter(x)  # (b, s, h) on every TP rank, also with SP
-        b, s, _ = x.shape
-        q = self.query(x).view(b, s, self.heads, self.head_dim).transpose(1, 2)
-        k = self.key(x).view(b, s, self.groups, self.head_dim).transpose(1, 2)
-        v = self.value(x).view(b, s, self.groups, self.head_dim).transpose(1, 2)
+        return self.proj(self.attend(self.query(x), self.key(x), self.value(x)))
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Q (b, s, heads*d), K and V (b, s, groups*d) of this rank's heads -> the
+        attention output (b, s, heads*d) before the output projection."""
+        b, s, _ = q.shape
+        q = q.view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        k = k.view(b, s, self.groups, self.head_dim).transpose(1, 2)
+        v = v.view(b, s, self.groups, self.head_dim).transpose(1, 2)
         if self.rope:
             q, k = rotary(q), rotary(k)
-        out = checkpointed(self.core, q, k, v) if self.selective else self.core(q, k, v)
-        return self.proj(out)
+        return checkpointed(self.core, q, k, v) if self.selective else self.core(q, k, v)
 
 
 class MLP(nn.Module):
@@ -257,7 +293,7 @@ def seed_for(seed: int, name: str) -> int:
 @torch.no_grad()
 def init_parameters(module: nn.Module, seed: int, tp_rank: int = 0) -> None:
     """Fill every parameter from a generator seeded by (seed, its name): draw the full
-    tensor (normal(0, 0.02), zeros or ones) and keep shard `tp_rank` along its shard dim."""
+    tensor (normal(0, 0.02), zeros or ones) and keep this rank's block (parameter_blocks)."""
     for name, p in module.named_parameters():
         rule = getattr(p, "init", "normal")
         full_shape = getattr(p, "full_shape", tuple(p.shape))
@@ -266,10 +302,9 @@ def init_parameters(module: nn.Module, seed: int, tp_rank: int = 0) -> None:
             full = torch.randn(full_shape, generator=gen) * INIT_STD
         else:
             full = (torch.ones if rule == "ones" else torch.zeros)(full_shape)
-        dim = getattr(p, "shard_dim", None)
-        if dim is not None and p.shape[dim] != full_shape[dim]:
-            size = p.shape[dim]
-            full = full.narrow(dim, tp_rank * size, size)
+        for dim, index, parts in parameter_blocks(p, tp_rank):
+            size = full.shape[dim] // parts
+            full = full.narrow(dim, index * size, size)
         p.copy_(full.to(p.dtype))
 
 

@@ -32,6 +32,10 @@ GLOO_REDUCE_SCATTER = ("REDUCE_SCATTER runs as an all-reduce of the bucket and a
 
 STASH_COPY = ("weight stashing: each version in use is a copy beside the live weights, one "
               "copy more than the versions the memory model counts (kernels.stashing)")
+SUMMA_BLOCKING = ("tp_mode='2d': SUMMA's broadcasts and reduces run blocking, one step "
+                  "after another, inside their compute op (Colossal-AI double-buffers them "
+                  "beside the GEMMs); the spans of the ops the IR places alongside carry "
+                  "the measured times of steps 2..q")
 TIED_SUM = ("tied embeddings: the word-embedding gradients of the first and last stage are "
             "summed over their two ranks (Megatron's embedding all-reduce, not an op of the "
             "IR) right before those stages' OPT_STEP, outside any span")
@@ -76,6 +80,7 @@ def merge_timeline(payloads: dict[int, dict], job: Any) -> Timeline:
         + ([GLOO_REDUCE_SCATTER] if any(op.kind is OpKind.REDUCE_SCATTER
                                         for op in s.ops()) or p.sequence_parallel else [])
         + ([TP_INSIDE] if p.tp > 1 else [])
+        + ([SUMMA_BLOCKING] if p.tp > 1 and p.tp_mode == "2d" else [])
         + ([TIED_SUM] if summing_ranks(s, job.model) and not job.replay else []),
     }
     timeline = Timeline.from_dict({"source": source, "meta": meta, "spans": spans,
@@ -103,18 +108,38 @@ def gather_state(payloads: dict[int, dict], parallel: ParallelConfig,
     another rank) filled from the other DP ranks in DP order; then across pipeline ranks,
     tied copies summed ('grads') or the first kept ('params', and the 'grads' a payload
     lists in 'summed_grads': summed before the optimizer step, kernels.tied_embedding).
-    Then the TP shards are concatenated along each tensor's shard dim (payload
-    'shard_dims'); a replicated tensor is TP rank 0's (every TP rank holds the same)."""
+    Then the TP blocks are put in their place in the full tensor (payload 'shard_blocks':
+    along each (dim, index, parts) part index of parts; a 1D shard is part t along its
+    shard dim, a 2D grid's blocks kernels.layers_2d's); a replicated tensor is TP rank
+    0's (every TP rank holds the same)."""
     by_tp: dict[int, dict[int, dict]] = {}
     for rank, payload in payloads.items():
         by_tp.setdefault(parallel.coords(rank)[TP], {})[rank] = payload
-    merged = [_merge_tp_rank(by_tp[t], parallel, what) for t in sorted(by_tp)]
+    merged = {t: _merge_tp_rank(by_tp[t], parallel, what) for t in sorted(by_tp)}
     if len(merged) == 1:
         return merged[0]
-    dims = {n: d for p in payloads.values() for n, d in (p.get("shard_dims") or {}).items()}
-    return {name: t if dims.get(name) is None else
-            torch.cat([m[name] for m in merged], dim=dims[name])
-            for name, t in merged[0].items()}
+    blocks = {t: {n: b for p in by_tp[t].values() for n, b in p.get("shard_blocks", {}).items()}
+              for t in by_tp}
+    return {name: _assemble({t: (merged[t][name], blocks[t].get(name, ())) for t in merged})
+            for name in merged[0]}
+
+
+def _assemble(parts: dict[int, tuple[torch.Tensor, tuple]]) -> torch.Tensor:
+    """The full tensor from each TP rank's (block, its (dim, index, parts) blocks)."""
+    first, blocks = parts[0]
+    if not blocks:
+        return first
+    shape = list(first.shape)
+    for dim, _, count in blocks:
+        shape[dim] *= count
+    out = first.new_empty(shape)
+    for tensor, where in parts.values():
+        view = out
+        for dim, index, count in where:
+            size = shape[dim] // count
+            view = view.narrow(dim, index * size, size)
+        view.copy_(tensor)
+    return out
 
 
 def _merge_tp_rank(payloads: dict[int, dict], parallel: ParallelConfig,

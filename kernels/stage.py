@@ -22,6 +22,10 @@ layer are split by vocabulary rows (kernels.vocab_parallel: masked lookup then a
 or reduce-scatter along the sequence with SP; vocab-parallel cross-entropy), the layers
 by heads and FFN columns. With sequence parallelism a stage's input and output
 activation is this rank's sequence shard (b, s/t, h), as Megatron sends it between stages.
+On a 2D grid (`tp` a kernels.summa.SummaGrid, tp_mode '2d') the stage is
+kernels.stage_2d's GridStageModule (build_stages' `module_class`): the same forward, names
+and layer groups, with the grid's parts (`_vocab_table`, `_position_table`, `_layer`,
+`_norm`, `_embed`, `_head`).
 
 Activation recomputation (`recompute`, a schedules.recompute.Recompute of the run's
 ParallelConfig; kernels.layers `checkpointed`): 'full' runs the layers a checkpoint
@@ -97,20 +101,35 @@ class StageModule(nn.Module):
         if isinstance(recompute, str):
             recompute = Recompute.named(check_recompute(recompute))
         self.recompute = recompute
-        h, v = spec.hidden_size, spec.vocab_size
         tied = not spec.untie_embeddings_and_output_weights
         if self.first or (self.last and tied):
-            self.word_embeddings = Embedding(v, h, tp.size)
+            self.word_embeddings = self._vocab_table()
         if self.first and spec.position_embedding_type == "learned_absolute":
-            self.position_embeddings = Embedding(spec.seq_length, h)
-            replicated_in_sequence(self.position_embeddings.weight)
+            self.position_embeddings = self._position_table()
         self.layers = nn.ModuleDict({
-            str(i): TransformerLayer(spec, tp, recompute.granularity)
+            str(i): self._layer(recompute.granularity)
             for i in chunk_parts(self.split, stage, None, 1).layers})
         if self.last:
-            self.final_norm = Norm(spec)
+            self.final_norm = self._norm()
             if not tied:
-                self.output_layer = Embedding(v, h, tp.size)  # (V, h) projection, no bias
+                self.output_layer = self._vocab_table()  # (V, h) projection, no bias
+
+    # --- the parts, under Megatron's 1D TP (kernels.stage_2d: on a 2D grid) -----------
+    def _vocab_table(self) -> nn.Module:
+        """The (V, h) word embedding or output layer, rows split over TP."""
+        return Embedding(self.spec.vocab_size, self.spec.hidden_size, self.tp.size)
+
+    def _position_table(self) -> nn.Module:
+        """The learned (s, h) position embedding, replicated."""
+        table = Embedding(self.spec.seq_length, self.spec.hidden_size)
+        replicated_in_sequence(table.weight)
+        return table
+
+    def _layer(self, granularity: str) -> nn.Module:
+        return TransformerLayer(self.spec, self.tp, granularity)
+
+    def _norm(self) -> nn.Module:
+        return Norm(self.spec)
 
     def _parts(self, chunk: int | None, groups: int) -> tuple[bool, list[str], bool]:
         """(runs the embedding, layer keys, runs the head) of layer group `chunk`
@@ -132,6 +151,10 @@ class StageModule(nn.Module):
             return x
         if labels is None:
             raise ValueError(f"stage {self.stage} is the last stage: it needs labels")
+        return self._head(x, labels)
+
+    def _head(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Final norm, output layer and the mean cross-entropy over the micro-batch."""
         x = self.tp.enter(self.final_norm(x), "head")
         logits = F.linear(x, self._head_weight()).float()
         return cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), self.tp)
@@ -181,20 +204,23 @@ class StageModule(nn.Module):
 def build_stages(spec: ModelSpec, stages: list[int], num_stages: int, seed: int,
                  device: torch.device | str = "cpu", tp: TensorParallel | None = None,
                  split: Sequence[int] | None = None, recompute: Recompute | str = "none",
-                 chains: StageChains | None = None) -> dict[int, StageModule]:
+                 chains: StageChains | None = None,
+                 module_class: type[StageModule] | None = None) -> dict[int, StageModule]:
     """The modules of the stages one rank holds (its TP shard: `tp`; layers per stage:
     `split`, see stage_split; activation `recompute`), initialised from `seed` and placed
-    on `device` in the model dtype. With several stage `chains` (DualPipe's directions,
-    schedules.chains) virtual stage s is a copy of model stage chains.model_stage(s), of
-    the same name and initial values. When the rank holds both the first
-    and the last stage of a tied model, the two share one word-embedding module (as one
-    model would)."""
+    on `device` in the model dtype, each a `module_class` (StageModule by default; on a
+    2D grid kernels.stage_2d.GridStageModule, which kernels.stage_2d.stage_class picks).
+    With several stage `chains` (DualPipe's directions, schedules.chains) virtual stage s
+    is a copy of model stage chains.model_stage(s), of the same name and initial values.
+    When the rank holds both the first and the last stage of a tied model, the two share
+    one word-embedding module (as one model would)."""
     modules = {}
     if chains is not None and chains.chains > 1:
         num_stages, split = chains.length, None if split is None else split[:chains.length]
+    module_class = module_class or StageModule
     for s in stages:
         model_stage = s if chains is None else chains.model_stage(s)
-        module = StageModule(spec, model_stage, num_stages, tp, split, recompute)
+        module = module_class(spec, model_stage, num_stages, tp, split, recompute)
         init_parameters(module, seed, module.tp.rank)
         modules[s] = module.to(device=device, dtype=torch_dtype(spec))
     first, last = 0, num_stages - 1

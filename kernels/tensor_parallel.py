@@ -29,10 +29,12 @@ gloo has no reduce-scatter: it runs as an all-reduce of the whole tensor and a s
 code path on NCCL too, as kernels.dp_ops); records still say REDUCE_SCATTER and its
 logical size. Activations are batch-first (b, s, h): the sequence is dim 1.
 
-Every collective is recorded (`records`: kind, bytes, site, start and end clock markers)
-so the executor can lay TP ops out on the 'tp' lane; bytes follow nccl-tests: an
-all-reduce or reduce-scatter the input tensor, an all-gather the gathered output.
-Units: bytes, clock markers (kernels.timing).
+Every collective is recorded (`records`: kind, group axis, bytes, site, start and end
+clock markers) so the executor can lay TP ops out on their group's lane; bytes follow
+nccl-tests: an all-reduce, reduce-scatter, broadcast or reduce the input tensor, an
+all-gather the gathered output. The broadcast and reduce (rooted at a rank of the group)
+serve the 2D grid's SUMMA products (kernels.summa), whose groups are the grid's rows and
+columns (`axis` 'tp_row', 'tp_col'). Units: bytes, clock markers (kernels.timing).
 """
 from __future__ import annotations
 
@@ -43,6 +45,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from clustersim.schedules.names import TP
 from clustersim.schedules.ops import OpKind
 
 SEQUENCE_DIM = 1
@@ -51,13 +54,17 @@ SEQUENCE_DIM = 1
 @dataclass(frozen=True)
 class CollectiveRecord:
     """One TP collective that ran: kind, logical bytes, where in the model (site: 'layer',
-    'embedding', 'head', 'loss', 'sp_grad'), clock markers around the blocking call."""
+    'embedding', 'head', 'loss', 'sp_grad'), clock markers around the blocking call, the
+    group axis it ran on, and whether the IR places it beside its compute op (`alongside`:
+    a SUMMA step after the first, schedules.tp_2d.summa_placements)."""
 
     kind: OpKind
     nbytes: int
     site: str
     start: Any
     end: Any
+    group: str = TP
+    alongside: bool = False
 
 
 class _PerfClock:
@@ -68,8 +75,9 @@ class _PerfClock:
 @dataclass(eq=False)
 class TensorParallel:
     """This rank's place in its TP group: `size` ranks, this one `rank`, the process
-    `group` (None only at size 1), `sequence_parallel`, and the `clock` that times each
-    collective (kernels.timing; perf_counter by default)."""
+    `group` (None only at size 1), `sequence_parallel`, the `clock` that times each
+    collective (kernels.timing; perf_counter by default), the list its collectives are
+    recorded in (several groups of one rank may share one) and the group's `axis` name."""
 
     size: int = 1
     rank: int = 0
@@ -77,6 +85,7 @@ class TensorParallel:
     sequence_parallel: bool = False
     clock: Any = field(default_factory=_PerfClock)
     records: list[CollectiveRecord] = field(default_factory=list)
+    axis: str = TP
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.size:
@@ -93,16 +102,33 @@ class TensorParallel:
         """Input of column-parallel linears: `f` (copy), or the SP all-gather."""
         if not self.active:
             return x
-        fn = _GatherSequence if self.sequence_parallel else _CopyToRegion
-        return fn.apply(x, self, site)
+        if self.sequence_parallel:
+            return self.gather(x, site, SEQUENCE_DIM)
+        return _CopyToRegion.apply(x, self, site)
 
     def exit(self, x: torch.Tensor, site: str = "layer") -> torch.Tensor:
         """Output of a row-parallel linear (partial sums): `g` (all-reduce), or the SP
         reduce-scatter."""
         if not self.active:
             return x
-        fn = _ScatterSequence if self.sequence_parallel else _ReduceFromRegion
-        return fn.apply(x, self, site)
+        if self.sequence_parallel:
+            return self.scatter(x, site, SEQUENCE_DIM)
+        return _ReduceFromRegion.apply(x, self, site)
+
+    def gather(self, x: torch.Tensor, site: str, dim: int) -> torch.Tensor:
+        """The group's shards of `x` concatenated along `dim`, differentiably: all-gather
+        forward, reduce-scatter of the gradient backward."""
+        return _Gather.apply(x, self, site, dim)
+
+    def scatter(self, x: torch.Tensor, site: str, dim: int) -> torch.Tensor:
+        """This rank's shard along `dim` of the sum of `x` over the group, differentiably:
+        reduce-scatter forward, all-gather of the gradient backward."""
+        return _Scatter.apply(x, self, site, dim)
+
+    def activation_shape(self, batch: int, seq: int, hidden: int) -> tuple[int, int, int]:
+        """The part of a (batch, seq, hidden) activation this rank holds between layers
+        and stages: the sequence shard with SP, else all of it."""
+        return batch, seq // (self.size if self.sequence_parallel else 1), hidden
 
     def sequence_slice(self, length: int) -> slice:
         """This rank's positions of a `length`-token sequence (all of them without SP)."""
@@ -112,8 +138,10 @@ class TensorParallel:
         return slice(self.rank * part, (self.rank + 1) * part)
 
     def take_records(self) -> list[CollectiveRecord]:
-        """The collectives recorded since the last call (and forget them)."""
-        out, self.records = self.records, []
+        """The collectives recorded since the last call (and forget them; in place, so a
+        shared list stays shared)."""
+        out = list(self.records)
+        self.records.clear()
         return out
 
     # --- collectives (blocking, recorded) ---------------------------------------------
@@ -126,28 +154,52 @@ class TensorParallel:
         self._record(OpKind.ALL_REDUCE, out, site, start)
         return out
 
-    def all_gather(self, x: torch.Tensor, site: str) -> torch.Tensor:
-        """The group's sequence shards of `x` concatenated along the sequence."""
+    def all_gather(self, x: torch.Tensor, site: str, dim: int = SEQUENCE_DIM) -> torch.Tensor:
+        """The group's shards of `x` concatenated along `dim` (the sequence by default)."""
         mine = x.contiguous()
         parts = [torch.empty_like(mine) for _ in range(self.size)]
         start = self.clock.mark()
         dist.all_gather(parts, mine, group=self.group)
-        out = torch.cat(parts, dim=SEQUENCE_DIM)
+        out = torch.cat(parts, dim=dim)
         self._record(OpKind.ALL_GATHER, out, site, start)
         return out
 
-    def reduce_scatter(self, x: torch.Tensor, site: str) -> torch.Tensor:
-        """This rank's sequence shard of the sum of `x` over the group (all-reduce +
-        slice: gloo has no reduce-scatter)."""
+    def reduce_scatter(self, x: torch.Tensor, site: str, dim: int = SEQUENCE_DIM
+                       ) -> torch.Tensor:
+        """This rank's shard along `dim` (the sequence by default) of the sum of `x` over
+        the group (all-reduce + slice: gloo has no reduce-scatter)."""
         full = x.contiguous().clone()
         start = self.clock.mark()
         dist.all_reduce(full, group=self.group)
         self._record(OpKind.REDUCE_SCATTER, full, site, start)
-        return full[:, self.sequence_slice(full.shape[SEQUENCE_DIM])].contiguous()
+        part = full.shape[dim] // self.size
+        return full.narrow(dim, self.rank * part, part).contiguous()
 
-    def _record(self, kind: OpKind, tensor: torch.Tensor, site: str, start: Any) -> None:
+    def broadcast(self, x: torch.Tensor, src: int, site: str, alongside: bool = False
+                  ) -> torch.Tensor:
+        """Group rank `src`'s `x` (every rank passes a tensor of its shape): `x` itself on
+        `src`, a received copy elsewhere."""
+        x = x.contiguous()
+        buffer = x if self.rank == src else torch.empty_like(x)
+        start = self.clock.mark()
+        dist.broadcast(buffer, group=self.group, group_src=src)
+        self._record(OpKind.BROADCAST, buffer, site, start, alongside)
+        return buffer
+
+    def reduce(self, x: torch.Tensor, dst: int, site: str, alongside: bool = False
+               ) -> torch.Tensor | None:
+        """The sum of `x` over the group on group rank `dst`; None elsewhere."""
+        buffer = x.contiguous().clone()
+        start = self.clock.mark()
+        dist.reduce(buffer, group=self.group, group_dst=dst)
+        self._record(OpKind.REDUCE, buffer, site, start, alongside)
+        return buffer if self.rank == dst else None
+
+    def _record(self, kind: OpKind, tensor: torch.Tensor, site: str, start: Any,
+                alongside: bool = False) -> None:
         nbytes = tensor.numel() * tensor.element_size()
-        self.records.append(CollectiveRecord(kind, nbytes, site, start, self.clock.mark()))
+        self.records.append(CollectiveRecord(kind, nbytes, site, start, self.clock.mark(),
+                                             self.axis, alongside))
 
 
 def replicated_in_sequence(p: torch.nn.Parameter | None) -> torch.nn.Parameter | None:
@@ -214,27 +266,31 @@ class _ReduceFromRegion(torch.autograd.Function):
         return grad, None, None
 
 
-class _GatherSequence(torch.autograd.Function):
-    """SP g: all-gather along the sequence forward, reduce-scatter backward."""
+class _Gather(torch.autograd.Function):
+    """All-gather along a dim forward, reduce-scatter backward (SP's g along the
+    sequence)."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, tp: TensorParallel, site: str) -> torch.Tensor:
-        ctx.tp, ctx.site = tp, site
-        return tp.all_gather(x, site)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
-        return ctx.tp.reduce_scatter(grad, ctx.site), None, None
-
-
-class _ScatterSequence(torch.autograd.Function):
-    """SP g-bar: reduce-scatter along the sequence forward, all-gather backward."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, tp: TensorParallel, site: str) -> torch.Tensor:
-        ctx.tp, ctx.site = tp, site
-        return tp.reduce_scatter(x, site)
+    def forward(ctx: Any, x: torch.Tensor, tp: TensorParallel, site: str, dim: int
+                ) -> torch.Tensor:
+        ctx.tp, ctx.site, ctx.dim = tp, site, dim
+        return tp.all_gather(x, site, dim)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
-        return ctx.tp.all_gather(grad, ctx.site), None, None
+        return ctx.tp.reduce_scatter(grad, ctx.site, ctx.dim), None, None, None
+
+
+class _Scatter(torch.autograd.Function):
+    """Reduce-scatter along a dim forward, all-gather backward (SP's g-bar along the
+    sequence)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, tp: TensorParallel, site: str, dim: int
+                ) -> torch.Tensor:
+        ctx.tp, ctx.site, ctx.dim = tp, site, dim
+        return tp.reduce_scatter(x, site, dim)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        return ctx.tp.all_gather(grad, ctx.site, ctx.dim), None, None, None

@@ -2,22 +2,25 @@
 each weight-gradient op (a mixin of kernels.executor.RankExecutor).
 
 The IR (schedules.intra_layer) gives each compute op its TP collectives as ops on group
-'tp', aggregated per kind (`Op.count` collectives, `nbytes` in total), posted right after
-the compute op (blocking) or, for an overlapped group (tp_comm_overlap), right before it.
+'tp' (on a 2D grid 'tp_row' and 'tp_col': schedules.tp_2d), aggregated per kind and group
+(`Op.count` collectives, `nbytes` in total), posted right after the compute op (blocking)
+or, when they run beside it (`Op.alongside`: SUMMA's steps 2..q), right before it.
 In the kernels those collectives run INSIDE the compute op, where autograd needs them
 (kernels.tensor_parallel), and each one is timed there (clock markers around the
 blocking call). So a TP op does no work when the program reaches it; its span is built
 when the iteration's markers are resolved:
-- the op takes the next `count` measured collectives of its kind from its compute op
-  (in the order they ran), and its duration is the sum of theirs;
+- the op takes the next `count` measured collectives of its kind, group and placement
+  (a record's `alongside`) from its compute op (in the order they ran), and its
+  duration is the sum of theirs;
 - the compute span is shortened by the durations its TP ops took, and the TP spans
-  follow it back to back on the 'tp' lane, so per-op compute and TP times compare one to
+  follow it back to back on their group's lane, so per-op compute and TP times compare one to
   one with the simulator's, which runs them in that order. The true interleaving of
   GEMMs and collectives inside the op is not shown (meta['limits'] says so);
 - collectives that no op of the program claims (the SP gradient all-reduces of the
   norms, or a program without TP ops) stay inside the compute span; its
-  info['tp_collectives'] lists every measured collective as 'KIND:site' ->
-  [count, bytes, seconds], and info['tp_inside_s'] the time left inside the span.
+  info['tp_collectives'] lists every measured collective as 'KIND:site' (on a grid
+  'KIND:group:site') -> [count, bytes, seconds], and info['tp_inside_s'] the time left
+  inside the span.
 A TP op that finds fewer measured collectives than its count says so in its info
 ('measured' < 'count'); so does the I of stage 0, which computes no input gradient
 (kernels.split_backward: its W runs the whole backward, and the collectives with it).
@@ -34,10 +37,12 @@ from collections import deque
 from typing import Any
 
 from clustersim.schedules.contract import is_intra_layer
-from clustersim.schedules.names import TP
-from clustersim.schedules.ops import WEIGHT_GRAD_KINDS, WORK_KINDS, Op, OpKind
+from clustersim.schedules.names import TP, TP_COL, TP_ROW
+from clustersim.schedules.ops import WEIGHT_GRAD_KINDS, WORK_KINDS, Op
 
 from .tensor_parallel import CollectiveRecord, SequenceGradients, TensorParallel
+
+TENSOR_GROUPS = frozenset({TP, TP_ROW, TP_COL})  # the groups of the TP ops the kernels run
 
 
 def tp_owners(program: list[Op]) -> dict[int, int]:
@@ -49,7 +54,7 @@ def tp_owners(program: list[Op]) -> dict[int, int]:
         if op.kind in WORK_KINDS:
             owners.update((w, index) for w in waiting)
             previous, waiting = index, []
-        elif is_intra_layer(op) and op.group == TP:
+        elif is_intra_layer(op) and op.group in TENSOR_GROUPS:
             if op.alongside:
                 waiting.append(index)
             elif previous is not None:
@@ -100,7 +105,7 @@ class TensorParallelOps:
     def _tp_op(self, op: Op, state: Any) -> None:
         """A TP collective op: it ran inside its compute op; its span is laid out later."""
         self._tp_span_at[self.index] = len(self.spans)
-        self._span(op, TP, None, None, op.nbytes, {"count": op.count})
+        self._span(op, op.group, None, None, op.nbytes, {"count": op.count})
 
     def _layout_tp(self, spans: list[dict]) -> None:
         """Place TP spans after their compute span (module docstring); `spans` are the
@@ -108,11 +113,11 @@ class TensorParallelOps:
         for owner, (span_index, records) in self._measured.items():
             timed = [(r, self.clock.seconds(r.end) - self.clock.seconds(r.start))
                      for r in records]
-            queues: dict[OpKind, deque] = {}
+            queues: dict[tuple, deque] = {}
             for r, seconds in timed:
-                queues.setdefault(r.kind, deque()).append((r, seconds))
-            laid = [self._claim(spans[self._tp_span_at[i]], queues[self.program[i].kind]
-                                if self.program[i].kind in queues else deque())
+                queues.setdefault((r.kind, r.group, r.alongside), deque()).append((r, seconds))
+            laid = [self._claim(spans[self._tp_span_at[i]], queues.get(_key(self.program[i]),
+                                                                        deque()))
                     for i in self._owned.get(owner, ()) if i in self._tp_span_at]
             compute = spans[span_index]
             if records:
@@ -137,11 +142,18 @@ class TensorParallelOps:
         return span, sum(seconds for _, seconds in taken)
 
 
+def _key(op: Op) -> tuple:
+    """The records a TP op claims: (kind, group, alongside)."""
+    return op.kind, op.group, op.alongside
+
+
 def _summary(timed: list[tuple[CollectiveRecord, float]]) -> dict[str, list]:
-    """'KIND:site' -> [count, bytes, seconds] of the measured collectives."""
+    """'KIND:site' ('KIND:group:site' off group 'tp') -> [count, bytes, seconds] of the
+    measured collectives."""
     out: dict[str, list] = {}
     for r, seconds in timed:
-        entry = out.setdefault(f"{r.kind.value}:{r.site}", [0, 0, 0.0])
+        name = f"{r.kind.value}:{r.site}" if r.group == TP else f"{r.kind.value}:{r.group}:{r.site}"
+        entry = out.setdefault(name, [0, 0, 0.0])
         entry[0] += 1
         entry[1] += r.nbytes
         entry[2] += seconds

@@ -6,8 +6,9 @@ Messages to the parent (one per rank, on a multiprocessing queue):
   memory = [(t, bytes) or, in replay, (t, bytes, pipeline rank)],
   'grads': bytes of torch.save({name: grad}) or None (a sharded gradient: the rank's
   shard, NaN elsewhere), 'params': the same for the parameters as the rank holds them
-  after its last iteration (NaN where resharded) or None, 'shard_dims': {name: the dim
-  its TP shard splits, or None}, 'summed_grads': [names whose gradient already is the sum
+  after its last iteration (NaN where resharded) or None, 'shard_blocks': {name: the
+  ((dim, index, parts), ...) of the full tensor its TP block is, () when whole:
+  kernels.layers.parameter_blocks}, 'summed_grads': [names whose gradient already is the sum
   over a tied weight's copies (kernels.tied_embedding)], 'device_name': str};
 - ('error', rank, op text or phase, message, traceback).
 `progress[2*rank : 2*rank+2]` = (iteration, op index) says where a rank is, so the parent
@@ -41,16 +42,21 @@ import torch
 import torch.distributed as dist
 
 from clustersim.schedules.model import ModelSpec
-from clustersim.schedules.names import DP, DP_REPLICATE, DP_SHARD, PP, PP_COPIES, TP
+from clustersim.schedules.names import (DP, DP_REPLICATE, DP_SHARD, PP, PP_COPIES, TP, TP_COL,
+                                        TP_ROW)
 from clustersim.schedules.parallel import ParallelConfig
 from clustersim.schedules.plan import Plan
 from clustersim.schedules.recompute import Recompute
 from clustersim.schedules.schedule import Schedule
+from clustersim.schedules.tp_grid import tp_grid
 
 from .executor import RankExecutor, RankSetup
+from .layers import parameter_blocks
 from .lifecycle import die_with_parent
 from .rendezvous import join_group
 from .stage import build_stages, named_parameters, token_batch
+from .stage_2d import stage_class
+from .summa import SummaGrid
 from .tensor_parallel import TensorParallel
 from .tied_embedding import AXIS as EMBEDDING
 from .tied_embedding import embedding_group, summing_ranks
@@ -129,10 +135,11 @@ def dp_axes(plan: Plan, rank: int) -> dict[str, list[int]]:
 
 def group_axes(plan: Plan, rank: int) -> dict[str, list[int]]:
     """Global ranks of `rank`'s collective groups: its DP axes (dp_axes) and, with
-    tp > 1, its TP group ('tp': the ranks of one (pp, dp, cp) coordinate)."""
+    tp > 1, its TP group ('tp': the ranks of one (pp, dp, cp) coordinate), or on a 2D
+    grid its row and column ('tp_row', 'tp_col': Plan.grid_groups)."""
     axes = dp_axes(plan, rank)
     if plan.parallel.tp > 1:
-        axes[TP] = plan.group(TP, rank)
+        axes.update({axis: plan.group(axis, rank) for axis in plan.grid_groups or (TP,)})
     return axes
 
 
@@ -258,7 +265,7 @@ def _iterate(rank: int, job: Job, device: torch.device, setup: RankSetup,
     tp = _tensor_parallel(job.parallel, setup, clock)
     modules = build_stages(job.model, plan.stages_of(setup.pipeline_rank), plan.num_stages,
                            job.seed, device, tp, plan.stage_layers,
-                           Recompute.of(job.parallel), plan.stage_chains)
+                           Recompute.of(job.parallel), plan.stage_chains, stage_class(tp))
     tokens, labels = token_batch(job.model, job.parallel.global_batch_size, job.seed, device)
 
     def on_op(index: int) -> None:
@@ -286,17 +293,22 @@ def _iterate(rank: int, job: Job, device: torch.device, setup: RankSetup,
     return iterations, {
         "grads": _serialise(executor.export_grads()) if job.return_grads else None,
         "params": _serialise(executor.export_params()) if job.return_params else None,
-        "shard_dims": {n: getattr(p, "shard_dim", None) for n, p in params.items()},
+        "shard_blocks": {n: parameter_blocks(p, tp.rank) for n, p in params.items()},
         "summed_grads": sorted(executor.summed_grads)}
 
 
-def _tensor_parallel(parallel: ParallelConfig, setup: RankSetup, clock: Any) -> TensorParallel:
+def _tensor_parallel(parallel: ParallelConfig, setup: RankSetup, clock: Any
+                     ) -> TensorParallel | SummaGrid:
     """This rank's TP shard and group (size 1 in replay, which kernels.launch allows at
-    tp = 1 only)."""
+    tp = 1 only), or its place on a 2D grid (tp_mode '2d': kernels.summa)."""
     if parallel.tp == 1 or setup.loopback:
         return TensorParallel(clock=clock)
-    return TensorParallel(parallel.tp, parallel.coords(setup.rank)[TP], setup.groups[TP],
-                          parallel.sequence_parallel, clock)
+    t = parallel.coords(setup.rank)[TP]
+    grid = tp_grid(parallel)
+    if grid is not None:
+        return SummaGrid.of_groups(grid.q, t, setup.groups[TP_ROW], setup.groups[TP_COL],
+                                   clock)
+    return TensorParallel(parallel.tp, t, setup.groups[TP], parallel.sequence_parallel, clock)
 
 
 def _serialise(tensors: dict[str, torch.Tensor]) -> bytes:

@@ -264,7 +264,7 @@ def positional(op: Op) -> bool:
 
 _MAYBE_POSITIONAL = frozenset({OpKind.OPT_STEP, OpKind.COPY_D2H, OpKind.COPY_H2D,
                                OpKind.ALL_REDUCE, OpKind.REDUCE_SCATTER, OpKind.ALL_GATHER,
-                               OpKind.ALL_TO_ALL})
+                               OpKind.ALL_TO_ALL, OpKind.BROADCAST, OpKind.REDUCE})
 
 
 def _describe_wait(key: Key, posted: dict[Key, int]) -> str:

@@ -135,15 +135,6 @@ def test_a_model_that_does_not_split_over_the_grid_is_refused():
                 ParallelConfig.from_kwargs(tp=4, tp_mode="2d", pp=3, num_microbatches=3))
 
 
-def test_the_kernels_backend_refuses_it_naming_what_is_missing():
-    pytest.importorskip("torch", reason="the kernels backend needs torch")
-    from clustersim.kernels import KernelsError, run_schedule
-    plan = resolve(GPT, ParallelConfig.from_kwargs(tp=4, tp_mode="2d", pp=1,
-                                                   num_microbatches=1, micro_batch_size=4))
-    with pytest.raises(KernelsError, match="tp_mode='2d'.*SUMMA's broadcasts"):
-        run_schedule(plan.build_schedule(), plan, timeout=30)
-
-
 def test_the_run_says_what_it_does_not_charge():
     parallel = ParallelConfig.from_kwargs(tp=4, tp_mode="2d", pp=1, num_microbatches=1,
                                           micro_batch_size=4)

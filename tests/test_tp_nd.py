@@ -194,3 +194,15 @@ def test_a_model_that_does_not_split_over_the_grid_is_refused(kw, rule):
                       ffn_hidden_size=4096)
     with pytest.raises(ConfigError, match=rule):
         resolve(model, ParallelConfig.from_kwargs(pp=3, num_microbatches=3, **kw))
+
+
+@pytest.mark.parametrize("kw", [dict(tp=4, tp_mode="2d"),
+                                dict(tp=8, tp_mode="2.5d", tp_depth=2),
+                                dict(tp=8, tp_mode="3d")])
+def test_lowering_a_lowered_grid_schedule_changes_nothing(kw):
+    """The lowering's rule (docs/architecture.md): a schedule past a pass is left as it is,
+    so lowering twice changes nothing; the grids' broadcasts and reduces are placed by
+    position as every intra-layer collective is (schedules.validate.positional)."""
+    plan = resolve(GPT, config(**kw))
+    once = lower(plan.build_schedule(), plan)
+    assert lower(once, plan).programs == once.programs

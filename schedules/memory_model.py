@@ -102,6 +102,7 @@ from .registry import schedule_entry
 from .schedule import Schedule
 from .sharding import hpz_degree, shard_group_size, state_shard_degree
 from .timeline import Span, peak_in_flight
+from .tp_grid import tp_grid
 
 MIXED_PRECISION_K = 12  # fp32 master weights + Adam momentum + variance, bytes/parameter
 FP32_K = 8  # Adam momentum + variance; the fp32 weights are the master copy
@@ -345,13 +346,14 @@ def _held(plan: Plan, stage_bytes: Sequence[float], in_flight: Sequence[int] | N
 def bare_rank_memory(params: float, parallel: ParallelConfig,
                      shard_group: int | None = None) -> list[RankMemory]:
     """Model states of each pipeline rank for a bare parameter count split evenly over
-    pp * tp ranks (16-bit weights, Adam). `shard_group`: the hybrid / hpZ shard group
+    pp * tp ranks (pp * q^2 under 2.5D tensor parallelism; 16-bit weights, Adam). `shard_group`: the hybrid / hpZ shard group
     (schedules.sharding.shard_group_size with a cluster; default: as the config gives it)."""
     if isinstance(params, bool) or not isinstance(params, (int, float)) or params <= 0:
         raise ConfigError(f"params must be a parameter count > 0, got {params!r}")
     if shard_group is None:
         shard_group = shard_group_size(parallel)
-    per_rank = params / (parallel.pp * parallel.tp)
+    grid = tp_grid(parallel)  # 2.5D: each depth slice holds a whole copy (q^2 shards)
+    per_rank = params / (parallel.pp * (grid.matrix_shards if grid else parallel.tp))
     return [RankMemory(pp_rank=r, params=per_rank,
                        **model_states(per_rank, parallel, "bf16", shard_group))
             for r in range(parallel.pp)]

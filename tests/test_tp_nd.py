@@ -206,3 +206,10 @@ def test_lowering_a_lowered_grid_schedule_changes_nothing(kw):
     plan = resolve(GPT, config(**kw))
     once = lower(plan.build_schedule(), plan)
     assert lower(once, plan).programs == once.programs
+
+
+def test_a_bare_parameter_count_under_25d_is_split_q_squared_ways_per_stage():
+    """Each depth slice holds a whole copy of the stage: params / (pp q^2) per GPU."""
+    from clustersim.schedules.memory_model import bare_rank_memory
+    parallel = ParallelConfig.from_kwargs(tp=8, tp_mode="2.5d", tp_depth=2, pp=2)
+    assert [r.params for r in bare_rank_memory(7e9, parallel)] == [7e9 / (2 * 4)] * 2

@@ -138,6 +138,13 @@ def _gb(nbytes: float) -> str:
     return f"{value:.0f}" if value >= 100 else f"{value:.2f}" if value >= 1 else f"{value:.3f}"
 
 
+def _grid(p: dict) -> str:
+    """' (2.5d, depth 2)' for a tp grid, '' for 1D."""
+    if p.get("tp_mode", "1d") == "1d":
+        return ""
+    return f" ({p['tp_mode']}" + (f", depth {p['tp_depth']})" if p.get("tp_depth") else ")")
+
+
 def format_memory(data: dict) -> str:
     """The table; under fp8 with a column for TE's FP8 weight copies (in `states`), with
     one for stashed weight versions (PipeDream, 2BW; in `states`) when any, under
@@ -150,7 +157,8 @@ def format_memory(data: dict) -> str:
     recompute = describe_recompute(p["recompute"], p["recompute_method"],
                                    p["recompute_num_layers"])
     lines = [f"{c['model']} ({c['dtype']}, Adam K={c['optimizer_bytes_per_param']} B/param): "
-             f"ZeRO-{p['zero_stage']} fsdp={p['fsdp']} dp={p['dp']} tp={p['tp']} pp={p['pp']} "
+             f"ZeRO-{p['zero_stage']} fsdp={p['fsdp']} dp={p['dp']} tp={p['tp']}{_grid(p)} "
+             f"pp={p['pp']} "
              f"{p['schedule']} microbatches={p['num_microbatches']} recompute={recompute}"
              + (f" offload ({p['offload_device'] or 'cpu'})" if p["offload"] else ""),
              "GB = 1e9 bytes per rank"

@@ -172,8 +172,9 @@ class TensorParallel:
         start = self.clock.mark()
         dist.all_reduce(full, group=self.group)
         self._record(OpKind.REDUCE_SCATTER, full, site, start)
-        part = full.shape[dim] // self.size
-        return full.narrow(dim, self.rank * part, part).contiguous()
+        part = full.shape[dim] // self.size  # a tensor of its own, not a view of `full`
+        return full.narrow(dim, self.rank * part, part).clone(
+            memory_format=torch.contiguous_format)
 
     def broadcast(self, x: torch.Tensor, src: int, site: str, alongside: bool = False
                   ) -> torch.Tensor:

@@ -6,11 +6,6 @@ q reduces per backward product, payloads the q x q blocks.
 
 One set of 4 rank processes runs every case (module fixture); fp32, so results agree to
 fp32 round-off."""
-import io
-import multiprocessing as mp
-import os
-import queue
-import traceback
 from collections import Counter
 
 import pytest
@@ -18,8 +13,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="the kernels backend needs torch "
                             "(pip install -e '.[kernels]')")
 
-from clustersim.kernels.lifecycle import die_with_parent, rank_session  # noqa: E402
-from clustersim.kernels.rendezvous import join_group  # noqa: E402
+from gloo_ranks import run_ranks  # noqa: E402
 from clustersim.kernels.summa import summa_matmul, world_grid  # noqa: E402
 
 Q = 2
@@ -67,49 +61,17 @@ def run_case(grid, case: str) -> dict:
     return out
 
 
-def rank_main(rank: int, port: int, results, link) -> None:
-    die_with_parent(link)
-    try:
-        torch.set_num_threads(1)
-        join_group("gloo", rank, Q * Q, port, WAIT_S)
-        grid = world_grid(Q)
-        out = {case: run_case(grid, case) for case in ("ab", "abt")}
-        for case in out.values():
-            buffer = io.BytesIO()
-            torch.save(case.pop("tensors"), buffer)
-            case["tensors"] = buffer.getvalue()
-        out["coords"] = (grid.row, grid.col)
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
-        results.put(("ok", rank, out))
-    except BaseException:  # noqa: BLE001 (reported to the test)
-        results.put(("error", rank, traceback.format_exc()))
-        results.close()
-        results.join_thread()
-        os._exit(1)
+def rank_work(rank: int) -> dict:
+    """One rank's cases (run by tests/gloo_ranks.py in its gloo process)."""
+    grid = world_grid(Q)
+    out = {case: run_case(grid, case) for case in ("ab", "abt")}
+    out["coords"] = (grid.row, grid.col)
+    return out
 
 
 @pytest.fixture(scope="module")
 def ranks() -> dict[int, dict]:
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["clustersim.kernels.worker"])
-    out = {}
-    with rank_session(ctx, WAIT_S) as session:
-        session.start([ctx.Process(target=rank_main, daemon=True,
-                                   args=(r, session.port, session.results, session.link))
-                       for r in range(Q * Q)])
-        while len(out) < Q * Q:
-            try:
-                message = session.results.get(timeout=WAIT_S)
-            except queue.Empty:
-                pytest.fail(f"no rank reported for {WAIT_S} s")
-            if message[0] == "error":
-                pytest.fail(f"rank {message[1]} failed:\n{message[2]}")
-            out[message[1]] = message[2]
-    for payload in out.values():
-        for case in ("ab", "abt"):
-            payload[case]["tensors"] = torch.load(io.BytesIO(payload[case]["tensors"]))
-    return out
+    return run_ranks(rank_work, Q * Q, WAIT_S)
 
 
 def assembled(ranks: dict, case: str, name: str) -> torch.Tensor:

@@ -22,10 +22,11 @@ Supported so far: pipeline (any schedule of F/B/I/W with P2P ops, layer groups),
 parallelism (DDP, ZeRO 1-3, FSDP/HSDP ops over 'dp', 'dp_shard', 'dp_replicate', OPT_STEP)
 and tensor parallelism with or without sequence parallelism (Megatron column/row-parallel
 layers, vocab-parallel embedding and cross-entropy; kernels.tensor_parallel, the IR's 'tp'
-ops as measured spans: kernels.tp_ops), or as Optimus' 2D grid (tp_mode '2d': SUMMA
-products, kernels.summa, kernels.layers_2d, kernels.stage_2d; the IR's 'tp_row' and
-'tp_col' ops); cp, ep, MoE, fp8, LoRA, ZeRO++, offload, ZeRO-R's partitioned activations
-and the 2.5D and 3D grids are not (a clear error says so).
+ops as measured spans: kernels.tp_ops), or on a grid: Optimus' 2D (tp_mode '2d': SUMMA
+products, kernels.summa, kernels.layers_2d, kernels.stage_2d), Tesseract's 2.5D (d such
+grids, kernels.linear_nd.Grid25D) and Colossal-AI's 3D (kernels.linear_nd, layers_3d,
+stage_3d), with the IR's ops on the grid's groups; cp, ep, MoE, fp8, LoRA, ZeRO++,
+offload and ZeRO-R's partitioned activations are not (a clear error says so).
 """
 from .errors import KernelsError
 from .launch import run_reference, run_reference_steps, run_schedule, run_stale_reference

@@ -81,7 +81,6 @@ SUPPORTED_KINDS = frozenset({OpKind.F, OpKind.B, OpKind.I, OpKind.W, OpKind.SEND
                              OpKind.RECV_F, OpKind.SEND_B, OpKind.RECV_B, OpKind.ALL_REDUCE,
                              OpKind.REDUCE_SCATTER, OpKind.ALL_GATHER, OpKind.OPT_STEP,
                              OpKind.BROADCAST, OpKind.REDUCE})
-KERNEL_TP_MODES = ("1d", "2d")  # Megatron's (kernels.tensor_parallel), Optimus' (kernels.summa)
 UNSUPPORTED_SHARDING = ("quantized_weights", "hpz", "quantized_gradients", "offload")
 _POLL_S = 0.05
 _DEATH_GRACE_S = 0.5  # after a rank's error, how long to look for a peer that died first
@@ -113,10 +112,6 @@ def _check_layout(plan: Plan, device: str, replay: bool) -> None:
         raise KernelsError(f"expert_tensor_parallel={parallel.etp} differs from tp="
                            f"{parallel.tp}: the kernels backend runs no MoE experts (leave it "
                            f"unset)")
-    if parallel.tp_mode not in KERNEL_TP_MODES:
-        raise KernelsError(f"tp_mode={parallel.tp_mode!r}: the kernels backend runs Megatron's "
-                           f"1D and Optimus' 2D tensor parallelism only so far (tp_mode '1d' "
-                           f"or '2d'; 2.5D's depth slices and 3D's cube are not implemented)")
     _check_tensor_parallel(model, parallel, replay)
     for name in UNSUPPORTED_SHARDING:
         if getattr(parallel, name):
@@ -171,7 +166,7 @@ def _check_tensor_parallel(model: ModelSpec, parallel: ParallelConfig, replay: b
     parallel.check_model(model)  # heads, query groups, SP sequence split; a grid's q splits
     grid = tp_grid(parallel)
     if grid is not None:
-        check_grid_model(model, grid.q)
+        check_grid_model(model, grid)
         entry = schedule_entry(parallel.schedule) if parallel.schedule in SCHEDULES else None
         untested = [what for what, on in (
             (f"zero_stage={parallel.zero_stage}", parallel.zero_stage == 3),
@@ -179,8 +174,9 @@ def _check_tensor_parallel(model: ModelSpec, parallel: ParallelConfig, replay: b
             ("weight stashing", entry is not None and entry.stashing is not None)) if on]
         if untested:
             raise KernelsError(f"tp_mode={parallel.tp_mode!r} with {', '.join(untested)}: not "
-                               f"verified against the reference in the kernels backend (2D "
-                               f"runs with DDP or ZeRO-1/2 on flushed single-chain schedules)")
+                               f"verified against the reference in the kernels backend (the "
+                               f"grids run with DDP, 2D and 3D also with ZeRO-1/2, on flushed "
+                               f"single-chain schedules)")
         return
     for name, size in (("vocab_size", model.vocab_size), ("ffn_hidden_size",
                                                            model.ffn_hidden_size)):
@@ -256,11 +252,11 @@ def run_schedule(schedule: Schedule, plan: Plan, device: str = "cpu", seed: int 
     bad input.
 
     Tensor (and sequence) parallelism: parallel.tp ranks per (pp, dp) coordinate run one
-    program on their shards (kernels.tensor_parallel; with tp_mode '2d' on a q x q grid,
-    kernels.summa and kernels.stage_2d). The lowering adds the TP ops of
-    schedules.intra_layer as the simulator does: the collectives run inside the compute
-    ops, and TP ops become spans on their group's lane ('tp', or 'tp_row' and 'tp_col';
-    kernels.tp_ops).
+    program on their shards (kernels.tensor_parallel; with tp_mode '2d' or '2.5d' on q x q
+    grids, kernels.summa and kernels.stage_2d; '3d' on a cube, kernels.stage_3d). The
+    lowering adds the TP ops of schedules.intra_layer as the simulator does: the
+    collectives run inside the compute ops, and TP ops become spans on their group's lane
+    ('tp', or the grid's groups; kernels.tp_ops).
 
     Like torch.multiprocessing.spawn, rank processes import the caller's main module, so
     a script calling this needs an `if __name__ == '__main__':` guard.

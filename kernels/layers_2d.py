@@ -1,6 +1,8 @@
 """The transformer layer of kernels.layers on a 2D tensor-parallel grid (Optimus SUMMA,
 Colossal-AI's 2D layers: docs/research/tensor_parallel_nd.md section 1.1; Colossal-AI's
-legacy parallel_2d/layers.py and _operation.py).
+legacy parallel_2d/layers.py and _operation.py), and on each depth slice of a 2.5D one
+(Tesseract, kernels.linear_nd.Grid25D: the same layers on the slice's 1/d of the
+micro-batch, vectors as below).
 
 Rank (i, j) of the q x q grid (kernels.summa.SummaGrid) holds block (i, j) of every
 activation: (b/q, s, h/q), samples block i (over rows), hidden block j (over columns).
@@ -14,7 +16,10 @@ activation: (b/q, s, h/q), samples block i (over rows), hidden block j (over col
 - A vector (norm weight, bias: n elements) is cut in q^2 parts, rank (i, j) holding part
   j q + i; all-gathering it over 'tp_col' gives hidden block j (n/q) forward, and the
   gradient is reduce-scattered there backward (Colossal-AI's add_bias_2d); one all-gather
-  per bias of a product (the QKV biases are one), one per norm weight.
+  per bias of a product (the QKV biases are one), one per norm weight. On 2.5D a vector
+  is cut in q parts, every rank holding part col; row 0's is broadcast over 'tp_col' and
+  the gradient reduced back to it (Colossal-AI's add_bias_2p5d; the other rows' copies
+  are never read: `layer_vector`).
 - LayerNorm / RMSNorm normalise over the hidden dimension split over the row: the
   per-token sums (fp32, T/q values each) are all-reduced over 'tp_row', 2 forward and 2
   backward for LayerNorm (mean and variance; the two sums of the input gradient), 1 and
@@ -61,6 +66,44 @@ def gather_vectors(vectors: list[torch.Tensor], grid: SummaGrid, site: str) -> t
     return torch.cat([part.flatten(-2) for part in by_row.split(sizes, dim=-1)], dim=-1)
 
 
+def layer_vector(full_shape: tuple[int, ...], init: str, grid: SummaGrid) -> nn.Parameter:
+    """A norm weight's or bias's block: on a 2D grid part col q + row of q^2 (grid_vector);
+    on 2.5D hidden block col of q on every rank, read from row 0 only (Colossal-AI's
+    add_bias_2p5d and LayerNorm2p5D broadcast it from there), so the copies on other rows
+    are marked `unread_copy` (kernels.results leaves them out)."""
+    if grid.depth == 1:
+        return grid_vector(full_shape, init, grid)
+    p = block_parameter(full_shape, init, ((len(full_shape) - 1, grid.col, grid.q),))
+    p.unread_copy = grid.row != 0
+    return p
+
+
+def spread_vectors(vectors: list[torch.Tensor], grid: SummaGrid, site: str) -> torch.Tensor:
+    """Hidden block col of each of `vectors` (layer_vector blocks), concatenated in order:
+    on 2D gather_vectors; on 2.5D one broadcast from row 0 over 'tp_col' (its gradient:
+    one reduce there to row 0, zero on the other rows)."""
+    if grid.depth == 1:
+        return gather_vectors(vectors, grid, site)
+    return _FromRowZero.apply(torch.cat(vectors, dim=-1), grid.col_group, site)
+
+
+class _FromRowZero(torch.autograd.Function):
+    """Row 0's tensor on every row of the column: broadcast forward, reduce to row 0
+    backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, col: TensorParallel, site: str) -> torch.Tensor:
+        ctx.col, ctx.site = col, site
+        return col.broadcast(x, 0, site).clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        summed = ctx.col.reduce(grad, 0, ctx.site)
+        if summed is None:
+            summed = grad.new_zeros(grad.shape)  # contiguous, whatever grad's strides
+        return summed, None, None
+
+
 class GridLinear(nn.Module):
     """The blocks of one linear's weight (grid_matrix) and bias (grid_vector) on this
     rank; `grid_linear` computes with one or several of them."""
@@ -68,7 +111,7 @@ class GridLinear(nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool, grid: SummaGrid):
         super().__init__()
         self.weight = grid_matrix((out_features, in_features), grid)
-        self.bias = grid_vector((out_features,), "zeros", grid) if bias else None
+        self.bias = layer_vector((out_features,), "zeros", grid) if bias else None
 
 
 def grid_linear(x: torch.Tensor, linears: list[GridLinear], grid: SummaGrid,
@@ -78,7 +121,7 @@ def grid_linear(x: torch.Tensor, linears: list[GridLinear], grid: SummaGrid,
     w = torch.cat([lin.weight for lin in linears]).t()
     y = summa_matmul(x, w, grid, site)
     if linears[0].bias is not None:
-        y = y + gather_vectors([lin.bias for lin in linears], grid, site)
+        y = y + spread_vectors([lin.bias for lin in linears], grid, site)
     return y.split([lin.weight.shape[0] for lin in linears], dim=-1)
 
 
@@ -90,30 +133,47 @@ class GridNorm(nn.Module):
         super().__init__()
         h = self.hidden = spec.hidden_size
         self.grid, self.site, self.rms = grid, site, spec.normalization == "RMSNorm"
-        self.weight = grid_vector((h,), "ones", grid)
-        self.bias = None if self.rms else grid_vector((h,), "zeros", grid)
+        self.weight = layer_vector((h,), "ones", grid)
+        self.bias = None if self.rms else layer_vector((h,), "zeros", grid)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = _Normalize.apply(x, self.grid.row_group, self.hidden, self.rms, self.site)
-        x = x * gather_vectors([self.weight], self.grid, self.site)
-        return x if self.bias is None else x + gather_vectors([self.bias], self.grid, self.site)
+        x = normalize(x, self.grid.row_group, self.hidden, self.rms, self.site)
+        x = x * spread_vectors([self.weight], self.grid, self.site)
+        return x if self.bias is None else x + spread_vectors([self.bias], self.grid, self.site)
+
+
+def normalize(x: torch.Tensor, group: TensorParallel, hidden: int, rms: bool, site: str,
+              fused: bool = False) -> torch.Tensor:
+    """LayerNorm (or RMSNorm with `rms`) without weights of `x`, whose hidden dimension of
+    `hidden` elements is split over `group`, eps 1e-5: its per-token statistics are
+    all-reduced there, 2 all-reduces forward (the mean, then the centred variance) and 2
+    backward for LayerNorm (Colossal-AI's LayerNorm2D), or with `fused` one of both sums
+    stacked each way (2 values per token; LayerNorm3D: the variance as
+    E[x^2] - E[x]^2); 1 and 1 for RMSNorm."""
+    return _Normalize.apply(x, group, hidden, rms, site, fused)
 
 
 class _Normalize(torch.autograd.Function):
     """(x - mean) / sqrt(var + eps), or x / sqrt(mean(x^2) + eps) with `rms`, over a
-    hidden dimension of `hidden` elements split over the row group `row`."""
+    hidden dimension of `hidden` elements split over the group `row` (normalize)."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, row: TensorParallel, hidden: int, rms: bool,
-                site: str) -> torch.Tensor:
+                site: str, fused: bool) -> torch.Tensor:
         xf = x.float()
-        if not rms:
+        if rms:
+            var = row.all_reduce(xf.square().sum(-1), site) / hidden
+        elif fused:
+            mean, square = row.all_reduce(torch.stack([xf.sum(-1), xf.square().sum(-1)]),
+                                          site) / hidden
+            var, xf = square - mean.square(), xf - mean.unsqueeze(-1)
+        else:
             xf = xf - (row.all_reduce(xf.sum(-1), site) / hidden).unsqueeze(-1)
-        var = row.all_reduce(xf.square().sum(-1), site) / hidden
+            var = row.all_reduce(xf.square().sum(-1), site) / hidden
         rstd = torch.rsqrt(var + NORM_EPS).unsqueeze(-1)
         normed = xf * rstd
         ctx.save_for_backward(normed, rstd)
-        ctx.row, ctx.hidden, ctx.rms, ctx.site = row, hidden, rms, site
+        ctx.row, ctx.hidden, ctx.rms, ctx.site, ctx.fused = row, hidden, rms, site, fused
         return normed.to(x.dtype)
 
     @staticmethod
@@ -121,11 +181,18 @@ class _Normalize(torch.autograd.Function):
         normed, rstd = ctx.saved_tensors
         row, hidden, site = ctx.row, ctx.hidden, ctx.site
         g = grad.float()
-        dot = (row.all_reduce((g * normed).sum(-1), site) / hidden).unsqueeze(-1)
-        dx = g - normed * dot
-        if not ctx.rms:
-            dx = dx - (row.all_reduce(g.sum(-1), site) / hidden).unsqueeze(-1)
-        return (dx * rstd).to(grad.dtype), None, None, None, None
+        if ctx.rms:
+            dot, mean = row.all_reduce((g * normed).sum(-1), site) / hidden, None
+        elif ctx.fused:
+            dot, mean = row.all_reduce(torch.stack([(g * normed).sum(-1), g.sum(-1)]),
+                                       site) / hidden
+        else:
+            dot = row.all_reduce((g * normed).sum(-1), site) / hidden
+            mean = row.all_reduce(g.sum(-1), site) / hidden
+        dx = g - normed * dot.unsqueeze(-1)
+        if mean is not None:
+            dx = dx - mean.unsqueeze(-1)
+        return (dx * rstd).to(grad.dtype), None, None, None, None, None
 
 
 class GridAttention(Attention):

@@ -51,7 +51,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from clustersim.schedules.names import TP_COL, TP_DEP, TP_INPUT, TP_OUTPUT, TP_ROW, TP_WEIGHT
+from clustersim.schedules.names import (TP_COL, TP_DEP, TP_INPUT, TP_INPUT_WEIGHT, TP_OUTPUT,
+                                        TP_OUTPUT_WEIGHT, TP_ROW, TP_WEIGHT)
 from clustersim.schedules.tp_grid import TpGrid
 
 from .summa import SummaGrid, summa_matmul
@@ -84,7 +85,7 @@ def world_groups(grid: TpGrid, axes: Iterable[str], timeout: Any = None) -> dict
     return mine
 
 
-def _roles(swapped: bool) -> tuple[str, str]:
+def linear_roles(swapped: bool) -> tuple[str, str]:
     """A 3D linear's (input, output) groups (module docstring)."""
     return (TP_OUTPUT, TP_INPUT) if swapped else (TP_INPUT, TP_OUTPUT)
 
@@ -92,7 +93,8 @@ def _roles(swapped: bool) -> tuple[str, str]:
 @dataclass(eq=False)
 class Grid3D:
     """Tensor rank `rank` of a q x q x q grid: its groups on 'tp_weight', 'tp_input' and
-    'tp_output' (members i, j, k), recording into one list."""
+    'tp_output' (members i, j, k) and, where given, the planes 'tp_input_weight' and
+    'tp_output_weight' (member i + q j, i + q k), all recording into one list."""
 
     q: int
     rank: int
@@ -111,6 +113,12 @@ class Grid3D:
         for axis, coord in ((TP_INPUT, rank // q % q), (TP_OUTPUT, rank // q ** 2)):
             axes[axis] = TensorParallel(q, coord, groups[axis], clock=first.clock,
                                         records=first.records, axis=axis)
+        cube = TpGrid("3d", q)
+        for plane in (TP_INPUT_WEIGHT, TP_OUTPUT_WEIGHT):
+            if plane in groups:
+                axes[plane] = TensorParallel(q * q, cube.members(plane, rank).index(rank),
+                                             groups[plane], clock=first.clock,
+                                             records=first.records, axis=plane)
         return cls(q, rank, axes)
 
     def coord(self, axis: str) -> int:
@@ -123,15 +131,21 @@ class Grid3D:
     def input_blocks(self, swapped: bool = False) -> Blocks:
         """The block of its input X a linear (`swapped` or not) takes on this rank; the
         output's is the swapped linear's input block."""
-        gather, scatter = _roles(swapped)
+        gather, scatter = linear_roles(swapped)
         q, i = self.q, self.coord(TP_WEIGHT)
         return (0, i * q + self.coord(gather), q * q), (-1, self.coord(scatter), q)
 
     def weight_blocks(self, swapped: bool = False) -> Blocks:
         """The block of a linear's W (h_in x h_out) this rank holds."""
-        gather, scatter = _roles(swapped)
+        gather, scatter = linear_roles(swapped)
         q, i = self.q, self.coord(TP_WEIGHT)
         return (0, self.coord(scatter) * q + i, q * q), (1, self.coord(gather), q)
+
+    @property
+    def sample_block(self) -> tuple[int, int]:
+        """(index, parts) of the micro-batch's samples the unswapped linears' input block
+        holds (the layers' activations): block i q + j of q^2."""
+        return self.coord(TP_WEIGHT) * self.q + self.coord(TP_INPUT), self.q * self.q
 
     def activation_shape(self, batch: int, seq: int, hidden: int) -> tuple[int, int, int]:
         return batch // self.q ** 2, seq, hidden // self.q
@@ -141,23 +155,20 @@ def linear_3d(x: torch.Tensor, w: torch.Tensor, grid: Grid3D, swapped: bool = Fa
               site: str = "layer") -> torch.Tensor:
     """This rank's block of X W (module docstring): `x` (batch, ..., h_in/q) its
     input_blocks, `w` (h_in/q^2, h_out/q) its weight_blocks; differentiable in both."""
-    gather, scatter = _roles(swapped)
+    gather, scatter = linear_roles(swapped)
     x_rows = grid.axes[gather].gather(x, site, 0)
     w_rows = grid.axes[TP_WEIGHT].gather(w, site, 0)
     return grid.axes[scatter].scatter(torch.matmul(x_rows, w_rows), site, 0)
 
 
 @dataclass(eq=False)
-class Grid25D:
-    """Tensor rank `rank` of d q x q grids: its slice's SUMMA grid (`plane`: 'tp_row',
-    'tp_col') and its depth group (`dep`: 'tp_dep'), recording into one list."""
+class Grid25D(SummaGrid):
+    """Tensor rank `rank` of d q x q grids: its slice's SUMMA grid ('tp_row', 'tp_col';
+    row and col as on a 2D grid) and its depth group `dep` ('tp_dep', member dep), all
+    recording into one list."""
 
-    q: int
-    depth: int
-    rank: int
-    plane: SummaGrid
-    dep: TensorParallel
-    sequence_parallel: bool = False  # the grid splits activations already
+    depth: int = 2
+    dep: TensorParallel | None = None
 
     @classmethod
     def of_groups(cls, q: int, depth: int, rank: int, groups: Mapping[str, Any],
@@ -168,31 +179,33 @@ class Grid25D:
                              f"(depth >= 2)")
         plane = SummaGrid.of_groups(q, rank % (q * q), groups[TP_ROW], groups[TP_COL], clock)
         first = plane.row_group
-        return cls(q, depth, rank, plane, TensorParallel(
+        return cls(q, rank, first, plane.col_group, depth=depth, dep=TensorParallel(
             depth, rank // (q * q), groups[TP_DEP], clock=first.clock, records=first.records,
             axis=TP_DEP))
 
-    def take_records(self) -> list:
-        """The collectives of all three groups since the last call, in the order they ran."""
-        return self.plane.take_records()
+    @property
+    def sample_block(self) -> tuple[int, int]:
+        """Samples block dep q + row of d q (the slice's dep, then the row within it)."""
+        return self.dep.rank * self.q + self.row, self.depth * self.q
+
+    @property
+    def slice_block(self) -> tuple[int, int]:
+        """The depth slice's samples: block dep of d."""
+        return self.dep.rank, self.depth
 
     def input_blocks(self) -> Blocks:
         """The block of an activation this rank holds (every linear's input and output)."""
-        p = self.plane
-        return (0, self.dep.rank * self.q + p.row, self.depth * self.q), (-1, p.col, self.q)
+        return (0, *self.sample_block), (-1, self.col, self.q)
 
     def weight_blocks(self) -> Blocks:
         """The block of a W (h_in x h_out) this rank holds, the same on every slice."""
-        return (0, self.plane.row, self.q), (1, self.plane.col, self.q)
-
-    def activation_shape(self, batch: int, seq: int, hidden: int) -> tuple[int, int, int]:
-        return batch // (self.depth * self.q), seq, hidden // self.q
+        return (0, self.row, self.q), (1, self.col, self.q)
 
 
 def linear_25d(x: torch.Tensor, w: torch.Tensor, grid: Grid25D, site: str = "layer"
                ) -> torch.Tensor:
     """This rank's block of X W: one SUMMA product on its depth slice (kernels.summa)."""
-    return summa_matmul(x, w, grid.plane, site)
+    return summa_matmul(x, w, grid, site)
 
 
 @torch.no_grad()

@@ -112,6 +112,8 @@ class ParamUnit:
         for p, a, b in self._slices(lo, hi):
             if grad and p.grad is None:
                 p.grad = torch.zeros_like(p)
+            elif grad and not p.grad.is_contiguous():  # a W pass's view (torch's
+                p.grad = p.grad.contiguous()  # stage_backward_weight assigns it as is)
             dst = p.grad if grad else p.data  # .data: no version bump (module docstring)
             dst.view(-1)[a:b].copy_(values[offset:offset + b - a])
             offset += b - a

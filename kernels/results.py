@@ -32,7 +32,7 @@ GLOO_REDUCE_SCATTER = ("REDUCE_SCATTER runs as an all-reduce of the bucket and a
 
 STASH_COPY = ("weight stashing: each version in use is a copy beside the live weights, one "
               "copy more than the versions the memory model counts (kernels.stashing)")
-SUMMA_BLOCKING = ("tp_mode='2d': SUMMA's broadcasts and reduces run blocking, one step "
+SUMMA_BLOCKING = ("tp_mode='2d' and '2.5d': SUMMA's broadcasts and reduces run blocking, one step "
                   "after another, inside their compute op (Colossal-AI double-buffers them "
                   "beside the GEMMs); the spans of the ops the IR places alongside carry "
                   "the measured times of steps 2..q")
@@ -80,7 +80,7 @@ def merge_timeline(payloads: dict[int, dict], job: Any) -> Timeline:
         + ([GLOO_REDUCE_SCATTER] if any(op.kind is OpKind.REDUCE_SCATTER
                                         for op in s.ops()) or p.sequence_parallel else [])
         + ([TP_INSIDE] if p.tp > 1 else [])
-        + ([SUMMA_BLOCKING] if p.tp > 1 and p.tp_mode == "2d" else [])
+        + ([SUMMA_BLOCKING] if p.tp > 1 and p.tp_mode in ("2d", "2.5d") else [])
         + ([TIED_SUM] if summing_ranks(s, job.model) and not job.replay else []),
     }
     timeline = Timeline.from_dict({"source": source, "meta": meta, "spans": spans,
@@ -110,8 +110,9 @@ def gather_state(payloads: dict[int, dict], parallel: ParallelConfig,
     lists in 'summed_grads': summed before the optimizer step, kernels.tied_embedding).
     Then the TP blocks are put in their place in the full tensor (payload 'shard_blocks':
     along each (dim, index, parts) part index of parts; a 1D shard is part t along its
-    shard dim, a 2D grid's blocks kernels.layers_2d's); a replicated tensor is TP rank
-    0's (every TP rank holds the same)."""
+    shard dim, a grid's blocks kernels.layers_2d's or layers_3d's; copies the forward
+    never reads, blocks None, are left out); a replicated tensor is TP rank 0's (every
+    TP rank holds the same)."""
     by_tp: dict[int, dict[int, dict]] = {}
     for rank, payload in payloads.items():
         by_tp.setdefault(parallel.coords(rank)[TP], {})[rank] = payload
@@ -120,13 +121,14 @@ def gather_state(payloads: dict[int, dict], parallel: ParallelConfig,
         return merged[0]
     blocks = {t: {n: b for p in by_tp[t].values() for n, b in p.get("shard_blocks", {}).items()}
               for t in by_tp}
-    return {name: _assemble({t: (merged[t][name], blocks[t].get(name, ())) for t in merged})
+    return {name: _assemble({t: (merged[t][name], blocks[t].get(name, ())) for t in merged
+                             if blocks[t].get(name, ()) is not None})
             for name in merged[0]}
 
 
 def _assemble(parts: dict[int, tuple[torch.Tensor, tuple]]) -> torch.Tensor:
     """The full tensor from each TP rank's (block, its (dim, index, parts) blocks)."""
-    first, blocks = parts[0]
+    first, blocks = parts[min(parts)]
     if not blocks:
         return first
     shape = list(first.shape)

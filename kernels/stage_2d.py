@@ -20,6 +20,11 @@ Rank (i, j) of the q x q grid (kernels.summa.SummaGrid):
   blocks: one all-reduce of the scalar over 'tp_col' divided by q; its backward is the
   gradient / q, local (every rank holds the same loss).
 Stages send and receive (b/q, s, h/q) activation blocks (SummaGrid.activation_shape).
+On a 2.5D grid (kernels.linear_nd.Grid25D) each depth slice dep runs the above on its
+samples block dep of d (the lookup takes only those ids; the activation block is samples
+block dep q + i of d q), and the loss is the slice's mean: the depth slices' gradients are
+averaged with the data-parallel replicas' over 'dp_dep' (schedules.tp_grid), which makes
+them the micro-batch mean's.
 Units: token ids int64, logits and loss fp32.
 """
 from __future__ import annotations
@@ -31,11 +36,12 @@ from torch import nn
 
 from clustersim.schedules.errors import ConfigError
 from clustersim.schedules.model import ModelSpec
+from clustersim.schedules.tp_grid import TpGrid
 
 from .layers import block_parameter
 from .layers_2d import GridNorm, GridTransformerLayer, gather_vectors, grid_vector
 from .stage import StageModule
-from .summa import SummaGrid, summa_matmul
+from .summa import sample_rows, summa_matmul
 from .tensor_parallel import TensorParallel
 from .vocab_parallel import cross_entropy, embedding_partial
 
@@ -67,8 +73,10 @@ class GridStageModule(StageModule):
         return GridNorm(self.spec, self.tp, "head")
 
     def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Token ids (b, s) -> this rank's activation block (b/q, s, h/q)."""
+        """Token ids (b, s) -> this rank's activation block (b/q, s, h/q; 2.5D
+        b/(d q))."""
         col = self.tp.col_group
+        tokens = sample_rows(tokens, self.tp.slice_block)  # 2.5D: the depth slice's
         x = col.scatter(embedding_partial(tokens, self.word_embeddings.weight, col),
                         "embedding", 0)
         if hasattr(self, "position_embeddings"):
@@ -81,42 +89,51 @@ class GridStageModule(StageModule):
         grid = self.tp
         logits = summa_matmul(self.final_norm(x), self._head_weight(), grid, "head",
                               transposed=True).float()
-        rows = labels.shape[0] // grid.q
-        mine = labels[grid.row * rows:(grid.row + 1) * rows]
+        mine = sample_rows(labels, grid.sample_block)
         loss = cross_entropy(logits.reshape(-1, logits.shape[-1]), mine.reshape(-1),
                              grid.row_group)
-        return _MeanOverRows.apply(loss, grid.col_group)
+        return mean_over(loss, grid.col_group)
 
 
-class _MeanOverRows(torch.autograd.Function):
-    """The mean of the column group's values: all-reduce / q forward, gradient / q."""
+def mean_over(loss: torch.Tensor, group: TensorParallel) -> torch.Tensor:
+    """The mean of the group's (scalar) losses, each the mean over an equal share of the
+    tokens: one all-reduce / size forward; backward the gradient / size, local (every
+    member holds the same result)."""
+    return _MeanOver.apply(loss, group)
+
+
+class _MeanOver(torch.autograd.Function):
+    """mean_over's all-reduce / size forward, gradient / size backward."""
 
     @staticmethod
-    def forward(ctx: Any, loss: torch.Tensor, col: TensorParallel) -> torch.Tensor:
-        ctx.size = col.size
-        return col.all_reduce(loss, "loss") / col.size
+    def forward(ctx: Any, loss: torch.Tensor, group: TensorParallel) -> torch.Tensor:
+        ctx.size = group.size
+        return group.all_reduce(loss, "loss") / group.size
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
         return grad / ctx.size, None
 
 
-def stage_class(tp: TensorParallel | SummaGrid) -> type[StageModule]:
-    """The stage module of a rank whose TP place is `tp`: GridStageModule on a grid."""
-    return GridStageModule if isinstance(tp, SummaGrid) else StageModule
-
-
-def check_grid_model(model: ModelSpec, q: int) -> None:
+def check_grid_model(model: ModelSpec, grid: TpGrid) -> None:
     """ConfigError unless the vectors cut in q^2 parts divide evenly (Colossal-AI's 2D
-    layers assert the same): the hidden size (norm weights, position table) and, with
-    linear biases, every linear's output size. The q-way splits are
-    ParallelConfig.check_model's (schedules.tp_grid.check_model_grid)."""
+    layers assert the same): on 2D the hidden size (norm weights, position table) and,
+    with linear biases, every linear's output size; on 2.5D the learned position table's
+    hidden size (its norm weights and biases are cut q ways). The q-way splits, and 3D's,
+    are ParallelConfig.check_model's (schedules.tp_grid.check_model_grid)."""
+    if grid.mode == "3d":
+        return
+    q, what = grid.q, "each norm weight, bias and position table"
     parts = {"hidden_size": model.hidden_size}
-    if model.add_bias_linear:
+    if grid.mode == "2.5d":
+        what = "the learned position table"
+        if model.position_embedding_type != "learned_absolute":
+            parts = {}
+    elif model.add_bias_linear:
         parts.update(ffn_hidden_size=model.ffn_hidden_size,
                      kv_hidden_size=model.kv_hidden_size)
     for name, size in parts.items():
         if size % (q * q):
-            raise ConfigError(f"{name}={size} is not divisible by q^2={q * q}: tp_mode='2d' "
-                              f"cuts each norm weight, bias and position table in q^2 "
-                              f"parts (the kernels do not pad)")
+            raise ConfigError(f"{name}={size} is not divisible by q^2={q * q}: "
+                              f"tp_mode={grid.mode!r} cuts {what} in q^2 parts (the "
+                              f"kernels do not pad)")

@@ -68,7 +68,7 @@ class SummaGrid:
 
     @property
     def row(self) -> int:
-        return self.rank // self.q
+        return self.rank // self.q % self.q  # (2.5D: the rank's depth slice's row)
 
     @property
     def col(self) -> int:
@@ -82,10 +82,31 @@ class SummaGrid:
         """Both groups' collectives since the last call, in the order they ran."""
         return self.row_group.take_records()
 
+    depth = 1  # grids of the micro-batch (kernels.linear_nd.Grid25D: d)
+
+    @property
+    def sample_block(self) -> tuple[int, int]:
+        """(index, parts) of the micro-batch's samples this rank's activation block holds:
+        block `row` of q."""
+        return self.row, self.q
+
+    @property
+    def slice_block(self) -> tuple[int, int]:
+        """(index, parts) of the micro-batch's samples this rank's grid works on: all."""
+        return 0, 1
+
     def activation_shape(self, batch: int, seq: int, hidden: int) -> tuple[int, int, int]:
         """This rank's block of a (batch, seq, hidden) activation: samples over rows,
         hidden over columns."""
-        return batch // self.q, seq, hidden // self.q
+        return batch // self.sample_block[1], seq, hidden // self.q
+
+
+def sample_rows(x: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+    """Samples block (index, parts) of `x` along dim 0 (a grid's sample_block or
+    slice_block)."""
+    index, parts = block
+    rows = x.shape[0] // parts
+    return x[index * rows:(index + 1) * rows]
 
 
 def world_grid(q: int, clock: Any = None, timeout: Any = None) -> SummaGrid:

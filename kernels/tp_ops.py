@@ -37,12 +37,12 @@ from collections import deque
 from typing import Any
 
 from clustersim.schedules.contract import is_intra_layer
-from clustersim.schedules.names import TP, TP_COL, TP_ROW
+from clustersim.schedules.names import TP, TP_GRID_GROUPS
 from clustersim.schedules.ops import WEIGHT_GRAD_KINDS, WORK_KINDS, Op
 
 from .tensor_parallel import CollectiveRecord, SequenceGradients, TensorParallel
 
-TENSOR_GROUPS = frozenset({TP, TP_ROW, TP_COL})  # the groups of the TP ops the kernels run
+TENSOR_GROUPS = frozenset({TP}) | TP_GRID_GROUPS  # the groups of the TP ops the kernels run
 
 
 def tp_owners(program: list[Op]) -> dict[int, int]:

@@ -8,8 +8,10 @@ Messages to the parent (one per rank, on a multiprocessing queue):
   shard, NaN elsewhere), 'params': the same for the parameters as the rank holds them
   after its last iteration (NaN where resharded) or None, 'shard_blocks': {name: the
   ((dim, index, parts), ...) of the full tensor its TP block is, () when whole:
-  kernels.layers.parameter_blocks}, 'summed_grads': [names whose gradient already is the sum
-  over a tied weight's copies (kernels.tied_embedding)], 'device_name': str};
+  kernels.layers.parameter_blocks; None for a copy the forward never reads, 2.5D's
+  vectors off row 0: kernels.layers_2d.layer_vector}, 'summed_grads': [names whose
+  gradient already is the sum over a tied weight's copies (kernels.tied_embedding)],
+  'device_name': str};
 - ('error', rank, op text or phase, message, traceback).
 `progress[2*rank : 2*rank+2]` = (iteration, op index) says where a rank is, so the parent
 can name a stuck op: iteration -1 = starting up (index -1: process starting, 0: joining
@@ -42,8 +44,8 @@ import torch
 import torch.distributed as dist
 
 from clustersim.schedules.model import ModelSpec
-from clustersim.schedules.names import (DP, DP_REPLICATE, DP_SHARD, PP, PP_COPIES, TP, TP_COL,
-                                        TP_ROW)
+from clustersim.schedules.names import (DP, DP_DEP, DP_REPLICATE, DP_SHARD, PP, PP_COPIES, TP,
+                                        TP_COL, TP_ROW)
 from clustersim.schedules.parallel import ParallelConfig
 from clustersim.schedules.plan import Plan
 from clustersim.schedules.recompute import Recompute
@@ -54,8 +56,10 @@ from .executor import RankExecutor, RankSetup
 from .layers import parameter_blocks
 from .lifecycle import die_with_parent
 from .rendezvous import join_group
-from .stage import build_stages, named_parameters, token_batch
-from .stage_2d import stage_class
+from .linear_nd import Grid3D, Grid25D
+from .stage import StageModule, build_stages, named_parameters, token_batch
+from .stage_2d import GridStageModule
+from .stage_3d import CubeStageModule
 from .summa import SummaGrid
 from .tensor_parallel import TensorParallel
 from .tied_embedding import AXIS as EMBEDDING
@@ -125,12 +129,14 @@ class Job:
 
 
 def dp_axes(plan: Plan, rank: int) -> dict[str, list[int]]:
-    """Global ranks of `rank`'s data-parallel groups (Plan.group): 'dp', and with a
-    hybrid shard group also 'dp_shard' and 'dp_replicate'."""
+    """Global ranks of `rank`'s data-parallel groups (Plan.group): 'dp', with a hybrid
+    shard group also 'dp_shard' and 'dp_replicate', under 2.5D tensor parallelism
+    'dp_dep' (Plan.grad_group)."""
     hybrid = plan.parallel.fsdp == "hybrid" and plan.dp_shard_size
     copies = (PP_COPIES,) if plan.chains > 1 else ()  # DualPipe's two copies of a stage
+    depth = (DP_DEP,) if plan.grad_group == DP_DEP else ()
     return {axis: plan.group(axis, rank)
-            for axis in ((DP, DP_SHARD, DP_REPLICATE) if hybrid else (DP,)) + copies}
+            for axis in ((DP, DP_SHARD, DP_REPLICATE) if hybrid else (DP,)) + copies + depth}
 
 
 def group_axes(plan: Plan, rank: int) -> dict[str, list[int]]:
@@ -265,7 +271,7 @@ def _iterate(rank: int, job: Job, device: torch.device, setup: RankSetup,
     tp = _tensor_parallel(job.parallel, setup, clock)
     modules = build_stages(job.model, plan.stages_of(setup.pipeline_rank), plan.num_stages,
                            job.seed, device, tp, plan.stage_layers,
-                           Recompute.of(job.parallel), plan.stage_chains, stage_class(tp))
+                           Recompute.of(job.parallel), plan.stage_chains, _stage_class(tp))
     tokens, labels = token_batch(job.model, job.parallel.global_batch_size, job.seed, device)
 
     def on_op(index: int) -> None:
@@ -293,22 +299,36 @@ def _iterate(rank: int, job: Job, device: torch.device, setup: RankSetup,
     return iterations, {
         "grads": _serialise(executor.export_grads()) if job.return_grads else None,
         "params": _serialise(executor.export_params()) if job.return_params else None,
-        "shard_blocks": {n: parameter_blocks(p, tp.rank) for n, p in params.items()},
+        "shard_blocks": {n: None if getattr(p, "unread_copy", False)
+                         else parameter_blocks(p, tp.rank) for n, p in params.items()},
         "summed_grads": sorted(executor.summed_grads)}
 
 
 def _tensor_parallel(parallel: ParallelConfig, setup: RankSetup, clock: Any
-                     ) -> TensorParallel | SummaGrid:
+                     ) -> TensorParallel | SummaGrid | Grid3D:
     """This rank's TP shard and group (size 1 in replay, which kernels.launch allows at
-    tp = 1 only), or its place on a 2D grid (tp_mode '2d': kernels.summa)."""
+    tp = 1 only), or its place on a grid: 2D (kernels.summa), 2.5D or 3D
+    (kernels.linear_nd)."""
     if parallel.tp == 1 or setup.loopback:
         return TensorParallel(clock=clock)
     t = parallel.coords(setup.rank)[TP]
     grid = tp_grid(parallel)
-    if grid is not None:
-        return SummaGrid.of_groups(grid.q, t, setup.groups[TP_ROW], setup.groups[TP_COL],
-                                   clock)
-    return TensorParallel(parallel.tp, t, setup.groups[TP], parallel.sequence_parallel, clock)
+    if grid is None:
+        return TensorParallel(parallel.tp, t, setup.groups[TP], parallel.sequence_parallel,
+                              clock)
+    if grid.mode == "3d":
+        return Grid3D.of_groups(grid.q, t, setup.groups, clock)
+    if grid.mode == "2.5d":
+        return Grid25D.of_groups(grid.q, grid.depth, t, setup.groups, clock)
+    return SummaGrid.of_groups(grid.q, t, setup.groups[TP_ROW], setup.groups[TP_COL], clock)
+
+
+def _stage_class(tp: TensorParallel | SummaGrid | Grid3D) -> type[StageModule]:
+    """The stage module of a rank whose TP place is `tp`: kernels.stage_3d's on a cube,
+    kernels.stage_2d's on a 2D or 2.5D grid (a SummaGrid), else kernels.stage's."""
+    if isinstance(tp, Grid3D):
+        return CubeStageModule
+    return GridStageModule if isinstance(tp, SummaGrid) else StageModule
 
 
 def _serialise(tensors: dict[str, torch.Tensor]) -> bytes:

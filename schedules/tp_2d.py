@@ -121,14 +121,22 @@ def _embedding_and_head(model, cov: Covered, q: int, tokens: float, d: int) -> l
 def summa_placements(comms_of_op: list[Comm], q: int) -> list[tuple[Comm, bool]]:
     """Each 2D or 2.5D collective with whether it runs beside its compute op: of the
     SUMMA broadcasts and reduces (`in_linear`), all but the first step of every q
-    (Colossal-AI's double buffering); the rest after it, blocking."""
-    out = []
+    (Colossal-AI's double buffering); the rest after it, blocking. Collectives of one
+    kind, group and placement are one entry (2.5D's vector broadcasts and reduces with
+    SUMMA's first steps), so a placed op stands for every collective of its key."""
+    out: dict[tuple, Comm] = {}
+
+    def add(c: Comm, alongside: bool) -> None:
+        key = (c.kind, c.group, alongside)
+        seen = out.get(key)
+        out[key] = c if seen is None else Comm(c.kind, c.group, seen.nbytes + c.nbytes,
+                                               seen.count + c.count)
     for c in comms_of_op:
         if c.in_linear:
             exposed = c.count // q
             first = round(c.nbytes * exposed / c.count)
-            out += [(Comm(c.kind, c.group, c.nbytes - first, c.count - exposed), True),
-                    (Comm(c.kind, c.group, first, exposed), False)]
+            add(Comm(c.kind, c.group, c.nbytes - first, c.count - exposed), True)
+            add(Comm(c.kind, c.group, first, exposed), False)
         else:
-            out.append((c, False))
-    return out
+            add(c, False)
+    return [(c, alongside) for (_, _, alongside), c in out.items()]

@@ -15,6 +15,7 @@ from clustersim.kernels.tp_ops import tp_owners  # noqa: E402
 from clustersim.schedules.errors import ConfigError  # noqa: E402
 from clustersim.schedules.lowering import lower  # noqa: E402
 from clustersim.schedules.model import ModelSpec  # noqa: E402
+from clustersim.schedules.names import TP_GRID_GROUPS  # noqa: E402
 from clustersim.schedules.ops import OpKind  # noqa: E402
 from clustersim.schedules.parallel import ParallelConfig  # noqa: E402
 from clustersim.schedules.plan import resolve  # noqa: E402
@@ -46,7 +47,7 @@ def run(model, par):
 
 
 def grid_spans(timeline):
-    return [s for s in timeline.spans if s.lane in GRID_LANES]
+    return [s for s in timeline.spans if s.lane in TP_GRID_GROUPS]
 
 
 def assert_spans_are_the_programs(timeline, schedule, par, exempt=lambda owner: False):
@@ -56,7 +57,7 @@ def assert_spans_are_the_programs(timeline, schedule, par, exempt=lambda owner: 
     for rank in range(par.world_size):
         program = schedule.programs[par.coords(rank)["pp"]]
         owners = tp_owners(program)
-        ops = [i for i, op in enumerate(program) if op.group in GRID_LANES]
+        ops = [i for i, op in enumerate(program) if op.group in TP_GRID_GROUPS]
         spans = [s for s in grid_spans(timeline) if s.rank == rank]
         assert [str(s.op) for s in spans] == [str(program[i]) for i in ops]
         for index, span in zip(ops, spans):
@@ -137,17 +138,6 @@ def test_forward_and_backward_move_the_closed_form_bytes():
 
 
 # --- refusals ----------------------------------------------------------------------------
-@pytest.mark.parametrize("kw,match", [
-    (dict(tp=8, tp_mode="2.5d", tp_depth=2), "tp_mode='2.5d'.*1D and Optimus' 2D"),
-    (dict(tp=8, tp_mode="3d"), "tp_mode='3d'.*1D and Optimus' 2D")])
-def test_other_grids_are_refused_naming_what_runs(kw, match):
-    model = ModelSpec(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=16,
-                      vocab_size=128, micro_batch_size=4, dtype="fp32")
-    plan = resolve(model, ParallelConfig(micro_batch_size=4, num_microbatches=1, **kw))
-    with pytest.raises(KernelsError, match=match):
-        run_schedule(plan.build_schedule(), plan, timeout=TIMEOUT)
-
-
 @pytest.mark.parametrize("kw,match", [
     (dict(schedule="dualpipe", pp=2, num_microbatches=4), "DualPipe's two stage chains"),
     (dict(schedule="pipedream", pp=2, num_microbatches=4), "weight stashing"),

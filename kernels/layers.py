@@ -37,6 +37,7 @@ reference build bit-identical weights.
 from __future__ import annotations
 
 import zlib
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -273,13 +274,16 @@ class TransformerLayer(nn.Module):
     def __init__(self, spec: ModelSpec, tp: TensorParallel | None = None,
                  recompute: str = "none"):
         super().__init__()
+        self._assemble(spec, lambda: Norm(spec), Attention(spec, tp, recompute), MLP(spec, tp))
+
+    def _assemble(self, spec: ModelSpec, norm: Any, attention: nn.Module, mlp: nn.Module
+                  ) -> None:
+        """The layer of two `norm()`s, `attention` and `mlp` (a grid's layer passes its
+        own: kernels.layers_2d, layers_3d)."""
         if spec.is_moe:
             raise ValueError("mixture-of-experts layers are not implemented in the kernels "
                              "backend (num_experts is set)")
-        self.input_norm = Norm(spec)
-        self.attention = Attention(spec, tp, recompute)
-        self.mlp_norm = Norm(spec)
-        self.mlp = MLP(spec, tp)
+        self.input_norm, self.attention, self.mlp_norm, self.mlp = norm(), attention, norm(), mlp
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.input_norm(x))

@@ -239,11 +239,6 @@ class GridTransformerLayer(TransformerLayer):
 
     def __init__(self, spec: ModelSpec, grid: SummaGrid, recompute: str = "none"):
         nn.Module.__init__(self)  # not TransformerLayer's: it builds the 1D blocks
-        if spec.is_moe:
-            raise ValueError("mixture-of-experts layers are not implemented in the kernels "
-                             "backend (num_experts is set)")
-        self.input_norm = GridNorm(spec, grid)
-        self.attention = GridAttention(spec, grid, recompute)
-        self.mlp_norm = GridNorm(spec, grid)
-        self.mlp = GridMLP(spec, grid)
+        self._assemble(spec, lambda: GridNorm(spec, grid), GridAttention(spec, grid, recompute),
+                       GridMLP(spec, grid))
 

@@ -137,10 +137,5 @@ class CubeTransformerLayer(TransformerLayer):
 
     def __init__(self, spec: ModelSpec, grid: Grid3D, recompute: str = "none"):
         nn.Module.__init__(self)  # not TransformerLayer's: it builds the 1D blocks
-        if spec.is_moe:
-            raise ValueError("mixture-of-experts layers are not implemented in the kernels "
-                             "backend (num_experts is set)")
-        self.input_norm = CubeNorm(spec, grid)
-        self.attention = CubeAttention(spec, grid, recompute)
-        self.mlp_norm = CubeNorm(spec, grid)
-        self.mlp = CubeMLP(spec, grid)
+        self._assemble(spec, lambda: CubeNorm(spec, grid), CubeAttention(spec, grid, recompute),
+                       CubeMLP(spec, grid))

@@ -87,21 +87,6 @@ def test_2d_step_equals_reference_and_collectives_are_the_irs(model, pp, recompu
         assert sends == {B // Q * S * H // Q * FP32}  # the activation block (b/q, s, h/q)
 
 
-def test_zero_bubble_split_runs_each_gradient_once():
-    """zb-h1: I runs the input gradient's broadcasts and reduces, W the weight
-    gradient's, each exactly as counted; only stage 0's I computes nothing (its input is
-    token ids: its W runs the whole backward, kernels.split_backward)."""
-    par = grid(2, "zb-h1")
-    schedule, (timeline, grads, params) = run(LLAMA, par)
-    assert_matches_reference(grads, params, par, LLAMA)
-
-    def stage0_input_grad(op):
-        return op.kind is OpKind.I and op.stage == 0
-    assert_spans_are_the_programs(timeline, schedule, par, stage0_input_grad)
-    unclaimed = [s for s in grid_spans(timeline) if s.info["measured"] != s.info["count"]]
-    assert unclaimed and all(s.op.stage == 0 and s.info["measured"] == 0 for s in unclaimed)
-
-
 # --- the closed forms (independent of the IR) ----------------------------------------------
 def test_forward_and_backward_move_the_closed_form_bytes():
     """Per microbatch on every rank of a whole-model stage (GPT, L layers, T tokens):

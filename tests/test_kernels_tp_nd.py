@@ -1,5 +1,6 @@
 """kernels: 2.5D (Tesseract, tp = d q^2) and 3D (Colossal-AI, tp = q^3) tensor parallelism
-on gloo (CPU), whole models: gradients and the Adam step equal the single-process
+on gloo (CPU), whole models (2D's own cases: tests/test_kernels_tp_2d.py; the zero-bubble
+split here covers all three grids): gradients and the Adam step equal the single-process
 reference, every collective that runs is one the IR counts (schedules.tp_2d, tp_3d: same
 kind, group, placement and bytes), and a layer moves the closed-form bytes of
 docs/research/tensor_parallel_nd.md (sections 1.2, 1.3, 6.2 and 6.3), derived here from
@@ -31,7 +32,8 @@ from test_kernels_zero import assert_matches_reference  # noqa: E402
 Q, D, MB, TIMEOUT, FP32 = 2, 2, 4, 90, 4
 GPT4, LLAMA4 = (dataclasses.replace(m, micro_batch_size=MB) for m in (GPT, LLAMA))
 T, V, L = MB * S, GPT.vocab_size, GPT.num_layers  # tokens of a micro-batch
-MODES = {"2.5d": dict(tp=D * Q * Q, tp_mode="2.5d", tp_depth=D),
+MODES = {"2d": dict(tp=Q * Q, tp_mode="2d"),
+         "2.5d": dict(tp=D * Q * Q, tp_mode="2.5d", tp_depth=D),
          "3d": dict(tp=Q ** 3, tp_mode="3d")}
 
 
@@ -76,11 +78,12 @@ def test_grid_step_equals_reference_and_collectives_are_the_irs(mode, model, pp,
         assert sends == {MB // (Q * Q) * S * H // Q * FP32}
 
 
-@pytest.mark.parametrize("mode", ["2.5d", "3d"])
+@pytest.mark.parametrize("mode", ["2d", "2.5d", "3d"])
 def test_zero_bubble_split_runs_each_gradient_once(mode):
     """zb-h1: I runs the input gradient's collectives and W the weight gradient's (W's
     gathers' reduce-scatters, the vector gradients' all-reduces or reduces), each once, as
-    counted; only stage 0's I computes nothing (its input is token ids)."""
+    counted; only stage 0's I computes nothing (its input is token ids: its W runs the
+    whole backward, kernels.split_backward)."""
     par = config(mode, 2, "zb-h1")
     schedule, (timeline, grads, params) = run(LLAMA4, par)
     assert_matches_reference(grads, params, par, LLAMA4)

@@ -37,15 +37,15 @@ To add an algorithm: docs/architecture.md, "Add a collective algorithm".
 """
 from __future__ import annotations
 
-import weakref
-from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import networkx as nx
+import numpy as np
 
 from clustersim.schedules.errors import ConfigError
-from clustersim.topologies import routes
+
+from .route_shares import route_shares
 
 FlowSpec = tuple[str, str, float]  # (src gpu, dst gpu, bytes)
 
@@ -201,40 +201,17 @@ def direct(op: str, gpus: Sequence[str], size: float) -> list[Phase]:
 
 
 # --- the alpha-beta estimate ----------------------------------------------------------------
-# Routes per graph object, found once (routes() is the cost of estimating at 1024 GPUs);
-# a graph changed after an estimate keeps its old routes here.
-_ROUTE_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _route_shares(graph: nx.DiGraph, src: str, dst: str) -> tuple[float, list[tuple]]:
-    """(largest latency over the equal-cost routes, [(edge, share of the bytes)])."""
-    cache = _ROUTE_CACHE.setdefault(graph, {})
-    hit = cache.get((src, dst))
-    if hit is None:
-        paths = routes(graph, src, dst)
-        shares: dict[tuple, float] = defaultdict(float)
-        latency = 0.0
-        for path in paths:
-            edges = list(zip(path, path[1:]))
-            latency = max(latency, sum(graph.edges[e]["latency"] for e in edges))
-            for e in edges:
-                shares[e] += 1 / len(paths)
-        hit = cache[(src, dst)] = (latency, list(shares.items()))
-    return hit
-
-
 def estimate_time(phases: Sequence[Phase], graph: nx.DiGraph) -> float:
     """Uncontended alpha-beta time of `phases` on `graph` (s): per phase, steps * the
     largest route latency + the most bytes on any link / its bandwidth, each flow's bytes
-    split evenly over its equal-cost routes (the rule in sim.collectives)."""
+    split evenly over its equal-cost routes (the rule in sim.collectives). The routes'
+    latencies and shares are cached per graph object (sim.route_shares: exact)."""
+    shares = route_shares(graph)
     total = 0.0
     for phase in phases:
-        alpha, load = 0.0, defaultdict(float)
-        for src, dst, nbytes in phase.flows:
-            latency, shares = _route_shares(graph, src, dst)
-            alpha = max(alpha, latency)
-            for edge, share in shares:
-                load[edge] += nbytes * share
-        beta = max((b / graph.edges[e]["bandwidth"] for e, b in load.items()), default=0.0)
+        pairs = [shares.of(src, dst) for src, dst, _ in phase.flows]
+        alpha = max((p[0] for p in pairs), default=0.0)
+        load, used = shares.phase_load(pairs, [nbytes for _, _, nbytes in phase.flows])
+        beta = float(np.max(load[used] / shares.bandwidth[used])) if used.any() else 0.0
         total += phase.steps * alpha + beta
     return total

@@ -5,6 +5,7 @@ import pytest
 from clustersim.topologies import load_topology
 from clustersim.topologies.errors import TopologyError
 from clustersim.topologies.faults import degrade, fail
+from clustersim.topologies.route_sets import route_sets
 from clustersim.topologies.routing import path_bandwidth, route, routes
 
 NDR = 50e9  # bytes/s per direction of a 400 Gb/s NDR link (the preset's description)
@@ -59,3 +60,19 @@ def test_bad_link_selectors_and_factors_are_refused(rails, selector, factor, mat
 def test_a_failure_that_cuts_a_gpu_off_is_refused(rails):
     with pytest.raises(TopologyError, match="failing link 'gpu5' cuts gpu5 off from gpu0"):
         fail(rails, "gpu5")
+
+
+@pytest.mark.parametrize("fault", [lambda g: fail(g, "rail0:spine0"),
+                                   lambda g: degrade(g, "nic3", 0.5),
+                                   lambda g: fail(g, "gpu0:nvswitch0"),
+                                   lambda g: degrade(g, "spine1", 0.25)],
+                         ids=["failed-uplink", "slow-nic", "failed-nvlink", "slow-spine"])
+def test_composed_routes_stay_exact_on_a_faulted_fabric(rails, fault):
+    """The flow network's composed routes (topologies.route_sets: prefix x middle x
+    suffix, assuming every GPU's funnel is alike) equal the searched ones once a fault
+    breaks that likeness."""
+    graph = fault(rails)
+    composed = route_sets(graph)
+    for src, dst in [("gpu0", "gpu1"), ("gpu0", "gpu9"), ("gpu3", "gpu77"), ("gpu8", "gpu0"),
+                     ("gpu24", "gpu19"), ("gpu127", "gpu64")]:
+        assert composed.routes(src, dst) == routes(graph, src, dst), (src, dst)

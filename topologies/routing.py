@@ -94,6 +94,11 @@ def same_host(graph: nx.DiGraph, a: str, b: str) -> bool:
     return host_of(graph, a) == host_of(graph, b)
 
 
+def path_order_key(path: list) -> list[tuple]:
+    """The key `routes` sorts a pair's equal-cost paths by (rule 4)."""
+    return [_natural_key(str(n)) for n in path]
+
+
 @lru_cache(maxsize=1 << 16)
 def _natural_key(name: str) -> tuple:
     # 'rail3.12' -> ('rail', 3, '.', 12, ''): digit runs compare as numbers.
@@ -103,6 +108,25 @@ def _natural_key(name: str) -> tuple:
 def _equal_cost_paths(graph: nx.DiGraph, src, dst, gpu_transit: bool) -> list[list] | None:
     """Fewest-hop, widest paths src..dst by bidirectional layered BFS (unsorted); [] when
     there is none, None when none has at most MAX_ROUTE_HOPS links."""
+    found = fewest_hop_paths(graph, src, dst, gpu_transit)
+    if found is None:
+        return None
+    widest, paths = found
+    if paths is None:
+        raise TopologyError(f"route: {widest:,} equal-cost paths from {src!r} to {dst!r}, "
+                            f"above the limit of {MAX_EQUAL_COST_PATHS:,} "
+                            f"(topologies.routing.MAX_EQUAL_COST_PATHS)")
+    return paths
+
+
+def fewest_hop_paths(graph: nx.DiGraph, src, dst, gpu_transit: bool = False,
+                     floor: float | None = None) -> tuple[float, list[list] | None] | None:
+    """(widest bottleneck, the fewest-hop paths src..dst whose every link is at least
+    `floor` bytes/s wide, unsorted), `floor` defaulting to the widest: `routes`' search
+    (rules 1-3), also used by topologies.route_sets to list a route's middle at the
+    bottleneck its two ends set. (0.0, []) when there is no path, None when none has at
+    most MAX_ROUTE_HOPS links, (count, None) when more than MAX_EQUAL_COST_PATHS qualify.
+    """
     nodes, succ, pred = graph._node, graph._succ, graph._pred  # plain dicts: faster than views
     # Per side: BFS depth of each node, its neighbours one layer nearer that side's end,
     # and the widest bottleneck (bytes/s) from that end (edges of a layer are final before
@@ -139,17 +163,17 @@ def _equal_cost_paths(graph: nx.DiGraph, src, dst, gpu_transit: bool) -> list[li
         else:
             bfront = layer
     if not meet:
-        return []
-    best = max(min(fwide[m], bwide[m]) for m in meet)
+        return 0.0, []
+    widest = max(min(fwide[m], bwide[m]) for m in meet)
+    best = widest if floor is None else floor
     meet = [m for m in meet if min(fwide[m], bwide[m]) >= best]
     heads = _Chains(fback, fwide, succ, best, fdist, meet)
     tails = _Chains(bback, bwide, pred, best, bdist, meet)
     count = sum(heads.count[m] * tails.count[m] for m in meet)
     if count > MAX_EQUAL_COST_PATHS:
-        raise TopologyError(f"route: {count:,} equal-cost paths from {src!r} to {dst!r}, "
-                            f"above the limit of {MAX_EQUAL_COST_PATHS:,} "
-                            f"(topologies.routing.MAX_EQUAL_COST_PATHS)")
-    return [head[::-1] + tail[1:] for m in meet for head in heads.of(m) for tail in tails.of(m)]
+        return count, None
+    return widest, [head[::-1] + tail[1:]
+                    for m in meet for head in heads.of(m) for tail in tails.of(m)]
 
 
 class _Chains:

@@ -1,0 +1,318 @@
+"""Issue 19's faster collectives changed no answer.
+
+The numbers in RECORDED are the simulated outputs of the code at commit 13dc3f2, before
+the restructuring (route sets composed per switch pair, the ECMP choice and the alpha-beta
+estimate on link-id arrays, the flow table): this test's only purpose is to show that the
+speed-up changed no answer, to 1e-9 relative. It is the one place that checks the
+simulator against its own earlier output; the models themselves are checked against
+closed forms in tests/test_collectives.py and tests/test_flows.py.
+
+The cases: every algorithm of every collective on one NVSwitch node, on a PCIe host and on
+a GPU mesh; 64-256 ranks of dgx-h100-x128-ndr-ft (32 equal-cost spine paths per cross-leaf
+pair) and of its 2:1 oversubscribed twin, where ECMP flows contend on the uplinks; the
+rail-optimised dgx-h100-x16-ndr; a three-tier SuperPOD; llama3-24k-roce across pods;
+sweeps (a pair's second flow starts the ECMP round robin one route later); collectives
+running together on one network; and the uncontended alpha-beta estimates.
+
+Recorded (on a git worktree of 13dc3f2, reached through a `clustersim` symlink):
+    PYTHONPATH=/tmp/cs_old_pkg python tests/test_fast_network.py --record
+"""
+from __future__ import annotations
+
+import random
+import sys
+from collections import defaultdict
+from functools import lru_cache
+
+import pytest
+import simpy
+
+from clustersim.sim.collective_algorithms import estimate_time
+from clustersim.sim.collectives import collective_phases, run_collective, sweep_collective
+from clustersim.sim.ecmp import EcmpRoutes, _PairRoutes
+from clustersim.sim.flows import FlowNetwork
+from clustersim.sim.route_shares import RouteShares
+from clustersim.topologies import gpu_nodes, list_presets, load_topology, routes
+from clustersim.topologies.route_sets import RouteSets
+
+M, G = 1 << 20, 1 << 30
+
+# name: (topology, op, ranks, sizes, algorithm)
+SWEEPS = {
+    "node-ar-ring": ("dgx-h100", "all-reduce", 8, [64 * M], "ring"),
+    "node-ar-tree": ("dgx-h100", "all-reduce", 8, [4 * M], "tree"),
+    "node-ag": ("dgx-h100", "all-gather", 8, [G], None),
+    "node-rs": ("dgx-h100", "reduce-scatter", 8, [G], None),
+    "node-a2a": ("dgx-h100", "all-to-all", 8, [G], None),
+    "node-bcast-tree": ("dgx-h100", "broadcast", 7, [G], "tree"),
+    "node-reduce": ("dgx-h100", "reduce", 8, [G], None),
+    "pcie-ar": ("pcie-a100", "all-reduce", 8, [256 * M], None),
+    "pcie-a2a": ("pcie-a100", "all-to-all", 8, [256 * M], None),
+    "mesh-ar-ring": ("mi300x-8", "all-reduce", 8, [256 * M], "ring"),
+    "mesh-a2a": ("mi300x-8", "all-to-all", 8, [256 * M], None),
+    "ft-a2a-64": ("dgx-h100-x128-ndr-ft", "all-to-all", 64, [G], None),
+    "ft-a2a-128-sweep": ("dgx-h100-x128-ndr-ft", "all-to-all", 128, [M, 64 * M], None),
+    "ft-ar-ring-128": ("dgx-h100-x128-ndr-ft", "all-reduce", 128, [256 * M], "ring"),
+    "ft-ar-tree-128": ("dgx-h100-x128-ndr-ft", "all-reduce", 128, [256 * M], "tree"),
+    "ft-ar-multi-256": ("dgx-h100-x128-ndr-ft", "all-reduce", 256, [G], "multi-ring"),
+    "ft-ar-hier-256": ("dgx-h100-x128-ndr-ft", "all-reduce", 256, [G], "hierarchical"),
+    "ft-ag-256": ("dgx-h100-x128-ndr-ft", "all-gather", 256, [G], None),
+    "ft-rs-hier-128": ("dgx-h100-x128-ndr-ft", "reduce-scatter", 128, [G], "hierarchical"),
+    "ft-bcast-256": ("dgx-h100-x128-ndr-ft", "broadcast", 256, [G], None),
+    "2to1-a2a-128": ("dgx-h100-x128-ndr-ft-2to1", "all-to-all", 128, [G], None),
+    "2to1-ar-multi-256": ("dgx-h100-x128-ndr-ft-2to1", "all-reduce", 256, [G], "multi-ring"),
+    "2to1-ag-multi-256": ("dgx-h100-x128-ndr-ft-2to1", "all-gather", 256, [G], "multi-ring"),
+    "rail-a2a-128-sweep": ("dgx-h100-x16-ndr", "all-to-all", 128, [G, 16 * M, G], None),
+    "rail-ar-128": ("dgx-h100-x16-ndr", "all-reduce", 128, [G], None),
+    "rail-bcast-tree": ("dgx-h100-x16-ndr", "broadcast", 96, [G], "tree"),
+    "superpod-a2a-128": ("dgx-superpod-h100-16su", "all-to-all", 128, [G], None),
+    "superpod-ar-tree-2048": ("dgx-superpod-h100-16su", "all-reduce", 2048, [G], "tree"),
+    "roce-ar-4096": ("llama3-24k-roce", "all-reduce", 4096, [G], None),
+    "roce-ar-ring-4096": ("llama3-24k-roce", "all-reduce", 4096, [G], "ring"),
+    "roce-a2a-64": ("llama3-24k-roce", "all-to-all", 64, [G], None),
+    "roce-rs-multi-4096": ("llama3-24k-roce", "reduce-scatter", 4096, [G], "multi-ring"),
+}
+
+# name: (topology, [(op, first GPU, GPU stride, ranks, bytes, algorithm, start s)])
+TOGETHER = {
+    "2to1-two-a2a": ("dgx-h100-x128-ndr-ft-2to1", [
+        ("all-to-all", 0, 1, 64, G, None, 0.0), ("all-to-all", 64, 1, 64, G, None, 0.0)]),
+    "ft-ring-and-a2a": ("dgx-h100-x128-ndr-ft", [
+        ("all-reduce", 0, 8, 32, G, "ring", 0.0), ("all-to-all", 0, 1, 64, 256 * M, None, 1e-3),
+        ("all-gather", 3, 8, 16, G, "ring", 2e-3)]),
+    "rail-strided": ("dgx-h100-x16-ndr", [
+        ("all-reduce", 0, 9, 14, G, "ring", 0.0), ("all-reduce", 1, 9, 14, G, "ring", 0.0),
+        ("all-to-all", 0, 3, 40, G, None, 5e-4)]),
+}
+
+# name: (topology, op, first GPU, stride, ranks, bytes, algorithm)
+ESTIMATES = {
+    "est-node-ring": ("dgx-h100", "all-reduce", 0, 1, 8, G, "ring"),
+    "est-ft-tree": ("dgx-h100-x128-ndr-ft", "all-reduce", 0, 1, 256, G, "tree"),
+    "est-ft-a2a": ("dgx-h100-x128-ndr-ft", "all-to-all", 0, 5, 100, G, None),
+    "est-2to1-multi": ("dgx-h100-x128-ndr-ft-2to1", "all-gather", 0, 1, 128, G, "multi-ring"),
+    "est-rail-hier": ("dgx-h100-x16-ndr", "reduce-scatter", 0, 1, 128, G, "hierarchical"),
+    "est-roce-ring": ("llama3-24k-roce", "all-reduce", 0, 4, 2048, G, "ring"),
+    "est-roce-tree": ("llama3-24k-roce", "all-reduce", 0, 1, 4096, G, "tree"),
+    "est-mesh-a2a": ("mi300x-8", "all-to-all", 0, 1, 8, G, None),
+    "est-pcie-tree": ("pcie-a100", "broadcast", 0, 1, 8, G, "tree"),
+}
+
+
+@lru_cache(maxsize=None)
+def topology(name: str):
+    return load_topology(name)
+
+
+def sweep_times(name: str) -> dict:
+    preset, op, ranks, sizes, algorithm = SWEEPS[name]
+    results = sweep_collective(op, sizes, ranks, topology(preset), algorithm)
+    return {"us": [r.time_s * 1e6 for r in results],
+            "algorithms": [r.algorithm for r in results]}
+
+
+def together_times(name: str) -> dict:
+    preset, runs = TOGETHER[name]
+    graph = topology(preset)
+    gpus = gpu_nodes(graph)
+    env = simpy.Environment()
+    network = FlowNetwork(env, graph)
+    done = []
+
+    def later(op, members, nbytes, algorithm, delay):
+        yield env.timeout(delay)
+        done.append((len(done), (yield run_collective(env, network, op, members, nbytes,
+                                                      algorithm))))
+
+    for op, first, stride, ranks, nbytes, algorithm, start in runs:
+        members = gpus[first::stride][:ranks]
+        env.process(later(op, members, nbytes, algorithm, start))
+    env.run()
+    runs_by_start = sorted(done, key=lambda d: (d[1].start, d[1].collective.value, d[0]))
+    return {"us": [t * 1e6 for _, r in runs_by_start for t in (r.start, r.end)],
+            "algorithms": [r.algorithm for _, r in runs_by_start]}
+
+
+def estimate_us(name: str) -> dict:
+    preset, op, first, stride, ranks, nbytes, algorithm = ESTIMATES[name]
+    graph = topology(preset)
+    members = gpu_nodes(graph)[first::stride][:ranks]
+    algo, phases = collective_phases(op, members, nbytes, graph, algorithm)
+    return {"us": [estimate_time(phases, graph) * 1e6], "algorithms": [algo]}
+
+
+def all_values() -> dict[str, dict]:
+    values = {name: sweep_times(name) for name in SWEEPS}
+    values.update({name: together_times(name) for name in TOGETHER})
+    values.update({name: estimate_us(name) for name in ESTIMATES})
+    return values
+
+
+# Simulated microseconds at commit 13dc3f2 (module docstring).
+RECORDED: dict[str, dict] = {
+    'node-ar-ring': {'us': [288.97891555555555], 'algorithms': ['ring']},
+    'node-ar-tree': {'us': [30.641351111111113], 'algorithms': ['tree']},
+    'node-ag': {'us': [2101.8313244444444], 'algorithms': ['ring']},
+    'node-rs': {'us': [2101.8313244444444], 'algorithms': ['ring']},
+    'node-a2a': {'us': [2089.8313244444444], 'algorithms': ['direct']},
+    'node-bcast-tree': {'us': [2394.0929422222225], 'algorithms': ['tree']},
+    'node-reduce': {'us': [2400.0929422222225], 'algorithms': ['ring']},
+    'pcie-ar': {'us': [14736.064], 'algorithms': ['ring']},
+    'pcie-a2a': {'us': [16781.216], 'algorithms': ['direct']},
+    'mesh-ar-ring': {'us': [7354.032], 'algorithms': ['ring']},
+    'mesh-a2a': {'us': [525.288], 'algorithms': ['direct']},
+    'ft-a2a-64': {'us': [18796.48192], 'algorithms': ['direct']},
+    'ft-a2a-128-sweep': {'us': [25.6608, 1264.2912], 'algorithms': ['direct', 'direct']},
+    'ft-ar-ring-128': {'us': [12177.532159999999], 'algorithms': ['ring']},
+    'ft-ar-tree-128': {'us': [8137.063680000001], 'algorithms': ['tree']},
+    'ft-ar-multi-256': {'us': [8407.7376], 'algorithms': ['multi-ring']},
+    'ft-ar-hier-256': {'us': [9776.59960888889], 'algorithms': ['hierarchical']},
+    'ft-ag-256': {'us': [4203.8688], 'algorithms': ['multi-ring']},
+    'ft-rs-hier-128': {'us': [4708.413724444445], 'algorithms': ['hierarchical']},
+    'ft-bcast-256': {'us': [23004.836479999998], 'algorithms': ['ring']},
+    '2to1-a2a-128': {'us': [32218.254719999997], 'algorithms': ['direct']},
+    '2to1-ar-multi-256': {'us': [8407.7376], 'algorithms': ['multi-ring']},
+    '2to1-ag-multi-256': {'us': [4203.8688], 'algorithms': ['multi-ring']},
+    'rail-a2a-128-sweep': {
+        'us': [20138.6592, 320.5727999999984, 20138.659200000002],
+        'algorithms': ['direct', 'direct', 'direct']},
+    'rail-ar-128': {'us': [6850.766079999999], 'algorithms': ['multi-ring']},
+    'rail-bcast-tree': {'us': [21522.836479999998], 'algorithms': ['tree']},
+    'superpod-a2a-128': {'us': [20138.6592], 'algorithms': ['direct']},
+    'superpod-ar-tree-2048': {'us': [32388.254719999997], 'algorithms': ['tree']},
+    'roce-ar-4096': {'us': [17737.88600888889], 'algorithms': ['hierarchical']},
+    'roce-ar-ring-4096': {'us': [108459.1872], 'algorithms': ['ring']},
+    'roce-a2a-64': {'us': [18796.48192], 'algorithms': ['direct']},
+    'roce-rs-multi-4096': {'us': [35443.699199999995], 'algorithms': ['multi-ring']},
+    '2to1-two-a2a': {
+        'us': [0.0, 21480.836479999998, 0.0, 21480.836479999998],
+        'algorithms': ['direct', 'direct']},
+    'ft-ring-and-a2a': {
+        'us': [0.0, 46677.116160000005, 1000.0, 5787.50656, 2000.0, 25845.982508499823],
+        'algorithms': ['ring', 'direct', 'ring']},
+    'rail-strided': {
+        'us': [0.0, 40037.839177142865, 0.0, 60438.93383314286, 500.0, 21443.965568],
+        'algorithms': ['ring', 'ring', 'direct']},
+    'est-node-ring': {'us': [4203.662648888889], 'algorithms': ['ring']},
+    'est-ft-tree': {'us': [32308.254719999997], 'algorithms': ['tree']},
+    'est-ft-a2a': {'us': [21266.08811520001], 'algorithms': ['direct']},
+    'est-2to1-multi': {'us': [3425.3830399999997], 'algorithms': ['multi-ring']},
+    'est-rail-hier': {'us': [4678.413724444445], 'algorithms': ['hierarchical']},
+    'est-roce-ring': {'us': [75680.70144], 'algorithms': ['ring']},
+    'est-roce-tree': {'us': [32404.254719999997], 'algorithms': ['tree']},
+    'est-mesh-a2a': {'us': [2098.152], 'algorithms': ['direct']},
+    'est-pcie-tree': {'us': [67124.864], 'algorithms': ['tree']},
+}
+
+
+def check(now: dict, recorded: dict) -> None:
+    assert now["algorithms"] == recorded["algorithms"]
+    assert now["us"] == pytest.approx(recorded["us"], rel=1e-9, abs=0)
+
+
+@pytest.mark.parametrize("name", sorted(SWEEPS))
+def test_collective_time_unchanged(name):
+    check(sweep_times(name), RECORDED[name])
+
+
+@pytest.mark.parametrize("name", sorted(TOGETHER))
+def test_concurrent_collectives_unchanged(name):
+    check(together_times(name), RECORDED[name])
+
+
+@pytest.mark.parametrize("name", sorted(ESTIMATES))
+def test_alpha_beta_estimate_unchanged(name):
+    check(estimate_us(name), RECORDED[name])
+
+
+# --- the caches against routes() itself (independent of any recorded number) ---------------
+def sample_pairs(graph, count: int = 150) -> list[tuple[str, str]]:
+    """Every ordered pair of the first 20 GPUs, and `count` random ones (fixed seed)."""
+    gpus = gpu_nodes(graph)
+    rng = random.Random(19)
+    return ([(a, b) for a in gpus[:20] for b in gpus[:20]]
+            + [(rng.choice(gpus), rng.choice(gpus)) for _ in range(count)])
+
+
+@pytest.mark.parametrize("preset", list_presets())
+def test_composed_route_sets_are_routes_exactly(preset):
+    """Same paths in the same order as topologies.routing.routes, on every preset; the
+    composition is exercised wherever the preset has more than one host."""
+    graph = topology(preset)
+    sets = RouteSets(graph)
+    pairs = sample_pairs(graph, 150 if len(gpu_nodes(graph)) < 8192 else 30)
+    for a, b in pairs:
+        assert sets.routes(a, b) == routes(graph, a, b), (a, b)
+    hosts = {graph.nodes[g]["host"] for g in gpu_nodes(graph)}
+    composed = sum(sets.compose(a, b) is not None for a, b in pairs)
+    assert composed > (len(pairs) // 2 if len(hosts) > 1 else 0) or preset in (
+        "dgx-b200", "gb200-nvl72", "hgx-h100", "mi300x-8")  # host CPUs: routes() answers
+
+
+@pytest.mark.parametrize("preset", ["dgx-h100-x128-ndr-ft-2to1", "dgx-h100-x16-ndr",
+                                    "dgx-superpod-h100-4su", "pcie-a100", "mi300x-8"])
+def test_ecmp_choice_is_the_per_pair_rule_on_full_routes(preset):
+    """EcmpRoutes (shared middles, per-pair prefix, suffix and turn) chooses what the
+    per-pair rule over routes()' full routes chooses, flow after flow, with releases."""
+    graph = topology(preset)
+    index = {e: i for i, e in enumerate(graph.edges)}
+    fast = EcmpRoutes(graph, index)
+    reference: dict = {}
+    routed = [0] * len(index)
+    rng = random.Random(7)
+    pairs = sample_pairs(graph, 100)
+    live = []
+    for step in range(3000):
+        a, b = rng.choice(pairs)
+        if a == b:
+            continue
+        if (a, b) not in reference:
+            reference[(a, b)] = _PairRoutes(
+                [tuple(index[e] for e in zip(p, p[1:])) for p in routes(graph, a, b)])
+        expected = reference[(a, b)].least_loaded(routed)
+        for link in expected:
+            routed[link] += 1
+        assert fast.choose(a, b) == expected
+        live.append(expected)
+        if step % 3 == 2:
+            done = live.pop(rng.randrange(len(live)))
+            fast.release(done)
+            for link in done:
+                routed[link] -= 1
+        assert fast.routed == routed
+
+
+def reference_shares(graph, a: str, b: str) -> tuple[float, dict]:
+    """The per-route loop sim.collective_algorithms ran before (commit 13dc3f2)."""
+    paths = routes(graph, a, b)
+    shares: dict = defaultdict(float)
+    latency = 0.0
+    for path in paths:
+        edges = list(zip(path, path[1:]))
+        latency = max(latency, sum(graph.edges[e]["latency"] for e in edges))
+        for e in edges:
+            shares[e] += 1 / len(paths)
+    return latency, dict(shares)
+
+
+@pytest.mark.parametrize("preset", ["dgx-h100-x128-ndr-ft", "dgx-superpod-h100-16su",
+                                    "llama3-24k-roce", "pcie-h100-nvl", "mi300x-8"])
+def test_route_shares_are_the_per_route_loop_bit_for_bit(preset):
+    graph = topology(preset)
+    fast = RouteShares(graph)
+    edges = list(graph.edges)
+    for a, b in sample_pairs(graph, 60):
+        latency, ids, shares = fast.of(a, b)
+        want_latency, want = reference_shares(graph, a, b)
+        assert latency == want_latency
+        assert {edges[i]: s for i, s in zip(ids.tolist(), shares.tolist())} == want
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--record"]:
+        sys.exit("usage: python tests/test_fast_network.py --record")
+    import clustersim
+
+    print(f"# recorded with {clustersim.__file__}")
+    for key, value in all_values().items():
+        print(f"    {key!r}: {value!r},")

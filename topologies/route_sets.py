@@ -1,0 +1,226 @@
+"""Equal-cost route sets composed from the two end GPUs' funnels and a switch-pair middle,
+cached: the same paths, in the same order, as `topologies.routing.routes`, found once per
+GPU and once per switch pair instead of once per GPU pair (a 1,024-GPU all-to-all asks
+for a million pairs, which routes() finds in minutes).
+
+The funnel of a GPU s (`forward`; `backward` for a destination, on the reversed links) is
+the layered breadth-first search from s through non-GPU nodes (routing rule 2: GPUs are
+end points) until a layer holds a single node f, k hops out; the GPUs it meets on the way
+are `near`. A route's node at hop i is at distance i from s, so every fewest-hop route
+from s to a GPU d not near s passes f at hop k. With d's funnel b (j hops) and the two
+funnels' regions (the nodes searched) disjoint, or meeting only in f == b, every route
+of (s, d) is a prefix + a middle + a suffix: a fewest-hop s..f path, a fewest-hop f..b
+path through switches only, a fewest-hop b..d path; and every such concatenation is a
+route (its length is the distance, so it is a simple path avoiding other GPUs). The set
+is a product, hence
+- its widest bottleneck (routing rule 3) is the least of the three parts' widest, and
+  its widest routes are the products of the parts' paths at least that wide;
+- sorted by node names (rule 4), it is ordered by prefix, then middle, then suffix, each
+  part sorted on its own (a part's paths have one length), provided no two paths of a
+  part have equal keys (checked; such a pair takes routes() itself).
+Every other pair (two GPUs of one host, which meet within each other's funnel; a GPU with
+no funnel; a route beyond MAX_ROUTE_HOPS links or with more than MAX_EQUAL_COST_PATHS
+paths; GPUs relaying) is answered by routes() itself, so nothing differs there either.
+tests/test_fast_network.py checks the composed sets against routes() on the presets.
+
+Cached for the life of the object: each GPU's two funnels, each (f, b, bottleneck)
+middle, and the routes() answer of each pair that does not compose. `route_sets(graph)`
+keeps one RouteSets per graph object (the flow networks and the alpha-beta estimate of a
+graph share it) and starts a new one when the graph's node or edge count has changed;
+like the per-pair caches it replaces, it assumes links keep their bandwidths.
+"""
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+import networkx as nx
+
+from .routing import MAX_EQUAL_COST_PATHS, MAX_ROUTE_HOPS, fewest_hop_paths, path_order_key
+from .routing import routes as find_routes
+
+MAX_FUNNEL_HOPS = 6  # a funnel deeper than this is not looked for (routes() answers)
+MAX_FUNNEL_WIDTH = 256  # nor one whose search layers hold more nodes
+
+Path = tuple[Hashable, ...]
+_BY_GRAPH: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def route_sets(graph: nx.DiGraph) -> RouteSets:
+    """The RouteSets of `graph` (module docstring: one per graph object)."""
+    size = (graph.number_of_nodes(), graph.number_of_edges())
+    hit = _BY_GRAPH.get(graph)
+    if hit is None or hit[0] != size:
+        hit = _BY_GRAPH[graph] = (size, RouteSets(graph))
+    return hit[1]
+
+
+@dataclass(frozen=True)
+class Funnel:
+    """Where every route out of (into) a GPU narrows to one node: `node`, `hops` links
+    from the GPU; `chains` the fewest-hop paths between them (GPU first when forward, GPU
+    last when backward), sorted, with their bottleneck `widths` (bytes/s); `region` the
+    nodes searched, `near` the GPUs met within `hops`."""
+
+    node: Hashable
+    hops: int
+    region: frozenset
+    near: frozenset
+    chains: tuple[Path, ...]
+    widths: tuple[float, ...]
+
+    @property
+    def widest(self) -> float:
+        return self.widths[0] if len(self.widths) == 1 else max(self.widths)
+
+    def at_least(self, floor: float) -> tuple[Path, ...]:
+        if floor <= min(self.widths):
+            return self.chains
+        return tuple(c for c, w in zip(self.chains, self.widths) if w >= floor)
+
+
+@dataclass(frozen=True)
+class Composed:
+    """A pair's routes as prefixes x middles x suffixes (each sorted; consecutive parts
+    share their joining node)."""
+
+    prefixes: tuple[Path, ...]
+    middles: tuple[Path, ...]
+    suffixes: tuple[Path, ...]
+
+    def paths(self) -> list[list]:
+        return [[*p, *m[1:], *q[1:]] for p in self.prefixes for m in self.middles
+                for q in self.suffixes]
+
+
+class RouteSets:
+    """`routes(graph, src, dst)` answered from cached parts (module docstring)."""
+
+    def __init__(self, graph: nx.DiGraph):
+        self.graph = graph
+        self._forward: dict = {}
+        self._backward: dict = {}
+        self._widest: dict = {}
+        self._middles: dict = {}
+        self._listed: dict = {}  # (src, dst) -> routes() of a pair that does not compose
+
+    def routes(self, src, dst) -> list[list]:
+        """Exactly `topologies.routing.routes(graph, src, dst)` (a new list)."""
+        composed = self.compose(src, dst)
+        if composed:
+            return composed.paths()
+        listed = self._listed.get((src, dst))
+        if listed is None:
+            listed = self._listed[(src, dst)] = find_routes(self.graph, src, dst)
+        return [list(p) for p in listed]
+
+    def compose(self, src, dst) -> Composed | None:
+        """The routes of (src, dst) as a product of parts, or None where the module
+        docstring's conditions fail (then ask routes())."""
+        head, tail = self._forward.get(src), self._backward.get(dst)
+        if head is None or tail is None:
+            if src == dst or src not in self.graph or dst not in self.graph:
+                return None
+            head, tail = self.forward(src), self.backward(dst)
+            if head is None or tail is None:
+                return None
+        if dst in head.near or src in tail.near:
+            return None
+        f, b = head.node, tail.node
+        if f == b:
+            if head.region & tail.region != {f}:
+                return None
+            middle: tuple[Path, ...] | None = ((f,),)
+            widest = math.inf
+        elif not head.region.isdisjoint(tail.region):
+            return None
+        else:
+            widest, middle = self._widest.get((f, b)) or self._middle_widest(f, b)
+            if middle is None:
+                return None
+        best = min(head.widest, widest, tail.widest)
+        if best < widest and f != b:
+            middle = self._middle(f, b, best)
+        if not middle or head.hops + len(middle[0]) - 1 + tail.hops > MAX_ROUTE_HOPS:
+            return None
+        prefixes, suffixes = head.at_least(best), tail.at_least(best)
+        if len(prefixes) * len(middle) * len(suffixes) > MAX_EQUAL_COST_PATHS:
+            return None
+        return Composed(prefixes, middle, suffixes)
+
+    def forward(self, gpu) -> Funnel | None:
+        if gpu not in self._forward:
+            self._forward[gpu] = self._funnel(gpu, self.graph._succ, forward=True)
+        return self._forward[gpu]
+
+    def backward(self, gpu) -> Funnel | None:
+        if gpu not in self._backward:
+            self._backward[gpu] = self._funnel(gpu, self.graph._pred, forward=False)
+        return self._backward[gpu]
+
+    def _funnel(self, end, adj: dict, forward: bool) -> Funnel | None:
+        nodes = self.graph._node
+        dist, back, front, near = {end: 0}, {end: []}, [end], set()
+        for depth in range(1, MAX_FUNNEL_HOPS + 1):
+            layer = []
+            for u in front:
+                for v in adj[u]:
+                    if nodes[v].get("type") == "gpu":
+                        if v != end:
+                            near.add(v)
+                        continue
+                    seen = dist.get(v)
+                    if seen is None:
+                        dist[v], back[v] = depth, [u]
+                        layer.append(v)
+                    elif seen == depth:
+                        back[v].append(u)
+            if not layer or len(layer) > MAX_FUNNEL_WIDTH:
+                return None
+            if len(layer) == 1:
+                return self._funnel_of(end, layer[0], depth, dist, back, near, forward)
+            front = layer
+        return None
+
+    def _funnel_of(self, end, node, hops: int, dist: dict, back: dict, near: set,
+                   forward: bool) -> Funnel | None:
+        chains: list[list] = [[node]]  # back pointers lead one layer nearer the GPU
+        for _ in range(hops):
+            chains = [[*c, u] for c in chains for u in back[c[-1]]]
+        paths = _sorted_distinct([tuple(reversed(c)) if forward else tuple(c) for c in chains])
+        if paths is None:
+            return None
+        succ = self.graph._succ
+        widths = tuple(min(succ[a][b]["bandwidth"] for a, b in zip(p, p[1:])) for p in paths)
+        return Funnel(node, hops, frozenset(dist), frozenset(near), paths, widths)
+
+    def _middle_widest(self, a, b) -> tuple[float, tuple[Path, ...] | None]:
+        """(widest bottleneck, the widest middles) from a to b; (0.0, None) if none."""
+        found = fewest_hop_paths(self.graph, a, b)
+        if found is None or found[1] is None or not found[1]:
+            hit = (0.0, None)
+        else:
+            hit = (found[0], _sorted_distinct(found[1]))
+            self._middles[(a, b, found[0])] = hit[1]
+        self._widest[(a, b)] = hit
+        return hit
+
+    def _middle(self, a, b, floor: float) -> tuple[Path, ...] | None:
+        key = (a, b, floor)
+        if key not in self._middles:
+            found = fewest_hop_paths(self.graph, a, b, floor=floor)
+            self._middles[key] = (None if found is None or not found[1]
+                                  else _sorted_distinct(found[1]))
+        return self._middles[key]
+
+
+def _sorted_distinct(paths: list) -> tuple[Path, ...] | None:
+    """`paths` in routes()' order, or None if two of them have equal sort keys (their
+    order in routes() would then depend on its search, not on the names)."""
+    keys = {tuple(p): path_order_key(p) for p in paths}
+    ordered = sorted(keys, key=keys.__getitem__)
+    if any(keys[a] == keys[b] for a, b in zip(ordered, ordered[1:])):
+        return None
+    return tuple(ordered)

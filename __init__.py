@@ -31,6 +31,7 @@ _API = {  # name -> module that defines it
     "Timeline": "clustersim.schedules.timeline",
     "load_topology": "clustersim.topologies",
     "simulate": "clustersim.sim.simulate",
+    "plan": "clustersim.sim.planner",
 }
 
 __all__ = ["__version__", *_API]

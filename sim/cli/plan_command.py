@@ -1,0 +1,94 @@
+"""`clustersim plan`: search the layouts of a model on N GPUs and print the fastest
+(sim.planner: enumerate, check, fit in memory, bound, replay the few that can win).
+Its parser (`add_parser`) and handler (`cmd_plan`), registered in COMMANDS as the other
+subcommand modules do."""
+from __future__ import annotations
+
+import argparse
+import json
+
+from clustersim.schedules.output_files import check_outputs, write_text_atomic
+from clustersim.schedules.registry import schedule_entry
+
+from ..planner import SearchSpace, run_plan
+from ..planner.report import format_report, to_json
+from ..planner.space import PLANNABLE_SCHEDULES, plannable
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 1")
+    return value
+
+
+def _memory_gb(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < 1e6:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a memory size in GB > 0 "
+                                         f"(e.g. 80)")
+    return value
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    return tuple(_positive_int(part) for part in text.split(","))
+
+
+def _schedules(text: str) -> tuple[str, ...]:
+    names = []
+    for part in text.split(","):
+        entry = schedule_entry(part)  # ConfigError naming the choices
+        if not plannable(entry):
+            raise argparse.ArgumentTypeError(
+                f"schedule {entry.name!r} is not searched (built from a run's costs, "
+                f"asynchronous or bidirectional): choose from {', '.join(PLANNABLE_SCHEDULES)}")
+        names.append(entry.name)
+    return tuple(names)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "plan", help="search the fastest layout of a model on N GPUs (branch and bound)",
+        description="Enumerate tp, pp, dp, cp, ep, virtual stages, micro-batch size, ZeRO "
+                    "stage, recompute, sequence parallelism and schedule; drop what the "
+                    "checks or the memory model refuse; bound the rest from below and "
+                    "simulate event by event only those that can still win.")
+    p.add_argument("--model", required=True, help="model preset (`clustersim models`)")
+    p.add_argument("--gpus", type=_positive_int, required=True, help="GPUs of the job")
+    p.add_argument("--topology", required=True, help="topology preset or JSON with at "
+                                                     "least --gpus GPUs")
+    p.add_argument("--global-batch-size", type=_positive_int, required=True,
+                   help="sequences per iteration")
+    p.add_argument("--seq-length", type=_positive_int, help="tokens per sequence "
+                                                            "(default: the model's)")
+    p.add_argument("--max-memory-gb", type=_memory_gb,
+                   help="memory limit per GPU in GB (1e9 bytes; default: the device's)")
+    p.add_argument("--top", type=_positive_int, default=5,
+                   help="candidates to rank exactly and print (default 5)")
+    p.add_argument("--micro-batch-sizes", type=_int_list, default=(1, 2, 4, 8),
+                   metavar="LIST", help="micro-batch sizes to try (default 1,2,4,8)")
+    p.add_argument("--schedules", type=_schedules, default=PLANNABLE_SCHEDULES,
+                   metavar="LIST", help=f"schedules to try (default all searched: "
+                                        f"{', '.join(PLANNABLE_SCHEDULES)})")
+    p.add_argument("--json", metavar="PATH", help="write the funnel and the ranked "
+                                                  "candidates as JSON")
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    check_outputs({"--json": args.json})  # before the search
+    space = SearchSpace(micro_batch_size=args.micro_batch_sizes, schedules=args.schedules)
+    result, commands = run_plan(args.model, args.gpus, args.topology, args.global_batch_size,
+                                args.seq_length, args.max_memory_gb, args.top, space)
+    print(format_report(result, commands, args.top))
+    if args.json:
+        write_text_atomic(args.json, json.dumps(to_json(result, commands), indent=1))
+    return 0
+
+
+COMMANDS = {"plan": cmd_plan}

@@ -1,0 +1,209 @@
+"""Branch and bound over the planner's layouts: check, fit, bound, replay the few that can
+win. Units: seconds, bytes.
+
+1. enumerate (sim.planner.space); 2. drop what ParallelConfig, the plan
+   (schedules.plan.resolve's checks) or the replay's symmetry refuses, counting each
+   reason (the error's text with its numbers masked); 3. drop what does not fit in
+   memory (schedules.memory_model through sim.planner.inflight); 4. bound every
+   survivor with the closed form (sim.planner.bound.quick_bound) and push it on a heap;
+   5. pop the lowest bound: the first time, replace its bound by the compute-only
+   schedule's finish time (path_bound, tighter) and push it back; the second time, replay
+   it (sim.simulate). Stop when `top` candidates are replayed and the lowest bound left is
+   no lower than the top-th best time: nothing left can enter the top. The top `top` are
+   then exact (for top = 1: the best layout of the space).
+"""
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import logging
+import re
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import networkx as nx
+
+from clustersim.schedules.errors import ClustersimError, ConfigError
+from clustersim.schedules.model import ModelSpec
+from clustersim.schedules.lowering import lower
+from clustersim.schedules.plan import Plan, resolve
+from clustersim.schedules.timeline import Timeline
+from clustersim.sim.cluster import cluster_facts
+from clustersim.sim.cost_model import CostModel, RooflineCostModel
+from clustersim.sim.simulate import simulate
+from clustersim.sim.symmetry import check_symmetric
+
+from .bound import StageTimes, is_split, lane_bound, path_bound, quick_bound, stage_times
+from .inflight import compute_schedule, fits
+from .plans import PlanCache, cost_key
+from .space import Layout, SearchSpace, enumerate_layouts
+
+log = logging.getLogger(__name__)
+
+Simulator = Callable[[ModelSpec, object, nx.DiGraph], Timeline]
+
+
+@dataclass
+class Candidate:
+    """A layout that fits, its bound (how far refined: `tier`) and, once
+    replayed, its Timeline's figures (`result`)."""
+
+    layout: Layout
+    plan: Plan
+    bound: float
+    times: StageTimes
+    split: bool
+    tier: int = 0  # 0: quick_bound, 1: path_bound applied, 2: lane_bound applied
+    result: dict | None = None
+
+
+@dataclass
+class SearchResult:
+    """The funnel counts and the replayed candidates, fastest first."""
+
+    enumerated: int = 0
+    rejected: Counter = field(default_factory=Counter)
+    fit_in_memory: int = 0
+    bounded_out: int = 0
+    simulated: int = 0
+    path_bounds: int = 0
+    lane_bounds: int = 0
+    candidates: list[Candidate] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+    capacity_bytes: float = 0.0
+
+
+def reason(error: Exception) -> str:
+    """The rule an error states, its numbers masked so that layouts refused by one rule
+    count together: 'num_layers=N is not divisible by num_stages=N (pp*vpp); ...'."""
+    text = re.sub(r"\d+(\.\d+)?", "N", str(error).splitlines()[0])
+    return text[:160]
+
+
+def search(model: ModelSpec, gpus: int, topology: nx.DiGraph, global_batch_size: int,
+           capacity_bytes: float | None = None, top: int = 5,
+           space: SearchSpace = SearchSpace(), costs: CostModel = RooflineCostModel(),
+           simulator: Simulator | None = None) -> SearchResult:
+    """The planner's search (module docstring). `capacity_bytes`: the memory limit per
+    GPU (default: the topology's device memory); `simulator(model, parallel, topology)`
+    replays one layout (default sim.simulate with `costs`)."""
+    facts = cluster_facts(topology)
+    facts.check_fits(gpus)
+    capacity = capacity_bytes if capacity_bytes is not None else facts.memory_bytes
+    result = SearchResult(capacity_bytes=capacity)
+    started = time.perf_counter()
+    fitting = _screen(model, gpus, topology, global_batch_size, capacity, space, costs,
+                      facts, result)
+    result.seconds["screen"] = time.perf_counter() - started
+    replay = simulator or (lambda m, p, t: simulate(m, p, t, costs=costs))
+    _branch_and_bound(fitting, top, replay, topology, result)
+    result.seconds["total"] = time.perf_counter() - started
+    result.bounded_out = result.fit_in_memory - result.simulated
+    result.candidates.sort(key=lambda c: c.result["iteration_time"])
+    return result
+
+
+def _screen(model: ModelSpec, gpus: int, topology: nx.DiGraph, global_batch_size: int,
+            capacity: float, space: SearchSpace, costs: CostModel, facts,
+            result: SearchResult) -> list[Candidate]:
+    """Steps 1-4 of the module docstring: the candidates that fit, with their bounds."""
+    caches: dict[int, PlanCache] = {}
+    times_of: dict[tuple, StageTimes] = {}
+    symmetric: bool | None = None
+    memory_rule = (f"peak memory above {capacity / 1e9:.1f} GB per GPU "
+                   f"(schedules.memory_model)")
+    fitting = []
+    for layout in enumerate_layouts(model, gpus, global_batch_size, space,
+                                    facts.gpus_per_node):
+        result.enumerated += 1
+        mbs = layout.micro_batch_size
+        if mbs not in caches:
+            caches[mbs] = PlanCache(dataclasses.replace(model, micro_batch_size=mbs), facts)
+        try:
+            parallel = layout.parallel(global_batch_size)
+            plan = caches[mbs].plan(layout, parallel)
+            if symmetric is None:
+                check_symmetric(plan, topology)  # one job's GPUs: the same for all layouts
+                symmetric = True
+        except ConfigError as err:
+            result.rejected[reason(err)] += 1
+            continue
+        if not fits(plan, capacity):
+            result.rejected[memory_rule] += 1
+            continue
+        result.fit_in_memory += 1
+        shape = (plan.schedule, plan.pp, plan.stages_per_rank, plan.num_microbatches)
+        split = is_split(compute_schedule(shape))
+        key = (cost_key(layout), layout.dp, layout.rank_order, split)
+        if key not in times_of:
+            times_of[key] = stage_times(plan, topology, costs, split)
+        times = times_of[key]
+        fitting.append(Candidate(layout, plan, quick_bound(plan, times, split), times, split))
+    return fitting
+
+
+def _branch_and_bound(fitting: list[Candidate], top: int, replay: Simulator,
+                      topology: nx.DiGraph, result: SearchResult) -> None:
+    """Step 5 of the module docstring."""
+    heap = [(c.bound, i) for i, c in enumerate(fitting)]
+    heapq.heapify(heap)
+    best: list[float] = []  # replayed times, sorted
+    started = time.perf_counter()
+    while heap:
+        bound, i = heapq.heappop(heap)
+        if len(best) >= top and bound >= best[top - 1]:
+            break
+        candidate = fitting[i]
+        if candidate.tier < 2:
+            try:
+                candidate.bound = max(bound, _refined(candidate, topology))
+            except ClustersimError as err:  # refused by the full plan or the lowering
+                result.rejected["lowering: " + reason(err)] += 1
+                continue
+            result.path_bounds += candidate.tier == 0
+            result.lane_bounds += candidate.tier == 1
+            candidate.tier += 1
+            heapq.heappush(heap, (candidate.bound, i))
+            continue
+        result.simulated += 1
+        try:
+            timeline = replay(candidate.plan.model, candidate.plan.parallel, topology)
+        except ClustersimError as err:  # refused only by the replay: counted, not fatal
+            result.rejected["replay: " + reason(err)] += 1
+            continue
+        candidate.result = figures(timeline)
+        result.candidates.append(candidate)
+        best = sorted([*best, candidate.result["iteration_time"]])
+        log.info("simulated %s: %.4f s (bound %.4f s)", candidate.layout.describe(),
+                 candidate.result["iteration_time"], candidate.bound)
+    result.seconds["branch_and_bound"] = time.perf_counter() - started
+
+
+def _refined(candidate: Candidate, topology: nx.DiGraph) -> float:
+    """The next tier's bound: path_bound of the compute-only schedule, then lane_bound
+    of the lowered one (sim.planner.bound)."""
+    plan = candidate.plan
+    shape = (plan.schedule, plan.pp, plan.stages_per_rank, plan.num_microbatches)
+    if candidate.tier == 0:
+        return path_bound(compute_schedule(shape), candidate.times)
+    full = resolve(plan.model, plan.parallel, plan.cluster)
+    return lane_bound(lower(compute_schedule(shape), full), full, topology)
+
+
+def figures(timeline: Timeline) -> dict:
+    """What the planner reports of one replay: iteration time (s), peak memory (bytes,
+    the replay's memory model), throughput (sim.throughput), bubble and exposed
+    communication fractions (Timeline), recomputed FLOPs over model FLOPs."""
+    throughput = timeline.meta["throughput"]
+    model_tflops = throughput["model_tflops_per_gpu"]
+    return {"iteration_time": timeline.iteration_time,
+            "peak_memory": max(timeline.peak_memory().values(), default=0.0),
+            "tokens_per_s": throughput["tokens_per_s"], "mfu": throughput["mfu"],
+            "model_tflops_per_gpu": model_tflops,
+            "bubble_fraction": timeline.bubble_fraction,
+            "exposed_comm_fraction": timeline.exposed_comm_fraction,
+            "recompute_overhead": (throughput["hardware_tflops_per_gpu"] / model_tflops - 1
+                                   if model_tflops else 0.0),
+            "oom_ranks": timeline.meta.get("oom_ranks", [])}

@@ -1,0 +1,131 @@
+"""The planner against independent truths: screening plans and memory equal resolve's and
+the memory model's walk; branch and bound finds the layout an exhaustive replay of the
+same space finds; the API and the CLI handler (called directly) report the funnel and a
+ranked table whose command lines parse back to the same layouts."""
+import argparse
+import dataclasses
+import json
+import logging
+import random
+
+import pytest
+
+from clustersim.schedules.errors import ConfigError
+from clustersim.schedules.memory_model import rank_memory
+from clustersim.schedules.model_presets import get_model
+from clustersim.schedules.plan import resolve
+from clustersim.sim.cli import build_parser
+from clustersim.sim.cli import plan_command
+from clustersim.sim.cli.flags import parallel_from_args
+from clustersim.sim.cluster import cluster_facts
+from clustersim.sim.planner import SearchSpace, plan, run_plan
+from clustersim.sim.planner.inflight import peak_memory
+from clustersim.sim.planner.plans import PlanCache
+from clustersim.sim.planner.space import enumerate_layouts
+from clustersim.sim.simulate import simulate
+from clustersim.topologies import load_topology
+
+logging.getLogger("clustersim").setLevel(logging.ERROR)
+TOPOLOGY = load_topology("dgx-a100")
+FACTS = cluster_facts(TOPOLOGY)
+MODEL = get_model("gpt3-1.3b", num_layers=8)
+SMALL = SearchSpace(micro_batch_size=(1, 2), zero=(0, 3), recompute=("none", "full"),
+                    schedules=("1f1b", "interleaved-1f1b"), sequence_parallel=(True,))
+
+
+def _valid_plans(n: int, seed: int):
+    rng = random.Random(seed)
+    layouts = list(enumerate_layouts(MODEL, 8, 32, SearchSpace()))
+    out = []
+    for layout in rng.sample(layouts, 4 * n):
+        model = dataclasses.replace(MODEL, micro_batch_size=layout.micro_batch_size)
+        try:
+            parallel = layout.parallel(32)
+            out.append((PlanCache(model, FACTS).plan(layout, parallel), parallel))
+        except ConfigError:
+            continue
+    return out[:n]
+
+
+def test_screening_plans_and_memory_equal_resolve_and_the_walk():
+    plans = _valid_plans(25, seed=3)
+    assert len(plans) == 25
+    for screening, parallel in plans:
+        full = resolve(screening.model, parallel, FACTS)
+        same = dataclasses.replace(full, layer_groups=screening.layer_groups,
+                                   group_costs=screening.group_costs)
+        assert same == screening
+        walked = [m.total_bytes for m in rank_memory(full)]
+        assert peak_memory(screening) == pytest.approx(walked, rel=1e-12)
+
+
+def test_branch_and_bound_finds_the_exhaustive_best():
+    result, _ = run_plan(MODEL, 8, TOPOLOGY, 32, top=1, space=SMALL)
+    assert result.simulated < result.fit_in_memory  # it did bound some out
+    times = []
+    for layout in enumerate_layouts(MODEL, 8, 32, SMALL):
+        model = dataclasses.replace(MODEL, micro_batch_size=layout.micro_batch_size)
+        try:
+            times.append(simulate(model, layout.parallel(32), TOPOLOGY).iteration_time)
+        except ConfigError:
+            continue
+    assert len(times) == result.fit_in_memory  # 80 GB holds every valid layout here
+    assert result.candidates[0].result["iteration_time"] == pytest.approx(min(times))
+
+
+def test_api_dataframe_is_ranked_with_the_funnel():
+    frame = plan(MODEL, 8, "dgx-a100", 32, top=3, space=SMALL)
+    assert list(frame["iteration_time"]) == sorted(frame["iteration_time"])
+    for column in ("tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch_size", "zero",
+                   "recompute", "schedule", "iteration_time", "peak_memory", "command"):
+        assert column in frame.columns
+    funnel = frame.attrs["funnel"]
+    assert funnel["enumerated"] == sum(funnel["rejected"].values()) + funnel["fit_in_memory"]
+    assert funnel["fit_in_memory"] == funnel["bounded_out"] + funnel["simulated"]
+    assert (frame["tp"] * frame["pp"] * frame["dp"] * frame["cp"] == 8).all()
+
+
+def _plan_args(*extra: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    plan_command.add_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--topology",
+                              "dgx-a100", "--global-batch-size", "16", "--micro-batch-sizes",
+                              "2", "--schedules", "1f1b,interleaved-1f1b", *extra])
+
+
+def test_cli_handler_prints_and_writes_json_whose_commands_replay(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    assert plan_command.cmd_plan(_plan_args("--top", "2", "--json", str(out))) == 0
+    printed = capsys.readouterr().out
+    assert "funnel:" in printed and "simulated event by event" in printed
+    data = json.loads(out.read_text())
+    assert {"enumerated", "rejected", "fit_in_memory", "bounded_out", "simulated",
+            "candidates"} <= set(data)
+    best = data["candidates"][0]
+    args = build_parser().parse_args(best["command"].split()[1:])
+    parallel = parallel_from_args(args, args.schedule, micro_batch_size=2)
+    assert (parallel.tp, parallel.pp, parallel.dp, parallel.zero_stage, parallel.schedule,
+            parallel.recompute, parallel.micro_batch_size) == (
+        best["tp"], best["pp"], best["dp"], best["zero"], best["schedule"],
+        best["recompute"], best["micro_batch_size"])
+    timeline = simulate(get_model("gpt3-1.3b", micro_batch_size=2), parallel, TOPOLOGY)
+    assert timeline.iteration_time == pytest.approx(best["iteration_time"])
+
+
+def test_memory_limit_rejects_with_its_reason(capsys):
+    assert plan_command.cmd_plan(_plan_args("--max-memory-gb", "0.5")) == 0
+    printed = capsys.readouterr().out
+    assert "peak memory above 0.5 GB per GPU" in printed and "no layout fits" in printed
+
+
+@pytest.mark.parametrize("flag,value", [("--gpus", "0"), ("--max-memory-gb", "-1"),
+                                        ("--schedules", "pipedream")])
+def test_bad_flags_are_one_line_errors(flag, value, capsys):
+    with pytest.raises(SystemExit):
+        _plan_args(flag, value)
+    assert flag.lstrip("-").split("-")[0] in capsys.readouterr().err
+
+
+def test_more_gpus_than_the_topology_is_refused():
+    with pytest.raises(ConfigError, match="gpus"):
+        run_plan(MODEL, 16, TOPOLOGY, 32)

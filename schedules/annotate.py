@@ -10,6 +10,8 @@ unsized DP gradient collective gets the gradient bytes of its stage (or group).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from .costs import StageCost
 from .errors import ConfigError
 from .names import DP
@@ -29,16 +31,36 @@ def work_costs(kind: OpKind, c: StageCost) -> tuple[float, int]:
     return c.backward_flops / 2, c.backward_bytes // 2
 
 
-def _costed(op: Op, plan: Plan) -> Op:
-    c = plan.costs_of(op.stage, op.chunk)
+def _costs(op: Op, plan: Plan) -> tuple[float, int] | None:
+    """(FLOPs, bytes) this pass gives `op` (module docstring); None: it keeps its own."""
     if op.kind in WORK_KINDS:
-        flops, nbytes = work_costs(op.kind, c)
-        return op.with_costs(flops=flops, nbytes=nbytes)
+        return work_costs(op.kind, plan.costs_of(op.stage, op.chunk))
     if op.kind.is_p2p:
-        return op.with_costs(nbytes=plan.stage_costs[boundary(op.kind, op.stage)].boundary_bytes)
+        return op.flops, plan.stage_costs[boundary(op.kind, op.stage)].boundary_bytes
     if op.kind.is_collective and op.group == DP and not op.nbytes:
-        return op.with_costs(nbytes=c.grad_bytes)
-    return op
+        return op.flops, plan.costs_of(op.stage, op.chunk).grad_bytes
+    return None
+
+
+def _costing(plan: Plan) -> Callable[[Op], Op]:
+    """op -> the op costed from `plan`: the costs found once per (kind, stage, chunk,
+    group) (a deep pipeline has millions of ops and few such kinds), and the op itself
+    when it already carries them (the P2P pass sizes its transfers from the plan too)."""
+    found: dict[tuple, tuple[float, int] | None] = {}
+
+    def costed(op: Op) -> Op:
+        key = (op.kind, op.stage, op.chunk, op.group, not op.nbytes, op.flops)
+        costs = found.get(key, key)
+        if costs is key:
+            costs = found[key] = _costs(op, plan)
+        if costs is None:
+            return op
+        flops, nbytes = costs
+        if (flops, type(flops), nbytes, type(nbytes)) == (op.flops, type(op.flops), op.nbytes,
+                                                          type(op.nbytes)):
+            return op
+        return op.with_costs(flops=flops, nbytes=nbytes)
+    return costed
 
 
 def annotate(schedule: Schedule, plan: Plan) -> Schedule:
@@ -57,4 +79,5 @@ def annotate(schedule: Schedule, plan: Plan) -> Schedule:
                           "schedules): this pass halves a backward into I and W, but a frozen "
                           "layer's weight gradients are only its adapters'; use a schedule "
                           "with whole B ops")
-    return schedule.with_programs([[_costed(op, plan) for op in p] for p in schedule.programs])
+    costed = _costing(plan)
+    return schedule.with_programs([[costed(op) for op in p] for p in schedule.programs])

@@ -93,7 +93,8 @@ from dataclasses import dataclass, field
 from .activation_partition import is_checkpoint_copy
 from .chains import StageChains
 from .names import DP_GROUPS, EP, ETP, HOST, INTRA_LAYER_GROUPS, PP_COPIES
-from .ops import INPUT_GRAD_KINDS, WORK_KINDS, Op, OpKind, overlapped_pairs
+from .ops import (COLLECTIVE_KINDS, COPY_KINDS, INPUT_GRAD_KINDS, P2P_KINDS, WORK_KINDS, Op,
+                  OpKind, overlapped_pairs)
 
 Key = tuple  # (kind, stage, microbatch) or (kind, stage, microbatch, chunk): Op.key
 
@@ -103,6 +104,9 @@ _GATHER_KINDS = (OpKind.ALL_GATHER, OpKind.BROADCAST)
 _POSITIONAL_KINDS = frozenset({OpKind.ALL_REDUCE, OpKind.REDUCE_SCATTER, OpKind.ALL_GATHER,
                                OpKind.ALL_TO_ALL, OpKind.OPT_STEP, OpKind.COPY_D2H,
                                OpKind.COPY_H2D, OpKind.BROADCAST, OpKind.REDUCE})
+
+
+_PLACED_KINDS = frozenset((*COLLECTIVE_KINDS, *COPY_KINDS))  # intra-layer ops, copies
 
 
 def is_intra_layer(op: Op) -> bool:
@@ -210,7 +214,8 @@ def local_waits(program: Sequence[Op]) -> list[tuple[int, ...]]:
     waits: list[tuple[int, ...]] = [()] * len(program)
     if not any(op.kind in _POSITIONAL_KINDS for op in program):
         return waits
-    if any(is_intra_layer(op) or is_checkpoint_copy(op) for op in program):
+    if any(op.kind in _PLACED_KINDS and (is_intra_layer(op) or is_checkpoint_copy(op))
+           for op in program):
         _intra_layer_waits(program, waits)
     gathers: dict = {}    # (stage, chunk) -> latest parameter gather
     grads: dict = {}      # (stage, chunk) -> latest weight-gradient op
@@ -221,8 +226,11 @@ def local_waits(program: Sequence[Op]) -> list[tuple[int, ...]]:
     uploads: dict = {}    # (stage, chunk) -> latest COPY_H2D
     reduces: dict = {}    # stage -> latest REDUCE (torch.nn.DataParallel)
     for index, op in enumerate(program):
-        s, g, kind = op.stage, op.chunk, op.kind
-        if is_checkpoint_copy(op):
+        kind = op.kind
+        if kind in P2P_KINDS:
+            continue  # positional rules neither apply to them nor look at them
+        s, g = op.stage, op.chunk
+        if kind in COPY_KINDS and is_checkpoint_copy(op):
             continue  # placed as a blocking op (_intra_layer_waits)
         if kind in WORK_KINDS:
             waits[index] = waits[index] + tuple(_covering(gathers, s, g))

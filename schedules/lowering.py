@@ -50,6 +50,16 @@ def _structure(schedule: Schedule, plan: Plan) -> Schedule:
     return schedule
 
 
+def _p2p(schedule: Schedule, plan: Plan) -> Schedule:
+    """The P2P pass. Where the costs pass runs after it, the transfers carry the boundary
+    bytes that pass gives them, so it keeps them as they are (no second op per
+    transfer); where it does not (a schedule that came with its intra-layer ops), they
+    carry none, as they always did."""
+    if has_intra_layer(schedule):
+        return add_p2p(schedule)
+    return add_p2p(schedule, lambda stage: plan.stage_costs[stage].boundary_bytes)
+
+
 def _intra_layer(schedule: Schedule, plan: Plan) -> Schedule:
     return add_checkpoint_ops(add_intra_layer(schedule, plan), plan)
 
@@ -57,7 +67,7 @@ def _intra_layer(schedule: Schedule, plan: Plan) -> Schedule:
 PASSES: tuple[Pass, ...] = (
     Pass("structure", _structure),
     Pass("data-parallel", add_data_parallel, has_data_parallel),
-    Pass("p2p", lambda schedule, plan: add_p2p(schedule), lambda schedule: schedule.has_p2p),
+    Pass("p2p", _p2p, lambda schedule: schedule.has_p2p),
     Pass("costs", annotate, has_intra_layer),
     Pass("intra-layer", _intra_layer, has_intra_layer),
 )

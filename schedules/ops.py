@@ -140,6 +140,8 @@ def overlapped_pairs(program: Sequence[Op]) -> list[tuple[int, int]]:
     overlapped F and the next compute op, which must be an overlapped B (ops between them
     that do not compute, such as P2P or collectives, are allowed). ConfigError for an
     overlapped op outside such a pair, or one split into layer groups (Op.chunk)."""
+    if not any(op.overlapped for op in program):
+        return []  # what the scan below finds without one (the common case; it is slower)
     pairs: list[tuple[int, int]] = []
     forward: int | None = None
     for index, op in enumerate(program):

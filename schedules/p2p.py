@@ -31,39 +31,55 @@ def add_p2p(schedule: Schedule, boundary_bytes: BoundaryBytes | None = None) -> 
     """Return `schedule` with SEND/RECV ops inserted; idempotent on lowered schedules."""
     if schedule.has_p2p:
         return schedule
-    nbytes = boundary_bytes or (lambda stage: 0)
-    ranks = schedule.stage_ranks
-    chains = schedule.stage_chains
-
-    def remote(a: int, b: int) -> bool:
-        return ranks[a] != ranks[b]
-
-    def comm(kind: OpKind, stage: int, microbatch: int | None) -> Op:
-        return p2p_op(kind, stage, microbatch, nbytes(boundary(kind, stage)))
-
+    ends = _transfer_ends(schedule, boundary_bytes or (lambda stage: 0))
     programs = []
     for program in schedule.programs:
         first, final = _group_ends(program)
         lowered: list[Op] = []
+        append = lowered.append
         for index, op in enumerate(program):
-            s, m = op.stage, op.microbatch
-            if op.kind is OpKind.F or op.kind in INPUT_GRAD_KINDS:
-                forward = op.kind is OpKind.F
-                # F talks to the stage before it in its chain (schedules.chains) and the
-                # one after; a backward the other way round
-                before, after = ((chains.previous(s), chains.next(s)) if forward
-                                 else (chains.next(s), chains.previous(s)))
-                recv, send = ((OpKind.RECV_F, OpKind.SEND_F) if forward
-                              else (OpKind.RECV_B, OpKind.SEND_B))
-                if index in first and before is not None and remote(before, s):
-                    lowered.append(comm(recv, s, m))
-                lowered.append(op)
-                if index in final and after is not None and remote(s, after):
-                    lowered.append(comm(send, s, m))
+            kind = op.kind
+            if kind is OpKind.F or kind in INPUT_GRAD_KINDS:
+                recv, send = ends(kind is OpKind.F, op.stage)
+                if recv is not None and (first is None or index in first):
+                    append(p2p_op(recv[0], op.stage, op.microbatch, recv[1]))
+                append(op)
+                if send is not None and (final is None or index in final):
+                    append(p2p_op(send[0], op.stage, op.microbatch, send[1]))
             else:
-                lowered.append(op)
+                append(op)
         programs.append(_pair_transfers(lowered))
     return schedule.with_programs(programs)
+
+
+End = tuple[OpKind, int] | None  # a transfer's kind and bytes; None: no transfer there
+
+
+def _transfer_ends(schedule: Schedule, nbytes: BoundaryBytes
+                   ) -> Callable[[bool, int], tuple[End, End]]:
+    """(forward?, stage) -> the RECV before and the SEND after a compute op of that
+    direction on that stage (module docstring), found once per stage and direction: an F
+    talks to the stage before it in its chain (schedules.chains) and the one after; a
+    backward the other way round."""
+    ranks, chains = schedule.stage_ranks, schedule.stage_chains
+    found: dict[tuple[bool, int], tuple[End, End]] = {}
+
+    def end(kind: OpKind, stage: int, other: int | None) -> End:
+        if other is None or ranks[other] == ranks[stage]:
+            return None
+        return kind, nbytes(boundary(kind, stage))
+
+    def ends(forward: bool, stage: int) -> tuple[End, End]:
+        both = found.get((forward, stage))
+        if both is None:
+            before, after = ((chains.previous(stage), chains.next(stage)) if forward
+                             else (chains.next(stage), chains.previous(stage)))
+            recv, send = ((OpKind.RECV_F, OpKind.SEND_F) if forward
+                          else (OpKind.RECV_B, OpKind.SEND_B))
+            both = found[(forward, stage)] = (end(recv, stage, before),
+                                              end(send, stage, after))
+        return both
+    return ends
 
 
 def _pair_transfers(program: list[Op]) -> list[Op]:
@@ -90,16 +106,11 @@ def _pair_transfers(program: list[Op]) -> list[Op]:
     return out
 
 
-class _Everything:
-    def __contains__(self, _item: object) -> bool:
-        return True
-
-
 def _group_ends(program: list[Op]) -> tuple:
     """Indices of the first and last F, and of the first and last B/I, of each (s,m):
-    where its RECV and SEND go (every op's own index when nothing is chunked)."""
+    where its RECV and SEND go (None, None: every op's own, when nothing is chunked)."""
     if all(op.chunk is None for op in program):
-        return _Everything(), _Everything()
+        return None, None
     first: dict[tuple, int] = {}
     final: dict[tuple, int] = {}
     for index, op in enumerate(program):

@@ -10,7 +10,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from .errors import ConfigError
-from .ops import Op, OpKind, action_texts
+from .ops import P2P_KINDS, Op, OpKind, action_texts
 from .chains import StageChains
 from .placement import loop
 from .weight_stashing import AsyncRun
@@ -77,7 +77,7 @@ class Schedule:
 
     @property
     def has_p2p(self) -> bool:
-        return any(op.kind.is_p2p for op in self.ops())
+        return any(op.kind in P2P_KINDS for op in self.ops())
 
     def rank_of_stage(self, stage: int) -> int:
         return self.stage_ranks[stage]

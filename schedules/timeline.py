@@ -43,8 +43,7 @@ bytes]`. A file (`load`) is UTF-8 JSON of at most 256 MiB nested at most 64 deep
 from __future__ import annotations
 
 import json
-from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -52,27 +51,22 @@ from typing import Any
 from clustersim.user_files import is_finite_number, parse_json, read_text, short_repr
 
 from .errors import ConfigError, ScheduleFormatError
-from .names import (COMPUTE_LANE, CP, DP, DP_CP, DP_DEP, DP_REPLICATE, DP_SHARD, EDP, EP,
-                    ETP, PP, PP_COPIES, TP, TP_GRID_GROUPS)
-from .ops import Op, OpKind, parse_op
+from .names import COMPUTE_LANE
+from .ops import Op, parse_op
 from .output_files import write_text_atomic
+from .timeline_metrics import (CATEGORIES, EXPOSED_ORDER, category, peak_in_flight,
+                               time_breakdown)
 
-EXPOSED_ORDER = (TP, CP, EP, PP, DP, "other")
-CATEGORIES = ("compute", *EXPOSED_ORDER, "bubble")
+__all__ = ["CATEGORIES", "EXPOSED_ORDER", "MemorySample", "Span", "Timeline",
+           "peak_in_flight", "span_category", "time_breakdown"]
+
 MAX_OP_CHARS = 64  # longest op string read ('12SEND_F345' is 11)
 MAX_ABS_SECONDS = 1e9  # largest |time| read (s; ~32 years), so differences of times stay finite
-_GROUP_CATEGORY = {TP: TP, CP: CP, EP: EP, ETP: EP, PP: PP, DP: DP, DP_CP: DP, DP_SHARD: DP,
-                   DP_REPLICATE: DP, EDP: DP, PP_COPIES: DP, DP_DEP: DP,
-                   **dict.fromkeys(TP_GRID_GROUPS, TP)}
 
 
 def span_category(span: Span) -> str:
     """The time-breakdown category of `span` (module docstring)."""
-    if span.lane == COMPUTE_LANE:
-        return "compute"
-    if span.op.kind.is_p2p:
-        return PP
-    return _GROUP_CATEGORY.get(span.op.group or "", "other")
+    return category(span.lane, span.op)
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,9 +150,28 @@ class Timeline:
     source: str = "sim"
     meta: dict[str, Any] = field(default_factory=dict)
 
+    _cache: dict[str, Any] = field(default_factory=dict, init=False, repr=False,
+                                   compare=False)
+
+    def _cached(self, name: str, compute: Callable[[], Any]) -> Any:
+        """`compute()`, once per state of the spans, memory and window: the metrics read
+        the same sweeps several times (summary, report, metrics JSON), and a deep
+        pipeline has millions of spans. Spans and samples are immutable; appending or
+        removing them, replacing the lists or changing the window starts afresh (writing
+        a span over another in place, `spans[i] = s`, is not seen: build a new list)."""
+        state = (id(self.spans), len(self.spans), id(self.memory), len(self.memory),
+                 self.window)
+        if self._cache.get("state") != state:
+            self._cache.clear()
+            self._cache["state"] = state
+        if name not in self._cache:
+            self._cache[name] = compute()
+        return self._cache[name]
+
     @property
     def ranks(self) -> list[int]:
-        return sorted({s.rank for s in self.spans} | {m.rank for m in self.memory})
+        return list(self._cached("ranks", lambda: sorted(
+            {s.rank for s in self.spans} | {m.rank for m in self.memory})))
 
     @property
     def window(self) -> tuple[float, float] | None:
@@ -168,18 +181,27 @@ class Timeline:
         steady = self.meta.get("steady_state")
         return (steady["start"], steady["end"]) if steady else None
 
+    def _extent(self) -> tuple[float, float]:
+        """(first start, last end) of all spans; (0, 0) without spans."""
+        def compute() -> tuple[float, float]:
+            spans = self.spans
+            if not spans:
+                return 0.0, 0.0
+            return min(s.start for s in spans), max(s.end for s in spans)
+        return self._cached("extent", compute)
+
     @property
     def start_time(self) -> float:
         if self.window:
             return self.window[0]
-        return min((s.start for s in self.spans), default=0.0)
+        return self._extent()[0]
 
     @property
     def iteration_time(self) -> float:
         """Seconds from the first span's start to the last span's end (of the window)."""
         if self.window:
             return self.window[1] - self.window[0]
-        return max((s.end for s in self.spans), default=0.0) - self.start_time
+        return self._extent()[1] - self.start_time
 
     def window_spans(self) -> list[Span]:
         """The spans, clipped to the window (all of them when there is none)."""
@@ -190,11 +212,13 @@ class Timeline:
                 for s in self.spans if s.end > start and s.start < end]
 
     def compute_busy(self) -> dict[int, float]:
-        busy = dict.fromkeys(self.ranks, 0.0)
-        for s in self.window_spans():
-            if s.lane == COMPUTE_LANE:
-                busy[s.rank] += s.duration
-        return busy
+        def compute() -> dict[int, float]:
+            busy = dict.fromkeys(self.ranks, 0.0)
+            for s in self.window_spans():
+                if s.lane == COMPUTE_LANE:
+                    busy[s.rank] += s.end - s.start
+            return busy
+        return dict(self._cached("compute_busy", compute))
 
     def idle_time(self) -> dict[int, float]:
         t = self.iteration_time
@@ -225,27 +249,32 @@ class Timeline:
         return _mean(self.exposed_comm_fractions())
 
     def peak_memory(self) -> dict[int, int]:
-        peak: dict[int, int] = {}
-        for m in self.memory:
-            peak[m.rank] = max(peak.get(m.rank, 0), m.nbytes)
-        return peak
+        def compute() -> dict[int, int]:
+            peak: dict[int, int] = {}
+            for m in self.memory:
+                peak[m.rank] = max(peak.get(m.rank, 0), m.nbytes)
+            return peak
+        return dict(self._cached("peak_memory", compute))
 
     def peak_memory_times(self) -> dict[int, float]:
         """Per rank, the first time (seconds) its memory reaches its peak."""
-        peaks, times = self.peak_memory(), {}
-        for m in self.memory:
-            if m.rank not in times and m.nbytes == peaks[m.rank]:
-                times[m.rank] = m.time
-        return times
+        def compute() -> dict[int, float]:
+            peaks, times = self.peak_memory(), {}
+            for m in self.memory:
+                if m.rank not in times and m.nbytes == peaks[m.rank]:
+                    times[m.rank] = m.time
+            return times
+        return dict(self._cached("peak_memory_times", compute))
 
     def peak_in_flight(self) -> dict[int, int]:
-        return peak_in_flight(self.spans)
+        return dict(self._cached("peak_in_flight", lambda: peak_in_flight(self.spans)))
 
     def time_breakdown(self) -> dict[int, dict[str, float]]:
         """Per rank, seconds per category of CATEGORIES; they sum to the iteration time
         (module docstring)."""
-        return time_breakdown(self.window_spans(), self.ranks, self.start_time,
-                              self.iteration_time)
+        rows = self._cached("time_breakdown", lambda: time_breakdown(
+            self.window_spans(), self.ranks, self.start_time, self.iteration_time))
+        return {r: dict(row) for r, row in rows.items()}
 
     def metrics(self) -> dict[str, Any]:
         """The metrics JSON: scalars plus per-rank values keyed by rank (as strings)."""
@@ -380,69 +409,3 @@ def _check_window(steady: Any) -> None:
 
 def _mean(values: Mapping[int, float]) -> float:
     return sum(values.values()) / len(values) if values else 0.0
-
-
-def peak_in_flight(spans: Iterable[Span],
-                   weight: Callable[[Op], float] | None = None) -> dict[int, float]:
-    """Per rank, the most microbatch-stages held at once: (stage, microbatch) is held from
-    the start of its first forward span to the end of its last backward span (B, or W
-    after I; an I without W ends it), so layer-group chunks of one op count once. With
-    `weight`, the most of their summed weight(forward op) instead (e.g. activation bytes)."""
-    spans = list(spans)
-    split_backward = {(s.op.stage, s.op.microbatch) for s in spans if s.op.kind is OpKind.W}
-    held: dict[tuple[int, int, int | None], list] = {}  # (rank, s, m) -> [start, end, op]
-    for s in spans:
-        kind, key = s.op.kind, (s.op.stage, s.op.microbatch)
-        entry = held.setdefault((s.rank, *key), [None, None, s.op])
-        if kind is OpKind.F:
-            if entry[0] is None or s.start < entry[0]:
-                entry[0], entry[2] = s.start, s.op
-        elif kind is OpKind.B or kind is OpKind.W or (
-            kind is OpKind.I and key not in split_backward
-        ):
-            entry[1] = s.end if entry[1] is None else max(entry[1], s.end)
-    events: dict[int, list[tuple[float, float]]] = defaultdict(list)
-    for (rank, _, _), (start, end, op) in held.items():
-        amount = 1 if weight is None else weight(op)
-        if start is not None:
-            events[rank].append((start, amount))
-            if end is not None:
-                events[rank].append((end, -amount))
-    peaks = {}
-    for rank, evs in events.items():
-        evs.sort(key=lambda e: (e[0], e[1]))  # releases before acquisitions at equal times
-        level = peak = 0
-        for _, delta in evs:
-            level += delta
-            peak = max(peak, level)
-        peaks[rank] = peak
-    return peaks
-
-
-def time_breakdown(spans: Iterable[Span], ranks: Iterable[int], start: float,
-                   total: float) -> dict[int, dict[str, float]]:
-    """Per rank, seconds of [start, start + total] in each of CATEGORIES: a sweep over the
-    rank's span edges; between two edges the active category of highest priority
-    (compute, then EXPOSED_ORDER) takes the time, and time with none is bubble."""
-    priority = {c: i for i, c in enumerate(CATEGORIES[:-1])}
-    edges: dict[int, list[tuple[float, int, int]]] = defaultdict(list)
-    for s in spans:
-        if s.end > s.start:
-            p = priority[span_category(s)]
-            edges[s.rank].append((s.start, 1, p))
-            edges[s.rank].append((s.end, -1, p))
-    out = {}
-    for rank in ranks:
-        seconds = [0.0] * len(priority)
-        active = [0] * len(priority)
-        events = sorted(edges.get(rank, ()))
-        for (time, delta, p), nxt in zip(events, events[1:] + [None]):
-            active[p] += delta
-            if nxt is not None and nxt[0] > time:
-                top = next((i for i, n in enumerate(active) if n > 0), None)
-                if top is not None:
-                    seconds[top] += nxt[0] - time
-        row = dict(zip(CATEGORIES, seconds))
-        row["bubble"] = max(total - sum(seconds), 0.0)
-        out[rank] = row
-    return out

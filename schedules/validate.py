@@ -17,7 +17,7 @@ from .contract import (Key, copy_peer, is_gradient_collective, is_intra_layer,
 from .errors import ConfigError, DeadlockError
 from .limits import MAX_GRID_CELLS
 from .names import PP_COPIES
-from .ops import Op, OpKind
+from .ops import COMPUTE_KINDS, Op, OpKind
 from .p2p import add_p2p
 from .schedule import Schedule
 
@@ -69,25 +69,29 @@ def check_structure(schedule: Schedule) -> None:
     m_count, s_count = schedule.num_microbatches, schedule.num_stages
     chains = schedule.stage_chains
     seen: Counter = Counter()
+    runs_of: dict[int, range] = {}  # stage -> its microbatches, found once per stage
     for rank, program in enumerate(schedule.programs):
         _check_chunks(program, rank, schedule.layer_groups)
         for op in program:
-            if op.stage < 0 or op.stage >= s_count:
-                raise ConfigError(f"rank {rank}: op {op} names stage {op.stage}, "
+            stage, microbatch, kind = op.stage, op.microbatch, op.kind
+            if stage < 0 or stage >= s_count:
+                raise ConfigError(f"rank {rank}: op {op} names stage {stage}, "
                                   f"schedule has stages 0..{s_count - 1}")
-            if schedule.rank_of_stage(op.stage) != rank:
-                raise ConfigError(f"rank {rank}: op {op} belongs to stage {op.stage}, which "
-                                  f"lives on rank {schedule.rank_of_stage(op.stage)}")
-            if op.microbatch is not None and not 0 <= op.microbatch < m_count:
-                raise ConfigError(f"rank {rank}: op {op} names microbatch {op.microbatch}, "
-                                  f"schedule has microbatches 0..{m_count - 1}")
-            if (op.microbatch is not None and op.kind.is_compute
-                    and not chains.runs(op.stage, op.microbatch)):
-                runs = chains.microbatches_of(op.stage)
-                raise ConfigError(f"rank {rank}: op {op}: stage {op.stage} runs microbatches "
-                                  f"{runs.start}..{runs.stop - 1} (its direction, "
-                                  f"schedules.chains), not {op.microbatch}")
-            if not positional(op):
+            if schedule.rank_of_stage(stage) != rank:
+                raise ConfigError(f"rank {rank}: op {op} belongs to stage {stage}, which "
+                                  f"lives on rank {schedule.rank_of_stage(stage)}")
+            if microbatch is not None:
+                if not 0 <= microbatch < m_count:
+                    raise ConfigError(f"rank {rank}: op {op} names microbatch {microbatch}, "
+                                      f"schedule has microbatches 0..{m_count - 1}")
+                runs = runs_of.get(stage) if kind in COMPUTE_KINDS else None
+                if runs is None and kind in COMPUTE_KINDS:
+                    runs = runs_of[stage] = chains.microbatches_of(stage)
+                if runs is not None and microbatch not in runs:
+                    raise ConfigError(f"rank {rank}: op {op}: stage {stage} runs "
+                                      f"microbatches {runs.start}..{runs.stop - 1} (its "
+                                      f"direction, schedules.chains), not {microbatch}")
+            if kind not in _MAYBE_POSITIONAL or not positional(op):
                 seen[op.key] += 1
     for key, n in seen.items():
         if n > 1:

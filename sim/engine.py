@@ -29,10 +29,9 @@ its handler through one table (`Replay._dispatch_table`; docs/architecture.md).
 """
 from __future__ import annotations
 
-import gc
-from collections.abc import Callable, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 
 import simpy
 from simpy.core import EmptySchedule
@@ -49,8 +48,10 @@ from clustersim.schedules.schedule import Schedule
 from clustersim.schedules.timeline import MemorySample, Span, Timeline
 
 from .collective_model import slows_compute
+from .gc_pause import gc_paused
 from .network import Network
 from .progress import CHECK_EVERY, Progress
+from .span_info import SendInfo, received_from
 
 
 def collective_lane(op: Op) -> str:
@@ -71,19 +72,7 @@ class MemoryModel:
     gathered: Callable[[Op], int] | None = None
 
 
-@contextmanager
-def _gc_paused():
-    """Pause Python's cyclic garbage collector during a replay: SimPy processes and the
-    replay's callbacks leave ~10^5-10^6 objects in reference cycles, and collecting them
-    while the replay runs took ~15% of a 1024-GPU run (benchmarks/sim_speed.py) for ~30 MB
-    more peak memory; they are collected when the replay ends."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
+_start, _rank = attrgetter("start"), attrgetter("rank")  # the Timeline's span order
 
 
 class Replay:
@@ -100,7 +89,8 @@ class Replay:
         self.collective, self.hosts = collective, hosts
         # overlap slowdown (module docstring): f per rank, the rank's running slowing
         # collectives, and the event that fires when that count leaves or reaches 0
-        self.slowdown = [f if any(slows_compute(op) for op in program) else 0.0
+        self.slowdown = [f if any(op.kind in COLLECTIVE_KINDS and slows_compute(op)
+                                  for op in program) else 0.0
                          for f, program in zip(slowdown, schedule.programs)] \
             if slowdown is not None else [0.0] * schedule.num_ranks
         self.slowing = [0] * schedule.num_ranks
@@ -130,23 +120,25 @@ class Replay:
         self.handlers = self._dispatch_table()
 
     def _complete(self, rank: int, index: int, op: Op) -> None:
-        for key in produces(op):
-            self.done.add(key)
-            ev = self.waiting.pop(key, None)
-            if ev is not None:
-                ev.succeed()
+        self._satisfy(produces(op))
         extra = self.contracts[rank].completes
         if extra and index in extra:  # the last layer group of a chunked op
-            for key in extra[index]:
-                self.done.add(key)
-                ev = self.waiting.pop(key, None)
-                if ev is not None:
-                    ev.succeed()
+            self._satisfy(extra[index])
         if index in self.awaited[rank]:
             self.local_done[rank].add(index)
             ev = self.local_events.pop((rank, index), None)
             if ev is not None:
                 ev.succeed()
+
+    def _satisfy(self, keys: Sequence[Key]) -> None:
+        """Mark `keys` done, waking the ops that wait for them (in `keys`' order)."""
+        done, waiting = self.done, self.waiting
+        for key in keys:
+            done.add(key)
+            if waiting:
+                ev = waiting.pop(key, None)
+                if ev is not None:
+                    ev.succeed()
 
     def _local_event(self, rank: int, index: int) -> simpy.Event | None:
         """None when op `index` of `rank` is done, else the event of its completion."""
@@ -184,26 +176,36 @@ class Replay:
     def _run_rank(self, rank: int):
         env, contract = self.env, self.contracts[rank]
         ranks, count = self.schedule.stage_ranks, self.schedule.num_microbatches
-        handlers = self.handlers
+        chains, done, waiting = self.chains, self.done, self.waiting
+        handlers, partner, local, pc = self.handlers, contract.partner, contract.local, self.pc
+        slowdown = self.slowdown
         for index, op in enumerate(self.schedule.programs[rank]):
-            for key in (prerequisites(op, ranks, count, self.chains)
-                        + contract.partner.get(index, ())):
-                if key not in self.done:
-                    ev = self.waiting.get(key)
+            keys = prerequisites(op, ranks, count, chains)
+            if partner:
+                keys += partner.get(index, ())
+            for key in keys:
+                if key not in done:
+                    ev = waiting.get(key)
                     if ev is None:
-                        ev = self.waiting[key] = env.event()
+                        ev = waiting[key] = env.event()
                     yield ev
-            waits = contract.local[index]
-            local = [ev for ev in (self._local_event(rank, j) for j in waits)
-                     if ev is not None] if waits else ()
+            waits = local[index]
+            local_events = [ev for ev in (self._local_event(rank, j) for j in waits)
+                            if ev is not None] if waits else ()
+            if op.kind in WORK_KINDS and not local_events and not slowdown[rank]:
+                start = env.now  # _compute without its generator: a deep pipeline's most
+                yield env.timeout(self._compute_starts(rank, index, op))  # common op
+                self._compute_ends(rank, index, op, start, None)
+                pc[rank] += 1
+                continue
             handler = handlers.get(op.kind)
             if handler is None:
                 raise ConfigError(f"rank {rank}: op {op}: the replay cannot run "
                                   f"{op.kind.value} ops")
-            steps = handler(rank, index, op, local)
+            steps = handler(rank, index, op, local_events)
             if steps is not None:  # the op holds this rank's program until it is done
                 yield from steps
-            self.pc[rank] += 1
+            pc[rank] += 1
 
     def _dispatch_table(self) -> dict[OpKind, Callable]:
         """Op kind -> its handler (rank, index, op, positional waits): a generator the
@@ -221,10 +223,7 @@ class Replay:
         for ev in local:
             yield ev
         start = env.now
-        allocates, releases = self.activation_ends[rank]
-        if self.memory and index in allocates:
-            self._allocate(rank, self.memory.activations[op.stage])
-        seconds = self.compute_time(op)
+        seconds = self._compute_starts(rank, index, op)
         factor = self.slowdown[rank] if op.kind in WORK_KINDS else 0.0
         if factor and seconds > 0:
             yield from self._slowed(rank, seconds, factor)
@@ -233,8 +232,19 @@ class Replay:
         else:
             yield env.timeout(seconds)
             info = None
-        self.spans.append(Span(rank, COMPUTE_LANE, op, start, env.now, info))
-        if self.memory and index in releases:
+        self._compute_ends(rank, index, op, start, info)
+
+    def _compute_starts(self, rank: int, index: int, op: Op) -> float:
+        """A compute op starts now: its activations are allocated; its seconds."""
+        if self.memory and index in self.activation_ends[rank][0]:
+            self._allocate(rank, self.memory.activations[op.stage])
+        return self.compute_time(op)
+
+    def _compute_ends(self, rank: int, index: int, op: Op, start: float,
+                      info: Mapping | None) -> None:
+        """A compute op ends now: its span, the memory it frees, the keys it satisfies."""
+        self.spans.append(Span(rank, COMPUTE_LANE, op, start, self.env.now, info))
+        if self.memory and index in self.activation_ends[rank][1]:
             self._allocate(rank, -self.memory.activations[op.stage])
         if self.releases is not None:
             for gather in self.releases[rank].get(index, ()):
@@ -275,7 +285,15 @@ class Replay:
         return self._start_async(rank, index, op, local)
 
     def _post_p2p(self, rank: int, index: int, op: Op, local: Sequence[simpy.Event]):
-        for ev in local:  # a SEND waits for its compute op's intra-layer collectives
+        """Post now (None: the program goes on at once), or after the positional waits
+        `local` (a SEND waits for its compute op's intra-layer collectives)."""
+        if not local:
+            self._post(rank, index, op)
+            return None
+        return self._post_after(rank, index, op, local)
+
+    def _post_after(self, rank: int, index: int, op: Op, local: Sequence[simpy.Event]):
+        for ev in local:
             yield ev
         self._post(rank, index, op)
 
@@ -283,24 +301,26 @@ class Replay:
         return self.memory.gathered(self.schedule.programs[rank][index])
 
     def _post(self, rank: int, index: int, op: Op) -> None:
-        self.posted[op.key] = (rank, index, op, self.env.now)
-        peer_key = p2p_peer(op)
-        if peer_key not in self.posted:
+        """Post a P2P op; once both ends are, the transfer starts (and both leave
+        `posted`, which so holds only the ends waiting for their peer)."""
+        now, posted = self.env.now, self.posted
+        peer = posted.pop(p2p_peer(op), None)
+        if peer is None:
+            posted[op.key] = (rank, index, op, now)
             return
-        peer_rank, peer_index, peer_op, _ = self.posted[peer_key]
+        peer_rank, peer_index, peer_op, _ = peer
         if op.kind in (OpKind.SEND_F, OpKind.SEND_B):
             (src, si, send), (dst, ri, recv) = (rank, index, op), (peer_rank, peer_index, peer_op)
         else:
             (src, si, send), (dst, ri, recv) = (peer_rank, peer_index, peer_op), (rank, index, op)
-        start = self.env.now
         done = self.network.transfer(self.devices[src], self.devices[dst], send.nbytes)
+        recv_info = received_from(src)
 
         def finish(_event: simpy.Event) -> None:
             end = self.env.now
-            info = {"peer": dst, "bandwidth_Bps": send.nbytes / (end - start)
-                    if end > start else None}
-            self.spans.append(Span(src, SEND_LANE, send, start, end, info))
-            self.spans.append(Span(dst, RECV_LANE, recv, start, end, {"peer": src}))
+            info = SendInfo(dst, send.nbytes / (end - now) if end > now else None)
+            self.spans.append(Span(src, SEND_LANE, send, now, end, info))
+            self.spans.append(Span(dst, RECV_LANE, recv, now, end, recv_info))
             self._complete(src, si, send)
             self._complete(dst, ri, recv)
 
@@ -391,19 +411,31 @@ class Replay:
             self.env.process(self._run_rank(rank))
         progress = Progress(sum(len(p) for p in self.schedule.programs))
         step = self.env.step
-        try:
-            with _gc_paused():
+        with gc_paused():
+            try:
                 while True:  # simpy's Environment.run, with a look at the progress
                     for _ in range(CHECK_EVERY):
                         step()
                     progress.tick(sum(self.pc))
-        except EmptySchedule:
-            pass
-        finally:
-            progress.close()
-        self._raise_if_stuck()
-        self.spans.sort(key=lambda s: (s.start, s.rank))
+            except EmptySchedule:
+                pass
+            finally:
+                progress.close()
+            self._raise_if_stuck()
+            self._forget()
+            # by (start, rank), as two stable sorts on one attribute: no key tuple per span
+            self.spans.sort(key=_rank)
+            self.spans.sort(key=_start)
         return Timeline(self.spans, self.samples, source="sim")
+
+    def _forget(self) -> None:
+        """Drop the replay's bookkeeping once it has ended (keys done, posts, events: one
+        entry per op of a deep pipeline) and the dispatch table, whose bound methods hold
+        the replay in a reference cycle, so all of it is freed now rather than at the
+        next garbage collection."""
+        self.done, self.waiting, self.posted, self.local_events = set(), {}, {}, {}
+        self.local_done = [set() for _ in self.local_done]
+        self.last_on_lane, self.ready_copies, self.handlers = {}, {}, {}
 
     def _raise_if_stuck(self) -> None:
         programs = self.schedule.programs

@@ -37,7 +37,7 @@ from clustersim.schedules.memory_model import precision_bytes
 
 LLAMA3_GPUS, LLAMA3_DAYS, LLAMA3_INTERRUPTIONS = 16_384, 54, 419
 GPU_MTBF_HOURS = LLAMA3_DAYS * 24 * LLAMA3_GPUS / LLAMA3_INTERRUPTIONS
-STORAGE_BYTES_PER_S_PER_GPU = 2e12 / LLAMA3_GPUS  # Tectonic's 2 TB/s sustained
+CHECKPOINT_GBPS = 2e3 / LLAMA3_GPUS  # GB/s per GPU: Tectonic's 2 TB/s sustained
 
 
 @dataclass(frozen=True)
@@ -45,12 +45,12 @@ class Resilience:
     """The failure and checkpoint settings of a run (module docstring for the defaults)."""
 
     gpu_mtbf_hours: float = GPU_MTBF_HOURS
-    storage_bytes_per_s_per_gpu: float = STORAGE_BYTES_PER_S_PER_GPU
+    checkpoint_gbps: float = CHECKPOINT_GBPS  # GB/s per GPU, write and read
     restart_overhead_s: float = 0.0
     checkpoint_every: int | None = None  # iterations; None: Daly's optimum
 
     def __post_init__(self) -> None:
-        for name in ("gpu_mtbf_hours", "storage_bytes_per_s_per_gpu"):
+        for name in ("gpu_mtbf_hours", "checkpoint_gbps"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name}={getattr(self, name)} must be > 0")
         if not self.restart_overhead_s >= 0:
@@ -152,7 +152,7 @@ class CheckpointPlan:
     @property
     def bandwidth(self) -> float:
         """Bytes/s the whole job writes or reads a checkpoint at."""
-        return self.gpus * self.settings.storage_bytes_per_s_per_gpu
+        return self.gpus * self.settings.checkpoint_gbps * 1e9
 
     @property
     def save_s(self) -> float:
@@ -184,7 +184,7 @@ class CheckpointPlan:
 
     def lines(self) -> list[str]:
         s, gpus = self.settings, self.gpus
-        source = ("" if s.storage_bytes_per_s_per_gpu != STORAGE_BYTES_PER_S_PER_GPU else
+        source = ("" if s.checkpoint_gbps != CHECKPOINT_GBPS else
                   ": Llama 3's 2 TB/s over 16,384 GPUs")
         mtbf_source = ("" if s.gpu_mtbf_hours != GPU_MTBF_HOURS else
                        " (Llama 3: 419 interruptions in 54 days on 16,384 GPUs)")
@@ -193,7 +193,7 @@ class CheckpointPlan:
             f"checkpoint: {self.checkpoint_bytes / 1e12:.3g} TB = {self.params:.4g} "
             f"parameters x {self.bytes_per_param} B (weights and optimizer state, ZeRO's "
             f"w + K); save {self.save_s:.3g} s at {self.bandwidth / 1e9:.4g} GB/s ({gpus:,} "
-            f"GPUs x {s.storage_bytes_per_s_per_gpu / 1e6:.4g} MB/s{source})",
+            f"GPUs x {s.checkpoint_gbps * 1e3:.4g} MB/s{source})",
             f"failures: job MTBF {self.mtbf_s / 3600:.4g} h = {s.gpu_mtbf_hours:,.0f} "
             f"GPU-hours / {gpus:,} GPUs{mtbf_source}; each restarts the whole job from its "
             f"last checkpoint in {self.restart_s:.3g} s (load {self.save_s:.3g} s + "

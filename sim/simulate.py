@@ -30,7 +30,7 @@ from clustersim.schedules.memory_model import rank_memory
 from clustersim.schedules.model import ModelSpec
 from clustersim.schedules.ep_comms import PAIR_COMM_SMS, pair_hides_experts
 from clustersim.schedules.names import TP
-from clustersim.schedules.ops import overlapped_pairs
+from clustersim.schedules.ops import COPY_KINDS, overlapped_pairs
 from clustersim.schedules.parallel import ParallelConfig
 from clustersim.schedules.plan import Plan, resolve
 from clustersim.schedules.registry import schedule_entry
@@ -128,7 +128,7 @@ def _replay(plan: Plan, topology: nx.DiGraph, costs: CostModel,
     pairs = sum(len(overlapped_pairs(program)) for program in schedule.programs)
     if pairs:
         warnings.append(pair_note(pairs, pair_hides_experts(plan.model, plan.parallel)))
-    if any(op.kind.is_copy for op in lowered.ops()):  # ZeRO-Offload's, Pa+cpu's
+    if any(op.kind in COPY_KINDS for op in lowered.ops()):  # ZeRO-Offload's, Pa+cpu's
         topology, assumed = with_host_links(topology)
         warnings += [assumed] if assumed else []
     env = simpy.Environment()

@@ -18,6 +18,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from clustersim.schedules.timeline import Span, span_category
 
 CHART_PX = 1500  # plot width the resolution is measured against (a 1600-px window)
@@ -59,35 +61,85 @@ class SpanGroup:
         return dict(counts)
 
 
-Row = list[tuple[Span, float, str]]  # a row's spans in start order, durations, categories
+class Row:
+    """One (rank, lane) row: its spans by (start, end), their durations and categories,
+    as lists for the general grouping and as arrays for the vectorised one."""
+
+    def __init__(self, spans: list[Span], categories: list[str]):
+        self.spans, self.categories = spans, categories
+        self.durations = [s.end - s.start for s in spans]
+        self.start = np.fromiter((s.start for s in spans), float, len(spans))
+        self.end = np.fromiter((s.end for s in spans), float, len(spans))
+        codes = {c: i for i, c in enumerate(dict.fromkeys(categories))}
+        self.codes = np.fromiter((codes[c] for c in categories), int, len(spans))
+        # each span ends no earlier than the one before it: a group's latest end is then
+        # its last span's end, and whether a span joins depends on it and its predecessor
+        self.monotone = bool(np.all(self.end[1:] >= self.end[:-1]))
+
+    def bounds(self, resolution: float) -> list[tuple[int, int, float]]:
+        """(first, past-the-last, latest end) of each group at `resolution`: a span joins
+        the group before it when both it and that group's last span are shorter than the
+        resolution, their categories agree and the gap from the group's latest end is
+        shorter too (module docstring)."""
+        if not self.monotone or not self.spans:
+            return self._bounds_in_turn(resolution)
+        duration = self.end - self.start  # the same doubles as self.durations
+        short = duration < resolution
+        joins = (short[1:] & short[:-1] & (self.codes[1:] == self.codes[:-1])
+                 & (self.start[1:] - self.end[:-1] < resolution))
+        firsts = np.flatnonzero(~joins) + 1
+        starts = [0, *firsts.tolist()]
+        pasts = [*firsts.tolist(), len(self.spans)]
+        ends = self.end[np.asarray(pasts) - 1].tolist()
+        return list(zip(starts, pasts, ends))
+
+    def _bounds_in_turn(self, resolution: float) -> list[tuple[int, int, float]]:
+        """`bounds` one span at a time, for rows whose spans may end before an earlier
+        one (a group's latest end is then a running maximum)."""
+        bounds: list[tuple[int, int, float]] = []
+        first, end, last, category = 0, 0.0, 0.0, None
+        for i, (s, duration, cat) in enumerate(zip(self.spans, self.durations,
+                                                   self.categories)):
+            if i and (duration < resolution and last < resolution and cat == category
+                      and s.start - end < resolution):
+                if s.end > end:
+                    end = s.end
+                last = duration
+                continue
+            if i:
+                bounds.append((first, i, end))
+            first, end, last, category = i, s.end, duration, cat
+        if self.spans:
+            bounds.append((first, len(self.spans), end))
+        return bounds
 
 
 def _rows(spans: Iterable[Span]) -> list[Row]:
     rows: dict[tuple[int, str], list[Span]] = defaultdict(list)
     for s in spans:
         rows[(s.rank, s.lane)].append(s)
-    return [[(s, s.duration, span_category(s)) for s in sorted(row, key=lambda s: (s.start,
-                                                                                   s.end))]
-            for row in rows.values()]
+    categories: dict[tuple, str] = {}  # (lane, kind, group) -> category, found once each
+
+    def category_of(s: Span) -> str:
+        key = (s.lane, s.op.kind, s.op.group)
+        cat = categories.get(key)
+        if cat is None:
+            cat = categories[key] = span_category(s)
+        return cat
+
+    ordered = [sorted(row, key=lambda s: (s.start, s.end)) for row in rows.values()]
+    return [Row(row, [category_of(s) for s in row]) for row in ordered]
 
 
 def _group_rows(rows: list[Row], resolution: float) -> list[SpanGroup]:
-    groups: list[SpanGroup] = []
-    for row in rows:
-        members: list[Span] = []
-        end, last, category = 0.0, 0.0, None
-        for s, duration, cat in row:
-            if (members and duration < resolution and last < resolution and cat == category
-                    and s.start - end < resolution):
-                members.append(s)
-                end, last = max(end, s.end), duration
-                continue
-            if members:
-                groups.append(SpanGroup(tuple(members), end))
-            members, end, last, category = [s], s.end, duration, cat
-        if members:
-            groups.append(SpanGroup(tuple(members), end))
-    return groups
+    return [SpanGroup(tuple(row.spans[first:past]), end)
+            for row in rows for first, past, end in row.bounds(resolution)]
+
+
+def _count_groups(rows: list[Row], resolution: float) -> int:
+    """len(_group_rows(rows, resolution)) without building the groups: the bisection of
+    `aggregate` asks it of several resolutions and keeps the groups of one."""
+    return sum(len(row.bounds(resolution)) for row in rows)
 
 
 def group_spans(spans: Iterable[Span], resolution: float) -> list[SpanGroup]:
@@ -117,11 +169,9 @@ def aggregate(spans: Sequence[Span], window: float, budget: int | None
     fit, lo, hi = None, 0, len(ladder) - 1
     while lo <= hi:
         mid = (lo + hi) // 2
-        groups = _group_rows(rows, ladder[mid])
-        if len(groups) <= budget:
-            fit, lo = (mid, groups), mid + 1
+        if _count_groups(rows, ladder[mid]) <= budget:
+            fit, lo = mid, mid + 1
         else:
             hi = mid - 1
-    if fit is None:
-        return _group_rows(rows, ladder[0]), ladder[0]
-    return fit[1], ladder[fit[0]]
+    chosen = ladder[0] if fit is None else ladder[fit]
+    return _group_rows(rows, chosen), chosen

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import math
 from collections import defaultdict
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,18 @@ _RECEIVER = {OpKind.SEND_F: (OpKind.RECV_F, +1), OpKind.SEND_B: (OpKind.RECV_B, 
 
 def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
+
+
+_SCALARS = (type(None), bool, int, float, str)
+
+
+def _jsonable_info(info: Mapping[str, Any]) -> dict[str, Any]:
+    """A span's info as JSON reads it back: the info itself when it holds JSON scalars
+    under string keys (a P2P span's peer and bandwidth; what `_jsonable` would return),
+    else through `_jsonable`."""
+    if all(type(k) is str and type(v) in _SCALARS for k, v in info.items()):
+        return dict(info)
+    return _jsonable(dict(info))
 
 
 def lane_ids(timeline: Timeline) -> dict[str, int]:
@@ -121,7 +134,7 @@ def _span_event(span: Span, tid: int) -> dict[str, Any]:
     if op.group:
         args["group"] = op.group
     if span.info:
-        args.update(_jsonable(dict(span.info)))
+        args.update(_jsonable_info(span.info))
     start, end = _ns(span.start), _ns(span.end)
     return {"ph": "X", "name": str(op), "cat": op.kind.value, "pid": span.rank, "tid": tid,
             "ts": start / NS_PER_US, "dur": (end - start) / NS_PER_US, "args": args}

@@ -74,9 +74,28 @@ def test_checkpoint_plan_of_gpt3_on_1024_gpus():
 
 @pytest.mark.parametrize("kw,match", [
     (dict(gpu_mtbf_hours=0), "gpu_mtbf_hours=0 must be > 0"),
-    (dict(storage_bytes_per_s_per_gpu=-1), "storage_bytes_per_s_per_gpu=-1 must be > 0"),
+    (dict(checkpoint_gbps=-1), "checkpoint_gbps=-1 must be > 0"),
     (dict(restart_overhead_s=-5), "restart_overhead_s=-5 must be >= 0"),
     (dict(checkpoint_every=0), "checkpoint_every=0 must be a whole number")])
 def test_bad_settings_are_refused(kw, match):
     with pytest.raises(ConfigError, match=match):
         Resilience(**kw)
+
+
+def test_simulate_reports_the_goodput_only_when_asked(capsys):
+    """`simulate --goodput` (or any resilience flag) adds the checkpoint plan to the
+    summary and the metrics JSON, at the simulated iteration time; without one, nothing."""
+    import json
+
+    from clustersim.sim.cli import main
+    base = ["simulate", "--pp", "2", "--microbatches", "4", "--no-html", "--metrics-json", "-"]
+    assert main(base) == 0
+    assert "resilience" not in json.loads(capsys.readouterr().out)["meta"]
+    assert main(base + ["--checkpoint-every", "5", "--restart-overhead-s", "60"]) == 0
+    out = capsys.readouterr()
+    metrics = json.loads(out.out)
+    got = metrics["meta"]["resilience"]
+    assert got["checkpoint_every_iterations"] == 5
+    assert got["checkpoint_interval_s"] == pytest.approx(5 * metrics["iteration_time"])
+    assert got["restart_s"] == pytest.approx(got["save_s"] + 60)
+    assert "expected goodput" in out.err and "relaunch 60 s" in out.err

@@ -1,6 +1,6 @@
-"""The `clustersim` command line: simulate, show, compare, memory, collective; calibrate
-and run on hardware (sim.cli.commands, .hardware, .memory_report, .collective_report; the
-flags and the fields they set: sim.cli.flags).
+"""The `clustersim` command line: simulate, show, compare, memory, collective, plan;
+calibrate and run on hardware (sim.cli.commands, .hardware, .memory_report,
+.collective_report, .plan_command; the flags and the fields they set: sim.cli.flags).
 
 Every error a user can cause ends in one `clustersim: error: ...` line (a deadlock adds
 its rank x step report) and a non-zero exit, never a traceback. A value the user gave that
@@ -9,6 +9,7 @@ the line repeats is cut to its first MAX_ECHO characters (`shorten`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import re
 import sys
@@ -18,7 +19,9 @@ from clustersim.schedules.errors import ClustersimError, ConfigError, DeadlockEr
 from clustersim.topologies import TopologyError
 
 from .. import progress
-from . import collective_report, commands, config_files, hardware, memory_report
+from ..gc_pause import gc_paused
+from . import (collective_report, commands, config_files, hardware, memory_report,
+               plan_command)
 
 EXIT_USAGE, EXIT_DEADLOCK = 2, 3
 MAX_ECHO = 200  # characters of one word (a value echoed back) in an error line
@@ -54,11 +57,17 @@ def build_parser() -> argparse.ArgumentParser:
     hardware.add_parsers(sub)
     memory_report.add_parser(sub)
     collective_report.add_parser(sub)
+    plan_command.add_parser(sub)
     return parser
 
 
 COMMANDS = {**commands.COMMANDS, **hardware.COMMANDS, **memory_report.COMMANDS,
-            **collective_report.COMMANDS}
+            **collective_report.COMMANDS, **plan_command.COMMANDS}
+
+
+SIMULATING = ("simulate", "compare", "show", "collective", "memory", "plan")
+"""Commands that run in this process with the cyclic garbage collector paused
+(sim.gc_pause); the hardware commands keep it."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="clustersim: %(levelname)s: %(message)s")
     try:
-        with progress.reporting():
+        with progress.reporting(), (gc_paused() if args.command in SIMULATING
+                                    else contextlib.nullcontext()):
             code = COMMANDS[args.command](args)
         for note in notes:  # what the config files set aside; after the run, so that an
             print(f"clustersim: note: {shorten(note)}", file=sys.stderr)  # error stays one line

@@ -25,11 +25,13 @@ from clustersim.schedules.validate import validate
 from clustersim.topologies import list_presets, load_topology
 
 from ..report import format_summary, format_table
+from ..resilience import plan_checkpoints
 from ..simulate import simulate, simulate_schedule
 from ..cluster import cluster_facts
 from ..kineto import is_kineto_trace, read_kineto
 from ..timeline_compare import compare_timelines, format_comparison
 from .config_files import add_config_flags
+from .resilience_flags import add_resilience_flags, resilience_from_args
 from .flags import (add_cluster_flags, add_intra_layer_flags, add_limit_flags,
                     add_model_flags, add_parallel_flags, cost_model_from_args, flag,
                     max_ops_from_args, model_from_args, parallel_from_args)
@@ -44,6 +46,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     add_cluster_flags(sim)
     add_output_flags(sim, timeline_default=None)
     add_config_flags(sim)
+    add_resilience_flags(sim)
     sim.add_argument("--schedule-out", metavar="PATH",
                      help="write the compute order the run replayed as a torch.distributed."
                           "pipelining CSV (zb-auto: the order built for this run's costs), "
@@ -210,7 +213,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     topology = load_topology(args.topology)
     schedule, timeline = simulate_schedule(model, parallel, topology, custom,
                                            cost_model_from_args(args), max_ops_from_args(args))
+    settings = resilience_from_args(args)
+    checkpoints = None if settings is None else plan_checkpoints(
+        settings, model, parallel.world_size, timeline.iteration_time)
+    if checkpoints is not None:
+        timeline.meta["resilience"] = checkpoints.to_dict()
     print(format_summary(timeline), file=report_stream(args))
+    if checkpoints is not None:
+        print("\n".join(checkpoints.lines()), file=report_stream(args))
     plan = (resolve(model, parallel, cluster_facts(topology), custom)
             if custom is not None and args.chakra_out is not None else None)
     write_outputs(timeline, args, plan)

@@ -90,15 +90,17 @@ def slows_compute(op: Op) -> bool:
     return op.kind.is_collective and op.group in DP_GROUPS
 
 
-def collective_model(env: simpy.Environment, network: FlowNetwork, plan: Plan
-                     ) -> Callable[[Op, int], simpy.Event]:
-    """The replay's collective hook (module docstring)."""
+def collective_model(env: simpy.Environment, network: FlowNetwork, plan: Plan,
+                     every_rank: bool = False) -> Callable[[Op, int], simpy.Event]:
+    """The replay's collective hook (module docstring). With `every_rank` (the full
+    replay, sim.world) the replay rank is the global rank and every group runs its own
+    collectives: no shadow groups."""
     cluster, parallel = plan.cluster, plan.parallel
     gpus = cluster.gpus
     chosen: dict[tuple, str] = {}  # the default choice is a pure function of these
     cached: dict[tuple, tuple[float, dict]] = {}
     members_of: dict[tuple[str, int], tuple[list[int], list[str], bool]] = {}
-    global_rank = plan.replayed_ranks
+    global_rank = range(plan.world_size) if every_rank else plan.replayed_ranks
 
     def members(axis: str, rank: int) -> tuple[list[int], list[str], bool]:
         """(global ranks, GPU nodes, whether the group may be cached) of rank's group."""
@@ -137,7 +139,7 @@ def collective_model(env: simpy.Environment, network: FlowNetwork, plan: Plan
         their own (a non-blocking fabric). Checked once per collective kind, axis, rank and
         algorithm: flows share a link's bandwidth whatever their size, so the answer does
         not depend on the message size."""
-        peers = shadow_groups(op.group, rank)
+        peers = [] if every_rank else shadow_groups(op.group, rank)
         if not peers:
             return peers
         key = (op.kind, op.group, rank, algo)

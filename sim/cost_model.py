@@ -57,8 +57,8 @@ class CostModel(Protocol):
 
     def network(self, env: simpy.Environment, topology: nx.DiGraph) -> Network: ...
 
-    def collectives(self, env: simpy.Environment, network: Network,
-                    plan: Plan) -> CollectiveHook: ...
+    def collectives(self, env: simpy.Environment, network: Network, plan: Plan,
+                    every_rank: bool = False) -> CollectiveHook: ...
 
     def describe(self) -> str: ...
 
@@ -147,9 +147,9 @@ class RooflineCostModel:
     def network(self, env: simpy.Environment, topology: nx.DiGraph) -> Network:
         return FlowNetwork(env, topology)
 
-    def collectives(self, env: simpy.Environment, network: Network,
-                    plan: Plan) -> CollectiveHook:
-        return collective_model(env, network, plan)
+    def collectives(self, env: simpy.Environment, network: Network, plan: Plan,
+                    every_rank: bool = False) -> CollectiveHook:
+        return collective_model(env, network, plan, every_rank)
 
     def describe(self) -> str:
         compute = (f"compute_efficiency={self.compute_efficiency}"
@@ -206,8 +206,8 @@ class UniformCostModel:
     def network(self, env: simpy.Environment, topology: nx.DiGraph) -> Network:
         return InstantNetwork(env)
 
-    def collectives(self, env: simpy.Environment, network: Network,
-                    plan: Plan) -> CollectiveHook:
+    def collectives(self, env: simpy.Environment, network: Network, plan: Plan,
+                    every_rank: bool = False) -> CollectiveHook:
         return lambda op, pp_rank: env.timeout(0, value=None)
 
     def describe(self) -> str:
@@ -251,9 +251,9 @@ class ProfileCostModel:
     def network(self, env: simpy.Environment, topology: nx.DiGraph) -> Network:
         return AlphaBetaNetwork(env, self.profile.p2p.alpha, self.profile.p2p.beta)
 
-    def collectives(self, env: simpy.Environment, network: Network,
-                    plan: Plan) -> CollectiveHook:
-        return profile_collective_model(env, self.profile, plan)
+    def collectives(self, env: simpy.Environment, network: Network, plan: Plan,
+                    every_rank: bool = False) -> CollectiveHook:
+        return profile_collective_model(env, self.profile, plan)  # by group size alone
 
     def describe(self) -> str:
         return f"profile({self.profile.device})"

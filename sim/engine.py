@@ -13,7 +13,13 @@ OPT_STEP with group 'host' (ZeRO-Offload) on lane 'host' for `compute_time(op)`.
 A collective's other members are the same pipeline rank in the other replicas, which by
 symmetry post it at the same moment, but for DualPipe's all-reduce of a stage's two copies
 (group 'pp_copies', schedules.chains), whose members are two replayed ranks: it starts
-once both are ready and runs once for both (schedules.contract.copy_peer).
+once both are ready and runs once for both (schedules.contract.copy_peer). The full
+replay (`ranks`: ReplayRanks, from sim.world) runs every rank of the job instead: replay
+rank r runs its pipeline coordinate's program, keyed completions and P2P pairs are per
+replica, and a collective starts once all its group's members have posted it (the n-th
+each posts on that lane), runs once for them all, and records on each member's span how
+long it waited and for whom (sim.waits); a slow GPU's compute takes `speed[r]` times as
+long.
 An intra-layer collective flagged `Op.alongside` runs beside the compute op after it
 (schedules.contract); a P2P op is posted once its positional waits are met.
 Overlap is not free (`slowdown`, per rank; sim.collective_model.overlap_slowdown): while
@@ -75,64 +81,98 @@ class MemoryModel:
 _start, _rank = attrgetter("start"), attrgetter("rank")  # the Timeline's span order
 
 
+@dataclass(frozen=True)
+class ReplayRanks:
+    """What each replayed rank is, when they are not simply the schedule's pipeline ranks
+    (the full replay: sim.world). `programs[r]`: the pipeline rank whose program replay
+    rank r runs; `replicas[r]`: its replica (keyed completions and P2P pair within one);
+    `meet(r, op)`: the replay ranks (r included) that post collective `op` and run it once
+    together; `speed[r]`: how many times longer r's compute ops take (1: as costed)."""
+
+    programs: Sequence[int]
+    replicas: Sequence[int]
+    meet: Callable[[int, Op], tuple[int, ...]]
+    speed: Sequence[float] | None = None
+
+
 class Replay:
-    """Replays `schedule` (lowered, with P2P ops) on `devices[r]` for pipeline rank r."""
+    """Replays `schedule` (lowered, with P2P ops) on `devices[r]` for pipeline rank r, or,
+    with `ranks` (ReplayRanks), for replay rank r running program `ranks.programs[r]`."""
 
     def __init__(self, env: simpy.Environment, schedule: Schedule, devices: Sequence[str],
                  compute_time: Callable[[Op], float], network: Network,
                  memory: MemoryModel | None = None,
                  collective: Callable[[Op, int], simpy.Event] | None = None,
                  hosts: Sequence[str] | None = None,
-                 slowdown: Sequence[float] | None = None):
+                 slowdown: Sequence[float] | None = None,
+                 ranks: ReplayRanks | None = None):
         self.env, self.schedule, self.devices = env, schedule, devices
         self.compute_time, self.network, self.memory = compute_time, network, memory
         self.collective, self.hosts = collective, hosts
+        which = list(range(schedule.num_ranks)) if ranks is None else list(ranks.programs)
+        self.programs = [schedule.programs[p] for p in which]
+        n = len(which)
+        self.replica = [0] * n if ranks is None else list(ranks.replicas)
+        self.meet = None if ranks is None else ranks.meet
+        self.speed = None if ranks is None or ranks.speed is None else list(ranks.speed)
         # overlap slowdown (module docstring): f per rank, the rank's running slowing
         # collectives, and the event that fires when that count leaves or reaches 0
         self.slowdown = [f if any(op.kind in COLLECTIVE_KINDS and slows_compute(op)
                                   for op in program) else 0.0
-                         for f, program in zip(slowdown, schedule.programs)] \
-            if slowdown is not None else [0.0] * schedule.num_ranks
-        self.slowing = [0] * schedule.num_ranks
-        self.slowing_changed: list[simpy.Event | None] = [None] * schedule.num_ranks
+                         for f, program in zip(slowdown, self.programs)] \
+            if slowdown is not None else [0.0] * n
+        self.slowing = [0] * n
+        self.slowing_changed: list[simpy.Event | None] = [None] * n
         self.last_on_lane: dict[tuple[int, str], simpy.Event] = {}
-        self.done: set[Key] = set()
-        self.waiting: dict[Key, simpy.Event] = {}  # events exist only for awaited keys
-        self.posted: dict[Key, tuple[int, Op, float]] = {}
-        self.ready_copies: dict[Key, tuple] = {}  # DualPipe's copy all-reduce, one side ready
+        replicas = max(self.replica) + 1
+        self.done: list[set[Key]] = [set() for _ in range(replicas)]  # keys per replica
+        self.waiting: list[dict[Key, simpy.Event]] = [{} for _ in range(replicas)]  # events
+        # exist only for awaited keys
+        self.posted: list[dict[Key, tuple[int, Op, float]]] = [{} for _ in range(replicas)]
+        self.ready_copies: dict[tuple, tuple] = {}  # DualPipe's copy all-reduce, one side
+        self.meetings: dict[tuple, list] = {}  # a collective's members posted so far
+        self.lane_posts: dict[tuple[int, str], int] = {}  # collectives posted per lane
         self.spans: list[Span] = []
         self.samples: list[MemorySample] = []
-        self.pc = [0] * schedule.num_ranks
-        self.allocated = [0] * schedule.num_ranks
+        self.pc = [0] * n
+        self.allocated = [0] * n
         self.split_backward = {(op.stage, op.microbatch)
                                for op in schedule.ops() if op.kind is OpKind.W}
         self.chains = schedule.stage_chains
-        self.contracts = [program_contract(p, schedule.stage_ranks, self.chains)
-                          for p in schedule.programs]
+        contracts = [program_contract(p, schedule.stage_ranks, self.chains)
+                     for p in schedule.programs]
+        self.contracts = [contracts[p] for p in which]
         # positional waits: which indices are awaited, which are done, events on demand
-        self.awaited = [{j for waits in c.local for j in waits} for c in self.contracts]
-        self.local_done: list[set[int]] = [set() for _ in schedule.programs]
+        awaited = [{j for waits in c.local for j in waits} for c in contracts]
+        self.awaited = [awaited[p] for p in which]
+        self.local_done: list[set[int]] = [set() for _ in range(n)]
         self.local_events: dict[tuple[int, int], simpy.Event] = {}
-        self.releases = self._gather_releases() if memory and memory.gathered else None
+        releases = ([gather_releases(program, contract) for program, contract
+                     in zip(schedule.programs, contracts)]
+                    if memory and memory.gathered else None)
+        self.releases = None if releases is None else [releases[p] for p in which]
         self.held = [{g for gs in r.values() for g in gs} for r in self.releases or ()]
-        self.activation_ends = [self._activation_ends(p) if memory else (set(), set())
-                                for p in schedule.programs]
+        ends = [self._activation_ends(p) if memory else (set(), set())
+                for p in schedule.programs]
+        self.activation_ends = [ends[p] for p in which]
         self.handlers = self._dispatch_table()
 
     def _complete(self, rank: int, index: int, op: Op) -> None:
-        self._satisfy(produces(op))
+        replica = self.replica[rank]
+        self._satisfy(produces(op), replica)
         extra = self.contracts[rank].completes
         if extra and index in extra:  # the last layer group of a chunked op
-            self._satisfy(extra[index])
+            self._satisfy(extra[index], replica)
         if index in self.awaited[rank]:
             self.local_done[rank].add(index)
             ev = self.local_events.pop((rank, index), None)
             if ev is not None:
                 ev.succeed()
 
-    def _satisfy(self, keys: Sequence[Key]) -> None:
-        """Mark `keys` done, waking the ops that wait for them (in `keys`' order)."""
-        done, waiting = self.done, self.waiting
+    def _satisfy(self, keys: Sequence[Key], replica: int) -> None:
+        """Mark `keys` done in `replica`, waking the ops that wait for them (in `keys`'
+        order)."""
+        done, waiting = self.done[replica], self.waiting[replica]
         for key in keys:
             done.add(key)
             if waiting:
@@ -148,11 +188,6 @@ class Replay:
         if ev is None:
             ev = self.local_events[(rank, index)] = self.env.event()
         return ev
-
-    def _gather_releases(self) -> list[dict[int, list[int]]]:
-        """Per rank: consumer index -> the gathers whose parameters it is the last user of."""
-        return [gather_releases(program, contract)
-                for program, contract in zip(self.schedule.programs, self.contracts)]
 
     def _activation_ends(self, program: Sequence[Op]) -> tuple[set[int], set[int]]:
         """Indices of the ops that allocate (first forward group of (s,m)) and release
@@ -176,10 +211,11 @@ class Replay:
     def _run_rank(self, rank: int):
         env, contract = self.env, self.contracts[rank]
         ranks, count = self.schedule.stage_ranks, self.schedule.num_microbatches
-        chains, done, waiting = self.chains, self.done, self.waiting
+        replica = self.replica[rank]
+        chains, done, waiting = self.chains, self.done[replica], self.waiting[replica]
         handlers, partner, local, pc = self.handlers, contract.partner, contract.local, self.pc
         slowdown = self.slowdown
-        for index, op in enumerate(self.schedule.programs[rank]):
+        for index, op in enumerate(self.programs[rank]):
             keys = prerequisites(op, ranks, count, chains)
             if partner:
                 keys += partner.get(index, ())
@@ -238,6 +274,8 @@ class Replay:
         """A compute op starts now: its activations are allocated; its seconds."""
         if self.memory and index in self.activation_ends[rank][0]:
             self._allocate(rank, self.memory.activations[op.stage])
+        if self.speed is not None:
+            return self.compute_time(op) * self.speed[rank]
         return self.compute_time(op)
 
     def _compute_ends(self, rank: int, index: int, op: Op, start: float,
@@ -298,12 +336,12 @@ class Replay:
         self._post(rank, index, op)
 
     def _gathered(self, rank: int, index: int) -> int:
-        return self.memory.gathered(self.schedule.programs[rank][index])
+        return self.memory.gathered(self.programs[rank][index])
 
     def _post(self, rank: int, index: int, op: Op) -> None:
         """Post a P2P op; once both ends are, the transfer starts (and both leave
         `posted`, which so holds only the ends waiting for their peer)."""
-        now, posted = self.env.now, self.posted
+        now, posted = self.env.now, self.posted[self.replica[rank]]
         peer = posted.pop(p2p_peer(op), None)
         if peer is None:
             posted[op.key] = (rank, index, op, now)
@@ -330,7 +368,8 @@ class Replay:
         """Run a posted non-P2P op on its lane after the lane's previous op (issue order,
         as NCCL runs a communicator's operations) and its positional `waits`. A
         collective's other members are this program rank in the other replicas, which by
-        symmetry post it at the same moment."""
+        symmetry post it at the same moment, or, in the full replay, replayed ranks it
+        meets (module docstring)."""
         lane, run = self._lane_and_runner(rank, op)
         key = (rank, lane)
         previous = self.last_on_lane.get(key)
@@ -338,6 +377,13 @@ class Replay:
         self.last_on_lane[key] = done
         pending = [ev for ev in (previous, *waits) if ev is not None and not ev.processed]
         members = [(rank, index, op, lane, done)]
+        meeting = None
+        if self.meet is not None and op.kind.is_collective and op.group != PP_COPIES:
+            together = self.meet(rank, op)
+            if len(together) > 1:  # the n-th collective each member posts on this lane
+                seq = self.lane_posts.get(key, 0)
+                self.lane_posts[key] = seq + 1
+                meeting = (together, lane, seq)
 
         def start(_event: simpy.Event | None = None) -> None:
             while pending:
@@ -345,12 +391,22 @@ class Replay:
                 if not ev.processed:
                     ev.callbacks.append(start)
                     return
+            posts = None  # the full replay: when each member posted the collective
             if op.group == PP_COPIES:  # both replayed copies meet: one collective for both
-                partner = self.ready_copies.pop(copy_peer(op, self.chains), None)
+                replica = self.replica[rank]
+                partner = self.ready_copies.pop((replica, copy_peer(op, self.chains)), None)
                 if partner is None:
-                    self.ready_copies[op.key] = members[0]
+                    self.ready_copies[(replica, op.key)] = members[0]
                     return
                 members.append(partner)
+            elif meeting is not None:  # the full replay: every member runs it once, together
+                arrived = self.meetings.setdefault(meeting, [])
+                arrived.append((*members[0], self.env.now))
+                if len(arrived) < len(meeting[0]):
+                    return
+                del self.meetings[meeting]
+                members[:] = [m[:5] for m in arrived]
+                posts = {m[0]: m[5] for m in arrived}
             begin = self.env.now
             running = run()
             slowing = [r for r, *_ in members if self.slowdown[r] and slows_compute(op)]
@@ -361,7 +417,11 @@ class Replay:
                 for r in slowing:
                     self._slowing(r, -1)
                 info = event.value if isinstance(event.value, dict) else None
+                last = (max(posts, key=posts.get) if posts and
+                        max(posts.values()) > min(posts.values()) else None)
                 for r, i, member, on, event_done in members:
+                    if posts:  # who the members waited for (sim.waits)
+                        info = {**(info or {}), "waited_s": begin - posts[r], "last": last}
                     self.spans.append(Span(r, on, member, begin, self.env.now, info))
                     if self.releases is not None and i in self.held[r]:
                         self._allocate(r, self._gathered(r, i))
@@ -407,9 +467,9 @@ class Replay:
         if self.memory:
             for rank, nbytes in enumerate(self.memory.static):
                 self._allocate(rank, nbytes)
-        for rank in range(self.schedule.num_ranks):
+        for rank in range(len(self.programs)):
             self.env.process(self._run_rank(rank))
-        progress = Progress(sum(len(p) for p in self.schedule.programs))
+        progress = Progress(sum(len(p) for p in self.programs))
         step = self.env.step
         with gc_paused():
             try:
@@ -433,12 +493,13 @@ class Replay:
         entry per op of a deep pipeline) and the dispatch table, whose bound methods hold
         the replay in a reference cycle, so all of it is freed now rather than at the
         next garbage collection."""
-        self.done, self.waiting, self.posted, self.local_events = set(), {}, {}, {}
+        self.done, self.waiting, self.posted, self.local_events = [], [], [], {}
         self.local_done = [set() for _ in self.local_done]
         self.last_on_lane, self.ready_copies, self.handlers = {}, {}, {}
+        self.meetings, self.lane_posts = {}, {}
 
     def _raise_if_stuck(self) -> None:
-        programs = self.schedule.programs
+        programs = self.programs
         stuck = {r: programs[r][pc] for r, pc in enumerate(self.pc) if pc < len(programs[r])}
         if not stuck:
             return
@@ -446,7 +507,7 @@ class Replay:
         for rank, op in stuck.items():
             missing = [k for k in prerequisites(op, self.schedule.stage_ranks,
                                                 self.schedule.num_microbatches, self.chains)
-                       if k not in self.done]
+                       if k not in self.done[self.replica[rank]]]
             waits = ", ".join(f"{k[1]}{k[0].value}{'' if k[2] is None else k[2]}"
                               for k in missing)
             lines.append(f"rank {rank} stuck at {op} (step {self.pc[rank]}) waiting for {waits}")

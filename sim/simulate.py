@@ -46,35 +46,39 @@ from .auto_schedule import build_auto_schedule
 from .cluster import cluster_facts
 from .collective_model import compute_slowdowns
 from .cost_model import CostModel, RooflineCostModel
-from .engine import Replay
+from .engine import MemoryModel, Replay, ReplayRanks
 from .memory import memory_model, oom_report
 from .offload import host_cpus, with_host_links
-from .symmetry import check_symmetric
 from .throughput import throughput
+from .waits import waited_for, waits_note
+from .world import Replaying
 
 log = logging.getLogger(__name__)
 
 
 def simulate(model: ModelSpec, parallel: ParallelConfig, topology: nx.DiGraph,
              schedule: Schedule | None = None,
-             costs: CostModel = RooflineCostModel(), max_ops: int = MAX_OPS) -> Timeline:
+             costs: CostModel = RooflineCostModel(), max_ops: int = MAX_OPS,
+             replaying: Replaying = Replaying()) -> Timeline:
     """Simulate one training iteration; `schedule` (a custom one, given as data)
     overrides the registered schedule `parallel` names; `max_ops`: the op budget of a
-    registered schedule (schedules.limits), checked before it is built."""
-    return simulate_schedule(model, parallel, topology, schedule, costs, max_ops)[1]
+    registered schedule (schedules.limits), checked before it is built; `replaying`:
+    which ranks to replay and which GPUs are slow (sim.world)."""
+    return simulate_schedule(model, parallel, topology, schedule, costs, max_ops,
+                             replaying)[1]
 
 
 def simulate_schedule(model: ModelSpec, parallel: ParallelConfig, topology: nx.DiGraph,
                       schedule: Schedule | None = None,
-                      costs: CostModel = RooflineCostModel(), max_ops: int = MAX_OPS
-                      ) -> tuple[Schedule, Timeline]:
+                      costs: CostModel = RooflineCostModel(), max_ops: int = MAX_OPS,
+                      replaying: Replaying = Replaying()) -> tuple[Schedule, Timeline]:
     """`simulate`, and the compute-only schedule it replayed (the registered one, the
     one given, or zb-auto's order built for this run's costs)."""
     if schedule is None and schedule_entry(parallel.schedule).built_from_costs:
-        return _simulate_auto(model, parallel, topology, costs, max_ops)
+        return _simulate_auto(model, parallel, topology, costs, max_ops, replaying)
     plan = _checked_plan(model, parallel, topology, schedule, max_ops)
     schedule = schedule or plan.build_schedule()
-    return schedule, _replay(plan, topology, costs, schedule)
+    return schedule, _replay(plan, topology, costs, schedule, replaying)
 
 
 def _checked_plan(model: ModelSpec, parallel: ParallelConfig, topology: nx.DiGraph,
@@ -83,17 +87,17 @@ def _checked_plan(model: ModelSpec, parallel: ParallelConfig, topology: nx.DiGra
     plan.devices  # every rank needs a GPU (ConfigError otherwise), checked before any work
     for device in {device_of(topology, gpu) for gpu in plan.devices}:
         check_fp8_device(model, device.name, device.compute_capability)
-    check_symmetric(plan, topology)
     check_one_host(plan)
     return plan
 
 
 def _simulate_auto(model: ModelSpec, parallel: ParallelConfig, topology: nx.DiGraph,
-                   costs: CostModel, max_ops: int) -> tuple[Schedule, Timeline]:
+                   costs: CostModel, max_ops: int, replaying: Replaying
+                   ) -> tuple[Schedule, Timeline]:
     """A schedule built from this run's simulated costs (sim.auto_schedule), replayed."""
     def simulate_with(schedule: Schedule) -> tuple[Plan, Timeline]:
         plan = _checked_plan(model, parallel, topology, schedule, max_ops)
-        return plan, _replay(plan, topology, costs, schedule)
+        return plan, _replay(plan, topology, costs, schedule, replaying)
 
     schedule, note = build_auto_schedule(parallel, simulate_with)
     plan, timeline = simulate_with(schedule)
@@ -116,15 +120,18 @@ def pair_note(pairs: int, hides_experts: bool) -> str:
 
 
 def _replay(plan: Plan, topology: nx.DiGraph, costs: CostModel,
-            schedule: Schedule | None) -> Timeline:
+            schedule: Schedule | None, replaying: Replaying = Replaying()) -> Timeline:
     """Lower `schedule` (default: the plan's registered schedule) and replay it on
-    `topology`, the one the plan's cluster facts were read from."""
-    devices = plan.devices
+    `topology`, the one the plan's cluster facts were read from: one pipeline replica,
+    or every rank (sim.world)."""
+    world, why = replaying.world(plan, topology)
+    devices = world.devices
     schedule = schedule or plan.build_schedule()
     lowered = lower(schedule, plan)
     warnings = (costs.notes(plan, topology)
                 + fp8_notes(plan.model, plan.parallel.sequence_parallel)
-                + single_process_notes(plan) + tp_grid_notes(plan.parallel))
+                + single_process_notes(plan) + tp_grid_notes(plan.parallel)
+                + ([why] if why else []))
     pairs = sum(len(overlapped_pairs(program)) for program in schedule.programs)
     if pairs:
         warnings.append(pair_note(pairs, pair_hides_experts(plan.model, plan.parallel)))
@@ -134,11 +141,19 @@ def _replay(plan: Plan, topology: nx.DiGraph, costs: CostModel,
     env = simpy.Environment()
     network = costs.network(env, topology)
     breakdown = rank_memory(plan, in_flight=[0] * plan.num_stages)
+    memory = memory_model(lowered, plan, breakdown)
+    slowdown = compute_slowdowns(plan, topology)
+    ranks = None
+    if world.full:  # per pipeline rank -> per replayed rank
+        memory = MemoryModel([memory.static[p] for p in world.programs], memory.activations,
+                             memory.gathered)
+        slowdown = [slowdown[p] for p in world.programs]
+        slow = dict(replaying.slow_gpus)
+        ranks = ReplayRanks(world.programs, world.replicas, world.members,
+                            [slow.get(r, 1.0) for r in world.ranks] if slow else None)
     replay = Replay(env, lowered, devices, costs.compute_time(plan, topology), network,
-                    memory_model(lowered, plan, breakdown),
-                    costs.collectives(env, network, plan),
-                    host_cpus(list(devices), topology),
-                    slowdown=compute_slowdowns(plan, topology))
+                    memory, costs.collectives(env, network, plan, world.full),
+                    host_cpus(list(devices), topology), slowdown=slowdown, ranks=ranks)
     try:
         timeline = replay.run()
     except DeadlockError:
@@ -159,7 +174,14 @@ def _replay(plan: Plan, topology: nx.DiGraph, costs: CostModel,
                         "(simulated as flows)")
     for warning in warnings:
         log.info(warning)
-    timeline.meta.update({"plan": plan.describe(), "replayed": plan.replay_statement(),
+    if world.full:
+        timeline.meta["waited_for"] = waited = waited_for(timeline.spans)
+        note = waits_note(waited)
+        warnings += [note] if note else []
+    replayed = (plan.replay_statement() if not world.full else
+                f"all {plan.world_size} GPUs replayed op by op, each collective run once its "
+                f"group's members have all posted it (--replay all)")
+    timeline.meta.update({"plan": plan.describe(), "replayed": replayed,
                           "cost_model": costs.describe(),
                           "throughput": throughput(plan, timeline.iteration_time,
                                                    device_of(topology, devices[0])),

@@ -32,12 +32,31 @@ def _links(graph: nx.DiGraph, node: str) -> frozenset:
 
 def check_symmetric(plan: Plan, topology: nx.DiGraph) -> None:
     """Raise ConfigError naming the first node that breaks the replay's symmetry."""
+    reason = asymmetry(plan, topology)
+    if reason is not None:
+        raise ConfigError(f"{reason}: {REASON}")
+
+
+def asymmetry(plan: Plan, topology: nx.DiGraph) -> str | None:
+    """The first node that breaks the replay's symmetry, in words (module docstring), or
+    None."""
+    return device_mismatch(plan, topology) or link_asymmetry(plan, topology)
+
+
+def device_mismatch(plan: Plan, topology: nx.DiGraph) -> str | None:
+    """A GPU of the job of another device than the first, in words, or None."""
     gpus = plan.cluster.gpus[:plan.world_size]
     device = topology.nodes[gpus[0]]["device"]
     odd = next((g for g in gpus if topology.nodes[g]["device"] != device), None)
-    if odd is not None:
-        raise ConfigError(f"{odd} is a {topology.nodes[odd]['device']}, {gpus[0]} a {device}: "
-                          f"{REASON}")
+    if odd is None:
+        return None
+    return f"{odd} is a {topology.nodes[odd]['device']}, {gpus[0]} a {device}"
+
+
+def link_asymmetry(plan: Plan, topology: nx.DiGraph) -> str | None:
+    """The first node of the job's GPUs or next to them whose links differ from those of
+    the nodes of its role (module docstring), in words, or None."""
+    gpus = plan.cluster.gpus[:plan.world_size]
     first: dict[tuple, tuple[str, frozenset]] = {}
     nodes = dict.fromkeys(gpus)
     for g in gpus:
@@ -48,5 +67,6 @@ def check_symmetric(plan: Plan, topology: nx.DiGraph) -> None:
         name, reference = first.setdefault(role, (node, links))
         if links != reference:
             extra = sorted(links - reference) or sorted(reference - links)
-            raise ConfigError(f"{node}'s links differ from {name}'s ({role[0]} nodes), e.g. "
-                              f"(kind, bandwidth B/s, latency s) {extra[0]}: {REASON}")
+            return (f"{node}'s links differ from {name}'s ({role[0]} nodes), e.g. (kind, "
+                    f"bandwidth B/s, latency s) {extra[0]}")
+    return None

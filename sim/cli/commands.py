@@ -31,6 +31,7 @@ from ..cluster import cluster_facts
 from ..kineto import is_kineto_trace, read_kineto
 from ..timeline_compare import compare_timelines, format_comparison
 from .config_files import add_config_flags
+from .replay_flags import add_replay_flags, faulted_topology, replaying_from_args
 from .resilience_flags import add_resilience_flags, resilience_from_args
 from .flags import (add_cluster_flags, add_intra_layer_flags, add_limit_flags,
                     add_model_flags, add_parallel_flags, cost_model_from_args, flag,
@@ -47,6 +48,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     add_output_flags(sim, timeline_default=None)
     add_config_flags(sim)
     add_resilience_flags(sim)
+    add_replay_flags(sim)
     sim.add_argument("--schedule-out", metavar="PATH",
                      help="write the compute order the run replayed as a torch.distributed."
                           "pipelining CSV (zb-auto: the order built for this run's costs), "
@@ -210,9 +212,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     custom, parallel = schedule_and_parallel(args, model)
     if args.schedule_out is not None and custom is None:
         check_exportable(schedule_entry(parallel.schedule), "--schedule-out")
-    topology = load_topology(args.topology)
+    topology = faulted_topology(load_topology(args.topology), args)
     schedule, timeline = simulate_schedule(model, parallel, topology, custom,
-                                           cost_model_from_args(args), max_ops_from_args(args))
+                                           cost_model_from_args(args), max_ops_from_args(args),
+                                           replaying_from_args(args))
     settings = resilience_from_args(args)
     checkpoints = None if settings is None else plan_checkpoints(
         settings, model, parallel.world_size, timeline.iteration_time)

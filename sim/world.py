@@ -1,0 +1,118 @@
+"""The ranks a replay runs: one pipeline replica (the symmetric replay) or every rank of
+the job (the full replay, `--replay all`).
+
+Replay index i (what sim.engine calls a rank) is global rank `ranks[i]`. It runs the
+program of its pipeline coordinate (`programs[i]`: the lowered schedule has one program
+per pipeline rank) on GPU `devices[i]`. Keyed completions (schedules.contract's (kind,
+stage, microbatch) keys) are per replica (`replicas[i]`: the ranks of one pipeline, equal
+in every coordinate but pp), so a SEND_F pairs with the RECV_F of its own replica. A
+collective whose group has other replayed members waits until all of them have posted it
+and runs once for them all (`members`): in the full replay every member of its group; in
+the symmetric replay only DualPipe's two stage copies (group 'pp_copies'), the other
+members being the other replicas, which by symmetry post it at the same moment.
+Matching: members at one pipeline coordinate run one program, so the n-th collective each
+issues on the group's lane is the same op; 'pp_copies' pairs the two copies' ops by key
+(schedules.contract.copy_peer).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import networkx as nx
+
+from clustersim.schedules.errors import ConfigError
+from clustersim.schedules.names import PP, PP_COPIES
+from clustersim.schedules.ops import Op
+from clustersim.schedules.plan import Plan
+
+from .symmetry import device_mismatch, link_asymmetry
+
+
+@dataclass(frozen=True)
+class World:
+    """The replayed ranks of `plan` (module docstring): `full` = every rank."""
+
+    plan: Plan
+    full: bool = False
+    ranks: tuple[int, ...] = field(init=False)
+    programs: tuple[int, ...] = field(init=False)
+    replicas: tuple[int, ...] = field(init=False)
+    index_of: dict[int, int] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        plan, parallel = self.plan, self.plan.parallel
+        ranks = tuple(range(plan.world_size)) if self.full else plan.replayed_ranks
+        first: dict[int, int] = {}  # a replica's first global rank -> its replica index
+        replicas = tuple(first.setdefault(plan.group(PP, r)[0], len(first)) for r in ranks)
+        set_ = object.__setattr__
+        set_(self, "ranks", ranks)
+        set_(self, "programs", tuple(parallel.coords(r)[PP] for r in ranks))
+        set_(self, "replicas", replicas)
+        set_(self, "index_of", {r: i for i, r in enumerate(ranks)})
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        """GPU node of each replayed rank."""
+        self.plan.cluster.check_fits(self.plan.world_size)
+        gpus = self.plan.cluster.gpus
+        return tuple(gpus[r] for r in self.ranks)
+
+    def members(self, index: int, op: Op) -> tuple[int, ...]:
+        """Replay indices of the replayed members of `op`'s group for replay rank `index`
+        (itself included, ascending): those that meet before the collective runs."""
+        if op.group == PP_COPIES or (self.full and op.group is not None):
+            group = self.plan.group(op.group, self.ranks[index])
+            return tuple(sorted(self.index_of[r] for r in group if r in self.index_of))
+        return (index,)
+
+
+REPLAY_MODES = ("auto", "symmetric", "all")
+
+
+@dataclass(frozen=True)
+class Replaying:
+    """How to replay a job: `mode` 'symmetric' (one pipeline replica; refused when the
+    job or cluster is not symmetric), 'all' (every rank) or 'auto' (symmetric unless
+    something breaks the symmetry, then every rank, saying why); `slow_gpus`: global
+    rank -> factor its compute ops take longer (a straggler: 1.5 = 50% slower)."""
+
+    mode: str = "auto"
+    slow_gpus: tuple[tuple[int, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.mode not in REPLAY_MODES:
+            raise ConfigError(f"replay={self.mode!r} must be one of {', '.join(REPLAY_MODES)}")
+        for rank, factor in self.slow_gpus:
+            if not (isinstance(factor, (int, float)) and factor > 0):
+                raise ConfigError(f"slow GPU {rank}: factor {factor!r} must be a number > 0 "
+                                  f"(how many times longer its compute takes)")
+
+    def world(self, plan: Plan, topology: nx.DiGraph) -> tuple[World, str | None]:
+        """The replayed ranks, and a note when 'auto' replays every rank (why)."""
+        for rank, _ in self.slow_gpus:
+            if not (isinstance(rank, int) and 0 <= rank < plan.world_size):
+                raise ConfigError(f"slow GPU {rank!r}: not a rank of the job (0.."
+                                  f"{plan.world_size - 1})")
+        mixed = device_mismatch(plan, topology)
+        if mixed:
+            raise ConfigError(f"{mixed}: compute is costed on each pipeline stage's device, so "
+                              f"a GPU of another device is modelled by neither replay (slow "
+                              f"one GPU with --slow-gpu RANK=FACTOR instead)")
+        reason = self._asymmetry(plan, topology)
+        if self.mode == "symmetric" and reason:
+            raise ConfigError(f"replay='symmetric' replays one pipeline replica, but {reason}: "
+                              f"replay every rank (--replay all)")
+        if self.mode == "all" or reason:
+            note = None if self.mode == "all" else f"every rank replayed because {reason}"
+            return World(plan, full=True), note
+        return World(plan), None
+
+    def _asymmetry(self, plan: Plan, topology: nx.DiGraph) -> str | None:
+        """Why the symmetric replay would not see this job as it is, or None."""
+        slow = [(r, k) for r, k in self.slow_gpus if k != 1]
+        if slow:
+            return "GPU " + ", ".join(f"{r} runs {k:g}x slower" for r, k in slow)
+        faults = topology.graph.get("faults")
+        if faults:
+            return "the topology has faults (" + "; ".join(faults) + ")"
+        return link_asymmetry(plan, topology)

@@ -87,7 +87,7 @@ def part_two(limit_s: float) -> dict:
         return {"enumerated": result.enumerated, "rejected": dict(result.rejected),
                 "fit_in_memory": result.fit_in_memory, "bounded_out": result.bounded_out,
                 "simulated": result.simulated, "path_bounds": result.path_bounds,
-                "lane_bounds": result.lane_bounds, "seconds": result.seconds,
+                "lowered_bounds": result.lowered_bounds, "seconds": result.seconds,
                 "wall_s": time.perf_counter() - started, "best": best.layout.describe(),
                 "best_s": best.result["iteration_time"], "command": commands[0]}
 
@@ -120,10 +120,16 @@ def render(data: dict) -> str:
     if s:
         lines += ["", "## GPT-3 175B on 1,024 GPUs of selene-a100, global batch 1536", ""]
         if s["status"] == "ok":
+            secs = s["seconds"]
             lines += [f"- enumerated {s['enumerated']:,}; fit in memory {s['fit_in_memory']:,};"
                       f" bounded out {s['bounded_out']:,}; simulated {s['simulated']:,} "
                       f"({100 * s['simulated'] / s['enumerated']:.2f}% of enumerated); "
-                      f"wall {s['wall_s']:.0f} s",
+                      f"wall {s['wall_s']:.0f} s (screening {secs['screen']:.0f} s, branch "
+                      f"and bound {secs['branch_and_bound']:.0f} s)",
+                      f"- bounds refined: {s['path_bounds']:,} compute-only critical paths, "
+                      f"{s['lowered_bounds']:,} contract walks of the lowered schedule",
+                      "- rejected by reason: " + "; ".join(
+                          f"{n:,} {why}" for why, n in s["rejected"].items()),
                       f"- best: {s['best']} at {s['best_s']:.3f} s: `{s['command']}`"]
         else:
             lines.append(f"- {s['status']} after {s['wall_s']:.0f} s: {s['reason']}")

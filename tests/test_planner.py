@@ -73,6 +73,17 @@ def test_branch_and_bound_finds_the_exhaustive_best():
     assert result.candidates[0].result["iteration_time"] == pytest.approx(min(times))
 
 
+def test_parallel_replays_return_the_serial_ranking():
+    """Replays on two worker processes (joblib) rank the same top candidates, with the
+    same times, as the serial search; the batches may replay a few more."""
+    serial, _ = run_plan(MODEL, 8, TOPOLOGY, 32, top=3, space=SMALL, n_jobs=1)
+    parallel, _ = run_plan(MODEL, 8, TOPOLOGY, 32, top=3, space=SMALL, n_jobs=2)
+    ranked = [[(c.layout, c.result["iteration_time"]) for c in r.candidates[:3]]
+              for r in (serial, parallel)]
+    assert ranked[0] == ranked[1]
+    assert serial.simulated <= parallel.simulated < parallel.fit_in_memory
+
+
 def test_api_dataframe_is_ranked_with_the_funnel():
     frame = plan(MODEL, 8, "dgx-a100", 32, top=3, space=SMALL)
     assert list(frame["iteration_time"]) == sorted(frame["iteration_time"])

@@ -34,8 +34,8 @@ __all__ = ["SearchSpace", "plan", "run_plan"]
 def run_plan(model: str | ModelSpec, gpus: int, topology: str | nx.DiGraph,
              global_batch_size: int, seq_length: int | None = None,
              max_memory_gb: float | None = None, top: int = 5,
-             space: SearchSpace | None = None, costs: CostModel | None = None
-             ) -> tuple[SearchResult, list[str]]:
+             space: SearchSpace | None = None, costs: CostModel | None = None,
+             n_jobs: int = -1) -> tuple[SearchResult, list[str]]:
     """The search and each replayed candidate's `clustersim simulate` command; arguments
     as `plan`."""
     for name, value in (("gpus", gpus), ("global_batch_size", global_batch_size),
@@ -54,7 +54,7 @@ def run_plan(model: str | ModelSpec, gpus: int, topology: str | nx.DiGraph,
         raise ConfigError(f"gpus={gpus}: the topology has {available} GPUs")
     result = search(spec, gpus, graph, global_batch_size,
                     None if max_memory_gb is None else max_memory_gb * 1e9, top,
-                    space or SearchSpace(), costs or RooflineCostModel())
+                    space or SearchSpace(), costs or RooflineCostModel(), n_jobs=n_jobs)
     model_name = model if isinstance(model, str) else spec.name
     topology_name = topology if isinstance(topology, str) else graph.graph.get("name", "?")
     commands = [simulate_command(c, model_name, topology_name, global_batch_size, seq_length)
@@ -65,19 +65,20 @@ def run_plan(model: str | ModelSpec, gpus: int, topology: str | nx.DiGraph,
 def plan(model: str | ModelSpec, gpus: int, topology: str | nx.DiGraph,
          global_batch_size: int, seq_length: int | None = None,
          max_memory_gb: float | None = None, top: int = 5,
-         space: SearchSpace | None = None, costs: CostModel | None = None
-         ) -> "pandas.DataFrame":
+         space: SearchSpace | None = None, costs: CostModel | None = None,
+         n_jobs: int = -1) -> "pandas.DataFrame":
     """Search the layouts of `model` (a preset name or ModelSpec) on `gpus` GPUs of
     `topology` (a preset, a topology JSON path or a graph) at `global_batch_size`
     sequences of `seq_length` tokens (default: the model's) under `max_memory_gb` GB per
     GPU (default: the device's memory); the replayed candidates, fastest first (the top
     `top` are exact), one row each: layout fields, iteration_time (s), peak_memory
     (bytes), tokens_per_s, mfu, bound (s), bubble and exposed-communication fractions,
-    recompute_overhead, command. `attrs['funnel']`: the funnel counts."""
+    recompute_overhead, command. `attrs['funnel']`: the funnel counts. `n_jobs`: replays
+    at once on local cores (joblib: -1 all, 1 serial; the same ranked top either way)."""
     import pandas  # the table library notebooks expect; only the API needs it
 
     result, commands = run_plan(model, gpus, topology, global_batch_size, seq_length,
-                                max_memory_gb, top, space, costs)
+                                max_memory_gb, top, space, costs, n_jobs)
     frame = pandas.DataFrame([{**candidate_row(c), "command": cmd}
                               for c, cmd in zip(result.candidates, commands)])
     frame.attrs["funnel"] = funnel(result)

@@ -178,27 +178,44 @@ def path_bound(schedule: Schedule, times: StageTimes) -> float:
     return max(free)
 
 
-def lane_bound(lowered: Schedule, plan: Plan, topology: nx.DiGraph) -> float:
+class CollectiveTimes:
+    """Lower bounds of lowered collectives' seconds: `seconds(op, rank)` is op.count times
+    the uncontended alpha-beta time of one (`_one_collective`), 0 for a group of one GPU;
+    memoised by (kind, bytes, count, group, global rank) as a schedule repeats them."""
+
+    def __init__(self, plan: Plan, topology: nx.DiGraph):
+        self.plan, self.topology = plan, topology
+        self.memo: dict[tuple, float] = {}
+        self.by_op: dict[tuple, float] = {}
+
+    def seconds(self, op: Op, rank: int) -> float:
+        key = (op.kind, op.nbytes, op.count, op.group, rank)
+        found = self.by_op.get(key)
+        if found is None:
+            ranks = self.plan.group(op.group, rank)
+            found = 0.0 if len(ranks) < 2 or op.count < 1 or op.nbytes <= 0 else (
+                op.count * _one_collective(op.kind, op.nbytes / op.count, self.plan, ranks,
+                                           self.topology, self.memo))
+            self.by_op[key] = found
+        return found
+
+
+def lane_bound(lowered: Schedule, plan: Plan, topology: nx.DiGraph,
+               collectives: CollectiveTimes | None = None) -> float:
     """The busiest collective lane of a lowered schedule: a rank's collectives of one
     group axis run one at a time, in issue order (schedules.contract, as NCCL runs one
     communicator), so the iteration lasts at least the sum of their times; each at least
     its algorithm's uncontended alpha-beta time (sim.collective_algorithms.
     estimate_time: every phase pays its most loaded link's bytes / bandwidth, which
-    contention only raises), times its count. Plan: the full plan (schedules.plan.resolve)
-    the schedule was lowered with."""
-    memo: dict[tuple, float] = {}
+    contention only raises), times its count (`CollectiveTimes`). Plan: the full plan
+    (schedules.plan.resolve) the schedule was lowered with."""
+    collectives = collectives or CollectiveTimes(plan, topology)
     busiest = 0.0
     for r, program in enumerate(lowered.programs):
         rank = plan.replayed_ranks[r]
         lanes: dict[str, float] = {}
         for op in program:
-            if not op.kind.is_collective or op.count < 1 or op.nbytes <= 0:
-                continue
-            ranks = plan.group(op.group, rank)
-            if len(ranks) < 2:
-                continue
-            seconds = _one_collective(op.kind, op.nbytes / op.count, plan, ranks, topology,
-                                      memo)
-            lanes[op.group] = lanes.get(op.group, 0.0) + op.count * seconds
+            if op.kind.is_collective:
+                lanes[op.group] = lanes.get(op.group, 0.0) + collectives.seconds(op, rank)
         busiest = max([busiest, *lanes.values()])
     return busiest

@@ -72,7 +72,7 @@ def funnel(result: SearchResult) -> dict:
     return {"enumerated": result.enumerated, "rejected": dict(result.rejected.most_common()),
             "fit_in_memory": result.fit_in_memory, "bounded_out": result.bounded_out,
             "simulated": result.simulated, "path_bounds": result.path_bounds,
-            "lane_bounds": result.lane_bounds,
+            "lowered_bounds": result.lowered_bounds,
             "capacity_bytes": result.capacity_bytes, "seconds": result.seconds}
 
 

@@ -11,10 +11,17 @@ win. Units: seconds, bytes.
    it (sim.simulate). Stop when `top` candidates are replayed and the lowest bound left is
    no lower than the top-th best time: nothing left can enter the top. The top `top` are
    then exact (for top = 1: the best layout of the space).
+   Refinement tiers: 0 quick_bound; 1 path_bound; 2 the larger of lane_bound and
+   contract_bound (sim.planner.walk: the lowered schedule under the replay's contract).
+   With `n_jobs` != 1 the replays run `n_jobs` at a time on local cores (joblib): the
+   popped candidates that can still enter the top are replayed as one batch. A batch may
+   replay a candidate the serial search would have bounded out, never skips one it would
+   replay, so the ranked top `top` (ties broken by layout) are the serial search's.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import heapq
 import logging
 import re
@@ -24,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import networkx as nx
+from joblib import Parallel, delayed, effective_n_jobs
 
 from clustersim.schedules.errors import ClustersimError, ConfigError
 from clustersim.schedules.model import ModelSpec
@@ -35,10 +43,12 @@ from clustersim.sim.cost_model import CostModel, RooflineCostModel
 from clustersim.sim.simulate import simulate
 from clustersim.sim.symmetry import check_symmetric
 
-from .bound import StageTimes, is_split, lane_bound, path_bound, quick_bound, stage_times
+from .bound import (CollectiveTimes, StageTimes, is_split, lane_bound, path_bound, quick_bound,
+                    stage_times)
 from .inflight import compute_schedule, fits
 from .plans import PlanCache, cost_key
 from .space import Layout, SearchSpace, enumerate_layouts
+from .walk import contract_bound
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +65,7 @@ class Candidate:
     bound: float
     times: StageTimes
     split: bool
-    tier: int = 0  # 0: quick_bound, 1: path_bound applied, 2: lane_bound applied
+    tier: int = 0  # 0: quick_bound, 1: path_bound, 2: lane and contract bounds applied
     result: dict | None = None
 
 
@@ -69,7 +79,7 @@ class SearchResult:
     bounded_out: int = 0
     simulated: int = 0
     path_bounds: int = 0
-    lane_bounds: int = 0
+    lowered_bounds: int = 0
     candidates: list[Candidate] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
     capacity_bytes: float = 0.0
@@ -85,10 +95,11 @@ def reason(error: Exception) -> str:
 def search(model: ModelSpec, gpus: int, topology: nx.DiGraph, global_batch_size: int,
            capacity_bytes: float | None = None, top: int = 5,
            space: SearchSpace = SearchSpace(), costs: CostModel = RooflineCostModel(),
-           simulator: Simulator | None = None) -> SearchResult:
+           simulator: Simulator | None = None, n_jobs: int = -1) -> SearchResult:
     """The planner's search (module docstring). `capacity_bytes`: the memory limit per
     GPU (default: the topology's device memory); `simulator(model, parallel, topology)`
-    replays one layout (default sim.simulate with `costs`)."""
+    replays one layout (default sim.simulate with `costs`); `n_jobs`: replays at once
+    (joblib's count: -1 all local cores, 1 serial)."""
     facts = cluster_facts(topology)
     facts.check_fits(gpus)
     capacity = capacity_bytes if capacity_bytes is not None else facts.memory_bytes
@@ -97,12 +108,27 @@ def search(model: ModelSpec, gpus: int, topology: nx.DiGraph, global_batch_size:
     fitting = _screen(model, gpus, topology, global_batch_size, capacity, space, costs,
                       facts, result)
     result.seconds["screen"] = time.perf_counter() - started
-    replay = simulator or (lambda m, p, t: simulate(m, p, t, costs=costs))
-    _branch_and_bound(fitting, top, replay, topology, result)
+    replay = simulator or functools.partial(_simulate, costs=costs)
+    _branch_and_bound(fitting, top, replay, topology, costs, result, n_jobs)
     result.seconds["total"] = time.perf_counter() - started
     result.bounded_out = result.fit_in_memory - result.simulated
-    result.candidates.sort(key=lambda c: c.result["iteration_time"])
+    result.candidates.sort(key=lambda c: (c.result["iteration_time"], c.layout))
     return result
+
+
+def _simulate(model: ModelSpec, parallel, topology: nx.DiGraph, costs: CostModel
+              ) -> Timeline:
+    return simulate(model, parallel, topology, costs=costs)
+
+
+def _replayed(replay: Simulator, model: ModelSpec, parallel, topology: nx.DiGraph
+              ) -> dict | str:
+    """One replay's figures, or the reason the replay refused it (in a worker)."""
+    logging.getLogger("clustersim").setLevel(log.getEffectiveLevel())
+    try:
+        return figures(replay(model, parallel, topology))
+    except ClustersimError as err:
+        return "replay: " + reason(err)
 
 
 def _screen(model: ModelSpec, gpus: int, topology: nx.DiGraph, global_batch_size: int,
@@ -145,51 +171,76 @@ def _screen(model: ModelSpec, gpus: int, topology: nx.DiGraph, global_batch_size
 
 
 def _branch_and_bound(fitting: list[Candidate], top: int, replay: Simulator,
-                      topology: nx.DiGraph, result: SearchResult) -> None:
-    """Step 5 of the module docstring."""
+                      topology: nx.DiGraph, costs: CostModel, result: SearchResult,
+                      n_jobs: int) -> None:
+    """Step 5 of the module docstring, replaying batches of up to `n_jobs` candidates."""
     heap = [(c.bound, i) for i, c in enumerate(fitting)]
     heapq.heapify(heap)
     best: list[float] = []  # replayed times, sorted
     started = time.perf_counter()
-    while heap:
-        bound, i = heapq.heappop(heap)
-        if len(best) >= top and bound >= best[top - 1]:
-            break
-        candidate = fitting[i]
-        if candidate.tier < 2:
-            try:
-                candidate.bound = max(bound, _refined(candidate, topology))
-            except ClustersimError as err:  # refused by the full plan or the lowering
-                result.rejected["lowering: " + reason(err)] += 1
-                continue
-            result.path_bounds += candidate.tier == 0
-            result.lane_bounds += candidate.tier == 1
-            candidate.tier += 1
-            heapq.heappush(heap, (candidate.bound, i))
-            continue
-        result.simulated += 1
-        try:
-            timeline = replay(candidate.plan.model, candidate.plan.parallel, topology)
-        except ClustersimError as err:  # refused only by the replay: counted, not fatal
-            result.rejected["replay: " + reason(err)] += 1
-            continue
-        candidate.result = figures(timeline)
-        result.candidates.append(candidate)
-        best = sorted([*best, candidate.result["iteration_time"]])
-        log.info("simulated %s: %.4f s (bound %.4f s)", candidate.layout.describe(),
-                 candidate.result["iteration_time"], candidate.bound)
+    workers = effective_n_jobs(n_jobs)
+    with Parallel(n_jobs=workers) as pool:
+        while True:
+            batch = _next_batch(fitting, heap, best, top, workers, topology, costs, result)
+            if not batch:
+                break
+            jobs = [delayed(_replayed)(replay, fitting[i].plan.model, fitting[i].plan.parallel,
+                                       topology) for i in batch]
+            outcomes = pool(jobs)  # n_jobs=1: in this process, in order
+            for i, outcome in zip(batch, outcomes):
+                result.simulated += 1
+                if isinstance(outcome, str):  # refused only by the replay: counted
+                    result.rejected[outcome] += 1
+                    continue
+                candidate = fitting[i]
+                candidate.result = outcome
+                result.candidates.append(candidate)
+                best = sorted([*best, outcome["iteration_time"]])
+                log.info("simulated %s: %.4f s (bound %.4f s)", candidate.layout.describe(),
+                         outcome["iteration_time"], candidate.bound)
     result.seconds["branch_and_bound"] = time.perf_counter() - started
 
 
-def _refined(candidate: Candidate, topology: nx.DiGraph) -> float:
-    """The next tier's bound: path_bound of the compute-only schedule, then lane_bound
-    of the lowered one (sim.planner.bound)."""
+def _next_batch(fitting: list[Candidate], heap: list, best: list[float], top: int,
+                size: int, topology: nx.DiGraph, costs: CostModel,
+                result: SearchResult) -> list[int]:
+    """Pop up to `size` candidates, each refined to tier 2, whose bounds can still enter
+    the top (`best`: the replayed times so far)."""
+    batch: list[int] = []
+    while heap and len(batch) < size:
+        bound, i = heap[0]
+        if len(best) >= top and bound >= best[top - 1]:
+            break
+        heapq.heappop(heap)
+        candidate = fitting[i]
+        if candidate.tier == 2:
+            batch.append(i)
+            continue
+        try:
+            candidate.bound = max(bound, _refined(candidate, topology, costs))
+        except ClustersimError as err:  # refused by the full plan or the lowering
+            result.rejected["lowering: " + reason(err)] += 1
+            continue
+        result.path_bounds += candidate.tier == 0
+        result.lowered_bounds += candidate.tier == 1
+        candidate.tier += 1
+        heapq.heappush(heap, (candidate.bound, i))
+    return batch
+
+
+def _refined(candidate: Candidate, topology: nx.DiGraph, costs: CostModel) -> float:
+    """The next tier's bound: path_bound of the compute-only schedule, then the larger of
+    lane_bound and contract_bound of the lowered one (sim.planner.bound, .walk)."""
     plan = candidate.plan
     shape = (plan.schedule, plan.pp, plan.stages_per_rank, plan.num_microbatches)
     if candidate.tier == 0:
         return path_bound(compute_schedule(shape), candidate.times)
     full = resolve(plan.model, plan.parallel, plan.cluster)
-    return lane_bound(lower(compute_schedule(shape), full), full, topology)
+    lowered = lower(compute_schedule(shape), full)
+    collectives = CollectiveTimes(full, topology)
+    return max(lane_bound(lowered, full, topology, collectives),
+               contract_bound(lowered, full, topology, costs.compute_time(full, topology),
+                              collectives))
 
 
 def figures(timeline: Timeline) -> dict:

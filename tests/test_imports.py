@@ -18,8 +18,8 @@ ALLOWED_THIRD_PARTY = {
     "schedules": set(),
     "topologies": {"networkx"},
     "sim": {"simpy", "networkx", "numpy", "plotly", "yaml", "tomli", "tqdm", "tabulate",
-            "chakra", "pandas"},  # config files, progress, tables; Chakra traces (the
-    # chakra extra); the planner's DataFrame (imported only by clustersim.plan)
+            "chakra", "pandas", "joblib"},  # config files, progress, tables; Chakra
+    # traces (the chakra extra); the planner's DataFrame and its parallel replays
     "kernels": {"torch", "numpy"},
 }
 ALLOWED_OURS = {

@@ -31,7 +31,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import networkx as nx
-from joblib import Parallel, delayed, effective_n_jobs
 
 from clustersim.schedules.errors import ClustersimError, ConfigError
 from clustersim.schedules.model import ModelSpec
@@ -174,6 +173,7 @@ def _branch_and_bound(fitting: list[Candidate], top: int, replay: Simulator,
                       topology: nx.DiGraph, costs: CostModel, result: SearchResult,
                       n_jobs: int) -> None:
     """Step 5 of the module docstring, replaying batches of up to `n_jobs` candidates."""
+    from joblib import Parallel, delayed, effective_n_jobs  # here: the CLI starts faster
     heap = [(c.bound, i) for i, c in enumerate(fitting)]
     heapq.heapify(heap)
     best: list[float] = []  # replayed times, sorted

@@ -73,7 +73,8 @@ def run_cli(code: str, args: list[str]) -> dict:
             raise SystemExit(f"{code}: clustersim collective {' '.join(args)} failed:\n"
                              f"{err.read()}")
         answer = json.loads(out.read())
-    return {"wall_s": wall, "peak_rss_mb": usage.ru_maxrss / 1024, "time_us": answer["time_us"],
+    return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime,
+            "peak_rss_mb": usage.ru_maxrss / 1024, "time_us": answer["time_us"],
             "busbw_GBps": answer["busbw_GBps"], "algorithm": answer["algorithm"],
             "flows": answer["flows"]}
 
@@ -92,7 +93,7 @@ def measure(old_1024: bool) -> dict:
                             capture_output=True, text=True).stdout.strip()
     dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "sim",
                             "topologies"], capture_output=True, text=True).stdout.strip()
-    return {"rows": rows, "old_commit": OLD_COMMIT,
+    return {"rows": rows, "old_commit": OLD_COMMIT, "load_average": os.getloadavg(),
             "new_commit": commit + (" + uncommitted changes in sim/, topologies/" if dirty else ""),
             "environment": environment()}
 
@@ -106,14 +107,20 @@ def render(data: dict) -> str:
         f"{data['old_commit']} (a git worktree), new = {data['new_commit']}. Each figure is "
         "one fresh CLI process (`python -m clustersim collective ... --json`, run from /tmp): "
         "wall time around it, peak RSS = its ru_maxrss. The simulated answers must be equal "
-        "(tests/test_fast_network.py holds them to 1e-9 relative on 44 cases).",
+        "(tests/test_fast_network.py holds them to 1e-9 relative on 44 cases). CPU = the "
+        "process's user + system seconds (what other work on the machine inflates less than "
+        f"the wall time; 1-minute load average after the runs: "
+        f"{data.get('load_average', ['?'])[0]} on a machine of {os.cpu_count()} cores).",
         "",
-        "| case | old wall (s) | new wall (s) | speed-up | old peak RSS (MB) | new peak RSS (MB) "
-        "| old answer | new answer | equal |",
-        "|---|---:|---:|---:|---:|---:|---|---|---|",
+        "| case | old wall (s) | new wall (s) | speed-up | old CPU (s) | new CPU (s) "
+        "| old peak RSS (MB) | new peak RSS (MB) | old answer | new answer | equal |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|",
     ]
     for row in data["rows"]:
         new, old = row["new"], row.get("old")
+
+        def cpu(r):
+            return f"{r['cpu_s']:.2f}" if "cpu_s" in r else ""
 
         def answer(r):
             return f"{r['time_us']!r} us, busbw {r['busbw_GBps']!r} GB/s ({r['algorithm']}, " \
@@ -124,13 +131,13 @@ def render(data: dict) -> str:
                 new["time_us"], new["busbw_GBps"], new["algorithm"])
             lines.append(
                 f"| {row['case']} | {old['wall_s']:.2f} | {new['wall_s']:.2f} | "
-                f"{old['wall_s'] / new['wall_s']:.1f}x | {old['peak_rss_mb']:.0f} | "
-                f"{new['peak_rss_mb']:.0f} | {answer(old)} | {answer(new)} | "
-                f"{'yes' if same else '**NO**'} |")
+                f"{old['wall_s'] / new['wall_s']:.1f}x | {cpu(old)} | {cpu(new)} | "
+                f"{old['peak_rss_mb']:.0f} | {new['peak_rss_mb']:.0f} | {answer(old)} | "
+                f"{answer(new)} | {'yes' if same else '**NO**'} |")
         else:
             lines.append(
                 f"| {row['case']} | (not run: --old-1024) | {new['wall_s']:.2f} | | | "
-                f"{new['peak_rss_mb']:.0f} | | {answer(new)} | |")
+                f"{cpu(new)} | | {new['peak_rss_mb']:.0f} | | {answer(new)} | |")
     lines += ["", "Commands:", ""]
     lines += [f"- `{row['command']}`" for row in data["rows"]]
     lines += ["", "Environment:", ""]

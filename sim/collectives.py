@@ -14,7 +14,8 @@ Default algorithm (`algorithm=None`): the applicable algorithm with the smallest
 alpha-beta estimate, sum over phases of
     steps * alpha + max over links (bytes the phase puts on the link / link bandwidth),
 with each flow's bytes spread evenly over its equal-cost routes (ideal ECMP) and no other
-traffic. That is exact for an uncontended ring, and counts the links an algorithm's own
+traffic (an algorithm whose lower bound, from a sample of its flows, already loses is not
+estimated: `_fastest`). That is exact for an uncontended ring, and counts the links an algorithm's own
 flows share (e.g. a tree node sending to its parent and two children). Ties go to the
 first in APPLICABLE order. So, like NCCL's tuner, small all-reduces get the tree
 (log-depth latency) and large ones the ring, broadcasts and reduces the ring (AUTOMATIC:
@@ -26,6 +27,7 @@ algorithm").
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -40,9 +42,8 @@ from clustersim.schedules.timeline import Span, Timeline
 from clustersim.topologies import gpu_nodes, load_topology
 
 from . import collective_algorithms as algos
-from .collective_algorithms import Phase, estimate_time
+from .collective_algorithms import Phase, estimate_lower_bound, estimate_time
 from .flows import FlowNetwork
-
 
 
 class Collective(str, Enum):
@@ -148,7 +149,24 @@ def collective_phases(op: str | Collective | OpKind | Op, gpus: Sequence[str], n
             continue  # not applicable to this group (e.g. hierarchical on one host)
     if len(candidates) == 1:
         return candidates[0]
-    return min(candidates, key=lambda c: estimate_time(c[1], graph))
+    return _fastest(candidates, graph)
+
+
+def _fastest(candidates: list[tuple[str, list[Phase]]], graph: nx.DiGraph
+             ) -> tuple[str, list[Phase]]:
+    """min(candidates, key=estimate_time), skipping the estimates that cannot win: each
+    candidate's `estimate_lower_bound` is computed first (a sample of its flows), the
+    candidates are estimated in order of their bounds, and one whose bound already
+    exceeds the best estimate so far (or equals it, coming later in order, where ties
+    go to the first) is never estimated. Exact: the bound never exceeds the estimate."""
+    bounds = sorted((estimate_lower_bound(phases, graph), i) for i, (_, phases)
+                    in enumerate(candidates))
+    best = None
+    for bound, i in bounds:
+        if best is not None and (bound, i) > best:
+            break  # this bound and the rest cannot beat `best` (sorted)
+        best = min(best or (math.inf, i), (estimate_time(candidates[i][1], graph), i))
+    return candidates[best[1]]
 
 
 # --- running on the network --------------------------------------------------------------------
@@ -218,7 +236,8 @@ def run_collective(env: simpy.Environment, network: FlowNetwork,
             finish()
             return
         phase = phases[index]
-        flows = [(network.path_links(src, dst), nbytes) for src, dst, nbytes in phase.flows]
+        links = network.paths_links([(src, dst) for src, dst, _ in phase.flows])
+        flows = list(zip(links, [nbytes for _, _, nbytes in phase.flows]))
         alpha = max((network.route_latency(links) for links, _ in flows), default=0.0)
         network.start_flows(flows, delay=phase.steps * alpha).callbacks.append(
             lambda _event: start_phase(index + 1))

@@ -12,6 +12,11 @@ route and never change the choice; what is compared, route by route, are the mid
 links that not all middles share, in the same order as `_PairRoutes` over the whole
 routes, and the round robin starts at the pair's own turn as before. Pairs that do not
 compose keep their full routes (`_PairRoutes`), as sim.flows did for every pair.
+
+A collective phase asks for all its flows at once (`choose_many`): consecutive flows
+through one switch pair's middles (a GPU's flows to the GPUs of one leaf) are chosen in
+one numpy step, exactly as one at a time (`_choose_run` says why), and a pair keeps only
+its turn (`turns`), not an object (an all-to-all of 1,024 GPUs has a million pairs).
 """
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ from collections.abc import Callable, Hashable, Sequence
 from operator import add, itemgetter
 
 import networkx as nx
+import numpy as np
 
 from clustersim.topologies.route_sets import Composed, route_sets
 
@@ -32,10 +38,17 @@ class _PairRoutes:
         varying = [[l for l in path if l not in shared] for path in paths]
         # Distinct simple paths of equal length each have the same number (>= 1) of
         # unshared links; `_varying(routed)[c * n + i]` is the count on route i's c-th.
-        self._columns = len(varying[0])
+        self.columns = len(varying[0])
         self._varying: Callable | None = None
         if len(paths) > 1:
-            self._varying = itemgetter(*(row[c] for c in range(self._columns) for row in varying))
+            self._varying = itemgetter(*(row[c] for c in range(self.columns) for row in varying))
+        # apart: no varying link on two routes (a choice then adds `columns` to the chosen
+        # route's load and nothing to any other's: EcmpRoutes._choose_run)
+        self.apart = len({l for row in varying for l in row}) == len(paths) * self.columns
+
+    def varying_counts(self, routed: list[int]) -> tuple[int, ...]:
+        """The counts on the routes' varying links, column by column (c * n + i)."""
+        return self._varying(routed)
 
     def least_loaded(self, routed: list[int]) -> tuple[int, ...]:
         """The route whose links carry the fewest of `routed`, first in round-robin order
@@ -51,53 +64,61 @@ class _PairRoutes:
         n = len(self.paths)
         values = self._varying(routed)
         loads = list(values[:n])
-        for c in range(1, self._columns):
+        for c in range(1, self.columns):
             loads = list(map(add, loads, values[c * n:(c + 1) * n]))
         rotated = loads[start:] + loads[:start]
         return (start + rotated.index(min(rotated))) % n
 
 
-class _ComposedPair:
-    """A composed pair's own part of the choice: its prefix and suffix link ids, its turn,
-    and the middles it shares with its switch pair."""
-
-    __slots__ = ("prefix", "middles", "suffix", "turn")
-
-    def __init__(self, prefix: tuple[int, ...], middles: _PairRoutes, suffix: tuple[int, ...]):
-        self.prefix, self.middles, self.suffix, self.turn = prefix, middles, suffix, 0
-
-    def least_loaded(self, routed: list[int]) -> tuple[int, ...]:
-        paths = self.middles.paths
-        n = len(paths)
-        if n == 1:
-            return self.prefix + paths[0] + self.suffix
-        start, self.turn = self.turn % n, self.turn + 1
-        return self.prefix + paths[self.middles.least_index(routed, start)] + self.suffix
-
-
 class EcmpRoutes:
-    """The flow network's route choice: `choose(src, dst)` and the per-link count of
-    unfinished flows it balances (`routed`)."""
+    """The flow network's route choice: `choose(src, dst)` (or `choose_many` for a whole
+    phase) and the per-link count of unfinished flows it balances (`routed`). A pair's
+    round-robin turn is kept in `turns` (absent: 0; only pairs with several routes)."""
 
     def __init__(self, graph: nx.DiGraph, link_index: dict[tuple, int], ecmp: bool = True):
         self.link_index, self.ecmp = link_index, ecmp
         self.sets = route_sets(graph)
         self.routed = [0] * len(link_index)  # unfinished flows routed over each link
-        self._pairs: dict[tuple[Hashable, Hashable], _PairRoutes | _ComposedPair] = {}
+        self.turns: dict[tuple[Hashable, Hashable], int] = {}
+        self._pairs: dict[tuple[Hashable, Hashable], tuple] = {}  # pair -> `_pair`
         self._links: dict[tuple, tuple[int, ...]] = {}  # node path -> its link ids
         self._middles: dict[int, tuple] = {}  # id(RouteSets' middles) -> (them, routes)
+        self._end_links: set[int] = set()  # link ids of every prefix and suffix so far
+        self._middle_links: set[int] = set()  # and of every middle
+        self._apart = True  # no link in both: a middle's choices never see an end's count
 
     def choose(self, src: Hashable, dst: Hashable) -> tuple[int, ...]:
         """Link ids of the route the next flow from src to dst takes; it is counted on
         them until `release`d."""
-        pair = self._pairs.get((src, dst))
-        if pair is None:
-            pair = self._pairs[(src, dst)] = self._pair(src, dst)
-        choice = pair.least_loaded(self.routed)
-        routed = self.routed
-        for link in choice:
-            routed[link] += 1
-        return choice
+        pair = (src, dst)
+        found = self._pairs.get(pair)
+        if found is None:
+            found = self._pairs[pair] = self._pair(src, dst)
+        return self._take(pair, *found)
+
+    def choose_many(self, pairs: Sequence[tuple[Hashable, Hashable]]) -> list[tuple[int, ...]]:
+        """`[self.choose(s, d) for s, d in pairs]`, the same choices and counts, with
+        each run of consecutive pairs through one switch pair's middles (e.g. one GPU's
+        flows to the GPUs of one leaf) chosen in one numpy step (`_choose_run`) and no
+        per-pair object kept beyond its turn."""
+        chosen: list[tuple[int, ...]] = []
+        run: list = []  # [(pair, prefix ids, suffix ids)] through `run_middles`
+        run_middles = None
+        for src, dst in pairs:
+            found = self._pairs.get((src, dst)) or self._pair(src, dst, keep=False)
+            prefix, middles, suffix = found
+            if middles is not run_middles:
+                if run:
+                    chosen += self._choose_run(run_middles, run)
+                    run = []
+                run_middles = middles if len(middles.paths) > 1 and middles.apart else None
+            if run_middles is None:
+                chosen.append(self._take((src, dst), *found))
+            else:
+                run.append(((src, dst), prefix, suffix))
+        if run:
+            chosen += self._choose_run(run_middles, run)
+        return chosen
 
     def release(self, links: Sequence[int]) -> None:
         """A flow on `links` finished (floor at 0: links given to the network directly
@@ -107,21 +128,89 @@ class EcmpRoutes:
             if routed[link]:
                 routed[link] -= 1
 
-    def _pair(self, src, dst) -> _PairRoutes | _ComposedPair:
-        composed = self.sets.compose(src, dst)
-        if composed is None or len(composed.prefixes) > 1 or len(composed.suffixes) > 1:
-            found = composed.paths() if composed else self.sets.routes(src, dst)
-            return _PairRoutes([self._ids(tuple(p)) for p in (found if self.ecmp else found[:1])])
-        return _ComposedPair(self._ids(composed.prefixes[0]), self._middles_of(composed),
-                             self._ids(composed.suffixes[0]))
+    # --- one pair at a time ------------------------------------------------------------------
+    def _take(self, pair, prefix: tuple[int, ...], middles: _PairRoutes,
+              suffix: tuple[int, ...]) -> tuple[int, ...]:
+        paths = middles.paths
+        n = len(paths)
+        if n == 1:
+            choice = prefix + paths[0] + suffix if prefix or suffix else paths[0]
+        else:
+            turn = self.turns.get(pair, 0)
+            self.turns[pair] = turn + 1
+            choice = prefix + paths[middles.least_index(self.routed, turn % n)] + suffix
+        routed = self.routed
+        for link in choice:
+            routed[link] += 1
+        return choice
 
-    def _middles_of(self, composed: Composed) -> _PairRoutes:
-        hit = self._middles.get(id(composed.middles))  # RouteSets keeps them: ids hold
+    # --- a run through one switch pair ----------------------------------------------------------
+    def _choose_run(self, middles: _PairRoutes, run: list) -> list[tuple[int, ...]]:
+        """The choices of consecutive pairs through `middles` (several routes whose
+        varying links are all distinct, `_PairRoutes.apart`), as `_take` one after another
+        would make them. Exact: while the run lasts only its own choices change the
+        counts its choice reads (its pairs' prefixes and suffixes share no link with any
+        middle, `_apart`), and a choice adds `columns` to the chosen route's load and
+        nothing to the others'; so the k-th choice takes the k-th smallest of the
+        'slots' (load of route i + j x columns, i's place in round-robin order from the
+        turn), j >= 0: the least-loaded route, ties to the first from the turn, as
+        `least_index`. Pairs at different turns, or ends sharing links with middles,
+        are taken one at a time."""
+        n, width = len(middles.paths), middles.columns
+        turns = [self.turns.get(pair, 0) for pair, _, _ in run]
+        start = turns[0] % n
+        if not self._apart or len(run) == 1 or any(t % n != start for t in turns):
+            return [self._take(pair, prefix, middles, suffix) for pair, prefix, suffix in run]
+        m = len(run)
+        loads = np.asarray(middles.varying_counts(self.routed), dtype=np.int64)
+        loads = loads.reshape(width, n).sum(axis=0)
+        place = (np.arange(n) - start) % n
+        slots = (loads[:, None] + width * np.arange(m)[None, :]) * n + place[:, None]
+        picks = ((np.sort(slots, axis=None)[:m] % n + start) % n).tolist()
+        chosen, paths, routed, self_turns = [], middles.paths, self.routed, self.turns
+        for (pair, prefix, suffix), pick, turn in zip(run, picks, turns):
+            self_turns[pair] = turn + 1
+            choice = prefix + paths[pick] + suffix
+            for link in choice:
+                routed[link] += 1
+            chosen.append(choice)
+        return chosen
+
+    # --- a pair's parts --------------------------------------------------------------------------
+    def _pair(self, src, dst, keep: bool = True) -> tuple:
+        """(prefix ids, middles as `_PairRoutes`, suffix ids) of a pair; a pair that does
+        not compose (or has several prefixes or suffixes) has its whole routes as the
+        middles and empty ends, and is kept (`keep=False` still keeps those)."""
+        composed = self.sets.compose_parts(src, dst)
+        if composed is None or len(composed[0]) > 1 or len(composed[2]) > 1:
+            found = Composed(*composed).paths() if composed else self.sets.routes(src, dst)
+            routes = [self._ids(tuple(p)) for p in (found if self.ecmp else found[:1])]
+            hit = self._pairs[(src, dst)] = ((), _PairRoutes(routes), ())
+            return hit
+        prefixes, middles, suffixes = composed
+        hit = (self._end_ids(prefixes[0]), self._middles_of(middles), self._end_ids(suffixes[0]))
+        if keep:
+            self._pairs[(src, dst)] = hit
+        return hit
+
+    def _middles_of(self, middles: tuple) -> _PairRoutes:
+        hit = self._middles.get(id(middles))  # RouteSets keeps them: ids hold
         if hit is None:
-            middles = composed.middles if self.ecmp else composed.middles[:1]
-            hit = self._middles[id(composed.middles)] = (
-                composed.middles, _PairRoutes([self._ids(m) for m in middles]))
+            kept = middles if self.ecmp else middles[:1]
+            routes = _PairRoutes([self._ids(m) for m in kept])
+            hit = self._middles[id(middles)] = (middles, routes)
+            links = {link for path in routes.paths for link in path}
+            self._middle_links |= links
+            self._apart = self._apart and self._end_links.isdisjoint(links)
         return hit[1]
+
+    def _end_ids(self, path: tuple) -> tuple[int, ...]:
+        hit = self._links.get(path)
+        if hit is None:
+            hit = self._ids(path)
+            self._end_links.update(hit)
+            self._apart = self._apart and self._middle_links.isdisjoint(hit)
+        return hit
 
     def _ids(self, path: tuple) -> tuple[int, ...]:
         hit = self._links.get(path)

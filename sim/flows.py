@@ -17,7 +17,8 @@ count to every route, so it cannot change the choice).
 Bookkeeping: only the *component* of flows linked to a change through shared links is
 re-rated (pipeline P2P flows rarely share links, so most changes touch one flow). Each
 flow's finish time sits in one heap; one SimPy timer fires at the earliest and completes
-every flow due then, so a collective's flows that end together cost one event.
+every flow due then, so a collective's flows that end together cost one event (past a few
+hundred, the due entries are taken by one scan and a sort, the order popping gives).
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ from .maxmin import max_min_rates
 __all__ = ["Flow", "FlowNetwork", "_PairRoutes"]  # _PairRoutes: tests/test_flows.py
 
 _EPS_BYTES = 1e-6  # remaining bytes below this count as delivered (float rounding)
+_POPS_BEFORE_SCAN = 256  # due flows popped one by one before the rest are taken at once
 
 
 class _Batch:
@@ -80,9 +82,9 @@ class FlowNetwork:
     def __init__(self, env: simpy.Environment, graph: nx.DiGraph, ecmp: bool = True):
         self.env, self.graph, self.ecmp = env, graph, ecmp
         self.link_index = {edge: i for i, edge in enumerate(graph.edges)}
-        self.capacity = [graph.edges[e]["bandwidth"] for e in graph.edges]
+        self.capacity = [bw for _, _, bw in graph.edges(data="bandwidth")]  # same order
         self._capacity_array = np.array(self.capacity, dtype=float)  # for max_min_rates
-        self.latency = [graph.edges[e]["latency"] for e in graph.edges]
+        self.latency = [lat for _, _, lat in graph.edges(data="latency")]
         self.flows_on: dict[int, set[Flow]] = defaultdict(set)
         self._ecmp = EcmpRoutes(graph, self.link_index, ecmp)
         self._heap: list[tuple[float, int, int, Flow]] = []
@@ -97,8 +99,13 @@ class FlowNetwork:
         the flow is counted on them until it finishes."""
         return self._ecmp.choose(src, dst)
 
+    def paths_links(self, pairs: Sequence[tuple[str, str]]) -> list[tuple[int, ...]]:
+        """`[self.path_links(s, d) for s, d in pairs]`, the same routes, for a whole
+        collective phase at once (sim.ecmp.EcmpRoutes.choose_many)."""
+        return self._ecmp.choose_many(pairs)
+
     def route_latency(self, links: Iterable[int]) -> float:
-        return sum(self.latency[l] for l in links)
+        return sum(map(self.latency.__getitem__, links))  # in route order, from 0
 
     # --- the seam --------------------------------------------------------------------------
     def transfer(self, src: str, dst: str, nbytes: float) -> simpy.Event:
@@ -174,15 +181,16 @@ class FlowNetwork:
             return
         now = self.env.now
         if len(flows) == 1:
-            rates = [min(self.capacity[l] for l in flows[0].links)]
+            rates = [float(min(self.capacity[l] for l in flows[0].links))]
         else:
             rates = max_min_rates([f.links for f in flows], self._capacity_array)
-        for flow, rate in zip(flows, rates):
-            flow.advance(now)
-            flow.rate = float(rate)
+        order, heap = self._order, self._heap
+        for flow, rate in zip(flows, rates if isinstance(rates, list) else rates.tolist()):
+            left = flow.remaining - flow.rate * (now - flow.last)  # Flow.advance, inlined
+            flow.remaining = max(left, 0.0)
+            flow.last, flow.rate = now, rate
             flow.version += 1
-            finish = now + flow.remaining / flow.rate
-            heapq.heappush(self._heap, (finish, next(self._order), flow.version, flow))
+            heapq.heappush(heap, (now + flow.remaining / rate, next(order), flow.version, flow))
         self._arm_timer()
 
     def _arm_timer(self) -> None:
@@ -203,25 +211,43 @@ class FlowNetwork:
             return
         self._timer_at = float("inf")
         now, finished = self.env.now, []
-        while self._heap and (self._heap[0][0] <= now * (1 + 1e-12) + 1e-15
-                              or self._heap[0][2] != self._heap[0][3].version):
-            _, _, version, flow = heapq.heappop(self._heap)
+        due = now * (1 + 1e-12) + 1e-15
+        heap, pops = self._heap, 0
+        while heap and (heap[0][0] <= due or heap[0][2] != heap[0][3].version):
+            _, _, version, flow = heapq.heappop(heap)
             if version == flow.version:
                 finished.append(flow)
+            pops += 1
+            if pops == _POPS_BEFORE_SCAN and heap and heap[0][0] <= due:
+                finished += self._take_due(due)
+                break
         freed: set[int] = set()
+        flows_on, release = self.flows_on, self._ecmp.release
         for flow in finished:
             flow.advance(now)
             flow.version += 1
             for link in flow.links:
-                self.flows_on[link].discard(flow)
-            self._unroute(flow)
+                flows_on[link].discard(flow)
+            release(flow.links)
             freed.update(flow.links)
-            self.completed_flows += 1
             self._finished(flow.batch)
+        self.completed_flows += len(finished)
         if freed:
             self._rerate(freed)
         else:
             self._arm_timer()
+
+    def _take_due(self, due: float) -> list[Flow]:
+        """The current flows of the heap's entries due by `due`, in the order popping them
+        would give (entries are unique by (finish, order), so sorting them is that
+        order), and the heap without them: one scan and a sort instead of a pop each,
+        when a collective's many flows end at once."""
+        heap = self._heap
+        taken = [entry for entry in heap if entry[0] <= due]
+        self._heap = [entry for entry in heap if entry[0] > due]
+        heapq.heapify(self._heap)
+        taken.sort()  # by (finish, order): unique, so the flows are never compared
+        return [flow for _, _, version, flow in taken if version == flow.version]
 
     # --- observation (tests, reports) --------------------------------------------------------
     def link_load(self) -> dict[int, float]:

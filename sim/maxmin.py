@@ -3,12 +3,14 @@
 All flows grow at the same rate until some link is full; the flows through that link are
 frozen at its fair share, their bandwidth is removed from their other links, and the rest
 keep growing (Bertsekas & Gallager, "Data Networks", 2nd ed., section 6.5.2). Vectorised
-with numpy over the flow x link incidence, one iteration per distinct bottleneck level.
+with numpy over the flow x link incidence, one iteration per distinct bottleneck level,
+each over the entries of the flows still growing.
 Units: bytes/s.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import chain
 
 import numpy as np
 
@@ -20,24 +22,25 @@ def max_min_rates(flow_links: Sequence[Sequence[int]], capacity: Sequence[float]
     `capacity[l]` is link l's bandwidth (pass a float array when calling often: a list
     of a large topology's links costs a conversion per call)."""
     n_flows = len(flow_links)
-    lengths = np.fromiter((len(links) for links in flow_links), dtype=np.int64, count=n_flows)
+    lengths = np.fromiter(map(len, flow_links), dtype=np.int64, count=n_flows)
     flow_of = np.repeat(np.arange(n_flows), lengths)
-    link_ids = np.fromiter((l for links in flow_links for l in links), dtype=np.int64,
+    link_ids = np.fromiter(chain.from_iterable(flow_links), dtype=np.int64,
                            count=int(lengths.sum()))
     used, link_of = np.unique(link_ids, return_inverse=True)
     free = np.asarray(capacity, dtype=float)[used]  # fancy indexing copies
     rates = np.zeros(n_flows)
-    active = np.ones(n_flows, dtype=bool)
-    while active.any():
-        live = active[flow_of]
-        counts = np.bincount(link_of[live], minlength=len(used))
+    # Only the entries of flows not yet frozen are kept (dropped as their flows freeze):
+    # the same counts and sums as masking all entries each round, in less work.
+    while flow_of.size:
+        counts = np.bincount(link_of, minlength=len(used))
         with np.errstate(divide="ignore", invalid="ignore"):
             share = np.where(counts > 0, np.maximum(free, 0.0) / counts, np.inf)
         level = share.min()
         bottleneck = share <= level * (1 + _TOLERANCE)
         frozen = np.zeros(n_flows, dtype=bool)
-        frozen[flow_of[live & bottleneck[link_of]]] = True
+        frozen[flow_of[bottleneck[link_of]]] = True
         rates[frozen] = level
-        free -= level * np.bincount(link_of[frozen[flow_of]], minlength=len(used))
-        active &= ~frozen
+        leaving = frozen[flow_of]
+        free -= level * np.bincount(link_of[leaving], minlength=len(used))
+        flow_of, link_of = flow_of[~leaving], link_of[~leaving]
     return rates

@@ -2,8 +2,11 @@
 
 The numbers in RECORDED are the simulated outputs of the code at commit 13dc3f2, before
 the restructuring (route sets composed per switch pair, the ECMP choice and the alpha-beta
-estimate on link-id arrays, the flow table): this test's only purpose is to show that the
-speed-up changed no answer, to 1e-9 relative. It is the one place that checks the
+estimate on link-id arrays, the flow table; then a phase's ECMP choices in numpy runs, GPU
+pairs of one host read off the funnel search, the estimate's lower bounds, the compacted
+max-min): this test's only purpose is to show that the speed-up changed no answer, to
+1e-9 relative. Each cache or vectorised step is also checked against what it replaces,
+independently of any recorded number (the tests after RECORDED). It is the one place that checks the
 simulator against its own earlier output; the models themselves are checked against
 closed forms in tests/test_collectives.py and tests/test_flows.py.
 
@@ -24,13 +27,17 @@ import sys
 from collections import defaultdict
 from functools import lru_cache
 
+import numpy as np
 import pytest
 import simpy
 
-from clustersim.sim.collective_algorithms import estimate_time
-from clustersim.sim.collectives import collective_phases, run_collective, sweep_collective
+from clustersim.schedules.errors import ConfigError
+from clustersim.sim.collective_algorithms import estimate_lower_bound, estimate_time
+from clustersim.sim.collectives import (AUTOMATIC, collective_phases, parse_collective,
+                                        run_collective, sweep_collective)
 from clustersim.sim.ecmp import EcmpRoutes, _PairRoutes
 from clustersim.sim.flows import FlowNetwork
+from clustersim.sim.maxmin import max_min_rates
 from clustersim.sim.route_shares import RouteShares
 from clustersim.topologies import gpu_nodes, list_presets, load_topology, routes
 from clustersim.topologies.route_sets import RouteSets
@@ -249,6 +256,22 @@ def test_composed_route_sets_are_routes_exactly(preset):
         "dgx-b200", "gb200-nvl72", "hgx-h100", "mi300x-8")  # host CPUs: routes() answers
 
 
+def pair_rule(graph, index: dict):
+    """The per-pair rule over routes()' full routes (the reference EcmpRoutes must equal):
+    a function choosing for (a, b) against `routed`, with per-pair turns."""
+    reference: dict = {}
+
+    def choose(a, b, routed):
+        if (a, b) not in reference:
+            reference[(a, b)] = _PairRoutes(
+                [tuple(index[e] for e in zip(p, p[1:])) for p in routes(graph, a, b)])
+        links = reference[(a, b)].least_loaded(routed)
+        for link in links:
+            routed[link] += 1
+        return links
+    return choose
+
+
 @pytest.mark.parametrize("preset", ["dgx-h100-x128-ndr-ft-2to1", "dgx-h100-x16-ndr",
                                     "dgx-superpod-h100-4su", "pcie-a100", "mi300x-8"])
 def test_ecmp_choice_is_the_per_pair_rule_on_full_routes(preset):
@@ -256,8 +279,7 @@ def test_ecmp_choice_is_the_per_pair_rule_on_full_routes(preset):
     per-pair rule over routes()' full routes chooses, flow after flow, with releases."""
     graph = topology(preset)
     index = {e: i for i, e in enumerate(graph.edges)}
-    fast = EcmpRoutes(graph, index)
-    reference: dict = {}
+    fast, rule = EcmpRoutes(graph, index), pair_rule(graph, index)
     routed = [0] * len(index)
     rng = random.Random(7)
     pairs = sample_pairs(graph, 100)
@@ -266,12 +288,7 @@ def test_ecmp_choice_is_the_per_pair_rule_on_full_routes(preset):
         a, b = rng.choice(pairs)
         if a == b:
             continue
-        if (a, b) not in reference:
-            reference[(a, b)] = _PairRoutes(
-                [tuple(index[e] for e in zip(p, p[1:])) for p in routes(graph, a, b)])
-        expected = reference[(a, b)].least_loaded(routed)
-        for link in expected:
-            routed[link] += 1
+        expected = rule(a, b, routed)
         assert fast.choose(a, b) == expected
         live.append(expected)
         if step % 3 == 2:
@@ -306,6 +323,123 @@ def test_route_shares_are_the_per_route_loop_bit_for_bit(preset):
         want_latency, want = reference_shares(graph, a, b)
         assert latency == want_latency
         assert {edges[i]: s for i, s in zip(ids.tolist(), shares.tolist())} == want
+
+
+@pytest.mark.parametrize("preset,ranks", [("dgx-h100-x128-ndr-ft", 80),
+                                          ("dgx-h100-x128-ndr-ft-2to1", 72),
+                                          ("dgx-superpod-h100-4su", 40),
+                                          ("llama3-24k-roce", 48), ("pcie-a100", 8)])
+def test_choose_many_is_the_per_pair_rule_flow_by_flow(preset, ranks):
+    """EcmpRoutes.choose_many (runs through one switch pair chosen in one numpy step) makes
+    the choices the per-pair rule makes one flow at a time, over thousands of flows: an
+    all-to-all's order (runs of a GPU's flows to one leaf), the same again (every turn
+    1), a strided group mixed with single `choose` calls, and releases between phases."""
+    graph = topology(preset)
+    index = {e: i for i, e in enumerate(graph.edges)}
+    fast, rule = EcmpRoutes(graph, index), pair_rule(graph, index)
+    routed = [0] * len(index)
+    gpus = gpu_nodes(graph)
+    members = gpus[:ranks]
+    strided = gpus[::max(1, len(gpus) // ranks)][:ranks]
+    all_to_all = [(a, b) for a in members for b in members if a != b]
+    rng = random.Random(3)
+    phases = [all_to_all, all_to_all, [(a, b) for a in strided for b in strided[:9] if a != b],
+              [rng.choice(all_to_all) for _ in range(2000)]]
+    for number, pairs in enumerate(phases):
+        want = [rule(a, b, routed) for a, b in pairs]
+        if number == 2:  # alternate choose_many and choose on the same state
+            got = []
+            for k in range(0, len(pairs), 50):
+                got += fast.choose_many(pairs[k:k + 25])
+                got += [fast.choose(a, b) for a, b in pairs[k + 25:k + 50]]
+        else:
+            got = fast.choose_many(pairs)
+        assert got == want
+        assert fast.routed == routed
+        for links in want[::3]:  # some flows finish before the next phase
+            fast.release(links)
+            for link in links:
+                routed[link] -= 1
+
+
+@pytest.mark.parametrize("preset", ["dgx-h100-x128-ndr-ft", "dgx-h100-x16-ndr", "pcie-a100",
+                                    "llama3-24k-roce", "dgx-superpod-h100-4su"])
+def test_routes_of_gpus_in_one_funnel_are_routes(preset):
+    """Pairs met within the source's funnel search (two GPUs of one host) are read off that
+    search (RouteSets._near_routes) wherever it has them, and equal routes()."""
+    graph = topology(preset)
+    sets = RouteSets(graph)
+    gpus = gpu_nodes(graph)[:16]
+    read = 0
+    for a in gpus:
+        for b in gpus:
+            near = sets._near_routes(a, b) if a != b else None
+            if near is not None:
+                read += 1
+                assert [list(p) for p in near] == routes(graph, a, b), (a, b)
+    assert read or preset == "pcie-a100"  # its GPUs have no funnel: routes() answers
+
+
+def reference_max_min(flow_links, capacity):
+    """The water-filling of sim.maxmin before its arrays were compacted (commit 1f5d0ed)."""
+    n_flows = len(flow_links)
+    lengths = np.fromiter((len(links) for links in flow_links), dtype=np.int64, count=n_flows)
+    flow_of = np.repeat(np.arange(n_flows), lengths)
+    link_ids = np.fromiter((l for links in flow_links for l in links), dtype=np.int64,
+                           count=int(lengths.sum()))
+    used, link_of = np.unique(link_ids, return_inverse=True)
+    free = np.asarray(capacity, dtype=float)[used]
+    rates = np.zeros(n_flows)
+    active = np.ones(n_flows, dtype=bool)
+    while active.any():
+        live = active[flow_of]
+        counts = np.bincount(link_of[live], minlength=len(used))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            share = np.where(counts > 0, np.maximum(free, 0.0) / counts, np.inf)
+        level = share.min()
+        bottleneck = share <= level * (1 + 1e-9)
+        frozen = np.zeros(n_flows, dtype=bool)
+        frozen[flow_of[live & bottleneck[link_of]]] = True
+        rates[frozen] = level
+        free -= level * np.bincount(link_of[frozen[flow_of]], minlength=len(used))
+        active &= ~frozen
+    return rates
+
+
+def test_max_min_is_the_uncompacted_water_filling_bit_for_bit():
+    rng = random.Random(11)
+    for _ in range(300):
+        n_links = rng.randint(1, 40)
+        capacity = [rng.choice([1.0, 2.5, 50e9, 25e9, rng.uniform(0.1, 100.0)])
+                    for _ in range(n_links)]
+        flows = [rng.sample(range(n_links), rng.randint(1, min(6, n_links)))
+                 for _ in range(rng.randint(1, 120))]
+        assert max_min_rates(flows, capacity).tolist() == \
+            reference_max_min(flows, capacity).tolist()
+
+
+@pytest.mark.parametrize("preset,op,ranks,stride", [
+    ("llama3-24k-roce", "all-reduce", 2048, 3), ("dgx-h100-x128-ndr-ft", "all-gather", 256, 1),
+    ("dgx-h100-x128-ndr-ft-2to1", "reduce-scatter", 96, 5),
+    ("dgx-h100-x16-ndr", "all-reduce", 64, 2),
+    ("dgx-h100", "all-reduce", 8, 1), ("dgx-h100-x128-ndr-ft", "broadcast", 128, 7)])
+def test_pruned_choice_is_the_least_estimate(preset, op, ranks, stride):
+    """The default algorithm (lower bounds skip estimates that cannot win) is the one with
+    the least estimate, ties to the first; every bound is at most its estimate."""
+    graph = topology(preset)
+    members = gpu_nodes(graph)[::stride][:ranks]
+    for nbytes in (4096, M, G):
+        candidates = []
+        for name in AUTOMATIC[parse_collective(op)]:
+            try:
+                candidates.append((name, collective_phases(op, members, nbytes, graph, name)[1]))
+            except ConfigError:
+                continue
+        estimates = [estimate_time(phases, graph) for _, phases in candidates]
+        for (_, phases), estimate in zip(candidates, estimates):
+            assert estimate_lower_bound(phases, graph) <= estimate
+        chosen, _ = collective_phases(op, members, nbytes, graph)
+        assert chosen == candidates[estimates.index(min(estimates))][0]
 
 
 if __name__ == "__main__":

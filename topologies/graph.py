@@ -38,6 +38,7 @@ already takes seconds and ~0.4 GB (fat_tree of 8,192 DGX H100: 150k nodes, 655k 
 """
 from __future__ import annotations
 
+import math
 import re
 from typing import Callable
 
@@ -186,15 +187,27 @@ def _validate_nodes(graph: nx.DiGraph, where: str) -> None:
 
 
 def _validate_edges(graph: nx.DiGraph) -> None:
-    for u, v, attrs in graph.edges(data=True):
-        edge = f"edge {node_text(u)}->{node_text(v)}"
+    # The common case (float bandwidth and latency, str kind) is checked inline: the same
+    # verdict as `_check_edge`, which gives the message of the first edge that fails.
+    inf = math.inf
+    for u, v, attrs in ((u, v, a) for u, nbrs in graph._succ.items() for v, a in nbrs.items()):
         bw, lat, kind = attrs.get("bandwidth"), attrs.get("latency"), attrs.get("kind")
-        if not is_finite_number(bw) or bw <= 0:
-            raise TopologyError(f"{edge}: bandwidth must be a positive number of bytes/s, got {short_repr(bw)}")
-        if not is_finite_number(lat) or lat < 0:
-            raise TopologyError(f"{edge}: latency must be a non-negative number of seconds, got {short_repr(lat)}")
-        if not isinstance(kind, str) or not kind:
-            raise TopologyError(f"{edge}: kind must be a non-empty string (e.g. 'nvlink'), got {short_repr(kind)}")
+        if not (type(bw) is float and 0 < bw < inf and type(lat) is float and 0 <= lat < inf
+                and type(kind) is str and kind):
+            _check_edge(u, v, bw, lat, kind)
+
+
+def _check_edge(u, v, bw, lat, kind) -> None:
+    edge = f"edge {node_text(u)}->{node_text(v)}"
+    if not is_finite_number(bw) or bw <= 0:
+        raise TopologyError(f"{edge}: bandwidth must be a positive number of bytes/s, "
+                            f"got {short_repr(bw)}")
+    if not is_finite_number(lat) or lat < 0:
+        raise TopologyError(f"{edge}: latency must be a non-negative number of seconds, "
+                            f"got {short_repr(lat)}")
+    if not isinstance(kind, str) or not kind:
+        raise TopologyError(f"{edge}: kind must be a non-empty string (e.g. 'nvlink'), "
+                            f"got {short_repr(kind)}")
 
 
 def node_text(node: object) -> str:
@@ -203,10 +216,26 @@ def node_text(node: object) -> str:
 
 
 def _validate_reachability(graph: nx.DiGraph, where: str) -> None:
-    # Mutual reachability of all GPUs <=> all GPUs in one strongly connected component.
+    # All GPUs in one strongly connected component <=> every GPU is reachable from the
+    # first and reaches it: two breadth-first searches (plain dicts, no component list).
     gpus = gpu_nodes(graph)
-    component = next(c for c in nx.strongly_connected_components(graph) if gpus[0] in c)
+    reached = _reachable(graph._succ, gpus[0])
+    reaching = _reachable(graph._pred, gpus[0])
     for gpu in gpus:
-        if gpu not in component:
-            src, dst = (gpu, gpus[0]) if gpu in nx.descendants(graph, gpus[0]) else (gpus[0], gpu)
-            raise TopologyError(f"{where}: gpu {short_repr(src)} cannot reach gpu {short_repr(dst)} along directed edges")
+        if gpu not in reached or gpu not in reaching:
+            src, dst = (gpu, gpus[0]) if gpu in reached else (gpus[0], gpu)
+            raise TopologyError(f"{where}: gpu {short_repr(src)} cannot reach gpu "
+                                f"{short_repr(dst)} along directed edges")
+
+
+def _reachable(adj: dict, start) -> set:
+    seen, front = {start}, [start]
+    while front:
+        layer = []
+        for u in front:
+            for v in adj[u]:
+                if v not in seen:
+                    seen.add(v)
+                    layer.append(v)
+        front = layer
+    return seen

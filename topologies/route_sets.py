@@ -18,13 +18,17 @@ is a product, hence
 - sorted by node names (rule 4), it is ordered by prefix, then middle, then suffix, each
   part sorted on its own (a part's paths have one length), provided no two paths of a
   part have equal keys (checked; such a pair takes routes() itself).
-Every other pair (two GPUs of one host, which meet within each other's funnel; a GPU with
-no funnel; a route beyond MAX_ROUTE_HOPS links or with more than MAX_EQUAL_COST_PATHS
-paths; GPUs relaying) is answered by routes() itself, so nothing differs there either.
+Two GPUs of one host meet within the source's funnel search: their routes are read off
+that search's back pointers (`_near_routes`: it expanded non-GPU nodes layer by layer, so
+it holds every fewest-hop path between them; rules 3-4 are then applied as routes()
+does). Every other pair (a GPU with no funnel; a route beyond MAX_ROUTE_HOPS links or
+with more than MAX_EQUAL_COST_PATHS paths; GPUs relaying; paths with equal sort keys)
+is answered by routes() itself, so nothing differs there either.
 tests/test_fast_network.py checks the composed sets against routes() on the presets.
 
-Cached for the life of the object: each GPU's two funnels, each (f, b, bottleneck)
-middle, and the routes() answer of each pair that does not compose. `route_sets(graph)`
+Cached for the life of the object: each GPU's two funnels (with their search's back
+pointers), each (f, b, bottleneck) middle and each join of two funnels' nodes, widths and
+hops (`_join`), and the routes of each pair that does not compose. `route_sets(graph)`
 keeps one RouteSets per graph object (the flow networks and the alpha-beta estimate of a
 graph share it) and starts a new one when the graph's node or edge count has changed;
 like the per-pair caches it replaces, it assumes links keep their bandwidths.
@@ -34,7 +38,7 @@ from __future__ import annotations
 import math
 import weakref
 from collections.abc import Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import networkx as nx
 
@@ -43,6 +47,7 @@ from .routing import routes as find_routes
 
 MAX_FUNNEL_HOPS = 6  # a funnel deeper than this is not looked for (routes() answers)
 MAX_FUNNEL_WIDTH = 256  # nor one whose search layers hold more nodes
+_MAX_NEAR_PATHS = 4096  # a GPU pair in one funnel with more paths takes routes() itself
 
 Path = tuple[Hashable, ...]
 _BY_GRAPH: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -70,13 +75,19 @@ class Funnel:
     near: frozenset
     chains: tuple[Path, ...]
     widths: tuple[float, ...]
+    back: dict = field(default_factory=dict, compare=False, repr=False)
+    near_back: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def widest(self) -> float:
-        return self.widths[0] if len(self.widths) == 1 else max(self.widths)
+        return self._widest
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_widest", max(self.widths))
+        object.__setattr__(self, "_narrowest", min(self.widths))
 
     def at_least(self, floor: float) -> tuple[Path, ...]:
-        if floor <= min(self.widths):
+        if floor <= self._narrowest:
             return self.chains
         return tuple(c for c, w in zip(self.chains, self.widths) if w >= floor)
 
@@ -105,6 +116,7 @@ class RouteSets:
         self._widest: dict = {}
         self._middles: dict = {}
         self._listed: dict = {}  # (src, dst) -> routes() of a pair that does not compose
+        self._joins: dict = {}  # (f, b, widths, hops) -> `_join`
 
     def routes(self, src, dst) -> list[list]:
         """Exactly `topologies.routing.routes(graph, src, dst)` (a new list)."""
@@ -113,12 +125,21 @@ class RouteSets:
             return composed.paths()
         listed = self._listed.get((src, dst))
         if listed is None:
-            listed = self._listed[(src, dst)] = find_routes(self.graph, src, dst)
+            listed = self._listed[(src, dst)] = (self._near_routes(src, dst)
+                                                 or find_routes(self.graph, src, dst))
         return [list(p) for p in listed]
 
     def compose(self, src, dst) -> Composed | None:
         """The routes of (src, dst) as a product of parts, or None where the module
         docstring's conditions fail (then ask routes())."""
+        parts = self.compose_parts(src, dst)
+        return None if parts is None else Composed(*parts)
+
+    def compose_parts(self, src, dst) -> tuple[tuple, tuple, tuple] | None:
+        """`compose` as a plain (prefixes, middles, suffixes), for callers asking for
+        many pairs. What depends on more than the two funnels' nodes and widths (the
+        pair's own exclusions: GPUs met in a funnel, overlapping regions) is checked per
+        pair; the rest once per (f, b, widths, hops) (`_join`)."""
         head, tail = self._forward.get(src), self._backward.get(dst)
         if head is None or tail is None:
             if src == dst or src not in self.graph or dst not in self.graph:
@@ -132,23 +153,36 @@ class RouteSets:
         if f == b:
             if head.region & tail.region != {f}:
                 return None
-            middle: tuple[Path, ...] | None = ((f,),)
-            widest = math.inf
         elif not head.region.isdisjoint(tail.region):
             return None
+        key = (f, b, head.widest, tail.widest, head.hops, tail.hops)
+        joined = self._joins.get(key, False)
+        if joined is False:
+            joined = self._joins[key] = self._join(*key)
+        if joined is None:
+            return None
+        best, middle = joined
+        prefixes, suffixes = head.at_least(best), tail.at_least(best)
+        if len(prefixes) * len(middle) * len(suffixes) > MAX_EQUAL_COST_PATHS:
+            return None
+        return prefixes, middle, suffixes
+
+    def _join(self, f, b, head_widest: float, tail_widest: float, head_hops: int,
+              tail_hops: int) -> tuple[float, tuple[Path, ...]] | None:
+        """(bottleneck, middles) joining funnels ending at f and b, or None."""
+        if f == b:
+            middle: tuple[Path, ...] | None = ((f,),)
+            widest = math.inf
         else:
             widest, middle = self._widest.get((f, b)) or self._middle_widest(f, b)
             if middle is None:
                 return None
-        best = min(head.widest, widest, tail.widest)
+        best = min(head_widest, widest, tail_widest)
         if best < widest and f != b:
             middle = self._middle(f, b, best)
-        if not middle or head.hops + len(middle[0]) - 1 + tail.hops > MAX_ROUTE_HOPS:
+        if not middle or head_hops + len(middle[0]) - 1 + tail_hops > MAX_ROUTE_HOPS:
             return None
-        prefixes, suffixes = head.at_least(best), tail.at_least(best)
-        if len(prefixes) * len(middle) * len(suffixes) > MAX_EQUAL_COST_PATHS:
-            return None
-        return Composed(prefixes, middle, suffixes)
+        return best, middle
 
     def forward(self, gpu) -> Funnel | None:
         if gpu not in self._forward:
@@ -162,14 +196,16 @@ class RouteSets:
 
     def _funnel(self, end, adj: dict, forward: bool) -> Funnel | None:
         nodes = self.graph._node
-        dist, back, front, near = {end: 0}, {end: []}, [end], set()
+        dist, back, front, near = {end: 0}, {end: []}, [end], {}
         for depth in range(1, MAX_FUNNEL_HOPS + 1):
             layer = []
             for u in front:
                 for v in adj[u]:
                     if nodes[v].get("type") == "gpu":
-                        if v != end:
-                            near.add(v)
+                        if v != end:  # near[v]: (its depth, the nodes it is met from)
+                            met = near.setdefault(v, (depth, []))
+                            if met[0] == depth:
+                                met[1].append(u)
                         continue
                     seen = dist.get(v)
                     if seen is None:
@@ -184,7 +220,7 @@ class RouteSets:
             front = layer
         return None
 
-    def _funnel_of(self, end, node, hops: int, dist: dict, back: dict, near: set,
+    def _funnel_of(self, end, node, hops: int, dist: dict, back: dict, near: dict,
                    forward: bool) -> Funnel | None:
         chains: list[list] = [[node]]  # back pointers lead one layer nearer the GPU
         for _ in range(hops):
@@ -194,7 +230,27 @@ class RouteSets:
             return None
         succ = self.graph._succ
         widths = tuple(min(succ[a][b]["bandwidth"] for a, b in zip(p, p[1:])) for p in paths)
-        return Funnel(node, hops, frozenset(dist), frozenset(near), paths, widths)
+        return Funnel(node, hops, frozenset(dist), frozenset(near), paths, widths, back,
+                      {gpu: met[1] for gpu, met in near.items()})
+
+    def _near_routes(self, src, dst) -> list[list] | None:
+        """routes(src, dst) for a GPU met in src's funnel search (two GPUs of one host),
+        from that search's back pointers, or None (ask routes()). Exact: the search
+        expanded only non-GPU nodes, layer by layer, so dst's first layer is its
+        distance through non-GPU nodes (rules 1-2), and the back pointers give every such
+        fewest-hop path; rule 3 keeps the widest, rule 4 sorts (`_sorted_distinct`)."""
+        head = self.forward(src) if src in self.graph else None
+        if head is None or dst not in head.near_back:
+            return None
+        chains = [[dst, u] for u in head.near_back[dst]]
+        while chains[0][-1] != src:
+            if len(chains) > _MAX_NEAR_PATHS:
+                return None
+            chains = [[*c, u] for c in chains for u in head.back[c[-1]]]
+        succ = self.graph._succ
+        widths = [min(succ[a][b]["bandwidth"] for a, b in zip(c[1:], c)) for c in chains]
+        widest = max(widths)
+        return _sorted_distinct([c[::-1] for c, w in zip(chains, widths) if w >= widest])
 
     def _middle_widest(self, a, b) -> tuple[float, tuple[Path, ...] | None]:
         """(widest bottleneck, the widest middles) from a to b; (0.0, None) if none."""
@@ -219,6 +275,8 @@ class RouteSets:
 def _sorted_distinct(paths: list) -> tuple[Path, ...] | None:
     """`paths` in routes()' order, or None if two of them have equal sort keys (their
     order in routes() would then depend on its search, not on the names)."""
+    if len(paths) == 1:
+        return (tuple(paths[0]),)
     keys = {tuple(p): path_order_key(p) for p in paths}
     ordered = sorted(keys, key=keys.__getitem__)
     if any(keys[a] == keys[b] for a, b in zip(ordered, ordered[1:])):

@@ -38,6 +38,8 @@ class World:
     programs: tuple[int, ...] = field(init=False)
     replicas: tuple[int, ...] = field(init=False)
     index_of: dict[int, int] = field(init=False, repr=False)
+    _groups: dict[tuple[int, str], tuple[int, ...]] = field(init=False, repr=False,
+                                                            compare=False)
 
     def __post_init__(self) -> None:
         plan, parallel = self.plan, self.plan.parallel
@@ -49,6 +51,7 @@ class World:
         set_(self, "programs", tuple(parallel.coords(r)[PP] for r in ranks))
         set_(self, "replicas", replicas)
         set_(self, "index_of", {r: i for i, r in enumerate(ranks)})
+        set_(self, "_groups", {})  # (replay rank, group) -> members: asked per collective
 
     @property
     def devices(self) -> tuple[str, ...]:
@@ -60,10 +63,15 @@ class World:
     def members(self, index: int, op: Op) -> tuple[int, ...]:
         """Replay indices of the replayed members of `op`'s group for replay rank `index`
         (itself included, ascending): those that meet before the collective runs."""
-        if op.group == PP_COPIES or (self.full and op.group is not None):
+        if op.group != PP_COPIES and not (self.full and op.group is not None):
+            return (index,)
+        key = (index, op.group)
+        hit = self._groups.get(key)
+        if hit is None:
             group = self.plan.group(op.group, self.ranks[index])
-            return tuple(sorted(self.index_of[r] for r in group if r in self.index_of))
-        return (index,)
+            hit = self._groups[key] = tuple(sorted(self.index_of[r] for r in group
+                                                   if r in self.index_of))
+        return hit
 
 
 REPLAY_MODES = ("auto", "symmetric", "all")
@@ -83,9 +91,10 @@ class Replaying:
         if self.mode not in REPLAY_MODES:
             raise ConfigError(f"replay={self.mode!r} must be one of {', '.join(REPLAY_MODES)}")
         for rank, factor in self.slow_gpus:
-            if not (isinstance(factor, (int, float)) and factor > 0):
+            if not (isinstance(factor, (int, float)) and factor > 0 and factor != 1):
                 raise ConfigError(f"slow GPU {rank}: factor {factor!r} must be a number > 0 "
-                                  f"(how many times longer its compute takes)")
+                                  f"other than 1 (how many times longer its compute takes; "
+                                  f"1 would change nothing)")
 
     def world(self, plan: Plan, topology: nx.DiGraph) -> tuple[World, str | None]:
         """The replayed ranks, and a note when 'auto' replays every rank (why)."""
@@ -109,9 +118,8 @@ class Replaying:
 
     def _asymmetry(self, plan: Plan, topology: nx.DiGraph) -> str | None:
         """Why the symmetric replay would not see this job as it is, or None."""
-        slow = [(r, k) for r, k in self.slow_gpus if k != 1]
-        if slow:
-            return "GPU " + ", ".join(f"{r} runs {k:g}x slower" for r, k in slow)
+        if self.slow_gpus:
+            return "GPU " + ", ".join(f"{r} runs {k:g}x slower" for r, k in self.slow_gpus)
         faults = topology.graph.get("faults")
         if faults:
             return "the topology has faults (" + "; ".join(faults) + ")"

@@ -84,6 +84,9 @@ def test_the_symmetric_replay_refuses_what_it_cannot_see():
         simulate(spec, parallel, topo, replaying=Replaying(slow_gpus=((9, 1.5),)))
     with pytest.raises(ConfigError, match="replay='sometimes' must be one of"):
         Replaying("sometimes")
+    with pytest.raises(ConfigError, match="slow GPU 2: factor 1 must be a number > 0 other "
+                                          "than 1 .*1 would change nothing"):
+        Replaying(slow_gpus=((2, 1),))
 
 
 def test_the_command_line_names_who_waited(capsys):

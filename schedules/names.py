@@ -52,3 +52,8 @@ PCIE_LANE, HOST_LANE, COLLECTIVE_LANE = PCIE, HOST, "coll"
 """Timeline lanes: the compute stream, P2P sends and receives, host copies, host optimizer
 steps; a collective runs on the lane named by its group axis (COLLECTIVE_LANE without
 one)."""
+
+
+def collective_lane(group: str | None) -> str:
+    """The Timeline lane of a collective on `group` (COLLECTIVE_LANE without one)."""
+    return group or COLLECTIVE_LANE

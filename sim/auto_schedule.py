@@ -30,7 +30,7 @@ from clustersim.schedules.errors import ConfigError
 from clustersim.schedules.lowering import lower
 from clustersim.schedules.memory_model import rank_memory
 from clustersim.schedules.contract import runs_on_compute_stream
-from clustersim.schedules.names import COMPUTE_LANE, INTRA_LAYER_GROUPS
+from clustersim.schedules.names import COMPUTE_LANE, INTRA_LAYER_GROUPS, collective_lane
 from clustersim.schedules.ops import WORK_KINDS, OpKind
 from clustersim.schedules.parallel import ParallelConfig
 from clustersim.schedules.plan import Plan
@@ -40,7 +40,6 @@ from clustersim.schedules.timeline import Timeline
 from clustersim.schedules.zero_bubble_auto import (StageTimes, auto_zero_bubble,
                                                    iteration_time, template_program)
 
-from .engine import collective_lane
 
 STAND_IN = "zb-auto stand-in (1F1B, split backward)"
 HANDCRAFTED = ("zb-h1", "zb-h2")  # weighed too, where they fit (Qi et al. 2024, Figure 3)
@@ -58,7 +57,7 @@ def held_seconds(timeline: Timeline, lowered: Schedule) -> dict[tuple, float]:
     stream: its spans (every layer group) and those of the blocking intra-layer collectives
     posted after it, which the next compute op waits for (schedules.contract). A lane runs
     its ops in program order, so the k-th op a program posts on a lane is the k-th span of
-    that lane (the engine's rules: contract.runs_on_compute_stream, engine.collective_lane)."""
+    that lane (the engine's rules: contract.runs_on_compute_stream, names.collective_lane)."""
     lanes: dict[tuple[int, str], list] = defaultdict(list)
     for span in timeline.spans:
         lanes[(span.rank, span.lane)].append(span)
@@ -70,7 +69,7 @@ def held_seconds(timeline: Timeline, lowered: Schedule) -> dict[tuple, float]:
         owner = None
         for op in program:
             lane = (COMPUTE_LANE if runs_on_compute_stream(op) else
-                    collective_lane(op) if op.kind.is_collective else None)
+                    collective_lane(op.group) if op.kind.is_collective else None)
             if lane is None:
                 continue
             span = lanes[(rank, lane)][posted[lane]]

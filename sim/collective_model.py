@@ -36,6 +36,7 @@ Two ways to run it:
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import networkx as nx
 import simpy
@@ -90,8 +91,22 @@ def slows_compute(op: Op) -> bool:
     return op.kind.is_collective and op.group in DP_GROUPS
 
 
+@dataclass(frozen=True)
+class CollectiveHook:
+    """What the replay calls per collective: `hook(op, rank)` returns the event of its end
+    (value: its span info); `fixed(op, rank)` returns (seconds, info) when those do not
+    depend on the network's state (an uncontended intra-node group), else None, so that
+    sim.run_ahead may time it without events."""
+
+    run: Callable[[Op, int], simpy.Event]
+    fixed: Callable[[Op, int], tuple[float, dict] | None] | None = None
+
+    def __call__(self, op: Op, rank: int) -> simpy.Event:
+        return self.run(op, rank)
+
+
 def collective_model(env: simpy.Environment, network: FlowNetwork, plan: Plan,
-                     every_rank: bool = False) -> Callable[[Op, int], simpy.Event]:
+                     every_rank: bool = False) -> CollectiveHook:
     """The replay's collective hook (module docstring). With `every_rank` (the full
     replay, sim.world) the replay rank is the global rank and every group runs its own
     collectives: no shadow groups."""
@@ -199,4 +214,8 @@ def collective_model(env: simpy.Environment, network: FlowNetwork, plan: Plan,
         running.callbacks.append(lambda ev: result.succeed(dict(ev.value.spans[me].info)))
         return result
 
-    return run
+    def fixed(op: Op, pp_rank: int) -> tuple[float, dict] | None:
+        ranks, devices, cacheable = members(op.group, global_rank[pp_rank])
+        return uncontended(op, devices) if cacheable else None
+
+    return CollectiveHook(run, fixed)

@@ -32,6 +32,8 @@ Events exist only for things some op waits for. Everything the replay observes g
 a Timeline (seconds; memory in bytes). If processes remain blocked when no event is
 left, the replay raises DeadlockError naming each rank's stuck op. Each op kind goes to
 its handler through one table (`Replay._dispatch_table`; docs/architecture.md).
+Several replays may share one environment and network (`run_replays`: jobs on one fabric,
+sim.shared_fabric); each keeps its own ranks, keys and Timeline.
 """
 from __future__ import annotations
 
@@ -46,8 +48,8 @@ from clustersim.schedules.contract import (Key, copy_peer, gather_releases, p2p_
                                            prerequisites, produces, program_contract,
                                            runs_on_compute_stream)
 from clustersim.schedules.errors import ConfigError, DeadlockError
-from clustersim.schedules.names import (COLLECTIVE_LANE, COMPUTE_LANE, HOST_LANE, PCIE_LANE,
-                                        PP_COPIES, RECV_LANE, SEND_LANE)
+from clustersim.schedules.names import (COMPUTE_LANE, HOST_LANE, PCIE_LANE, PP_COPIES,
+                                        RECV_LANE, SEND_LANE, collective_lane)
 from clustersim.schedules.ops import (COLLECTIVE_KINDS, COPY_KINDS, P2P_KINDS, WORK_KINDS, Op,
                                       OpKind)
 from clustersim.schedules.schedule import Schedule
@@ -57,12 +59,8 @@ from .collective_model import slows_compute
 from .gc_pause import gc_paused
 from .network import Network
 from .progress import CHECK_EVERY, Progress
+from .run_ahead import RunAhead
 from .span_info import SendInfo, received_from
-
-
-def collective_lane(op: Op) -> str:
-    """The Timeline lane a collective runs on: its group axis (COLLECTIVE_LANE without)."""
-    return op.group or COLLECTIVE_LANE
 
 
 @dataclass(frozen=True)
@@ -95,7 +93,7 @@ class ReplayRanks:
     speed: Sequence[float] | None = None
 
 
-class Replay:
+class Replay(RunAhead):
     """Replays `schedule` (lowered, with P2P ops) on `devices[r]` for pipeline rank r, or,
     with `ranks` (ReplayRanks), for replay rank r running program `ranks.programs[r]`."""
 
@@ -156,6 +154,7 @@ class Replay:
                 for p in schedule.programs]
         self.activation_ends = [ends[p] for p in which]
         self.handlers = self._dispatch_table()
+        self._init_run_ahead(contracts, which)
 
     def _complete(self, rank: int, index: int, op: Op) -> None:
         replica = self.replica[rank]
@@ -203,10 +202,12 @@ class Replay:
                 last[(op.stage, op.microbatch)] = index
         return set(first.values()), set(last.values())
 
-    def _allocate(self, rank: int, nbytes: int) -> None:
+    def _allocate(self, rank: int, nbytes: int, at: float | None = None) -> None:
+        """`nbytes` more held by `rank` from `at` (default now) on."""
         if nbytes:
             self.allocated[rank] += nbytes
-            self.samples.append(MemorySample(rank, self.env.now, self.allocated[rank]))
+            self.samples.append(MemorySample(rank, self.env.now if at is None else at,
+                                             self.allocated[rank]))
 
     def _run_rank(self, rank: int):
         env, contract = self.env, self.contracts[rank]
@@ -214,8 +215,15 @@ class Replay:
         replica = self.replica[rank]
         chains, done, waiting = self.chains, self.done[replica], self.waiting[replica]
         handlers, partner, local, pc = self.handlers, contract.partner, contract.local, self.pc
-        slowdown = self.slowdown
-        for index, op in enumerate(self.programs[rank]):
+        slowdown, program = self.slowdown, self.programs[rank]
+        index, n = 0, len(program)
+        while index < n:
+            ahead = self._ahead(rank, index)  # sim.run_ahead: ops timed without events
+            if ahead is not None:
+                yield from self._run_ahead(rank, *ahead)
+                index += len(ahead[0])
+                continue
+            op = program[index]
             keys = prerequisites(op, ranks, count, chains)
             if partner:
                 keys += partner.get(index, ())
@@ -233,6 +241,7 @@ class Replay:
                 yield env.timeout(self._compute_starts(rank, index, op))  # common op
                 self._compute_ends(rank, index, op, start, None)
                 pc[rank] += 1
+                index += 1
                 continue
             handler = handlers.get(op.kind)
             if handler is None:
@@ -242,6 +251,7 @@ class Replay:
             if steps is not None:  # the op holds this rank's program until it is done
                 yield from steps
             pc[rank] += 1
+            index += 1
 
     def _dispatch_table(self) -> dict[OpKind, Callable]:
         """Op kind -> its handler (rank, index, op, positional waits): a generator the
@@ -371,6 +381,8 @@ class Replay:
         symmetry post it at the same moment, or, in the full replay, replayed ranks it
         meets (module docstring)."""
         lane, run = self._lane_and_runner(rank, op)
+        if self.slowdown[rank] and slows_compute(op):  # no run-ahead until it ends
+            self.unfinished_slowing[rank] += 1
         key = (rank, lane)
         previous = self.last_on_lane.get(key)
         done = self.env.event()
@@ -420,6 +432,8 @@ class Replay:
                 last = (max(posts, key=posts.get) if posts and
                         max(posts.values()) > min(posts.values()) else None)
                 for r, i, member, on, event_done in members:
+                    if self.slowdown[r] and slows_compute(member):
+                        self.unfinished_slowing[r] -= 1
                     if posts:  # who the members waited for (sim.waits)
                         info = {**(info or {}), "waited_s": begin - posts[r], "last": last}
                     self.spans.append(Span(r, on, member, begin, self.env.now, info))
@@ -437,7 +451,7 @@ class Replay:
             if self.collective is None:
                 raise ConfigError(f"rank {rank}: op {op} is a collective, but this replay has "
                                   "no collective model")
-            return collective_lane(op), lambda: self.collective(op, rank)
+            return collective_lane(op.group), lambda: self.collective(op, rank)
         if op.kind.is_copy:
             if self.hosts is None:
                 raise ConfigError(f"rank {rank}: op {op} copies to or from the host, but this "
@@ -464,28 +478,24 @@ class Replay:
         return done
 
     def run(self) -> Timeline:
+        return run_replays([self])[0]
+
+    def start(self) -> None:
+        """Hold the static memory and start every rank's process (run_replays runs them)."""
         if self.memory:
             for rank, nbytes in enumerate(self.memory.static):
                 self._allocate(rank, nbytes)
         for rank in range(len(self.programs)):
             self.env.process(self._run_rank(rank))
-        progress = Progress(sum(len(p) for p in self.programs))
-        step = self.env.step
-        with gc_paused():
-            try:
-                while True:  # simpy's Environment.run, with a look at the progress
-                    for _ in range(CHECK_EVERY):
-                        step()
-                    progress.tick(sum(self.pc))
-            except EmptySchedule:
-                pass
-            finally:
-                progress.close()
-            self._raise_if_stuck()
-            self._forget()
-            # by (start, rank), as two stable sorts on one attribute: no key tuple per span
-            self.spans.sort(key=_rank)
-            self.spans.sort(key=_start)
+
+    def finish(self) -> Timeline:
+        """The Timeline, once the environment has no event left (DeadlockError if a rank
+        is stuck)."""
+        self._raise_if_stuck()
+        self._forget()
+        # by (start, rank), as two stable sorts on one attribute: no key tuple per span
+        self.spans.sort(key=_rank)
+        self.spans.sort(key=_start)
         return Timeline(self.spans, self.samples, source="sim")
 
     def _forget(self) -> None:
@@ -517,3 +527,26 @@ class Replay:
             ) for r, p in enumerate(programs)
         )
         raise DeadlockError("deadlock in simulation: " + "; ".join(lines), stuck, report)
+
+
+def run_replays(replays: Sequence[Replay]) -> list[Timeline]:
+    """Run replays that share one environment (and network: several jobs on one fabric,
+    sim.shared_fabric) to its end, each to its own Timeline, in order."""
+    env = replays[0].env
+    if any(replay.env is not env for replay in replays):
+        raise ValueError("run_replays: the replays must share one environment")
+    for replay in replays:
+        replay.start()
+    progress = Progress(sum(len(p) for replay in replays for p in replay.programs))
+    step = env.step
+    with gc_paused():
+        try:
+            while True:  # simpy's Environment.run, with a look at the progress
+                for _ in range(CHECK_EVERY):
+                    step()
+                progress.tick(sum(sum(replay.pc) for replay in replays))
+        except EmptySchedule:
+            pass
+        finally:
+            progress.close()
+        return [replay.finish() for replay in replays]

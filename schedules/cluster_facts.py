@@ -2,8 +2,8 @@
 simulator reads these facts off its topology graph (sim.cluster) and the kernels backend,
 which runs on whatever host it is given, has none.
 
-Rank g of the parallel grid runs on `gpus[g]`, the g-th GPU in the topology's GPU order,
-whose host is `hosts[g]`. Units: bytes.
+Rank g of the parallel grid runs on `gpus[g]`, the g-th GPU in the topology's GPU order
+(or of the GPUs a job is placed on, sim.cluster), whose host is `hosts[g]`. Units: bytes.
 """
 from __future__ import annotations
 

@@ -92,6 +92,10 @@ class FlowNetwork:
         self._timer_generation = 0
         self._timer_at = float("inf")
         self.completed_flows = 0
+        # a list while someone records the flows started (sim.shared_fabric: whose they
+        # are): (time they join, after the delay; the Flows); a finished Flow's `last` is
+        # when it finished
+        self.flow_log: list[tuple[float, list[Flow]]] | None = None
 
     # --- routing -------------------------------------------------------------------------
     def path_links(self, src: str, dst: str) -> tuple[int, ...]:
@@ -119,6 +123,8 @@ class FlowNetwork:
         when all of them have delivered their bytes (a collective phase uses this)."""
         batch = _Batch(len(flows), self.env.event())
         pending = [Flow(links, float(nbytes), batch) for links, nbytes in flows]
+        if self.flow_log is not None:
+            self.flow_log.append((self.env.now + delay, pending))
         done = batch.done
         if not pending:
             done.succeed()

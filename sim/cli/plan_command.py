@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
-from clustersim.schedules.output_files import check_outputs, write_text_atomic
+from clustersim.schedules.output_files import check_outputs, write_output, write_text_atomic
 from clustersim.schedules.registry import schedule_entry
+from clustersim.topologies import load_topology
 
 from ..planner import SearchSpace, run_plan
 from ..planner.report import format_report, to_json
@@ -78,16 +80,24 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                         f"{', '.join(PLANNABLE_SCHEDULES)})")
     p.add_argument("--json", metavar="PATH", help="write the funnel and the ranked "
                                                   "candidates as JSON")
+    p.add_argument("--html", metavar="PATH", help="write a report page: the Pareto front "
+                   "(tokens/s vs peak memory), the funnel, the winner's and runner-up's Gantt")
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    check_outputs({"--json": args.json})  # before the search
+    topology_file = args.topology if Path(args.topology).exists() else None
+    check_outputs({"--json": args.json, "--html": args.html},
+                  {"--topology": topology_file})  # before the search
     space = SearchSpace(micro_batch_size=args.micro_batch_sizes, schedules=args.schedules)
     result, commands = run_plan(args.model, args.gpus, args.topology, args.global_batch_size,
                                 args.seq_length, args.max_memory_gb, args.top, space)
     print(format_report(result, commands, args.top))
     if args.json:
         write_text_atomic(args.json, json.dumps(to_json(result, commands), indent=1))
+    if args.html:
+        from ..planner.html import write_plan_html  # here: plotly only when asked for
+        print(write_output(args.html, lambda path: write_plan_html(
+            path, result, commands, load_topology(args.topology), top=args.top)))
     return 0
 
 

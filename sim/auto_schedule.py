@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from clustersim.schedules.activation_partition import stage_activation_bytes
 from clustersim.schedules.errors import ConfigError
@@ -52,22 +52,28 @@ def stand_in(parallel: ParallelConfig) -> Schedule:
                                   for s in range(pp)], pp)
 
 
-def held_seconds(timeline: Timeline, lowered: Schedule) -> dict[tuple, float]:
+def held_seconds(timeline: Timeline, lowered: Schedule,
+                 programs: Sequence[int] | None = None) -> dict[tuple, float]:
     """Seconds each F, I and W (key (kind, stage, microbatch)) holds its rank's compute
     stream: its spans (every layer group) and those of the blocking intra-layer collectives
     posted after it, which the next compute op waits for (schedules.contract). A lane runs
     its ops in program order, so the k-th op a program posts on a lane is the k-th span of
-    that lane (the engine's rules: contract.runs_on_compute_stream, names.collective_lane)."""
+    that lane (the engine's rules: contract.runs_on_compute_stream, names.collective_lane).
+    `programs[r]`: the pipeline rank whose program Timeline rank r ran (sim.world; default
+    r itself); where several ranks ran one program (the full replay), the slowest's."""
     lanes: dict[tuple[int, str], list] = defaultdict(list)
     for span in timeline.spans:
         lanes[(span.rank, span.lane)].append(span)
     for spans in lanes.values():
         spans.sort(key=lambda s: s.start)
+    if programs is None:
+        programs = range(len(lowered.programs))
     held: dict[tuple, float] = defaultdict(float)
-    for rank, program in enumerate(lowered.programs):
+    for rank, program in enumerate(programs):
+        mine: dict[tuple, float] = defaultdict(float)
         posted: dict[str, int] = defaultdict(int)
         owner = None
-        for op in program:
+        for op in lowered.programs[program]:
             lane = (COMPUTE_LANE if runs_on_compute_stream(op) else
                     collective_lane(op.group) if op.kind.is_collective else None)
             if lane is None:
@@ -78,14 +84,17 @@ def held_seconds(timeline: Timeline, lowered: Schedule) -> dict[tuple, float]:
                 owner = (op.kind, op.stage, op.microbatch)
             elif not (op.group in INTRA_LAYER_GROUPS and not op.alongside and owner):
                 continue
-            held[owner] += span.end - span.start
+            mine[owner] += span.end - span.start
+        for key, seconds in mine.items():
+            held[key] = max(held[key], seconds)
     return held
 
 
-def stage_times(timeline: Timeline, lowered: Schedule) -> tuple[list[StageTimes], float]:
+def stage_times(timeline: Timeline, lowered: Schedule,
+                programs: Sequence[int] | None = None) -> tuple[list[StageTimes], float]:
     """Per stage, the median over microbatches of the seconds its F, I and W hold the
     rank (held_seconds), and the median P2P seconds (0 when nothing crosses stages)."""
-    held = held_seconds(timeline, lowered)
+    held = held_seconds(timeline, lowered, programs)
     per: dict[tuple[OpKind, int], list[float]] = defaultdict(list)
     for (kind, stage, _), seconds in held.items():
         per[(kind, stage)].append(seconds)
@@ -120,15 +129,17 @@ def memory_caps(plan: Plan, limit: float | None) -> list[int]:
 
 
 def build_auto_schedule(parallel: ParallelConfig,
-                        simulate_with: Callable[[Schedule], tuple[Plan, Timeline]]
+                        simulate_with: Callable[[Schedule],
+                                                tuple[Plan, Timeline, Sequence[int]]]
                         ) -> tuple[Schedule, str]:
     """The zb-auto Schedule of this run and the note that says what it was built from.
     `simulate_with(schedule)` simulates the run with a schedule given as data and returns
-    its plan and timeline (sim.simulate passes its own replay). One chunk per rank: the
-    registry entry's vpp rule has refused any other vpp already."""
+    its plan, timeline and the program each Timeline rank ran (sim.simulate passes its own
+    replay). One chunk per rank: the registry entry's vpp rule has refused any other vpp
+    already."""
     standin = stand_in(parallel)
-    plan, timeline = simulate_with(standin)
-    times, p2p = stage_times(timeline, lower(standin, plan))
+    plan, timeline, programs = simulate_with(standin)
+    times, p2p = stage_times(timeline, lower(standin, plan), programs)
     caps = memory_caps(plan, parallel.activation_memory_limit)
     handcrafted = [(name, build_schedule(name, parallel.pp, parallel.num_microbatches).programs)
                    for name in HANDCRAFTED]

@@ -108,12 +108,13 @@ def _simulate_auto(model: ModelSpec, parallel: ParallelConfig, topology: nx.DiGr
                    costs: CostModel, max_ops: int, replaying: Replaying,
                    gpus: Sequence[str] | None) -> tuple[Schedule, Timeline]:
     """A schedule built from this run's simulated costs (sim.auto_schedule), replayed."""
-    def simulate_with(schedule: Schedule) -> tuple[Plan, Timeline]:
+    def simulate_with(schedule: Schedule) -> tuple[Plan, Timeline, tuple[int, ...]]:
         plan = checked_plan(model, parallel, topology, schedule, max_ops, gpus)
-        return plan, _replay(plan, topology, costs, schedule, replaying)
+        job = prepare_replay(plan, topology, costs, schedule, replaying)
+        return plan, _run_prepared(job), job.world.programs
 
     schedule, note = build_auto_schedule(parallel, simulate_with)
-    plan, timeline = simulate_with(schedule)
+    plan, timeline, _ = simulate_with(schedule)
     log.info(note)
     timeline.meta["warnings"].append(note)
     return schedule, timeline
@@ -137,9 +138,13 @@ def _replay(plan: Plan, topology: nx.DiGraph, costs: CostModel,
     """Lower `schedule` (default: the plan's registered schedule) and replay it on
     `topology`, the one the plan's cluster facts were read from: one pipeline replica,
     or every rank (sim.world)."""
-    job = prepare_replay(plan, topology, costs, schedule, replaying)
+    return _run_prepared(prepare_replay(plan, topology, costs, schedule, replaying))
+
+
+def _run_prepared(job: PreparedReplay) -> Timeline:
+    """Replay a prepared run on a network of its own; its Timeline, described."""
     env = simpy.Environment()
-    replay = job.replay(env, costs.network(env, job.topology))
+    replay = job.replay(env, job.costs.network(env, job.topology))
     try:
         timeline = replay.run()
     except DeadlockError:

@@ -11,6 +11,7 @@ from clustersim.schedules.parallel import ParallelConfig
 from clustersim.schedules.plan import resolve
 from clustersim.sim.cli import main
 from clustersim.sim.cost_model import UniformCostModel
+from clustersim.sim.cluster import cluster_facts
 from clustersim.sim.simulate import simulate
 from clustersim.topologies import load_topology
 
@@ -105,3 +106,29 @@ def test_the_search_times_the_pipeline_as_the_replay_does_with_tp_collectives(la
     predicted = float(re.search(r"pipeline alone takes ([0-9.e+-]+) s", note).group(1))
     replayed = max(s.end for s in timeline.spans if s.op.kind in WORK_KINDS)
     assert predicted == pytest.approx(replayed, rel=0.01)
+
+
+def test_the_full_replay_reads_each_stage_from_the_ranks_that_run_it():
+    """Under --replay all the Timeline's ranks are global ranks, not pipeline ranks: with
+    dp 2 the stage times the schedule is built from are the symmetric replay's (the last
+    stage, holding the head, differs from the others), and a GPU slowed by k = 1.5 makes
+    its stage read k times as long: the slowest of the ranks that run the stage."""
+    import re
+    from clustersim.sim.world import Replaying
+
+    def stage_ms(timeline) -> list[list[float]]:
+        note = next(w for w in timeline.meta["warnings"] if w.startswith("zb-auto built"))
+        listed = re.search(r"F/I/W ms per stage \(([^)]*)\)", note).group(1)
+        return [[float(x) for x in stage.split("/")] for stage in listed.split(", ")]
+
+    parallel = auto(4, 8, dp=2)
+    symmetric = stage_ms(simulate(MODEL, parallel, TOPOLOGY))
+    assert symmetric[3] != symmetric[0]
+    assert stage_ms(simulate(MODEL, parallel, TOPOLOGY, replaying=Replaying("all"))) \
+        == symmetric
+    uniform = UniformCostModel(1.0, 2.0)
+    plan = resolve(MODEL, parallel, cluster_facts(TOPOLOGY))
+    slow = plan.group("dp", plan.replayed_ranks[2])[1]  # stage 2's rank in replica 1
+    slowed = stage_ms(simulate(MODEL, parallel, TOPOLOGY, costs=uniform,
+                               replaying=Replaying(slow_gpus=((slow, 1.5),))))
+    assert slowed == [[1e3] * 3, [1e3] * 3, [1.5e3] * 3, [1e3] * 3]

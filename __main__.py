@@ -1,6 +1,4 @@
 """`python -m clustersim` is the `clustersim` command."""
-import sys
+from clustersim.sim.cli import command
 
-from clustersim.sim.cli import main
-
-sys.exit(main())
+command()

@@ -26,6 +26,20 @@ def test_simulate_defaults_write_gantt(tmp_path):
     assert "1f1b" in out.stdout and "bubble fraction" in out.stdout
 
 
+def test_the_program_leaves_fast_with_every_output_whole(tmp_path):
+    """`clustersim simulate` ends its process right after flushing (sim.cli.LEAVE_FAST):
+    every file it wrote is complete, its stdout is all there, its exit code is kept, and an
+    error still exits 2 with one line."""
+    out = clustersim("simulate", "--pp", "2", "--microbatches", "4", "-o", "g.html",
+                     "--metrics-json", "m.json", "--trace-json", "t.json", cwd=tmp_path)
+    assert json.loads((tmp_path / "m.json").read_text())["iteration_time"] > 0
+    assert json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    assert (tmp_path / "g.html").read_text().rstrip().endswith("</html>")
+    assert "wrote g.html" in out.stdout
+    bad = clustersim("simulate", "--pp", "0", "--no-html", cwd=tmp_path, check=False)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1
+
+
 @pytest.mark.parametrize("schedule, vpp, expected_time, idle", [
     ("gpipe", 1, 33, 9), ("1f1b", 1, 33, 9), ("interleaved-1f1b", 2, 57, 9)])
 def test_uniform_costs_metrics_match_closed_form(tmp_path, schedule, vpp, expected_time, idle):

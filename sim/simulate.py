@@ -180,7 +180,7 @@ class PreparedReplay:
             memory = MemoryModel([memory.static[p] for p in world.programs],
                                  memory.activations, memory.gathered)
             slowdown = [slowdown[p] for p in world.programs]
-            slow = dict(self.replaying.slow_gpus)
+            slow = self.replaying.factors(plan.world_size)
             ranks = ReplayRanks(world.programs, world.replicas, world.members,
                                 [slow.get(r, 1.0) for r in world.ranks] if slow else None)
         return Replay(env, self.lowered, devices, costs.compute_time(plan, topology), network,

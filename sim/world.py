@@ -77,15 +77,66 @@ class World:
 REPLAY_MODES = ("auto", "symmetric", "all")
 
 
+SPREADS = {"lognormal": ("sigma",), "uniform": ("low", "high")}
+"""Distributions GPU speeds may be drawn from (GpuSpread) and their parameters."""
+
+
+@dataclass(frozen=True)
+class GpuSpread:
+    """Every GPU's compute-time factor drawn independently: 'lognormal' exp(N(0, sigma^2))
+    (median 1; sigma 0.05 puts 95% of GPUs within about +-10%), or 'uniform' on [low,
+    high]; numpy's default_rng(seed), one draw per global rank in rank order, so a run
+    repeats."""
+
+    distribution: str
+    params: tuple[float, ...]
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        names = SPREADS.get(self.distribution)
+        if names is None:
+            raise ConfigError(f"GPU spread {self.distribution!r}: must be one of "
+                              f"{', '.join(SPREADS)}")
+        if len(self.params) != len(names):
+            raise ConfigError(f"GPU spread {self.distribution}: takes {', '.join(names)}")
+        if self.distribution == "lognormal" and not 0 < self.params[0] <= 1:
+            raise ConfigError(f"GPU spread lognormal: sigma {self.params[0]!r} must be in "
+                              f"(0, 1] (0 would change nothing)")
+        if self.distribution == "uniform":
+            low, high = self.params
+            if not 0 < low < high:
+                raise ConfigError(f"GPU spread uniform: needs 0 < low < high, got {low}, "
+                                  f"{high}")
+
+    def factors(self, world_size: int) -> list[float]:
+        """The factor of each global rank 0 .. world_size - 1."""
+        import numpy as np
+
+        rng = np.random.default_rng(self.seed)
+        if self.distribution == "lognormal":
+            drawn = rng.lognormal(0.0, self.params[0], world_size)
+        else:
+            drawn = rng.uniform(*self.params, world_size)
+        return [float(x) for x in drawn]
+
+    def describe(self) -> str:
+        values = ", ".join(f"{n}={v:g}" for n, v in zip(SPREADS[self.distribution],
+                                                        self.params))
+        return f"{self.distribution}({values}, seed {self.seed})"
+
+
 @dataclass(frozen=True)
 class Replaying:
     """How to replay a job: `mode` 'symmetric' (one pipeline replica; refused when the
     job or cluster is not symmetric), 'all' (every rank) or 'auto' (symmetric unless
     something breaks the symmetry, then every rank, saying why); `slow_gpus`: global
-    rank -> factor its compute ops take longer (a straggler: 1.5 = 50% slower)."""
+    rank -> factor its compute ops take longer (a straggler: 1.5 = 50% slower);
+    `spread`: every GPU's factor drawn from a distribution (GpuSpread), `slow_gpus`
+    overriding the draws of their ranks."""
 
     mode: str = "auto"
     slow_gpus: tuple[tuple[int, float], ...] = ()
+    spread: GpuSpread | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in REPLAY_MODES:
@@ -95,6 +146,13 @@ class Replaying:
                 raise ConfigError(f"slow GPU {rank}: factor {factor!r} must be a number > 0 "
                                   f"other than 1 (how many times longer its compute takes; "
                                   f"1 would change nothing)")
+
+    def factors(self, world_size: int) -> dict[int, float]:
+        """Global rank -> its compute-time factor (ranks at 1 left out)."""
+        drawn = (dict(enumerate(self.spread.factors(world_size)))
+                 if self.spread is not None else {})
+        drawn.update(self.slow_gpus)
+        return {rank: k for rank, k in drawn.items() if k != 1}
 
     def world(self, plan: Plan, topology: nx.DiGraph) -> tuple[World, str | None]:
         """The replayed ranks, and a note when 'auto' replays every rank (why)."""
@@ -118,6 +176,12 @@ class Replaying:
 
     def _asymmetry(self, plan: Plan, topology: nx.DiGraph) -> str | None:
         """Why the symmetric replay would not see this job as it is, or None."""
+        if self.spread is not None:
+            factors = self.factors(plan.world_size)
+            slowest = max(factors, key=factors.get)
+            return (f"GPU speeds are drawn from {self.spread.describe()}: factors "
+                    f"{min(factors.values()):.3g}..{factors[slowest]:.3g}, slowest GPU "
+                    f"{slowest}")
         if self.slow_gpus:
             return "GPU " + ", ".join(f"{r} runs {k:g}x slower" for r, k in self.slow_gpus)
         faults = topology.graph.get("faults")

@@ -59,6 +59,46 @@ def test_one_slow_gpu_stretches_a_compute_bound_data_parallel_job_k_times(k):
     assert any("every rank replayed because GPU 3 runs" in w for w in slow.meta["warnings"])
 
 
+def test_drawn_gpu_speeds_stretch_a_compute_bound_job_to_its_slowest_draw():
+    """Every GPU's factor drawn (GpuSpread): the bulk-synchronous job above waits for its
+    slowest GPU, so its iteration is max(factor) times (within the non-compute share);
+    the draws are numpy's default_rng(seed), one per rank in rank order; --slow-gpu
+    overrides its rank's draw."""
+    import numpy as np
+
+    from clustersim.sim.world import GpuSpread
+    spec, parallel, topo = job(dp=8, pp=1, num_microbatches=8, micro_batch_size=4,
+                               model_kw=dict(num_layers=4, seq_length=8192))
+    base = simulate(spec, parallel, topo)
+    spread = GpuSpread("uniform", (1.0, 1.5), seed=7)
+    draws = np.random.default_rng(7).uniform(1.0, 1.5, 8)
+    drawn = simulate(spec, parallel, topo, replaying=Replaying(spread=spread))
+    assert drawn.iteration_time / base.iteration_time == pytest.approx(draws.max(), rel=0.01)
+    assert waited_for(drawn.spans)[0]["rank"] == int(draws.argmax())
+    override = Replaying(slow_gpus=((int(draws.argmax()), 1.01),), spread=spread)
+    second = np.sort(draws)[-2]
+    assert simulate(spec, parallel, topo, replaying=override).iteration_time \
+        / base.iteration_time == pytest.approx(second, rel=0.01)
+    lognormal = GpuSpread("lognormal", (0.05,), seed=1).factors(10_000)
+    assert np.median(lognormal) == pytest.approx(1.0, abs=0.005)
+    assert np.std(np.log(lognormal)) == pytest.approx(0.05, rel=0.05)
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--gpu-spread", "lognormal:0"], "--gpu-spread 'lognormal:0': GPU spread lognormal: "
+                                      "sigma 0.0 must be in (0, 1]"),
+    (["--gpu-spread", "gamma:1"], "must be one of lognormal, uniform"),
+    (["--gpu-spread", "uniform:2,1"], "needs 0 < low < high"),
+    (["--gpu-spread", "uniform:x"], "expected DIST:PARAMS"),
+    (["--gpu-spread-seed", "3"], "--gpu-spread-seed: only with --gpu-spread"),
+])
+def test_bad_gpu_spreads_are_one_line_errors(flags, says, capsys):
+    from clustersim.sim.cli import main
+    assert main(["simulate", "--pp", "2", "--dp", "2", "--no-html", *flags]) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1
+
+
 def test_a_half_speed_nic_halves_the_pipeline_transfers_through_it():
     """pp 2 over two DGX nodes: rank 0 (gpu0) sends to rank 8 (gpu8) through nic0, at the
     NDR line rate; with nic0 at half its bandwidth, at half of it (the path's bottleneck)."""

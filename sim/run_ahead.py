@@ -98,14 +98,35 @@ class RunAhead:
         self.lane_end: dict[tuple[int, str], tuple[simpy.Event, float]] = {}
         self._foreign_of = (contracts, program_of)  # what foreign_keys needs, on first use
         self.foreign: list[frozenset[Key]] | None = None
+        self._starts: list[bytes | None] = [None] * len(self.programs)  # _start_mask's
+
+    def _start_mask(self, rank: int) -> bytes:
+        """Per op of `rank`'s program, 1 where it and the next op are of kinds a run may
+        hold (compute, or a collective with a fixed time that meets no other replayed
+        rank): the only places a run of two or more ops can start."""
+        fixed, meet, program = self.fixed, self.meet, self.programs[rank]
+
+        def timeable(op: Op) -> bool:
+            if op.kind in WORK_KINDS:
+                return True
+            return (op.kind in COLLECTIVE_KINDS and fixed is not None
+                    and op.group != PP_COPIES and (meet is None or len(meet(rank, op)) == 1)
+                    and fixed(op, rank) is not None)
+
+        ok = [timeable(op) for op in program]
+        return bytes(a and b for a, b in zip(ok, ok[1:])) + b"\0"
 
     def _ahead(self, rank: int, index: int) -> tuple[list[Timed], float] | None:
         """The run from op `index` and when the program goes on (module docstring), or None
         when not even op `index` can be timed ahead."""
-        program = self.programs[rank]
-        if (not self.run_ahead or len(program) <= index + 1 or not _timeable(program[index].kind)
-                or not _timeable(program[index + 1].kind)):
+        starts = self._starts[rank]
+        if starts is None:
+            if not self.run_ahead:
+                return None
+            starts = self._starts[rank] = self._start_mask(rank)
+        if not starts[index]:
             return None  # a run of one op saves no event: the engine's inline path
+        program = self.programs[rank]
         if self.unfinished_slowing[rank] or (self.releases is not None and self.releases[rank]):
             return None
         contract = self.contracts[rank]
@@ -238,11 +259,6 @@ class RunAhead:
             self._complete(rank, timed.index, timed.op)
 
         timer.callbacks.append(finish)
-
-
-def _timeable(kind) -> bool:
-    """Whether an op of `kind` may be in a run at all (compute, or a collective)."""
-    return kind in WORK_KINDS or kind in COLLECTIVE_KINDS
 
 
 def _end(timed: Timed) -> float:

@@ -57,6 +57,7 @@ from clustersim.schedules.timeline import MemorySample, Span, Timeline
 
 from .collective_model import slows_compute
 from .gc_pause import gc_paused
+from .lane_turn import LaneTurn
 from .network import Network
 from .progress import CHECK_EVERY, Progress
 from .run_ahead import RunAhead
@@ -121,7 +122,7 @@ class Replay(RunAhead):
             if slowdown is not None else [0.0] * n
         self.slowing = [0] * n
         self.slowing_changed: list[simpy.Event | None] = [None] * n
-        self.last_on_lane: dict[tuple[int, str], simpy.Event] = {}
+        self.last_on_lane: dict[tuple[int, str], LaneTurn] = {}
         replicas = max(self.replica) + 1
         self.done: list[set[Key]] = [set() for _ in range(replicas)]  # keys per replica
         self.waiting: list[dict[Key, simpy.Event]] = [{} for _ in range(replicas)]  # events
@@ -385,10 +386,11 @@ class Replay(RunAhead):
             self.unfinished_slowing[rank] += 1
         key = (rank, lane)
         previous = self.last_on_lane.get(key)
-        done = self.env.event()
-        self.last_on_lane[key] = done
-        pending = [ev for ev in (previous, *waits) if ev is not None and not ev.processed]
-        members = [(rank, index, op, lane, done)]
+        turn = self.last_on_lane[key] = LaneTurn(self.env)
+        pending = [ev for ev in waits if not ev.processed]
+        if previous is not None and not previous.over:
+            pending.append(previous.event())
+        members = [(rank, index, op, lane, turn)]
         meeting = None
         if self.meet is not None and op.kind.is_collective and op.group != PP_COPIES:
             together = self.meet(rank, op)
@@ -431,7 +433,7 @@ class Replay(RunAhead):
                 info = event.value if isinstance(event.value, dict) else None
                 last = (max(posts, key=posts.get) if posts and
                         max(posts.values()) > min(posts.values()) else None)
-                for r, i, member, on, event_done in members:
+                for r, i, member, on, member_turn in members:
                     if self.slowdown[r] and slows_compute(member):
                         self.unfinished_slowing[r] -= 1
                     if posts:  # who the members waited for (sim.waits)
@@ -440,7 +442,7 @@ class Replay(RunAhead):
                     if self.releases is not None and i in self.held[r]:
                         self._allocate(r, self._gathered(r, i))
                     self._complete(r, i, member)
-                    event_done.succeed()
+                    member_turn.end()
 
             running.callbacks.append(finish)
 

@@ -38,6 +38,8 @@ from clustersim.schedules.names import COMPUTE_LANE, PP_COPIES, collective_lane
 from clustersim.schedules.ops import COLLECTIVE_KINDS, WORK_KINDS, Op
 from clustersim.schedules.timeline import Span
 
+from .lane_turn import LaneTurn
+
 
 @dataclass(frozen=True)
 class Timed:
@@ -95,7 +97,7 @@ class RunAhead:
         self.fixed = getattr(self.collective, "fixed", None)
         self.unfinished_slowing = [0] * len(self.programs)  # posted, not ended
         self.late: dict[tuple[int, int], float] = {}  # run ops still running -> end
-        self.lane_end: dict[tuple[int, str], tuple[simpy.Event, float]] = {}
+        self.lane_end: dict[tuple[int, str], tuple[LaneTurn, float]] = {}
         self._foreign_of = (contracts, program_of)  # what foreign_keys needs, on first use
         self.foreign: list[frozenset[Key]] | None = None
         self._starts: list[bytes | None] = [None] * len(self.programs)  # _start_mask's
@@ -212,7 +214,7 @@ class RunAhead:
         """When the rank's `lane` is free for a run's op: now if its last op has ended, that
         op's end if it is a run op still running, None if another op holds or queues."""
         last = self.last_on_lane.get((rank, lane))
-        if last is None or last.processed:
+        if last is None or last.over:
             return self.env.now
         timed = self.lane_end.get((rank, lane))
         if timed is not None and timed[0] is last:
@@ -249,14 +251,15 @@ class RunAhead:
         key = (rank, timed.index)
         self.late[key] = timed.end
         timer = at_time(self.env, timed.end)
-        self.last_on_lane[(rank, timed.lane)] = timer
-        self.lane_end[(rank, timed.lane)] = (timer, timed.end)
+        turn = self.last_on_lane[(rank, timed.lane)] = LaneTurn(self.env)
+        self.lane_end[(rank, timed.lane)] = (turn, timed.end)
 
         def finish(_event: simpy.Event) -> None:
             self.spans.append(Span(rank, timed.lane, timed.op, timed.start, timed.end,
                                    timed.info))
             del self.late[key]
             self._complete(rank, timed.index, timed.op)
+            turn.end()
 
         timer.callbacks.append(finish)
 

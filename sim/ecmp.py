@@ -15,11 +15,8 @@ compose keep their full routes (`_PairRoutes`), as sim.flows did for every pair.
 
 A collective phase asks for all its flows at once (`choose_many`): consecutive flows
 through one switch pair's middles (a GPU's flows to the GPUs of one leaf) are chosen in
-one numpy step, exactly as one at a time (`_choose_run` says why). Its pairs' parts are
-kept for the next phase until PAIRS_KEPT pairs are (collectives repeat their pairs: a
-data-parallel ring meets the same neighbours in every phase and iteration); beyond, a
-pair keeps only its turn (`turns`), not an object (an all-to-all of 1,024 GPUs has a
-million pairs).
+one numpy step, exactly as one at a time (`_choose_run` says why), and a pair keeps only
+its turn (`turns`), not an object (an all-to-all of 1,024 GPUs has a million pairs).
 """
 from __future__ import annotations
 
@@ -73,10 +70,6 @@ class _PairRoutes:
         return (start + rotated.index(min(rotated))) % n
 
 
-PAIRS_KEPT = 1 << 17
-"""Pairs whose parts choose_many keeps (about 200 bytes each: ~25 MB at most)."""
-
-
 class EcmpRoutes:
     """The flow network's route choice: `choose(src, dst)` (or `choose_many` for a whole
     phase) and the per-link count of unfinished flows it balances (`routed`). A pair's
@@ -112,8 +105,7 @@ class EcmpRoutes:
         run: list = []  # [(pair, prefix ids, suffix ids)] through `run_middles`
         run_middles = None
         for src, dst in pairs:
-            found = (self._pairs.get((src, dst))
-                     or self._pair(src, dst, keep=len(self._pairs) < PAIRS_KEPT))
+            found = self._pairs.get((src, dst)) or self._pair(src, dst, keep=False)
             prefix, middles, suffix = found
             if middles is not run_middles:
                 if run:

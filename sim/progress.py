@@ -2,10 +2,13 @@
 (the CLI enters it), a replay that runs longer than SHOW_AFTER seconds shows a tqdm bar of
 ops done on a terminal, or one status line on stderr every STATUS_EVERY seconds when stderr
 is not a terminal (a log). Library calls report nothing. The engine calls `tick` every
-CHECK_EVERY events (sim.engine), so the cost is one counter per event.
+CHECK_EVERY events (sim.engine), so the cost is one counter per event. `note` says a fact
+of the run (where it runs: sim.backends) on stderr inside `reporting()`, in the log
+otherwise; `quiet()` turns reporting off (a sweep's runs: its own bar shows them).
 """
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from collections.abc import Iterator
@@ -18,6 +21,7 @@ STATUS_EVERY = 30.0  # s between status lines on a non-terminal stderr
 CHECK_EVERY = 1 << 14  # events between two looks at the clock
 
 _active: ContextVar[bool] = ContextVar("clustersim_progress", default=False)
+log = logging.getLogger(__name__)
 
 
 @contextmanager
@@ -28,6 +32,24 @@ def reporting() -> Iterator[None]:
         yield
     finally:
         _active.reset(token)
+
+
+@contextmanager
+def quiet() -> Iterator[None]:
+    """Within it, nothing reports its progress, even inside `reporting()`."""
+    token = _active.set(False)
+    try:
+        yield
+    finally:
+        _active.reset(token)
+
+
+def note(text: str) -> None:
+    """One line about the run: on stderr where someone watches, else logged (INFO)."""
+    if _active.get():
+        print(f"clustersim: {text}", file=sys.stderr, flush=True)
+    else:
+        log.info(text)
 
 
 class Progress:

@@ -18,8 +18,10 @@ ALLOWED_THIRD_PARTY = {
     "schedules": set(),
     "topologies": {"networkx"},
     "sim": {"simpy", "networkx", "numpy", "plotly", "yaml", "tomli", "tqdm", "tabulate",
-            "chakra", "pandas", "joblib"},  # config files, progress, tables; Chakra
-    # traces (the chakra extra); the planner's DataFrame and its parallel replays
+            "chakra", "pandas", "joblib", "ray", "distributed", "pyarrow"},  # config
+    # files, progress, tables; Chakra traces (the chakra extra); the planner's DataFrame;
+    # parallel replays and sweeps (sim.backends: joblib, and the sweep extra's Ray, Dask,
+    # and pyarrow for Parquet tables)
     "kernels": {"torch", "numpy"},
 }
 ALLOWED_OURS = {

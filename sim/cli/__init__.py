@@ -1,7 +1,7 @@
-"""The `clustersim` command line: simulate, show, compare, memory, collective, plan, jobs;
-calibrate and run on hardware (sim.cli.commands, .hardware, .memory_report,
-.collective_report, .plan_command, .jobs_command; the flags and the fields they set:
-sim.cli.flags).
+"""The `clustersim` command line: simulate, show, compare, memory, collective, plan, jobs,
+sweep; calibrate and run on hardware (sim.cli.commands, .hardware, .memory_report,
+.collective_report, .plan_command, .jobs_command, .sweep_command; the flags and the fields
+they set: sim.cli.flags).
 
 Every error a user can cause ends in one `clustersim: error: ...` line (a deadlock adds
 its rank x step report) and a non-zero exit, never a traceback. A value the user gave that
@@ -24,7 +24,7 @@ from clustersim.topologies import TopologyError
 from .. import progress
 from ..gc_pause import gc_paused
 from . import (collective_report, commands, config_files, hardware, jobs_command,
-               memory_report, plan_command)
+               memory_report, plan_command, sweep_command)
 
 EXIT_USAGE, EXIT_DEADLOCK = 2, 3
 MAX_ECHO = 200  # characters of one word (a value echoed back) in an error line
@@ -62,11 +62,13 @@ def build_parser() -> argparse.ArgumentParser:
     collective_report.add_parser(sub)
     plan_command.add_parser(sub)
     jobs_command.add_parser(sub)
+    sweep_command.add_parser(sub)
     return parser
 
 
 COMMANDS = {**commands.COMMANDS, **hardware.COMMANDS, **memory_report.COMMANDS,
-            **collective_report.COMMANDS, **plan_command.COMMANDS, **jobs_command.COMMANDS}
+            **collective_report.COMMANDS, **plan_command.COMMANDS, **jobs_command.COMMANDS,
+            **sweep_command.COMMANDS}
 
 
 SIMULATING = ("simulate", "compare", "show", "collective", "memory", "plan", "jobs")

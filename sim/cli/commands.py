@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
+import networkx as nx
+
 from clustersim.schedules.errors import ClustersimError, ConfigError
 from clustersim.schedules.model import ModelSpec
 from clustersim.schedules.model_presets import MODEL_PRESETS
@@ -39,21 +41,9 @@ from .flags import (add_cluster_flags, add_intra_layer_flags, add_limit_flags,
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
-    sim = sub.add_parser("simulate", help="simulate one iteration to a Gantt HTML",
-                         description="Simulate one training iteration and write a Gantt chart.")
-    add_parallel_flags(sim)
-    add_intra_layer_flags(sim)
-    add_model_flags(sim)
-    add_cluster_flags(sim)
-    add_output_flags(sim, timeline_default=None)
-    add_config_flags(sim)
-    add_resilience_flags(sim)
-    add_replay_flags(sim)
-    sim.add_argument("--schedule-out", metavar="PATH",
-                     help="write the compute order the run replayed as a torch.distributed."
-                          "pipelining CSV (zb-auto: the order built for this run's costs), "
-                          "to run with `clustersim run --schedule-csv PATH` or torch's "
-                          "_PipelineScheduleRuntime")
+    add_simulate_flags(sub.add_parser(
+        "simulate", help="simulate one iteration to a Gantt HTML",
+        description="Simulate one training iteration and write a Gantt chart."))
 
     show = sub.add_parser("show", help="print a schedule's rank x step grid or torch CSV",
                           description="Print a schedule without simulating it.")
@@ -92,6 +82,23 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     sub.add_parser("models", help="list model presets")
     sub.add_parser("topologies", help="list topology presets and device datasheets (peaks, "
                                       "HBM, scale-up links, measured matmul ceilings)")
+
+
+def add_simulate_flags(sim: argparse.ArgumentParser) -> None:
+    """Every flag of `simulate` (also what `sweep` takes, sim.cli.sweep_command)."""
+    add_parallel_flags(sim)
+    add_intra_layer_flags(sim)
+    add_model_flags(sim)
+    add_cluster_flags(sim)
+    add_output_flags(sim, timeline_default=None)
+    add_config_flags(sim)
+    add_resilience_flags(sim)
+    add_replay_flags(sim)
+    sim.add_argument("--schedule-out", metavar="PATH",
+                     help="write the compute order the run replayed as a torch.distributed."
+                          "pipelining CSV (zb-auto: the order built for this run's costs), "
+                          "to run with `clustersim run --schedule-csv PATH` or torch's "
+                          "_PipelineScheduleRuntime")
 
 
 def add_output_flags(parser: argparse.ArgumentParser, timeline_default: str | None) -> None:
@@ -205,17 +212,27 @@ def write_outputs(timeline: Timeline, args: argparse.Namespace, plan: Plan | Non
         print(json.dumps(timeline.metrics(), indent=2))
 
 
-def cmd_simulate(args: argparse.Namespace) -> int:
-    check_outputs({**output_paths(args), "--schedule-out": args.schedule_out},
-                  input_paths(args))
+def simulate_from_args(args: argparse.Namespace, exported: bool = False) -> tuple[
+        ModelSpec, ParallelConfig, nx.DiGraph, Schedule | None, Schedule, Timeline]:
+    """The run the simulate flags describe: the model, the parallel config, the topology,
+    the custom schedule (None without --schedule-csv), the schedule replayed and its
+    Timeline (`exported`: refuse first a schedule torch's CSV cannot hold)."""
     model = model_from_args(args)
     custom, parallel = schedule_and_parallel(args, model)
-    if args.schedule_out is not None and custom is None:
+    if exported and custom is None:
         check_exportable(schedule_entry(parallel.schedule), "--schedule-out")
     topology = faulted_topology(load_topology(args.topology), args)
     schedule, timeline = simulate_schedule(model, parallel, topology, custom,
                                            cost_model_from_args(args), max_ops_from_args(args),
                                            replaying_from_args(args))
+    return model, parallel, topology, custom, schedule, timeline
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    check_outputs({**output_paths(args), "--schedule-out": args.schedule_out},
+                  input_paths(args))
+    model, parallel, topology, custom, schedule, timeline = simulate_from_args(
+        args, exported=args.schedule_out is not None)
     settings = resilience_from_args(args)
     checkpoints = None if settings is None else plan_checkpoints(
         settings, model, parallel.world_size, timeline.iteration_time)

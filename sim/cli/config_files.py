@@ -27,7 +27,7 @@ from .megatron_args import read_args
 from .megatron_args import tokens as megatron_tokens
 from .torchtitan_config import settings as torchtitan_settings
 
-CONFIG_COMMANDS = ("simulate", "compare", "memory", "run")
+CONFIG_COMMANDS = ("simulate", "compare", "memory", "run", "sweep")
 """Commands whose flags a config file may set."""
 
 

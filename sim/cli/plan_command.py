@@ -15,6 +15,7 @@ from clustersim.topologies import load_topology
 from ..planner import SearchSpace, run_plan
 from ..planner.report import format_report, to_json
 from ..planner.space import PLANNABLE_SCHEDULES, plannable
+from .backend_flags import add_backend_flags
 
 
 def _positive_int(text: str) -> int:
@@ -82,6 +83,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                                   "candidates as JSON")
     p.add_argument("--html", metavar="PATH", help="write a report page: the Pareto front "
                    "(tokens/s vs peak memory), the funnel, the winner's and runner-up's Gantt")
+    add_backend_flags(p)  # where the replays run: --backend local|ray|dask, --jobs N
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -90,7 +92,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
                   {"--topology": topology_file})  # before the search
     space = SearchSpace(micro_batch_size=args.micro_batch_sizes, schedules=args.schedules)
     result, commands = run_plan(args.model, args.gpus, args.topology, args.global_batch_size,
-                                args.seq_length, args.max_memory_gb, args.top, space)
+                                args.seq_length, args.max_memory_gb, args.top, space,
+                                n_jobs=args.jobs, backend=args.backend)
     print(format_report(result, commands, args.top))
     if args.json:
         write_text_atomic(args.json, json.dumps(to_json(result, commands), indent=1))

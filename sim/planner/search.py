@@ -13,10 +13,12 @@ win. Units: seconds, bytes.
    then exact (for top = 1: the best layout of the space).
    Refinement tiers: 0 quick_bound; 1 path_bound; 2 the larger of lane_bound and
    contract_bound (sim.planner.walk: the lowered schedule under the replay's contract).
-   With `n_jobs` != 1 the replays run `n_jobs` at a time on local cores (joblib): the
-   popped candidates that can still enter the top are replayed as one batch. A batch may
+   With more than one worker (`n_jobs` on the execution `backend`, sim.backends: local
+   cores through joblib, or a Ray or Dask cluster) the popped candidates that can still
+   enter the top are replayed as one batch of up to the backend's workers. A batch may
    replay a candidate the serial search would have bounded out, never skips one it would
-   replay, so the ranked top `top` (ties broken by layout) are the serial search's.
+   replay, so the ranked top `top` (ties broken by layout) are the serial search's, on
+   every backend.
 """
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ from clustersim.schedules.lowering import lower
 from clustersim.schedules.plan import Plan, resolve
 from clustersim.schedules.timeline import Timeline
 from clustersim.sim.cluster import cluster_facts
+from clustersim.sim.backends import open_backend
 from clustersim.sim.cost_model import CostModel, RooflineCostModel
 from clustersim.sim.simulate import simulate
 from clustersim.sim.symmetry import check_symmetric
@@ -94,11 +97,13 @@ def reason(error: Exception) -> str:
 def search(model: ModelSpec, gpus: int, topology: nx.DiGraph, global_batch_size: int,
            capacity_bytes: float | None = None, top: int = 5,
            space: SearchSpace = SearchSpace(), costs: CostModel = RooflineCostModel(),
-           simulator: Simulator | None = None, n_jobs: int = -1) -> SearchResult:
+           simulator: Simulator | None = None, n_jobs: int = -1,
+           backend: str = "local") -> SearchResult:
     """The planner's search (module docstring). `capacity_bytes`: the memory limit per
     GPU (default: the topology's device memory); `simulator(model, parallel, topology)`
     replays one layout (default sim.simulate with `costs`); `n_jobs`: replays at once
-    (joblib's count: -1 all local cores, 1 serial)."""
+    (-1: every local core or cluster CPU, 1 serial) on `backend` (sim.backends: local,
+    ray or dask)."""
     facts = cluster_facts(topology)
     facts.check_fits(gpus)
     capacity = capacity_bytes if capacity_bytes is not None else facts.memory_bytes
@@ -108,7 +113,7 @@ def search(model: ModelSpec, gpus: int, topology: nx.DiGraph, global_batch_size:
                       facts, result)
     result.seconds["screen"] = time.perf_counter() - started
     replay = simulator or functools.partial(_simulate, costs=costs)
-    _branch_and_bound(fitting, top, replay, topology, costs, result, n_jobs)
+    _branch_and_bound(fitting, top, replay, topology, costs, result, n_jobs, backend)
     result.seconds["total"] = time.perf_counter() - started
     result.bounded_out = result.fit_in_memory - result.simulated
     result.candidates.sort(key=lambda c: (c.result["iteration_time"], c.layout))
@@ -171,22 +176,21 @@ def _screen(model: ModelSpec, gpus: int, topology: nx.DiGraph, global_batch_size
 
 def _branch_and_bound(fitting: list[Candidate], top: int, replay: Simulator,
                       topology: nx.DiGraph, costs: CostModel, result: SearchResult,
-                      n_jobs: int) -> None:
-    """Step 5 of the module docstring, replaying batches of up to `n_jobs` candidates."""
-    from joblib import Parallel, delayed, effective_n_jobs  # here: the CLI starts faster
+                      n_jobs: int, backend: str) -> None:
+    """Step 5 of the module docstring, replaying batches of up to the backend's workers."""
     heap = [(c.bound, i) for i, c in enumerate(fitting)]
     heapq.heapify(heap)
     best: list[float] = []  # replayed times, sorted
     started = time.perf_counter()
-    workers = effective_n_jobs(n_jobs)
-    with Parallel(n_jobs=workers) as pool:
+    with open_backend(backend, n_jobs) as pool:
+        workers = pool.workers
         while True:
             batch = _next_batch(fitting, heap, best, top, workers, topology, costs, result)
             if not batch:
                 break
-            jobs = [delayed(_replayed)(replay, fitting[i].plan.model, fitting[i].plan.parallel,
-                                       topology) for i in batch]
-            outcomes = pool(jobs)  # n_jobs=1: in this process, in order
+            calls = [(replay, fitting[i].plan.model, fitting[i].plan.parallel, topology)
+                     for i in batch]
+            outcomes = pool.map(_replayed, calls)  # in call order (n_jobs=1: in this process)
             for i, outcome in zip(batch, outcomes):
                 result.simulated += 1
                 if isinstance(outcome, str):  # refused only by the replay: counted

@@ -84,15 +84,59 @@ def test_parallel_replays_return_the_serial_ranking():
     assert serial.simulated <= parallel.simulated < parallel.fit_in_memory
 
 
+def _assert_funnel_adds_up(funnel: dict) -> None:
+    """enumerated = refusals before the memory check + fit; fit = bounded out + refused by
+    the lowering + simulated (refusals after the fit are in `rejected` as well)."""
+    late = sum(n for why, n in funnel["rejected"].items()
+               if why.startswith(("lowering:", "replay:")))
+    assert funnel["enumerated"] == sum(funnel["rejected"].values()) - late \
+        + funnel["fit_in_memory"]
+    assert funnel["fit_in_memory"] == (funnel["bounded_out"] + funnel["lowering_refused"]
+                                       + funnel["simulated"])
+
+
+def test_refusals_after_the_memory_check_are_counted_once(monkeypatch):
+    """A layout the lowering refuses is neither bounded out nor simulated, one the replay
+    refuses is simulated (a replay ran) and neither is ranked: faults injected into the
+    two steps after the memory check (nothing in this space is refused there otherwise)."""
+    import importlib
+
+    from clustersim.sim.planner.report import funnel
+    search_module = importlib.import_module("clustersim.sim.planner.search")  # the module
+
+    refine = search_module._refined
+
+    def refused_lowering(candidate, topology, costs):
+        if candidate.layout.tp == 2:
+            raise ConfigError("injected: the lowering refuses tp=2")
+        return refine(candidate, topology, costs)
+
+    refused = []
+
+    def replay(model, parallel, topology):  # refuses the first layout it is asked for
+        if not refused or refused[0] == parallel:
+            refused.append(parallel)
+            raise ConfigError("injected: the replay refuses its first layout")
+        return simulate(model, parallel, topology)
+
+    monkeypatch.setattr(search_module, "_refined", refused_lowering)
+    result = search_module.search(MODEL, 8, TOPOLOGY, 32, top=3, space=SMALL, n_jobs=1,
+                                  simulator=replay)
+    counts = funnel(result)
+    assert counts["lowering_refused"] > 0
+    assert any(why.startswith("replay: injected") for why in counts["rejected"])
+    _assert_funnel_adds_up(counts)
+    assert all(c.layout.tp != 2 and c.plan.parallel != refused[0]
+               for c in result.candidates)
+
+
 def test_api_dataframe_is_ranked_with_the_funnel():
     frame = plan(MODEL, 8, "dgx-a100", 32, top=3, space=SMALL)
     assert list(frame["iteration_time"]) == sorted(frame["iteration_time"])
     for column in ("tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch_size", "zero",
                    "recompute", "schedule", "iteration_time", "peak_memory", "command"):
         assert column in frame.columns
-    funnel = frame.attrs["funnel"]
-    assert funnel["enumerated"] == sum(funnel["rejected"].values()) + funnel["fit_in_memory"]
-    assert funnel["fit_in_memory"] == funnel["bounded_out"] + funnel["simulated"]
+    _assert_funnel_adds_up(frame.attrs["funnel"])
     assert (frame["tp"] * frame["pp"] * frame["dp"] * frame["cp"] == 8).all()
 
 

@@ -71,7 +71,8 @@ def funnel(result: SearchResult) -> dict:
     """The funnel counts of the JSON (`rejected` by reason, memory included)."""
     return {"enumerated": result.enumerated, "rejected": dict(result.rejected.most_common()),
             "fit_in_memory": result.fit_in_memory, "bounded_out": result.bounded_out,
-            "simulated": result.simulated, "path_bounds": result.path_bounds,
+            "simulated": result.simulated, "lowering_refused": result.lowering_refused,
+            "path_bounds": result.path_bounds,
             "lowered_bounds": result.lowered_bounds,
             "capacity_bytes": result.capacity_bytes, "seconds": result.seconds}
 

@@ -73,13 +73,17 @@ class Candidate:
 
 @dataclass
 class SearchResult:
-    """The funnel counts and the replayed candidates, fastest first."""
+    """The funnel counts and the replayed candidates, fastest first. enumerated = the
+    rejections before the memory check + fit_in_memory; fit_in_memory = bounded_out +
+    lowering_refused + simulated. `rejected` counts every refusal by reason, those after
+    the memory check too ('lowering: ...', and the replay's own among `simulated`)."""
 
     enumerated: int = 0
     rejected: Counter = field(default_factory=Counter)
     fit_in_memory: int = 0
-    bounded_out: int = 0
-    simulated: int = 0
+    bounded_out: int = 0  # fit, never replayed, not refused by the lowering
+    simulated: int = 0  # replays run (those the replay refused among them)
+    lowering_refused: int = 0  # fit, then refused by the full plan or the lowering
     path_bounds: int = 0
     lowered_bounds: int = 0
     candidates: list[Candidate] = field(default_factory=list)
@@ -115,7 +119,7 @@ def search(model: ModelSpec, gpus: int, topology: nx.DiGraph, global_batch_size:
     replay = simulator or functools.partial(_simulate, costs=costs)
     _branch_and_bound(fitting, top, replay, topology, costs, result, n_jobs, backend)
     result.seconds["total"] = time.perf_counter() - started
-    result.bounded_out = result.fit_in_memory - result.simulated
+    result.bounded_out = result.fit_in_memory - result.simulated - result.lowering_refused
     result.candidates.sort(key=lambda c: (c.result["iteration_time"], c.layout))
     return result
 
@@ -224,6 +228,7 @@ def _next_batch(fitting: list[Candidate], heap: list, best: list[float], top: in
             candidate.bound = max(bound, _refined(candidate, topology, costs))
         except ClustersimError as err:  # refused by the full plan or the lowering
             result.rejected["lowering: " + reason(err)] += 1
+            result.lowering_refused += 1
             continue
         result.path_bounds += candidate.tier == 0
         result.lowered_bounds += candidate.tier == 1

@@ -40,6 +40,24 @@ def test_the_program_leaves_fast_with_every_output_whole(tmp_path):
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
 
 
+def test_ctrl_c_ends_with_one_line_and_exit_130(tmp_path):
+    """SIGINT during a replay (a deep pipeline: seconds of replay) ends the command with one
+    line and the shell's 128 + SIGINT, no traceback, no partial output file."""
+    import signal
+    import time
+    proc = subprocess.Popen([sys.executable, "-m", "clustersim", "simulate", "--model",
+                             "llama3-8b", "--num-layers", "128", "--pp", "128", "--microbatches",
+                             "512", "--topology", "dgx-h100-x128-ndr-ft", "--max-ops",
+                             "1100000", "-o", "g.html"], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    time.sleep(2.0)  # past the imports, into the replay
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines() == ["clustersim: interrupted"]
+    assert not (tmp_path / "g.html").exists()
+
+
 @pytest.mark.parametrize("schedule, vpp, expected_time, idle", [
     ("gpipe", 1, 33, 9), ("1f1b", 1, 33, 9), ("interleaved-1f1b", 2, 57, 9)])
 def test_uniform_costs_metrics_match_closed_form(tmp_path, schedule, vpp, expected_time, idle):

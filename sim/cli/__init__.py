@@ -26,7 +26,7 @@ from ..gc_pause import gc_paused
 from . import (collective_report, commands, config_files, hardware, jobs_command,
                memory_report, plan_command, sweep_command)
 
-EXIT_USAGE, EXIT_DEADLOCK = 2, 3
+EXIT_USAGE, EXIT_DEADLOCK, EXIT_INTERRUPTED = 2, 3, 130  # 130: 128 + SIGINT, as shells do
 MAX_ECHO = 200  # characters of one word (a value echoed back) in an error line
 
 
@@ -122,6 +122,9 @@ def main(argv: list[str] | None = None, leave: bool = False) -> int:
     except (ClustersimError, TopologyError) as err:
         print(f"clustersim: error: {shorten(str(err))}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:  # Ctrl-C: what was written so far stays (outputs are atomic)
+        print("clustersim: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except BrokenPipeError:  # output piped into `head` and closed early: not an error
         sys.stderr.close()
         return 0

@@ -18,6 +18,7 @@ from clustersim.sim.cli import build_parser
 from clustersim.sim.cli import plan_command
 from clustersim.sim.cli.flags import parallel_from_args
 from clustersim.sim.cluster import cluster_facts
+from clustersim.sim.cost_model import RooflineCostModel, UniformCostModel
 from clustersim.sim.planner import SearchSpace, plan, run_plan
 from clustersim.sim.planner.inflight import peak_memory
 from clustersim.sim.planner.plans import PlanCache
@@ -59,14 +60,19 @@ def test_screening_plans_and_memory_equal_resolve_and_the_walk():
         assert peak_memory(screening) == pytest.approx(walked, rel=1e-12)
 
 
-def test_branch_and_bound_finds_the_exhaustive_best():
-    result, _ = run_plan(MODEL, 8, TOPOLOGY, 32, top=1, space=SMALL)
+@pytest.mark.parametrize("costs", [None, UniformCostModel(0.01, 0.02)],
+                         ids=["roofline", "uniform"])
+def test_branch_and_bound_finds_the_exhaustive_best(costs):
+    """Under the roofline model, and under uniform costs, whose communication is free (the
+    bounds must then not charge the flow network's times)."""
+    result, _ = run_plan(MODEL, 8, TOPOLOGY, 32, top=1, space=SMALL, costs=costs)
     assert result.simulated < result.fit_in_memory  # it did bound some out
     times = []
     for layout in enumerate_layouts(MODEL, 8, 32, SMALL):
         model = dataclasses.replace(MODEL, micro_batch_size=layout.micro_batch_size)
         try:
-            times.append(simulate(model, layout.parallel(32), TOPOLOGY).iteration_time)
+            times.append(simulate(model, layout.parallel(32), TOPOLOGY,
+                                  costs=costs or RooflineCostModel()).iteration_time)
         except ConfigError:
             continue
     assert len(times) == result.fit_in_memory  # 80 GB holds every valid layout here

@@ -9,9 +9,9 @@ cost model:
 - x(k, s): the seconds of its blocking intra-layer collectives (schedules.intra_layer:
   those of a group not in ParallelConfig.overlapped_groups; expert ones only outside
   DualPipe's overlapped pairs) whose group sits on one host, which the replay charges
-  as their uncontended alpha-beta time (sim.collective_model, `cached`): the same
-  `estimate_time` of the same algorithm choice, times their count. A collective of a
-  group spanning hosts counts 0.
+  as their uncontended alpha-beta time (sim.collective_model, `cached`): `safe_time`
+  (below, never above it) of the same algorithm choice, times their count. A collective
+  of a group spanning hosts counts 0.
 Why a lower bound: a rank's compute ops run one at a time in program order, and a
 blocking collective starts after the compute op before it and holds back the next one
 (schedules.contract), so a rank is busy at least sum(c + x) over its program; an op
@@ -31,6 +31,28 @@ replay.
 - `path_bound`: the exact finish time of the compute-only schedule with these
   durations (the contract's compute rules; producers' compute ends, collectives after
   the consumer's own ops), O(ops).
+
+Collective seconds (`safe_time`, `CollectiveTimes`): what the lowered-schedule bounds
+(`lane_bound`, sim.planner.walk) charge a collective or a P2P transfer, a lower bound of
+the flow network's time for it (sim.collectives.run_collective, sim.flows). The flow
+network runs each phase of the algorithm the replay picks (collective_phases, as here)
+as: a wait of steps x the largest latency of the routes its flows took, then every flow
+on ONE fewest-hop route (adaptive ECMP), max-min fair, so no link carries more than its
+bandwidth; the phase ends with its last flow. So a phase lasts at least steps x L + max
+over links of (bytes that must cross the link) / bandwidth, where L bounds every route's
+latency from below (the latencies of the links on all of the pair's routes, plus the
+lowest link latency for each other hop) and a flow's bytes must cross the links on all of
+its pair's routes (share 1 in sim.route_shares). estimate_time itself is not provably
+below the flows: it charges the LARGEST route latency and splits each flow's bytes evenly
+over its routes, which can load a link more than a one-route choice does. On the presets
+(uniform link latencies; every bottleneck a link all routes share: a GPU's NVLink, its
+NIC's PCIe and rail) the two are equal (checked for ring, tree and hierarchical
+collectives of 2-256 GPUs on selene-a100 and dgx-a100), but for ROUNDING (1e-9
+relative, against float rounding). A P2P transfer (sim.flows:
+latency, then one flow) lasts at least L + bytes / the slowest link all its routes share.
+An intra-node intra-layer collective the replay charges estimate_time (`cached`), which
+these never exceed. `flows=False` (a cost model whose network or collectives are not the
+flow network's: UniformCostModel's free ones, a profile's) charges 0.
 Units: seconds.
 """
 from __future__ import annotations
@@ -46,9 +68,14 @@ from clustersim.schedules.ops import Op, OpKind
 from clustersim.schedules.plan import Plan
 from clustersim.schedules.schedule import Schedule
 
-from ..collective_algorithms import estimate_time
+import weakref
+
+import numpy as np
+
+from ..collective_algorithms import Phase
 from ..collectives import collective_phases
 from ..cost_model import CostModel, RooflineCostModel
+from ..route_shares import RouteShares, route_shares
 
 SPLIT_KINDS = (OpKind.F, OpKind.I, OpKind.W)
 FUSED_KINDS = (OpKind.F, OpKind.B)
@@ -103,15 +130,64 @@ def _blocking_comm(plan: Plan, topology: nx.DiGraph, kind: OpKind, stage: int,
 
 def _one_collective(kind: OpKind, nbytes: float, plan: Plan, ranks: list[int],
                     topology: nx.DiGraph, memo: dict[tuple, float]) -> float:
-    """Uncontended alpha-beta seconds of one `kind` collective of `nbytes` (nccl-tests
+    """A lower bound of the seconds of one `kind` collective of `nbytes` (nccl-tests
     size) over the GPUs of global `ranks`, with the algorithm the simulator would pick
-    (sim.collectives), memoised by (kind, bytes, GPUs)."""
+    (sim.collectives): `safe_time` of its phases, memoised by (kind, bytes, GPUs)."""
     gpus = tuple(plan.cluster.gpus[g] for g in ranks)
     key = (kind, nbytes, gpus)
     if key not in memo:
-        memo[key] = estimate_time(collective_phases(kind, gpus, nbytes, topology)[1],
-                                  topology)
+        memo[key] = safe_time(collective_phases(kind, gpus, nbytes, topology)[1], topology)
     return memo[key]
+
+
+_MANDATORY: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+ROUNDING = 1 - 1e-9
+"""Every safe time is scaled by it, so that float rounding in these sums (in another
+order than the flow network's) cannot lift one above the replay."""
+
+
+def safe_time(phases: list[Phase], graph: nx.DiGraph) -> float:
+    """A lower bound of the seconds the flow network (sim.collectives.run_collective)
+    takes for `phases`, never above sim.collective_algorithms.estimate_time (module
+    docstring, "Collective seconds")."""
+    shares = route_shares(graph)
+    per_pair = _mandatory_of(shares)[0]
+    total = 0.0
+    for phase in phases:
+        if not phase.flows:
+            continue
+        pairs = [per_pair(src, dst) for src, dst, _ in phase.flows]
+        alpha = max(p[0] for p in pairs)
+        load, used = shares.phase_load(pairs, [nbytes for _, _, nbytes in phase.flows])
+        beta = float(np.max(load[used] / shares.bandwidth[used])) if used.any() else 0.0
+        total += phase.steps * alpha + beta
+    return total * ROUNDING
+
+
+def _mandatory_of(shares: RouteShares):
+    """(pair -> (route latency bound, the pair's links on every route, their shares: 1
+    as sim.route_shares rounds it), the lowest link latency) for the routes of `shares`,
+    cached per RouteShares."""
+    hit = _MANDATORY.get(shares)
+    if hit is None:
+        latency = np.fromiter((lat for _, _, lat in shares.graph.edges(data="latency")),
+                              dtype=float, count=len(shares.edge_id))
+        lowest = float(latency.min()) if len(latency) else 0.0
+        cache: dict[tuple, tuple] = {}
+
+        def per_pair(src, dst) -> tuple[float, np.ndarray, np.ndarray]:
+            found = cache.get((src, dst))
+            if found is None:
+                _, ids, part = shares.of(src, dst)
+                on_all = part >= 1 - 1e-9  # cumsum of N times 1/N: 1 up to rounding
+                hops = int(round(float(part.sum())))  # every route: the fewest hops
+                must = ids[on_all]
+                bound = float(latency[must].sum()) + max(0, hops - len(must)) * lowest
+                found = cache[(src, dst)] = (bound, must, part[on_all])
+            return found
+
+        hit = _MANDATORY[shares] = (per_pair, lowest)
+    return hit
 
 
 def is_split(schedule: Schedule) -> bool:
@@ -180,11 +256,12 @@ def path_bound(schedule: Schedule, times: StageTimes) -> float:
 
 class CollectiveTimes:
     """Lower bounds of lowered collectives' seconds: `seconds(op, rank)` is op.count times
-    the uncontended alpha-beta time of one (`_one_collective`), 0 for a group of one GPU;
-    memoised by (kind, bytes, count, group, global rank) as a schedule repeats them."""
+    the safe time of one (`_one_collective`, module docstring), 0 for a group of one GPU
+    or without `flows`; memoised by (kind, bytes, count, group, global rank) as a
+    schedule repeats them."""
 
-    def __init__(self, plan: Plan, topology: nx.DiGraph):
-        self.plan, self.topology = plan, topology
+    def __init__(self, plan: Plan, topology: nx.DiGraph, flows: bool = True):
+        self.plan, self.topology, self.flows = plan, topology, flows
         self.memo: dict[tuple, float] = {}
         self.by_op: dict[tuple, float] = {}
 
@@ -193,10 +270,26 @@ class CollectiveTimes:
         found = self.by_op.get(key)
         if found is None:
             ranks = self.plan.group(op.group, rank)
-            found = 0.0 if len(ranks) < 2 or op.count < 1 or op.nbytes <= 0 else (
+            found = 0.0 if (not self.flows or len(ranks) < 2 or op.count < 1
+                            or op.nbytes <= 0) else (
                 op.count * _one_collective(op.kind, op.nbytes / op.count, self.plan, ranks,
                                            self.topology, self.memo))
             self.by_op[key] = found
+        return found
+
+    def transfer(self, src: str, dst: str, nbytes: float) -> float:
+        """A lower bound of the seconds a P2P transfer of `nbytes` from GPU node `src` to
+        `dst` takes on the flow network (module docstring, "Collective seconds"); 0 with
+        `flows` False or on one GPU."""
+        if not self.flows or src == dst or nbytes <= 0:
+            return 0.0
+        key = (src, dst, nbytes)
+        found = self.by_op.get(key)
+        if found is None:
+            shares = route_shares(self.topology)
+            latency, links, _ = _mandatory_of(shares)[0](src, dst)
+            slowest = float(shares.bandwidth[links].min()) if len(links) else float("inf")
+            found = self.by_op[key] = (latency + nbytes / slowest) * ROUNDING
         return found
 
 
@@ -205,10 +298,8 @@ def lane_bound(lowered: Schedule, plan: Plan, topology: nx.DiGraph,
     """The busiest collective lane of a lowered schedule: a rank's collectives of one
     group axis run one at a time, in issue order (schedules.contract, as NCCL runs one
     communicator), so the iteration lasts at least the sum of their times; each at least
-    its algorithm's uncontended alpha-beta time (sim.collective_algorithms.
-    estimate_time: every phase pays its most loaded link's bytes / bandwidth, which
-    contention only raises), times its count (`CollectiveTimes`). Plan: the full plan
-    (schedules.plan.resolve) the schedule was lowered with."""
+    its count times `safe_time` of one (`CollectiveTimes`, module docstring). Plan: the
+    full plan (schedules.plan.resolve) the schedule was lowered with."""
     collectives = collectives or CollectiveTimes(plan, topology)
     busiest = 0.0
     for r, program in enumerate(lowered.programs):

@@ -246,7 +246,9 @@ def _refined(candidate: Candidate, topology: nx.DiGraph, costs: CostModel) -> fl
         return path_bound(compute_schedule(shape), candidate.times)
     full = resolve(plan.model, plan.parallel, plan.cluster)
     lowered = lower(compute_schedule(shape), full)
-    collectives = CollectiveTimes(full, topology)
+    # other cost models may price communication otherwise (free, or from a profile):
+    # then only compute bounds the replay (sim.planner.bound, `flows`)
+    collectives = CollectiveTimes(full, topology, flows=isinstance(costs, RooflineCostModel))
     return max(lane_bound(lowered, full, topology, collectives),
                contract_bound(lowered, full, topology, costs.compute_time(full, topology),
                               collectives))

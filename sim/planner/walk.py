@@ -14,15 +14,42 @@ the durations. `contract_bound` solves the same system with each duration replac
 lower bound of it:
 - compute: the cost model's compute time, the one the replay takes (the slowdown beside
   collectives only lengthens it);
-- a collective: its count times the uncontended alpha-beta time of one
-  (sim.planner.bound._one_collective: every phase pays its most loaded link's bytes /
-  bandwidth, which sharing a link only raises); 0 for a group of one GPU;
-- a P2P transfer or a host copy: 0; a host OPT_STEP: its compute time.
+- a collective: its count times the safe time of one (sim.planner.bound.CollectiveTimes,
+  its module docstring: no faster on the flow network); 0 for a group of one GPU;
+- a P2P transfer: the route latency bound plus its bytes over the slowest link all its
+  routes share (CollectiveTimes.transfer), between the GPUs of the two pipeline ranks
+  (Plan.devices, as the replay's); a host copy: 0; a host OPT_STEP: its compute time.
 Each of its ends is then no later than the replay's, so its last end (iteration time)
 is no later either. Unlike the stage bounds (sim.planner.bound) it sees the
 data-parallel communication a schedule cannot hide: ZeRO-2's per-microbatch
 reduce-scatters queued on the DP lane, ZeRO-3's gathers before each forward and
-backward, the last gradient bucket before the optimizer step. Units: seconds.
+backward, the last gradient bucket before the optimizer step.
+
+What the walk cannot see is the overlap slowdown (sim.engine): while a rank's slowing
+collectives (data-parallel: sim.collective_model.slows_compute) run, its F/B/I/W ops
+progress at 1 / (1 + f) (f: compute_slowdowns), so an op of t seconds overlapping them
+for o seconds lasts t + o * c, c = f / (1 + f). `overlap_bound` charges it, per rank.
+Its stream ops (F/B/I/W and an OPT_STEP on the stream) run one at a time in program
+order from t_first (first one's start) to t_last (last one's end), so t_last - t_first
+= W + c * y + Gap, where W = the sum of their compute times, y = the time the F/B/I/W
+ops overlap S (the union of the times a slowing collective runs) and Gap = the idle time
+between consecutive stream ops. S inside [t_first, t_last] lies in the F/B/I/W ops (y),
+the stream's OPT_STEPs (at most W_o, their compute times: not slowed) or the gaps (at
+most Gap), so y >= |S in [t_first, t_last]| - W_o - Gap. A lane's collectives run one at
+a time, so |S| >= D, the largest sum of CollectiveTimes over one slowing lane of the
+rank; S outside [t_first, t_last] measures at most h + a, h = t_first and a = T -
+t_last (the replay's first span starts at 0; T: its last end). Hence
+    T = h + (t_last - t_first) + a >= h + a + W + Gap + c * max(0, D - W_o - Gap - h - a),
+nondecreasing in h, a and Gap (c < 1), so lower bounds of them may stand in:
+- h: the contract walk's start of the first stream op (contract_bound passes it; 0);
+- Gap >= G, the sum over consecutive stream ops k, k' of the longest chain of lane ops
+  posted between them (they start no earlier than k's end: the program reaches them
+  after k) through their positional waits and lane order, that k' waits for: k'
+  starts after its positional waits (schedules.contract.local_waits): the blocking
+  intra-layer collectives of k, the last gradient bucket's reduction before the step;
+- a >= the longest such chain after the last stream op (ZeRO-1/2's parameter gathers
+  after the step): every op posted after it starts after it, and ends by T.
+`contract_bound` returns the larger of the walk and this bound. Units: seconds.
 """
 from __future__ import annotations
 
@@ -37,7 +64,11 @@ from clustersim.schedules.ops import P2P_KINDS, WORK_KINDS, Op, OpKind
 from clustersim.schedules.plan import Plan
 from clustersim.schedules.schedule import Schedule
 
+from ..collective_model import compute_slowdowns, slows_compute
 from .bound import CollectiveTimes
+
+
+_SENDS = (OpKind.SEND_F, OpKind.SEND_B)
 
 
 class _Rank:
@@ -51,20 +82,37 @@ class _Rank:
         self.ends: list[float | None] = [None] * len(program)
         self.lanes: dict[tuple, deque[tuple[int, float]]] = {}
         self.lane_end: dict[tuple, float] = {}
+        self.first_start: float | None = None  # of its first op on the compute stream
 
 
 def contract_bound(lowered: Schedule, plan: Plan, topology: nx.DiGraph,
                    compute_time: Callable[[Op], float],
                    collectives: CollectiveTimes | None = None) -> float:
-    """The finish time of the lowered schedule under the contract with lower-bound
-    durations (module docstring); 0.0 (no bound) if the walk cannot finish.
-    `plan`: the full plan the schedule was lowered with; `compute_time`: the cost model's
-    (CostModel.compute_time(plan, topology))."""
+    """The larger of the finish time of the lowered schedule under the contract with
+    lower-bound durations (module docstring) and `overlap_bound` on the walk's starts;
+    0.0 (no bound) if the walk cannot finish. `plan`: the full plan the schedule was
+    lowered with; `compute_time`: the cost model's (CostModel.compute_time(plan,
+    topology))."""
     collectives = collectives or CollectiveTimes(plan, topology)
+    ranks = _walk(lowered, plan, compute_time, collectives)
+    if ranks is None:
+        return 0.0
+    walked = max((max([s.t, *(e for e in s.ends if e is not None)]) for s in ranks),
+                 default=0.0)
+    heads = [s.first_start for s in ranks]
+    return max(walked, overlap_bound(lowered, plan, topology, compute_time, collectives,
+                                     heads))
+
+
+def _walk(lowered: Schedule, plan: Plan, compute_time: Callable[[Op], float],
+          collectives: CollectiveTimes) -> list[_Rank] | None:
+    """The contract walk (module docstring): each rank's state at the end, None if the
+    walk is stuck (no registered schedule is)."""
     replayed = plan.replayed_ranks
     stage_ranks, chains = lowered.stage_ranks, lowered.stage_chains
     count = lowered.num_microbatches
     ranks = [_Rank(list(p)) for p in lowered.programs]
+    devices = plan.devices if collectives.flows else [None] * len(ranks)
     done: dict[tuple, float] = {}
     p2p_posted: dict[tuple, tuple[int, int, float]] = {}
 
@@ -113,13 +161,18 @@ def contract_bound(lowered: Schedule, plan: Plan, topology: nx.DiGraph,
                 peer = p2p_posted.pop(p2p_peer(op), None)
                 if peer is None:
                     p2p_posted[op.key] = (r, i, state.t)
-                else:  # both ends posted: the transfer (>= 0 s) starts now
+                else:  # both ends posted: the transfer starts now
                     other, j, at = peer
-                    end = max(at, state.t)
+                    src, dst = (r, other) if op.kind in _SENDS else (other, r)
+                    end = max(at, state.t) + collectives.transfer(
+                        devices[src], devices[dst], p2p_bytes(op, ranks[other].program[j]))
                     finish(state, i, end)
                     finish(ranks[other], j, end)
             elif blocking:
-                state.t = max([t, *local]) + compute_time(op)
+                start = max([t, *local])
+                if state.first_start is None:
+                    state.first_start = start
+                state.t = start + compute_time(op)
                 finish(state, i, state.t)
             else:
                 state.t = t
@@ -137,6 +190,81 @@ def contract_bound(lowered: Schedule, plan: Plan, topology: nx.DiGraph,
             moved |= advance(r, state)
             moved |= settle(r, state)
     if any(s.pc < len(s.program) or any(s.lanes.values()) for s in ranks):
-        return 0.0  # the walk is stuck (no registered schedule does this): no bound
-    return max((max([s.t, *(e for e in s.ends if e is not None)]) for s in ranks),
-               default=0.0)
+        return None  # the walk is stuck (no registered schedule does this): no bound
+    return ranks
+
+
+def overlap_bound(lowered: Schedule, plan: Plan, topology: nx.DiGraph,
+                  compute_time: Callable[[Op], float],
+                  collectives: CollectiveTimes | None = None,
+                  heads: list[float | None] | None = None) -> float:
+    """The overlap bound of the module docstring: the largest over the replayed ranks of
+    h + a + W + G + c * max(0, D - G - W_o - h - a); 0.0 for an asynchronous schedule
+    (its replay reports a steady-state window). `heads[r]`: a lower bound of when rank
+    r's first op on the compute stream starts (the contract walk's; default 0)."""
+    if lowered.asynchronous is not None:
+        return 0.0
+    collectives = collectives or CollectiveTimes(plan, topology)
+    slowdowns = compute_slowdowns(plan, topology)
+    best = 0.0
+    for r, program in enumerate(lowered.programs):
+        rank = plan.replayed_ranks[r]
+        head = (heads[r] if heads is not None else None) or 0.0
+        best = max(best, rank_overlap_bound(
+            list(program), slowdowns[r], head, compute_time,
+            lambda op, rank=rank: collectives.seconds(op, rank)))
+    return best
+
+
+def p2p_bytes(op: Op, peer: Op) -> float:
+    """The bytes the replay transfers for a matched P2P pair: the SEND's (sim.engine)."""
+    return op.nbytes if op.kind in _SENDS else peer.nbytes
+
+
+def _on_stream(op: Op) -> bool:
+    return op.kind in WORK_KINDS or (op.kind is OpKind.OPT_STEP and runs_on_compute_stream(op))
+
+
+def rank_overlap_bound(program: list[Op], slowdown: float, head: float,
+                        compute_time: Callable[[Op], float],
+                        seconds: Callable[[Op], float]) -> float:
+    """One rank's overlap bound (module docstring); `seconds(op)`: a collective's lower
+    bound (CollectiveTimes)."""
+    stream = [i for i, op in enumerate(program) if _on_stream(op)]
+    if not stream:
+        return 0.0
+    work = sum(compute_time(program[i]) for i in stream)
+    other = sum(compute_time(program[i]) for i in stream if program[i].kind not in WORK_KINDS)
+    local = local_waits(program)
+
+    def duration(op: Op) -> float:
+        if op.kind.is_collective:
+            return seconds(op)
+        return 0.0 if op.kind.is_copy else compute_time(op)  # a host OPT_STEP
+
+    gaps, tail = 0.0, 0.0
+    marks = [*stream, len(program)]
+    for begin, end in zip(marks, marks[1:]):
+        since: dict[int, float] = {}  # lane op -> its least end after stream op `begin`
+        last_on: dict[tuple, int] = {}
+        for i in range(begin + 1, end):
+            op = program[i]
+            if op.kind in P2P_KINDS or _on_stream(op):
+                continue
+            lane = (op.kind.is_collective, op.kind.is_copy, op.group)
+            before = [since[j] for j in local[i] if j in since]
+            if lane in last_on:
+                before.append(since[last_on[lane]])
+            since[i] = max([0.0, *before]) + duration(op)
+            last_on[lane] = i
+        if end < len(program):
+            gaps += max([0.0, *(since[j] for j in local[end] if j in since)])
+        else:
+            tail = max([0.0, *since.values()])
+    lanes: dict[str | None, float] = {}
+    for op in program:
+        if slows_compute(op):
+            lanes[op.group] = lanes.get(op.group, 0.0) + seconds(op)
+    slowing = max(lanes.values(), default=0.0) if slowdown > 0 else 0.0
+    share = slowdown / (1 + slowdown)
+    return head + tail + work + gaps + share * max(0.0, slowing - gaps - other - head - tail)

@@ -173,6 +173,33 @@ def test_cli_handler_prints_and_writes_json_whose_commands_replay(tmp_path, caps
     assert timeline.iteration_time == pytest.approx(best["iteration_time"])
 
 
+def test_several_gpu_counts_search_each_and_the_page_plots_them(tmp_path, capsys):
+    """--gpus 4,8: one search per count, each equal to that count alone (its JSON), and the
+    report page adds throughput against GPUs."""
+    both, html = tmp_path / "both.json", tmp_path / "both.html"
+    parser = argparse.ArgumentParser()
+    plan_command.add_parser(parser.add_subparsers(dest="command"))
+
+    def args(gpus: str, *extra: str) -> argparse.Namespace:
+        return parser.parse_args(["plan", "--model", "gpt3-1.3b", "--gpus", gpus,
+                                  "--topology", "dgx-a100", "--global-batch-size", "16",
+                                  "--micro-batch-sizes", "2", "--schedules", "1f1b",
+                                  "--top", "2", "--jobs", "1", *extra])
+
+    assert plan_command.cmd_plan(args("4,8", "--json", str(both), "--html", str(html))) == 0
+    searches = json.loads(both.read_text())["searches"]
+    assert [s["gpus"] for s in searches] == [4, 8]
+    for search in searches:
+        alone = tmp_path / f"{search['gpus']}.json"
+        assert plan_command.cmd_plan(args(str(search["gpus"]), "--json", str(alone))) == 0
+        single = json.loads(alone.read_text())
+        assert [c["iteration_time"] for c in search["candidates"]] == \
+            [c["iteration_time"] for c in single["candidates"]]
+        assert search["enumerated"] == single["enumerated"]
+    assert "throughput vs GPUs" in html.read_text()
+    assert "== 4 GPUs ==" in capsys.readouterr().out
+
+
 def test_memory_limit_rejects_with_its_reason(capsys):
     assert plan_command.cmd_plan(_plan_args("--max-memory-gb", "0.5")) == 0
     printed = capsys.readouterr().out

@@ -63,7 +63,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "checks or the memory model refuse; bound the rest from below and "
                     "simulate event by event only those that can still win.")
     p.add_argument("--model", required=True, help="model preset (`clustersim models`)")
-    p.add_argument("--gpus", type=_positive_int, required=True, help="GPUs of the job")
+    p.add_argument("--gpus", type=_int_list, required=True, metavar="N[,N...]",
+                   help="GPUs of the job; several counts (256,512,1024) search each, and "
+                        "--html adds throughput against GPUs")
     p.add_argument("--topology", required=True, help="topology preset or JSON with at "
                                                      "least --gpus GPUs")
     p.add_argument("--global-batch-size", type=_positive_int, required=True,
@@ -91,16 +93,27 @@ def cmd_plan(args: argparse.Namespace) -> int:
     check_outputs({"--json": args.json, "--html": args.html},
                   {"--topology": topology_file})  # before the search
     space = SearchSpace(micro_batch_size=args.micro_batch_sizes, schedules=args.schedules)
-    result, commands = run_plan(args.model, args.gpus, args.topology, args.global_batch_size,
-                                args.seq_length, args.max_memory_gb, args.top, space,
-                                n_jobs=args.jobs, backend=args.backend)
-    print(format_report(result, commands, args.top))
+    searches = {}  # GPU count -> (result, commands)
+    for gpus in dict.fromkeys(args.gpus):
+        if len(args.gpus) > 1:
+            print(f"== {gpus} GPUs ==")
+        searches[gpus] = run_plan(args.model, gpus, args.topology, args.global_batch_size,
+                                  args.seq_length, args.max_memory_gb, args.top, space,
+                                  n_jobs=args.jobs, backend=args.backend)
+        print(format_report(*searches[gpus], args.top))
     if args.json:
-        write_text_atomic(args.json, json.dumps(to_json(result, commands), indent=1))
+        documents = {gpus: to_json(*found) for gpus, found in searches.items()}
+        document = (next(iter(documents.values())) if len(documents) == 1 else
+                    {"searches": [{"gpus": gpus, **d} for gpus, d in documents.items()]})
+        write_text_atomic(args.json, json.dumps(document, indent=1))
     if args.html:
         from ..planner.html import write_plan_html  # here: plotly only when asked for
+        largest = max(searches)  # the page's search; the others in the GPUs front
+        result, commands = searches[largest]
+        sweep = {gpus: found[0] for gpus, found in searches.items()}
         print(write_output(args.html, lambda path: write_plan_html(
-            path, result, commands, load_topology(args.topology), top=args.top)))
+            path, result, commands, load_topology(args.topology), top=args.top,
+            sweep=sweep if len(sweep) > 1 else None)))
     return 0
 
 

@@ -7,7 +7,8 @@ rank `plan['replayed_ranks'][r]` on GPU `plan['devices'][r]`. Under the symmetri
 same pipeline coordinate: the same program on the other tp/cp/dp replicas, assumed to take
 the same time. Global rank g runs on GPU `gpu{g}`: the cluster hands ranks the GPUs in
 `index` order (sim.cluster) and a GPU's node id is `gpu{index}` (topologies.graph checks
-it). The rank grid is ParallelConfig's (schedules.parallel), rebuilt from plan['parallel'].
+it); a job placed on other GPUs (simulate(..., gpus=)) names the ranks a row stands for by
+rank instead. The rank grid is ParallelConfig's (schedules.parallel), rebuilt from plan['parallel'].
 """
 from __future__ import annotations
 
@@ -43,19 +44,24 @@ class RankGpus:
         own = f"{self.gpu} (global rank {self.global_rank})"
         if len(self.stands_for) == 1:
             return own
-        return (f"{own}; stands for {gpu_ranges(self.stands_for)}: {len(self.stands_for)} "
-                f"GPUs, one program (symmetric replay)")
+        if self.gpu == f"gpu{self.global_rank}":
+            them = f"{gpu_ranges(self.stands_for)}: {len(self.stands_for)} GPUs"
+        else:  # a job placed on other GPUs (simulate(..., gpus=)): its ranks, not GPU names
+            them = (f"global ranks {gpu_ranges(self.stands_for, prefix='')}: "
+                    f"{len(self.stands_for)} ranks")
+        return f"{own}; stands for {them}, one program (symmetric replay)"
 
 
-def gpu_ranges(ranks: Sequence[int], shown: int = SHOWN_RANGES) -> str:
-    """`gpu0–gpu63`, `gpu0–gpu7, gpu16–gpu23, …` for sorted global ranks (GPU indices)."""
+def gpu_ranges(ranks: Sequence[int], shown: int = SHOWN_RANGES, prefix: str = "gpu") -> str:
+    """`gpu0–gpu63`, `gpu0–gpu7, gpu16–gpu23, …` for sorted global ranks (GPU indices;
+    `prefix` '' writes the rank numbers alone)."""
     runs: list[list[int]] = []
     for g in sorted(ranks):
         if runs and g == runs[-1][1] + 1:
             runs[-1][1] = g
         else:
             runs.append([g, g])
-    parts = [f"gpu{a}" if a == b else f"gpu{a}–gpu{b}" for a, b in runs[:shown]]
+    parts = [f"{prefix}{a}" if a == b else f"{prefix}{a}–{prefix}{b}" for a, b in runs[:shown]]
     return ", ".join(parts) + (f", … ({len(runs)} ranges)" if len(runs) > shown else "")
 
 

@@ -251,3 +251,18 @@ def test_a_bad_jobs_file_is_one_line_naming_the_field(tmp_path, capsys, text, wo
     assert "Traceback" not in err
     for word in words:
         assert word in err, (word, err)
+
+
+def test_a_placed_jobs_rows_name_its_gpus_and_the_ranks_they_stand_for():
+    """simulate(..., gpus=): a row's GPU is the placed one, and the other replicas it
+    stands for are named by rank (their GPUs are not gpu{rank})."""
+    import clustersim
+    from clustersim.sim.rank_gpus import rank_gpus
+    model = clustersim.get_model("llama3-8b", num_layers=4)
+    parallel = clustersim.ParallelConfig.from_kwargs(pp=2, dp=2, num_microbatches=4)
+    timeline = clustersim.simulate(model, parallel, clustersim.load_topology("dgx-h100"),
+                                   gpus=["gpu4", "gpu5", "gpu6", "gpu7"])
+    rows = rank_gpus(timeline.meta["plan"])
+    assert [row.gpu for row in rows.values()] == ["gpu4", "gpu6"]
+    assert rows[1].describe() == ("gpu6 (global rank 2); stands for global ranks 2–3: 2 "
+                                  "ranks, one program (symmetric replay)")

@@ -24,7 +24,8 @@ from clustersim.schedules.errors import ConfigError
 
 from .report import format_seconds
 
-METRICS = ("iteration_time_s", "tokens_per_s", "mfu", "bubble_fraction", "peak_memory_gb")
+METRICS = ("iteration_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu",
+           "bubble_fraction", "peak_memory_gb")
 STATUSES = {"ok": "simulated", "oom": "simulated; peak memory above the device's",
             "error": "refused: the message names the flag and the rule",
             "crash": "an unexpected exception (a clustersim bug: please report it)"}
@@ -108,10 +109,13 @@ def _pyarrow() -> Any:
 
 
 def ranked(rows: Sequence[dict]) -> list[dict]:
-    """The rows that ran within memory, fastest first: by tokens/s (a sweep may change
-    the batch, so iteration times need not compare), then iteration time, then run."""
+    """The rows that ran within memory, best first: by tokens/s per GPU (a sweep may change
+    the batch, so iteration times need not compare, and the GPU count, so tokens/s alone
+    would favour more GPUs; at one GPU count it orders as tokens/s), then tokens/s,
+    iteration time, run."""
     done = [row for row in rows if row["status"] == "ok"]
-    return sorted(done, key=lambda r: (-r["tokens_per_s"], r["iteration_time_s"], r["run"]))
+    return sorted(done, key=lambda r: (-r["tokens_per_s_per_gpu"], -r["tokens_per_s"],
+                                       r["iteration_time_s"], r["run"]))
 
 
 def format_ranking(rows: Sequence[dict], columns: Sequence[str], top: int) -> str:
@@ -120,11 +124,11 @@ def format_ranking(rows: Sequence[dict], columns: Sequence[str], top: int) -> st
     if not best:
         return "no run simulated within memory"
     body = [[i + 1, *(row[c] for c in columns), format_seconds(row["iteration_time_s"]),
-             f"{row['tokens_per_s']:,.0f}",
+             f"{row['tokens_per_s']:,.0f}", f"{row['tokens_per_s_per_gpu']:,.0f}",
              "n/a" if _missing(row["mfu"]) else f"{row['mfu']:.1%}",
              f"{row['bubble_fraction']:.4f}", f"{row['peak_memory_gb']:.1f} GB"]
             for i, row in enumerate(best)]
-    return tabulate(body, headers=["rank", *columns, "iteration", "tokens/s", "MFU",
+    return tabulate(body, headers=["rank", *columns, "iteration", "tokens/s", "per GPU", "MFU",
                                    "bubble", "peak mem"],
                     tablefmt="plain", disable_numparse=True)
 

@@ -131,8 +131,8 @@ def local_rows(tmp_path_factory):
 def test_rows_equal_single_simulate_calls_and_a_broken_run_is_a_row(local_rows):
     frame = local_rows
     assert list(frame.columns) == ["run", "tp", "microbatches", "iteration_time_s",
-                                   "tokens_per_s", "mfu", "bubble_fraction",
-                                   "peak_memory_gb", "status", "error"]
+                                   "tokens_per_s", "tokens_per_s_per_gpu", "mfu",
+                                   "bubble_fraction", "peak_memory_gb", "status", "error"]
     assert list(zip(frame["tp"], frame["microbatches"])) == [
         (1, 4), (1, 8), (2, 4), (2, 8), (3, 4), (3, 8)]
     broken = frame[frame["tp"] == 3]
@@ -149,6 +149,8 @@ def test_rows_equal_single_simulate_calls_and_a_broken_run_is_a_row(local_rows):
         assert row.bubble_fraction == pytest.approx(timeline.bubble_fraction, rel=1e-12)
         assert row.tokens_per_s == pytest.approx(
             timeline.meta["throughput"]["tokens_per_s"], rel=1e-12)
+        assert row.tokens_per_s_per_gpu == pytest.approx(row.tokens_per_s / (2 * row.tp),
+                                                         rel=1e-12)  # pp 2 x tp GPUs
         assert row.peak_memory_gb == pytest.approx(
             max(timeline.peak_memory().values()) / 1e9, rel=1e-12)
 
@@ -162,7 +164,7 @@ def test_parquet_holds_the_csv_rows_and_the_ranking_is_printed(local_rows, tmp_p
     assert "6 runs in" in printed and "4 ok, 2 error" in printed
     assert "2 x num_attention_heads=16 is not divisible by tp=3" in printed
     ranking = printed[printed.index("rank "):].splitlines()[1:5]
-    fastest = local_rows.sort_values("tokens_per_s", ascending=False).iloc[0]
+    fastest = local_rows.sort_values("tokens_per_s_per_gpu", ascending=False).iloc[0]
     assert ranking[0].split()[:3] == ["1", str(fastest.tp), str(fastest.microbatches)]
 
 

@@ -209,7 +209,8 @@ def _metrics(timeline: Any) -> dict[str, Any]:
     peak = max(timeline.peak_memory().values(), default=0.0) / 1e9
     over = timeline.meta.get("oom_ranks") or []
     return {"iteration_time_s": timeline.iteration_time,
-            "tokens_per_s": figures["tokens_per_s"], "mfu": figures["mfu"],
+            "tokens_per_s": figures["tokens_per_s"],
+            "tokens_per_s_per_gpu": figures["tokens_per_s_per_gpu"], "mfu": figures["mfu"],
             "bubble_fraction": timeline.bubble_fraction, "peak_memory_gb": peak,
             "status": "oom" if over else "ok",
             "error": (f"out of memory: peak {peak:.1f} GB on ranks {over} is above the "

@@ -285,6 +285,10 @@ class Replay(RunAhead):
         """A compute op starts now: its activations are allocated; its seconds."""
         if self.memory and index in self.activation_ends[rank][0]:
             self._allocate(rank, self.memory.activations[op.stage])
+        return self._compute_seconds(rank, op)
+
+    def _compute_seconds(self, rank: int, op: Op) -> float:
+        """The op's compute seconds on `rank`: as costed, times the rank's speed factor."""
         if self.speed is not None:
             return self.compute_time(op) * self.speed[rank]
         return self.compute_time(op)

@@ -6,14 +6,16 @@ import simpy
 
 
 class LaneTurn:
-    """An op's turn on its lane: `over` once it has ended; `event()`, the event a later op
-    of the lane waits for, is made only when one does (a lane is mostly free again by its
-    next post, and an event nobody waits for is a step of the replay for nothing)."""
+    """An op's turn on its lane: `over` once it has ended; `until`, when it ends if that
+    was known when it started (a run-ahead op, sim.run_ahead), else None; `event()`, the
+    event a later op of the lane waits for, is made only when one does (a lane is mostly
+    free again by its next post, and an event nobody waits for is a step of the replay for
+    nothing)."""
 
-    __slots__ = ("env", "over", "_event")
+    __slots__ = ("env", "until", "over", "_event")
 
-    def __init__(self, env: simpy.Environment):
-        self.env, self.over, self._event = env, False, None
+    def __init__(self, env: simpy.Environment, until: float | None = None):
+        self.env, self.until, self.over, self._event = env, until, False, None
 
     def event(self) -> simpy.Event:
         if self._event is None:

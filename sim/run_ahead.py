@@ -97,16 +97,14 @@ class RunAhead:
         self.fixed = getattr(self.collective, "fixed", None)
         self.unfinished_slowing = [0] * len(self.programs)  # posted, not ended
         self.late: dict[tuple[int, int], float] = {}  # run ops still running -> end
-        self.lane_end: dict[tuple[int, str], tuple[LaneTurn, float]] = {}
         self._foreign_of = (contracts, program_of)  # what foreign_keys needs, on first use
         self.foreign: list[frozenset[Key]] | None = None
-        self._starts: list[bytes | None] = [None] * len(self.programs)  # _start_mask's
+        self._timeable: list[bytes | None] = [None] * len(self.programs)
 
-    def _start_mask(self, rank: int) -> bytes:
-        """Per op of `rank`'s program, 1 where it and the next op are of kinds a run may
-        hold (compute, or a collective with a fixed time that meets no other replayed
-        rank): the only places a run of two or more ops can start."""
-        fixed, meet, program = self.fixed, self.meet, self.programs[rank]
+    def _timeable_mask(self, rank: int) -> bytes:
+        """Per op of `rank`'s program, 1 where a run may hold it: a compute op, or a
+        collective with a fixed time that meets no other replayed rank."""
+        fixed, meet = self.fixed, self.meet
 
         def timeable(op: Op) -> bool:
             if op.kind in WORK_KINDS:
@@ -115,18 +113,17 @@ class RunAhead:
                     and op.group != PP_COPIES and (meet is None or len(meet(rank, op)) == 1)
                     and fixed(op, rank) is not None)
 
-        ok = [timeable(op) for op in program]
-        return bytes(a and b for a, b in zip(ok, ok[1:])) + b"\0"
+        return bytes(map(timeable, self.programs[rank])) + b"\0"
 
     def _ahead(self, rank: int, index: int) -> tuple[list[Timed], float] | None:
         """The run from op `index` and when the program goes on (module docstring), or None
         when not even op `index` can be timed ahead."""
-        starts = self._starts[rank]
-        if starts is None:
+        timeable = self._timeable[rank]
+        if timeable is None:
             if not self.run_ahead:
                 return None
-            starts = self._starts[rank] = self._start_mask(rank)
-        if not starts[index]:
+            timeable = self._timeable[rank] = self._timeable_mask(rank)
+        if not (timeable[index] and timeable[index + 1]):
             return None  # a run of one op saves no event: the engine's inline path
         program = self.programs[rank]
         if self.unfinished_slowing[rank] or (self.releases is not None and self.releases[rank]):
@@ -142,24 +139,17 @@ class RunAhead:
             foreign = foreign_keys(schedule.programs, contracts, schedule.stage_ranks,
                                    schedule.num_microbatches, self.chains)
             self.foreign = [foreign[p] for p in program_of]
-        fixed, meet, foreign = self.fixed, self.meet, self.foreign[rank]
-        speed = 1.0 if self.speed is None else self.speed[rank]
+        fixed, foreign = self.fixed, self.foreign[rank]
         t = self.env.now
         ends: dict[int, float] = {}  # index -> end, ops of this run
         keys: dict[Key, float] = {}  # keys this run completes -> when
         lanes: dict[str, float] = {}  # lane -> end of this run's last op on it
         run: list[Timed] = []
         for j in range(index, len(program)):
+            if not timeable[j]:
+                break
             op = program[j]
-            kind = op.kind
-            hit = None
-            if kind not in WORK_KINDS:
-                if (kind not in COLLECTIVE_KINDS or fixed is None or op.group == PP_COPIES
-                        or (meet is not None and len(meet(rank, op)) > 1)):
-                    break
-                hit = fixed(op, rank)
-                if hit is None:
-                    break
+            hit = None if op.kind in WORK_KINDS else fixed(op, rank)
             ready = t
             need = prerequisites(op, stage_ranks, count, chains)
             if partner and j in partner:
@@ -186,9 +176,7 @@ class RunAhead:
                     start = max(start, at)
             t = ready
             if hit is None:
-                seconds = self.compute_time(op)
-                end = start + (seconds * speed if self.speed is not None else seconds)
-                t = end
+                end = t = start + self._compute_seconds(rank, op)
                 run.append(Timed(j, op, COMPUTE_LANE, start, end, None))
             else:
                 lane = collective_lane(op.group)
@@ -216,10 +204,7 @@ class RunAhead:
         last = self.last_on_lane.get((rank, lane))
         if last is None or last.over:
             return self.env.now
-        timed = self.lane_end.get((rank, lane))
-        if timed is not None and timed[0] is last:
-            return timed[1]
-        return None
+        return last.until
 
     def _run_ahead(self, rank: int, run: list[Timed], resume: float):
         """Record `run` (spans, memory, completions) and sleep the program until `resume`."""
@@ -251,8 +236,7 @@ class RunAhead:
         key = (rank, timed.index)
         self.late[key] = timed.end
         timer = at_time(self.env, timed.end)
-        turn = self.last_on_lane[(rank, timed.lane)] = LaneTurn(self.env)
-        self.lane_end[(rank, timed.lane)] = (turn, timed.end)
+        turn = self.last_on_lane[(rank, timed.lane)] = LaneTurn(self.env, timed.end)
 
         def finish(_event: simpy.Event) -> None:
             self.spans.append(Span(rank, timed.lane, timed.op, timed.start, timed.end,

@@ -1,7 +1,8 @@
 """`clustersim sweep`: simulate every combination of `simulate` flags given as lists or
 ranges (`--tp 2,4,8 --microbatches 8..64x2`), in parallel (sim.backends: local cores
 through joblib, or a Ray or Dask cluster), streaming one row per run to a CSV or Parquet
-table (sim.sweep_table) as runs finish, under a progress bar; then the fastest runs.
+table (sim.sweep_table) as runs finish, under a progress bar; then the best runs
+(sim.sweep_table.ranked: by tokens/s per GPU).
 
 The parser takes simulate's own flags (commands.add_simulate_flags: one schema), each
 re-registered to collect its raw text; sim.cli.sweep_runs expands them and checks every
@@ -44,7 +45,7 @@ DESCRIPTION = "\n\n".join([textwrap.fill(
     f"finished run is one row of --out (a .csv is flushed row by row; a .parquet is "
     f"complete at the end), with columns run, the swept flags, {', '.join(METRICS)}, "
     f"status ({', '.join(STATUSES)}) and error. A run that fails is a row, not the end of "
-    f"the sweep. Then the fastest runs (by tokens/s) are printed.", 88),
+    f"the sweep. Then the best runs (by tokens/s per GPU) are printed.", 88),
     "example: clustersim sweep --model gpt3-1.3b --topology dgx-a100 --pp 2 --tp 1,2,4 \\\n"
     "           --microbatches 4..32x2 --out sweep.csv"])
 
@@ -99,7 +100,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help=f"refuse a sweep of more than N runs before running any "
                         f"(default {DEFAULT_MAX_RUNS:,})")
     g.add_argument("--top", type=int, default=10, metavar="N",
-                   help="runs to print, fastest first by tokens/s (default 10)")
+                   help="runs to print, best first by tokens/s per GPU (default 10)")
     groups: dict[str, Any] = {}
     for group in simulate_parser()._action_groups:
         for action in group._group_actions:

@@ -38,7 +38,7 @@ To add an algorithm: docs/architecture.md, "Add a collective algorithm".
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import networkx as nx
@@ -202,15 +202,19 @@ def direct(op: str, gpus: Sequence[str], size: float) -> list[Phase]:
 
 
 # --- the alpha-beta estimate ----------------------------------------------------------------
-def estimate_time(phases: Sequence[Phase], graph: nx.DiGraph) -> float:
+def estimate_time(phases: Sequence[Phase], graph: nx.DiGraph,
+                  per_pair: Callable | None = None) -> float:
     """Uncontended alpha-beta time of `phases` on `graph` (s): per phase, steps * the
     largest route latency + the most bytes on any link / its bandwidth, each flow's bytes
     split evenly over its equal-cost routes (the rule in sim.collectives). The routes'
-    latencies and shares are cached per graph object (sim.route_shares: exact)."""
+    latencies and shares are cached per graph object (sim.route_shares: exact).
+    `per_pair(src, dst)`: (latency, link ids, shares) of a pair, in place of
+    RouteShares.of (sim.planner.bound.safe_time charges only what every route holds)."""
     shares = route_shares(graph)
+    of = per_pair or shares.of
     total = 0.0
     for phase in phases:
-        pairs = [shares.of(src, dst) for src, dst, _ in phase.flows]
+        pairs = [of(src, dst) for src, dst, _ in phase.flows]
         alpha = max((p[0] for p in pairs), default=0.0)
         load, used = shares.phase_load(pairs, [nbytes for _, _, nbytes in phase.flows])
         beta = float(np.max(load[used] / shares.bandwidth[used])) if used.any() else 0.0

@@ -57,9 +57,11 @@ Units: seconds.
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import networkx as nx
+import numpy as np
 
 from clustersim.schedules.intra_layer import covered, op_comms
 from clustersim.schedules.ep_comms import pair_hides_experts
@@ -68,11 +70,7 @@ from clustersim.schedules.ops import Op, OpKind
 from clustersim.schedules.plan import Plan
 from clustersim.schedules.schedule import Schedule
 
-import weakref
-
-import numpy as np
-
-from ..collective_algorithms import Phase
+from ..collective_algorithms import Phase, estimate_time
 from ..collectives import collective_phases
 from ..cost_model import CostModel, RooflineCostModel
 from ..route_shares import RouteShares, route_shares
@@ -150,18 +148,8 @@ def safe_time(phases: list[Phase], graph: nx.DiGraph) -> float:
     """A lower bound of the seconds the flow network (sim.collectives.run_collective)
     takes for `phases`, never above sim.collective_algorithms.estimate_time (module
     docstring, "Collective seconds")."""
-    shares = route_shares(graph)
-    per_pair = _mandatory_of(shares)[0]
-    total = 0.0
-    for phase in phases:
-        if not phase.flows:
-            continue
-        pairs = [per_pair(src, dst) for src, dst, _ in phase.flows]
-        alpha = max(p[0] for p in pairs)
-        load, used = shares.phase_load(pairs, [nbytes for _, _, nbytes in phase.flows])
-        beta = float(np.max(load[used] / shares.bandwidth[used])) if used.any() else 0.0
-        total += phase.steps * alpha + beta
-    return total * ROUNDING
+    per_pair = _mandatory_of(route_shares(graph))[0]
+    return estimate_time(phases, graph, per_pair) * ROUNDING
 
 
 def _mandatory_of(shares: RouteShares):

@@ -151,8 +151,7 @@ def _walk(lowered: Schedule, plan: Plan, compute_time: Callable[[Op], float],
             i, op = state.pc, state.program[state.pc]
             keyed = [done.get(k) for k in prerequisites(op, stage_ranks, count, chains)]
             local = [state.ends[j] for j in state.local[i]]
-            blocking = op.kind in WORK_KINDS or op.kind in P2P_KINDS or (
-                op.kind is OpKind.OPT_STEP and runs_on_compute_stream(op))
+            blocking = op.kind in P2P_KINDS or runs_on_compute_stream(op)
             if any(e is None for e in keyed) or (blocking and any(e is None for e in local)):
                 break
             t = max([state.t, *keyed])
@@ -221,16 +220,12 @@ def p2p_bytes(op: Op, peer: Op) -> float:
     return op.nbytes if op.kind in _SENDS else peer.nbytes
 
 
-def _on_stream(op: Op) -> bool:
-    return op.kind in WORK_KINDS or (op.kind is OpKind.OPT_STEP and runs_on_compute_stream(op))
-
-
 def rank_overlap_bound(program: list[Op], slowdown: float, head: float,
                         compute_time: Callable[[Op], float],
                         seconds: Callable[[Op], float]) -> float:
     """One rank's overlap bound (module docstring); `seconds(op)`: a collective's lower
     bound (CollectiveTimes)."""
-    stream = [i for i, op in enumerate(program) if _on_stream(op)]
+    stream = [i for i, op in enumerate(program) if runs_on_compute_stream(op)]
     if not stream:
         return 0.0
     work = sum(compute_time(program[i]) for i in stream)
@@ -249,7 +244,7 @@ def rank_overlap_bound(program: list[Op], slowdown: float, head: float,
         last_on: dict[tuple, int] = {}
         for i in range(begin + 1, end):
             op = program[i]
-            if op.kind in P2P_KINDS or _on_stream(op):
+            if op.kind in P2P_KINDS or runs_on_compute_stream(op):
                 continue
             lane = (op.kind.is_collective, op.kind.is_copy, op.group)
             before = [since[j] for j in local[i] if j in since]

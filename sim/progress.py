@@ -12,7 +12,7 @@ import logging
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from typing import Any
 
@@ -25,23 +25,22 @@ log = logging.getLogger(__name__)
 
 
 @contextmanager
-def reporting() -> Iterator[None]:
+def _reporting(on: bool) -> Iterator[None]:
+    token = _active.set(on)
+    try:
+        yield
+    finally:
+        _active.reset(token)
+
+
+def reporting() -> AbstractContextManager[None]:
     """Within it, simulations report their progress (module docstring)."""
-    token = _active.set(True)
-    try:
-        yield
-    finally:
-        _active.reset(token)
+    return _reporting(True)
 
 
-@contextmanager
-def quiet() -> Iterator[None]:
+def quiet() -> AbstractContextManager[None]:
     """Within it, nothing reports its progress, even inside `reporting()`."""
-    token = _active.set(False)
-    try:
-        yield
-    finally:
-        _active.reset(token)
+    return _reporting(False)
 
 
 def note(text: str) -> None:

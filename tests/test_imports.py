@@ -72,13 +72,24 @@ def test_the_shared_file_reader_imports_the_standard_library_only():
     assert names and all(name in sys.stdlib_module_names for name in names), names
 
 
-def test_simulating_does_not_import_torch():
-    code = ("import sys, clustersim, clustersim.sim.cli, clustersim.sim.simulate, "
-            "clustersim.sim.gantt, clustersim.sim.trace; clustersim.simulate; "
-            "print('torch' in sys.modules)")
+def _loaded(modules: str, watched: tuple[str, ...]) -> list[str]:
+    """Which of `watched` a fresh interpreter has imported after `import {modules}`."""
+    code = f"import sys, {modules}; print(sorted(m for m in {watched!r} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=ROOT, check=True)
-    assert out.stdout.strip() == "False"
+    return ast.literal_eval(out.stdout.strip())
+
+
+def test_simulating_does_not_import_torch():
+    assert _loaded("clustersim, clustersim.sim.cli, clustersim.sim.simulate, "
+                   "clustersim.sim.gantt, clustersim.sim.trace", ("torch",)) == []
+
+
+def test_the_cli_starts_without_the_cluster_libraries():
+    """Ray, Dask, pyarrow and joblib are imported only when a sweep or a plan uses them
+    (sim.backends, sim.sweep_table)."""
+    assert _loaded("clustersim.sim.cli, clustersim.sim.backends",
+                   ("ray", "distributed", "dask", "pyarrow", "joblib")) == []
 
 
 def _module_name(path: Path) -> str:

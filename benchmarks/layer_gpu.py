@@ -218,9 +218,9 @@ def findings() -> list[str]:
             "- **Under sustained load the GPU sits at its 700 W power cap** and its clock "
             "drops from 1980 MHz to about 1400-1800 (section 7); the same GEMMs then run "
             "15-20% slower. That is the size of the default model's attainment factor "
-            "(0.8373, derived from an A100 layer measurement): ceiling x attainment = 0.672 "
-            "of the H100's peak, 665 TFLOP/s, where the calibrated table's large GEMMs ran "
-            "at about 670 under calibration's sustained load (section 7). Hence the default "
+            "(0.8729, derived from an A100 layer measurement): ceiling x attainment = 0.701 "
+            "of the H100's peak, 693 TFLOP/s, near the about 670 the calibrated table's large "
+            "GEMMs ran at under calibration's sustained load (section 7). Hence the default "
             "model's GEMMs "
             "read about 20% slow against the burst-timed layer (section 2) while matching a "
             "GPU at its power cap, which is how a training run keeps it.",

@@ -53,10 +53,16 @@ FlowSpec = tuple[str, str, float]  # (src gpu, dst gpu, bytes)
 
 @dataclass(frozen=True)
 class Phase:
-    """Flows that run together after `steps` route latencies."""
+    """Flows that run together after `steps` route latencies, or after `latency` seconds
+    where it is given (NCCL's latency of the algorithm and protocol: sim.nccl_collectives)."""
 
     steps: int
     flows: list[FlowSpec]
+    latency: float | None = None
+
+    def wait(self, alpha: float) -> float:
+        """Seconds before the flows start, `alpha` being the largest route latency."""
+        return self.steps * alpha if self.latency is None else self.latency
 
 
 # --- rings -----------------------------------------------------------------------------------
@@ -188,6 +194,37 @@ def multi_ring(op: str, gpus: Sequence[str], size: float,
     return [Phase(phases[0].steps, [f for phase in phases for f in phase.flows])]
 
 
+# --- NVLink SHARP ------------------------------------------------------------------------------
+def nvls(op: str, gpus: Sequence[str], size: float, switch_of: Mapping[str, str]) -> list[Phase]:
+    """NVLS on one NVSwitch: each GPU reduces its 1/n shard in the switch (multimem
+    ld_reduce: the switch reads the shard from all n GPUs) and stores the result to all
+    (multimem st, the switch writes it to every GPU). All-reduce: out S + S/n, in S/n + S
+    per GPU; all-gather: out S/n, in S; reduce-scatter: out S, in S/n. One phase: NCCL
+    pipelines the two halves."""
+    n = len(gpus)
+    out, into = {"all-reduce": (size * (1 + 1 / n), size * (1 + 1 / n)),
+                 "all-gather": (size / n, size), "reduce-scatter": (size, size / n)}[op]
+    return [Phase(1, [f for g in gpus for f in ((g, switch_of[g], out), (switch_of[g], g, into))])]
+
+
+def nvls_tree(op: str, gpus: Sequence[str], size: float, host_of: Mapping[str, int],
+              switch_of: Mapping[str, str]) -> list[Phase]:
+    """NCCL's NVLS-tree all-reduce over hosts of g GPUs: NVLS reduce-scatter inside each
+    host, an all-reduce of each GPU's S/g shard with the GPUs of its local index on the
+    other hosts along NCCL's double binary tree of hosts (each tree carries half the
+    shard up and down), NVLS all-gather inside each host; pipelined as one phase."""
+    hosts = host_groups(gpus, host_of, "nvls-tree")
+    g = len(hosts[0])
+    flows = [f for host in hosts for f in nvls("all-reduce", host, size, switch_of)[0].flows]
+    for parents in double_binary_tree(len(hosts)):
+        for child, parent in enumerate(parents):
+            if parent >= 0:
+                for j in range(g):
+                    a, b = hosts[child][j], hosts[parent][j]
+                    flows += [(a, b, size / g / 2), (b, a, size / g / 2)]
+    return [Phase(1, flows)]
+
+
 # --- direct ------------------------------------------------------------------------------------
 def direct(op: str, gpus: Sequence[str], size: float) -> list[Phase]:
     n = len(gpus)
@@ -218,7 +255,7 @@ def estimate_time(phases: Sequence[Phase], graph: nx.DiGraph,
         alpha = max((p[0] for p in pairs), default=0.0)
         load, used = shares.phase_load(pairs, [nbytes for _, _, nbytes in phase.flows])
         beta = float(np.max(load[used] / shares.bandwidth[used])) if used.any() else 0.0
-        total += phase.steps * alpha + beta
+        total += phase.wait(alpha) + beta
     return total
 
 
@@ -245,5 +282,5 @@ def estimate_lower_bound(phases: Sequence[Phase], graph: nx.DiGraph) -> float:
             alpha = max(alpha, latency)
             if len(ids):
                 beta = max(beta, float(np.max(nbytes * part / shares.bandwidth[ids])))
-        total += phase.steps * alpha + beta
+        total += phase.wait(alpha) + beta
     return total

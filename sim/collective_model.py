@@ -18,8 +18,8 @@ Two ways to run it:
   links of their own, as on a DGX's rails, are then not simulated: they cannot change
   the rank's time, and skipping them keeps large runs fast: benchmarks/sim_speed.py).
 - cached, for intra-layer groups (INTRA_LAYER_GROUPS: tp, cp, ep, etp) whose GPUs all
-  sit on one host: the collective takes its algorithm's uncontended alpha-beta time
-  (sim.collective_algorithms.estimate_time, NCCL-style choice of the fastest), times
+  sit on one host: the collective takes its uncontended time (sim.collective_algorithms.
+  estimate_time of NCCL's choice, sim.nccl_collectives; the alpha-beta choice off CUDA), times
   `op.count`, computed once per (kind, bytes, count, member GPUs) and replayed as one
   timeout. APPROXIMATION: such a collective does not share the node's NVLink/NVSwitch
   links with other simulated traffic (pipeline P2P or data-parallel collectives inside
@@ -176,7 +176,7 @@ def collective_model(env: simpy.Environment, network: FlowNetwork, plan: Plan,
         return span.end - span.start
 
     def algorithm(op: Op, devices: list[str]) -> str:
-        """The algorithm NCCL would pick for `op` on `devices` (the fastest estimate)."""
+        """The algorithm (and protocol) NCCL would pick for `op` on `devices`."""
         key = (op.kind, tuple(devices), op.nbytes, op.count)
         if key not in chosen:  # bucketed ops repeat sizes: pick each algorithm once
             chosen[key] = collective_phases(op, devices, op.nbytes / op.count,

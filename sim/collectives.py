@@ -10,8 +10,11 @@ Running: each phase starts its flows together through `FlowNetwork.start_flows` 
 uncontended phase takes steps*alpha + bytes/bandwidth, and contention comes from the
 flows sharing links (with each other and with any other traffic on the network).
 
-Default algorithm (`algorithm=None`): the applicable algorithm with the smallest
-alpha-beta estimate, sum over phases of
+Default algorithm (`algorithm=None`): on CUDA GPUs, NCCL's own choice of algorithm and
+protocol, run as NCCL runs it (sim.nccl_collectives: one pipelined phase paying NCCL's
+latency once, its bytes scaled by the protocol's share of the links). Elsewhere (and
+for the what-if hierarchical and direct algorithms) the alpha-beta model: the applicable
+algorithm with the smallest alpha-beta estimate, sum over phases of
     steps * alpha + max over links (bytes the phase puts on the link / link bandwidth),
 with each flow's bytes spread evenly over its equal-cost routes (ideal ECMP) and no other
 traffic (an algorithm whose lower bound, from a sample of its flows, already loses is not
@@ -43,7 +46,9 @@ from clustersim.topologies import gpu_nodes, load_topology
 
 from . import collective_algorithms as algos
 from .collective_algorithms import Phase, estimate_lower_bound, estimate_time
+from . import nccl_tuning as tuning
 from .flows import FlowNetwork
+from .nccl_collectives import TUNED, comm_shape, nccl_phases, parse_protocol
 
 
 class Collective(str, Enum):
@@ -76,22 +81,29 @@ _FROM_OP_KIND.update({OpKind.SEND_F: Collective.P2P, OpKind.SEND_B: Collective.P
 
 ALGORITHMS: dict[str, Callable[..., list[Phase]]] = {
     "ring": algos.ring, "tree": algos.tree, "multi-ring": algos.multi_ring,
-    "hierarchical": algos.hierarchical, "direct": algos.direct,
+    "hierarchical": algos.hierarchical, "direct": algos.direct, "nvls": algos.nvls,
+    "nvls-tree": algos.nvls_tree,
 }
 _BY_HOST = ("multi-ring", "hierarchical")  # these take the GPUs' hosts
+NCCL_NAMES = {"ring": "ring", "multi-ring": "ring", "tree": "tree", "nvls": "nvls",
+              "nvls-tree": "nvls-tree"}
+"""Which NCCL algorithm each of ours is (sim.nccl_collectives runs them, with a
+protocol, where NCCL's model applies); hierarchical and direct are not NCCL's."""
 APPLICABLE = {
-    Collective.ALL_REDUCE: ("ring", "tree", "multi-ring", "hierarchical"),
-    Collective.ALL_GATHER: ("ring", "multi-ring", "hierarchical"),
-    Collective.REDUCE_SCATTER: ("ring", "multi-ring", "hierarchical"),
+    Collective.ALL_REDUCE: ("ring", "tree", "multi-ring", "hierarchical", "nvls", "nvls-tree"),
+    Collective.ALL_GATHER: ("ring", "multi-ring", "hierarchical", "nvls"),
+    Collective.REDUCE_SCATTER: ("ring", "multi-ring", "hierarchical", "nvls"),
     Collective.BROADCAST: ("ring", "tree"),
     Collective.REDUCE: ("ring",),
     Collective.ALL_TO_ALL: ("direct",),
     Collective.P2P: ("direct",),
 }
-AUTOMATIC = {**APPLICABLE, Collective.BROADCAST: ("ring",)}
-"""What the default choice considers: NCCL runs broadcast and reduce as rings only (its
+AUTOMATIC = {coll: tuple(a for a in names if a not in ("nvls", "nvls-tree"))
+             for coll, names in {**APPLICABLE, Collective.BROADCAST: ("ring",)}.items()}
+"""What the alpha-beta choice considers where NCCL's model does not apply (GPUs without a
+CUDA compute capability): NCCL runs broadcast and reduce as rings only (its
 src/device/broadcast.h and reduce.h specialise RunWorkColl for NCCL_ALGO_RING alone), so
-their tree is a what-if that `algorithm='tree'` may force."""
+their tree is a what-if that `algorithm='tree'` may force; NVLS needs CUDA."""
 
 
 def parse_collective(op: str | Collective | OpKind | Op) -> Collective:
@@ -113,7 +125,7 @@ def parse_collective(op: str | Collective | OpKind | Op) -> Collective:
 
 
 def _check_algorithm(coll: Collective, algorithm: str) -> str:
-    name = str(algorithm).strip().lower()
+    name = str(algorithm).strip().lower().split("/")[0]  # 'ring/LL128': a reported choice
     if name not in ALGORITHMS:
         raise ConfigError(f"algorithm must be one of {', '.join(ALGORITHMS)}, got {algorithm!r}")
     if name not in APPLICABLE[coll]:
@@ -130,16 +142,42 @@ def _phases(coll: Collective, name: str, gpus: Sequence[str], nbytes: float,
     return ALGORITHMS[name](coll.value, gpus, nbytes)
 
 
+def _split_protocol(algorithm: str | None, protocol: str | None
+                    ) -> tuple[str | None, str | None]:
+    """('ring', 'LL128') from 'ring/LL128' (a choice reported earlier) or the two given."""
+    if algorithm is not None and "/" in str(algorithm):
+        algorithm, named = str(algorithm).split("/", 1)
+        protocol = protocol or named
+    return algorithm, parse_protocol(protocol)
+
+
 def collective_phases(op: str | Collective | OpKind | Op, gpus: Sequence[str], nbytes: float,
-                      graph: nx.DiGraph, algorithm: str | None = None
-                      ) -> tuple[str, list[Phase]]:
+                      graph: nx.DiGraph, algorithm: str | None = None,
+                      protocol: str | None = None) -> tuple[str, list[Phase]]:
     """(algorithm name, phases) of collective `op` of size `nbytes` over GPU nodes `gpus`
-    (in ring order). `algorithm=None` picks the fastest estimate (module docstring)."""
+    (in ring order). On CUDA GPUs NCCL's algorithms run as NCCL chooses and runs them
+    (sim.nccl_collectives; the name is then 'algorithm/protocol'), restricted to
+    `algorithm` / `protocol` where given; elsewhere, and for hierarchical and direct,
+    `algorithm=None` picks the fastest alpha-beta estimate (module docstring)."""
     coll = parse_collective(op)
     if nbytes < 0:
         raise ConfigError(f"nbytes must be >= 0, got {nbytes}")
-    if algorithm is not None:
-        name = _check_algorithm(coll, algorithm)
+    algorithm, protocol = _split_protocol(algorithm, protocol)
+    name = None if algorithm is None else _check_algorithm(coll, algorithm)
+    nccl = None if name is None else NCCL_NAMES.get(name)
+    shape = (comm_shape(graph, gpus) if coll.value in TUNED and len(gpus) > 1
+             and (name is None or nccl is not None) else None)
+    if nccl is not None and not any(tuning.runs(coll.value, nccl, p) for p in tuning.PROTOCOLS):
+        shape = None  # a what-if NCCL never runs (a broadcast tree): the alpha-beta path
+    if shape is not None:
+        return nccl_phases(coll.value, gpus, nbytes, graph, shape, nccl, protocol)
+    if protocol is not None:
+        raise ConfigError(f"protocol={protocol!r} applies to NCCL's algorithms (ring, tree, "
+                          f"nvls, nvls-tree) on CUDA GPUs, not to "
+                          f"{name or 'the choice'} for {coll.value} here")
+    if name in ("nvls", "nvls-tree"):
+        raise ConfigError(f"algorithm={name!r} needs CUDA GPUs of SM90 or later on an NVSwitch")
+    if name is not None:
         return name, _phases(coll, name, gpus, nbytes, graph)
     candidates = []
     for name in AUTOMATIC[coll]:
@@ -194,19 +232,22 @@ def repeated(phases: Sequence[Phase], count: int) -> list[Phase]:
     links as one longer collective would."""
     if count == 1:
         return list(phases)
-    return [Phase(p.steps * count, [(a, b, n * count) for a, b, n in p.flows]) for p in phases]
+    return [Phase(p.steps * count, [(a, b, n * count) for a, b, n in p.flows],
+                  None if p.latency is None else p.latency * count) for p in phases]
 
 
 def run_collective(env: simpy.Environment, network: FlowNetwork,
                    op: str | Collective | OpKind | Op, gpus: Sequence[str],
                    nbytes: float | None = None, algorithm: str | None = None, *,
-                   lane: str | None = None, ranks: Sequence[int] | None = None,
+                   protocol: str | None = None, lane: str | None = None,
+                   ranks: Sequence[int] | None = None,
                    spans: list[Span] | None = None) -> simpy.Event:
     """Start collective `op` over `gpus` now; the returned event fires with a
     CollectiveRun when the last flow has arrived.
 
     `op` may be a schedule's Op (its `nbytes` and `group` then default the size and the
-    lane, and the spans carry it), else the lane is 'coll'. An Op with `count` k > 1 runs
+    lane, and the spans carry it), else the lane is 'coll'. `algorithm` / `protocol`
+    force NCCL's choice (collective_phases). An Op with `count` k > 1 runs
     k back-to-back collectives of nbytes/k each (`repeated`). One Span per member, on rank
     `ranks[i]` (default: the GPU's global index), is appended to `spans` if given; its
     `info` holds algorithm, steps, bytes, algbw_GBps and busbw_GBps."""
@@ -214,7 +255,8 @@ def run_collective(env: simpy.Environment, network: FlowNetwork,
     schedule_op = op if isinstance(op, Op) else None
     size = float(schedule_op.nbytes if nbytes is None and schedule_op else nbytes or 0)
     count = schedule_op.count if schedule_op else 1
-    name, phases = collective_phases(coll, gpus, size / count, network.graph, algorithm)
+    name, phases = collective_phases(coll, gpus, size / count, network.graph, algorithm,
+                                     protocol)
     phases = repeated(phases, count)
     record = CollectiveRun(coll, name, size, sum(p.steps for p in phases),
                            sum(len(p.flows) for p in phases), env.now)
@@ -239,7 +281,7 @@ def run_collective(env: simpy.Environment, network: FlowNetwork,
         links = network.paths_links([(src, dst) for src, dst, _ in phase.flows])
         flows = list(zip(links, [nbytes for _, _, nbytes in phase.flows]))
         alpha = max((network.route_latency(links) for links, _ in flows), default=0.0)
-        network.start_flows(flows, delay=phase.steps * alpha).callbacks.append(
+        network.start_flows(flows, delay=phase.wait(alpha)).callbacks.append(
             lambda _event: start_phase(index + 1))
 
     start_phase(0)
@@ -286,16 +328,16 @@ class CollectiveResult:
 
 
 def simulate_collective(op: str | Collective | OpKind, nbytes: float, ranks: int,
-                        topology: str | nx.DiGraph, algorithm: str | None = None
-                        ) -> CollectiveResult:
+                        topology: str | nx.DiGraph, algorithm: str | None = None,
+                        protocol: str | None = None) -> CollectiveResult:
     """Simulate `op` of `nbytes` (nccl-tests convention) over the first `ranks` GPUs of
     `topology` (a preset name, a topology file or a graph), ring order = GPU index."""
-    return sweep_collective(op, [nbytes], ranks, topology, algorithm)[0]
+    return sweep_collective(op, [nbytes], ranks, topology, algorithm, protocol)[0]
 
 
 def sweep_collective(op: str | Collective | OpKind, sizes: Sequence[float], ranks: int,
-                     topology: str | nx.DiGraph, algorithm: str | None = None
-                     ) -> list[CollectiveResult]:
+                     topology: str | nx.DiGraph, algorithm: str | None = None,
+                     protocol: str | None = None) -> list[CollectiveResult]:
     """simulate_collective for each size, one after another on one network (so routes
     are found once; each collective runs alone, its spans start where the last ended)."""
     coll = parse_collective(op)
@@ -316,7 +358,8 @@ def sweep_collective(op: str | Collective | OpKind, sizes: Sequence[float], rank
     network = FlowNetwork(env, graph)
     results = []
     for nbytes in sizes:
-        done = run_collective(env, network, coll, gpus[:ranks], nbytes, algorithm)
+        done = run_collective(env, network, coll, gpus[:ranks], nbytes, algorithm,
+                              protocol=protocol)
         env.run()
         run: CollectiveRun = done.value
         t = run.time_s

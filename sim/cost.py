@@ -45,7 +45,7 @@ from clustersim.schedules.plan import Plan
 from clustersim.topologies import DeviceSpec
 from clustersim.topologies.attention_kernels import BACKENDS, attention_curve, resolve_backend
 
-ATTAINMENT = 0.8373  # module docstring: K22 Table 4's 22B layer (benchmarks/fidelity.py)
+ATTAINMENT = 0.8729  # module docstring: K22 Table 4's 22B layer (benchmarks/fidelity.py)
 
 
 def check_fraction(name: str, value: float | None) -> None:

@@ -3,7 +3,8 @@ it max-min fairly; rates are recomputed whenever a flow starts or ends.
 
 A transfer of n bytes from src to dst waits the route's latency (sum of per-hop
 latencies, s), then joins as a flow whose rate (bytes/s) is set by max-min fairness
-(sim.maxmin) among the flows it shares links with. No packets or chunks are simulated.
+(sim.maxmin) among the flows it shares links with, each link at its achievable rate
+(sim.link_capacity: NCCL's figures, not the line rate). No packets or chunks are simulated.
 
 Routes: the fewest-hop paths of the topology graph; where several exist (fat-tree
 spines, rails) each new flow takes the one whose links carry the fewest unfinished flows
@@ -29,10 +30,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import networkx as nx
-import numpy as np
 import simpy
 
 from .ecmp import EcmpRoutes, _PairRoutes
+from .link_capacity import achievable_capacities
 from .maxmin import max_min_rates
 
 __all__ = ["Flow", "FlowNetwork", "_PairRoutes"]  # _PairRoutes: tests/test_flows.py
@@ -82,8 +83,9 @@ class FlowNetwork:
     def __init__(self, env: simpy.Environment, graph: nx.DiGraph, ecmp: bool = True):
         self.env, self.graph, self.ecmp = env, graph, ecmp
         self.link_index = {edge: i for i, edge in enumerate(graph.edges)}
-        self.capacity = [bw for _, _, bw in graph.edges(data="bandwidth")]  # same order
-        self._capacity_array = np.array(self.capacity, dtype=float)  # for max_min_rates
+        # achievable bytes/s of each link, same order (sim.link_capacity)
+        self._capacity_array = achievable_capacities(graph)  # for max_min_rates
+        self.capacity = self._capacity_array.tolist()
         self.latency = [lat for _, _, lat in graph.edges(data="latency")]
         self.flows_on: dict[int, set[Flow]] = defaultdict(set)
         self._ecmp = EcmpRoutes(graph, self.link_index, ecmp)

@@ -18,6 +18,8 @@ import networkx as nx
 from clustersim.topologies import NODE_KINDS, canonical_device_name, gpu_nodes
 from clustersim.topologies.nodes import PCIE_GEN4_X16, add_link
 
+from .link_capacity import PCIE_EFFICIENCY
+
 PCIE_LATENCY = 1e-6
 
 
@@ -58,5 +60,6 @@ def with_host_links(topology: nx.DiGraph) -> tuple[nx.DiGraph, str | None]:
         add_link(graph, gpu, cpu, rate, PCIE_LATENCY, "pcie")
     warning = (f"topology {topology.graph.get('name', '?')!r} has no host CPU nodes: host "
                f"copies use an assumed x16 PCIe link per GPU to its host CPU "
-               f"({', '.join(f'{r / 1e9:.0f} GB/s' for r in sorted(rates))} per direction)")
+               f"({', '.join(f'{r / 1e9:.0f} GB/s' for r in sorted(rates))} per direction, "
+               f"{PCIE_EFFICIENCY:.0%} of it achievable: sim.link_capacity)")
     return graph, warning

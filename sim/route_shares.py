@@ -29,6 +29,8 @@ import numpy as np
 
 from clustersim.topologies.route_sets import route_sets
 
+from .link_capacity import achievable_capacities
+
 _BY_GRAPH: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -46,8 +48,7 @@ class RouteShares:
     def __init__(self, graph: nx.DiGraph):
         self.graph, self.sets = graph, route_sets(graph)
         self.edge_id = {e: i for i, e in enumerate(graph.edges)}
-        self.bandwidth = np.fromiter((bw for _, _, bw in graph.edges(data="bandwidth")),
-                                     dtype=float, count=len(self.edge_id))
+        self.bandwidth = achievable_capacities(graph)  # bytes/s, sim.link_capacity
         self._pairs: dict[tuple, tuple[float, np.ndarray, np.ndarray]] = {}
         self._repeats: dict[int, np.ndarray] = {}
         self._parts: dict = {}  # a part (or a middle's id) -> (it, its link ids and counts)

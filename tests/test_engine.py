@@ -78,9 +78,11 @@ def test_replay_invariants(name, p, m_mult, v):
 
 
 def test_transfers_cost_latency_plus_bytes_over_bandwidth():
-    """GPipe with one microbatch: P*F + P*B + 2(P-1) transfers of 2*latency + n/BW each."""
-    p, nbytes, bw, lat = 4, 10**9, 100e9, 1e-5
-    graph = single_node("h100-sxm", num_gpus=p, bandwidth=bw, latency=lat)
+    """GPipe with one microbatch: P*F + P*B + 2(P-1) transfers of 2*latency + n/BW each,
+    BW the link's achievable rate (an H100's NVLink: NCCL's 20.6 of 25 GB/s per link)."""
+    p, nbytes, line, lat = 4, 10**9, 100e9, 1e-5
+    bw = line * 20.6 / 25
+    graph = single_node("h100-sxm", num_gpus=p, bandwidth=line, latency=lat)
     schedule = build_schedule("gpipe", p, 1)
     lowered = add_p2p(schedule, lambda s: nbytes)
     env = simpy.Environment()

@@ -14,7 +14,8 @@ S = 1e9
 def finish_times(transfers, delays=None):
     """Run transfers (src, dst, nbytes), started at `delays`, and return their end times."""
     env = simpy.Environment()
-    net = FlowNetwork(env, single_node("h100-sxm", num_gpus=4, bandwidth=BW, latency=LAT))
+    # MI300X: no NCCL figure, so links run at the line rate BW (sim.link_capacity)
+    net = FlowNetwork(env, single_node("mi300x", num_gpus=4, bandwidth=BW, latency=LAT))
     ends = [None] * len(transfers)
 
     def start(i, src, dst, nbytes, delay):

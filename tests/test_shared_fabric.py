@@ -30,14 +30,16 @@ ROUTE = 3 * HOP  # gpu -> leaf0 -> leaf1 -> gpu
 
 def two_leaves() -> nx.DiGraph:
     """GPUs 0, 1 under leaf0, GPUs 2, 3 under leaf1 (one host each), the leaves joined by
-    one link of a quarter of a GPU port: every leaf0-leaf1 transfer crosses it."""
+    one link of a quarter of a GPU port: every leaf0-leaf1 transfer crosses it. The links
+    are of a kind without an efficiency (sim.link_capacity), so they run at these rates,
+    and with no NICs NCCL's model does not apply: the collectives are the alpha-beta ones."""
     g = nx.DiGraph(name="two-leaves", num_nodes=4, gpus_per_node=1)
     for leaf in ("leaf0", "leaf1"):
         g.add_node(leaf, type="switch")
     for i in range(4):
         g.add_node(f"gpu{i}", type="gpu", device="h100-sxm", index=i, host=i)
-        add_link(g, f"gpu{i}", f"leaf{i // 2}", PORT, HOP, "ib")
-    add_link(g, "leaf0", "leaf1", UPLINK, HOP, "ib")
+        add_link(g, f"gpu{i}", f"leaf{i // 2}", PORT, HOP, "fabric")
+    add_link(g, "leaf0", "leaf1", UPLINK, HOP, "fabric")
     validate_topology(g)
     return g
 

@@ -34,9 +34,8 @@ from clustersim.topologies import load_topology
 
 LAYERS, SEQ, HIDDEN = 8, 1024, 4096
 C = 1 * SEQ * HIDDEN * 2  # one bf16 layer input, micro-batch size 1
-NVLINK4 = 450e9  # bytes/s per direction per H100 (DGX H100 datasheet: 900 GB/s bidirectional)
-ROUTE_LATENCY = 2e-6  # GPU -> NVSwitch -> GPU, 1 us per edge (topologies.nodes)
-PCIE5 = 64e9  # bytes/s per direction of a PCIe Gen5 x16 link (H100's host link)
+NVLINK4 = 18 * 20.6e9  # an H100's achievable NVLink per direction (NCCL's SM90 figure)
+PCIE5 = 64e9 * 0.75  # a PCIe Gen5 x16 link's achievable bytes/s per direction (NCCL: 0.75)
 PCIE_LATENCY = 1e-6  # GPU -> host CPU, one edge
 
 
@@ -110,8 +109,10 @@ def test_all_gather_moves_checkpoint_times_tp_minus_one_over_tp_per_rank():
 
 
 def test_simulated_tp_time_grows_by_the_ring_all_gathers():
-    """pp=1, tp=8, M=2 on a DGX H100: 8 layers x 2 microbatches gathers, each
-    7 latencies + C 7/8 / NVLink4 (alpha-beta of a ring all-gather, uncontended)."""
+    """pp=1, tp=8, M=2 on a DGX H100: 8 layers x 2 microbatches gathers, each as NCCL
+    runs an 8 MiB all-gather on 8 H100s: a ring LL128 (NCCL's tuner: LL 10.8 + 52.1 us,
+    LL128 27.3 + 21.5 us, Simple 32.2 + 19.8 us), i.e. its latency 14 + 7 x 1.9 us
+    (NCCL 2.30.7's tables) + C 7/8 / (NVLink4 x 0.92, LL128's share)."""
     topology = load_topology("dgx-h100")
     times = []
     for pa in (False, True):
@@ -120,7 +121,7 @@ def test_simulated_tp_time_grows_by_the_ring_all_gathers():
         timeline = simulate(model(), parallel, topology)
         times.append(timeline.time_breakdown()[0]["tp"])
     gathers = LAYERS * 2
-    expected = gathers * (7 * ROUTE_LATENCY + C * 7 / 8 / NVLINK4)
+    expected = gathers * ((14 + 7 * 1.9) * 1e-6 + C * 7 / 8 / (NVLINK4 * 0.92))
     assert times[1] - times[0] == pytest.approx(expected, rel=1e-6)
 
 

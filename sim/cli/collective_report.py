@@ -55,8 +55,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ranks", type=int, help="use the first N GPUs (default: all)")
     p.add_argument("--topology", default=DEFAULT_TOPOLOGY,
                    help=f"preset name or topology JSON file (default {DEFAULT_TOPOLOGY})")
-    p.add_argument("--algorithm", help="ring, tree, multi-ring, hierarchical or direct "
-                                       "(default: the fastest alpha-beta estimate)")
+    p.add_argument("--algorithm", help="ring, tree, nvls, nvls-tree (NCCL's; multi-ring is "
+                                       "NCCL's ring across hosts), hierarchical or direct "
+                                       "(default: NCCL's own choice on CUDA GPUs, else the "
+                                       "fastest alpha-beta estimate)")
+    p.add_argument("--protocol", help="LL, LL128 or Simple: NCCL's protocol for NCCL's "
+                                      "algorithms (default: NCCL's own choice)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--sweep", action="store_true", help="sweep sizes from --min-size to --max-size")
     p.add_argument("--min-size", default="8", help="sweep start (default 8)")
@@ -116,13 +120,14 @@ def cmd_collective(args: argparse.Namespace) -> int:
         sizes = [parse_size(args.size)]
     graph = load_topology(args.topology)
     ranks = len(gpu_nodes(graph)) if args.ranks is None else args.ranks
-    results = sweep_collective(op, sizes, ranks, graph, args.algorithm)
+    results = sweep_collective(op, sizes, ranks, graph, args.algorithm, args.protocol)
     rows = [{**r.to_dict(), "topology": graph.graph.get("name")} for r in results]
     if args.json:
         print(json.dumps(rows if args.sweep else rows[0], indent=2))
     elif args.sweep:
         print(f"# {op.value} on {ranks} ranks of {graph.graph.get('name')}"
-              f" (simulated; algorithm {args.algorithm or 'auto'})")
+              f" (simulated; algorithm {args.algorithm or 'auto'}, protocol "
+              f"{args.protocol or 'auto'})")
         print(format_sweep(rows, dtype))
     else:
         r = rows[0]

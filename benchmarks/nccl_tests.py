@@ -1,0 +1,124 @@
+"""Simulated bus bandwidth against published nccl-tests measurements (issue 22).
+
+Every row of benchmarks/nccl_tests_data.py that is not excluded there is simulated with
+`simulate_collective` on the topology the row names (a preset node kind; several nodes on
+a non-blocking two-level fat tree of the named network, `topologies.fat_tree`), with NCCL's
+own choice of algorithm and protocol unless the run forced one (NCCL_ALGO). Sendrecv is a
+P2P transfer between two GPUs of the node (nccl-tests' sendrecv moves each rank's buffer
+to the next; on an NVSwitch the pairs do not share a link). Nothing is fitted to these
+rows: the constants are NCCL's (sim.nccl_tuning, sim.link_capacity) and the maintainers'.
+
+Error = simulated busbw / published busbw - 1, the published busbw taken from the printed
+time where the row has one (busbw = size x nccl-tests' factor / time: the time has more
+significant digits than a small size's busbw), else the printed busbw; a simulated busbw
+inside the printed value's rounding interval (+-0.005 GB/s) counts as 0.
+
+    python benchmarks/nccl_tests.py
+Writes benchmarks/results/nccl_tests.md and .json.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from environment import environment_markdown
+from nccl_tests_data import POINTS
+
+from clustersim.sim.collectives import Collective, parse_collective, simulate_collective
+from clustersim.topologies import fat_tree, load_topology
+
+RESULTS = Path(__file__).parent / "results"
+WITHIN = 0.10
+
+
+def topology(point: dict, cache: dict):
+    key = (point["node_kind"], point["nodes"], point["network"])
+    if key not in cache:
+        cache[key] = (load_topology(point["node_kind"]) if point["nodes"] == 1 else
+                      fat_tree(point["node_kind"], point["nodes"], point["network"]))
+    return cache[key]
+
+
+def published_busbw(point: dict, coll: Collective, ranks: int) -> float:
+    """GB/s: from the printed time where there is one (module docstring), else as printed."""
+    if point["time_us"]:
+        return point["size_bytes"] * coll.busbw_factor(ranks) / (point["time_us"] * 1e-6) / 1e9
+    return point["busbw_GBps"]
+
+
+def simulate_point(point: dict, cache: dict) -> dict:
+    coll = parse_collective("p2p" if point["collective"] == "sendrecv" else point["collective"])
+    ranks = 2 if coll is Collective.P2P else point["nodes"] * point["gpus_per_node"]
+    result = simulate_collective(coll, point["size_bytes"], ranks, topology(point, cache),
+                                 point["algorithm"])
+    simulated = result.busbw / 1e9
+    reference = published_busbw(point, coll, ranks if coll is not Collective.P2P else 2)
+    error = simulated / reference - 1
+    if not point["time_us"] and abs(simulated - point["busbw_GBps"]) <= 0.005:
+        error = 0.0  # inside the printed value's rounding
+    return {"id": point["id"], "collective": point["collective"], "size": point["size_bytes"],
+            "ranks": point["nodes"] * point["gpus_per_node"], "node_kind": point["node_kind"],
+            "network": point["network"], "forced": point["algorithm"],
+            "published_busbw": point["busbw_GBps"], "published_time_us": point["time_us"],
+            "simulated_busbw": simulated, "simulated_time_us": result.time_s * 1e6,
+            "algorithm": result.algorithm, "error": error, "url": point["url"]}
+
+
+def human(size: int) -> str:
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if size >= scale and size % scale == 0:
+            return f"{size // scale}{unit}"
+    return str(size)
+
+
+def markdown(rows: list[dict], excluded: list[dict], seconds: float) -> str:
+    errors = [abs(r["error"]) for r in rows]
+    within = sum(e <= WITHIN for e in errors)
+    mean = sum(errors) / len(errors)
+    lines = [
+        "# nccl-tests: simulated bus bandwidth against published runs (issue 22)", "",
+        environment_markdown(), f"- whole benchmark: {seconds:.0f} s", "",
+        "Produced by `python benchmarks/nccl_tests.py` (method: its docstring); the rows and "
+        "their sources: `benchmarks/nccl_tests_data.py`. GB/s = 1e9 B/s; sizes binary.", "",
+        "## Summary", "",
+        f"- points simulated: {len(rows)} (of {len(rows) + len(excluded)} collected; "
+        f"{len(excluded)} excluded, reasons below)",
+        f"- within 10%: {within} of {len(rows)}; mean |error| {mean:.1%}; "
+        f"max |error| {max(errors):.1%}",
+        f"- goal (issue 22): every point within 10% and the mean within 5%: "
+        f"{'met' if within == len(rows) and mean <= 0.05 else 'NOT met'}", "",
+        "## Points", "",
+        "| id | op | size | GPUs | topology | forced | published busbw | published time us "
+        "| simulated busbw | simulated time us | algorithm | error |",
+        "|---|---|---:|---:|---|---|---:|---:|---:|---:|---|---:|"]
+    for r in rows:
+        topo = r["node_kind"] + (f" x{r['ranks'] // 8} {r['network']}" if r["network"] else "")
+        flag = " **" if abs(r["error"]) > WITHIN else " "
+        lines.append(
+            f"| [{r['id']}]({r['url']}) | {r['collective']} | {human(r['size'])} | "
+            f"{r['ranks']} | {topo} | {r['forced'] or ''} | {r['published_busbw']:.2f} | "
+            f"{r['published_time_us'] or ''} | {r['simulated_busbw']:.2f} | "
+            f"{r['simulated_time_us']:.1f} | {r['algorithm']} |{flag}{r['error']:+.1%}"
+            f"{'**' if flag == ' **' else ''} |")
+    lines += ["", "## Excluded (decided from the source, before simulating)", "",
+              "| id | reason | source |", "|---|---|---|"]
+    lines += [f"| {p['id']} | {p['excluded']} | {p['url']} |" for p in excluded]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    start = time.perf_counter()
+    cache: dict = {}
+    rows = [simulate_point(p, cache) for p in POINTS if not p["excluded"]]
+    excluded = [p for p in POINTS if p["excluded"]]
+    seconds = time.perf_counter() - start
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "nccl_tests.md").write_text(markdown(rows, excluded, seconds))
+    (RESULTS / "nccl_tests.json").write_text(json.dumps(
+        {"rows": rows, "excluded": [p["id"] for p in excluded]}, indent=1) + "\n")
+    print((RESULTS / "nccl_tests.md").read_text().split("## Points")[0])
+
+
+if __name__ == "__main__":
+    main()

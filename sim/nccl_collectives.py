@@ -1,0 +1,192 @@
+"""Collectives as NCCL runs them: NCCL's choice of algorithm and protocol (sim.nccl_tuning)
+for a group of GPUs on a topology, and that choice as phases of flows.
+
+The communicator NCCL would see (`comm_shape`), from the topology (bandwidths achievable,
+sim.link_capacity):
+- one host: CHANNELS_ONE_NODE ring/tree channels sharing the GPU's NVLink bandwidth
+  (its PCIe where it has none);
+- several hosts: one channel per NIC of the group's GPUs on a host, each at the NIC's
+  achievable bandwidth (NCCL's search on 8 NICs of 400 Gb/s: 8 channels of 48 GB/s;
+  bwIntra = bwInter);
+- NVLS (SM90+ GPUs on an NVSwitch, at least 2 per host and as many on every host; NVLS
+  with uneven hosts is not modelled, so it is left out there): one channel (head) per GPU of a
+  host, each with bwIntra = the GPU's NVLink / (ppn + 1) (NCCL: a channel takes its
+  bandwidth on every GPU-switch link and twice on its head's; 8x H100: 8 x 40 GB/s) and
+  bwInter = a GPU's NIC;
+- host CPU vendor (the network post overhead, the LL ceiling across nodes) by GPU: AMD
+  before SM90 (DGX A100: 2x AMD EPYC 7742), Intel from SM90 (DGX H100 / H200 / B200:
+  Intel Xeon 8480C / 8570). Assumptions, not measured.
+NCCL's topology search itself is not re-run: the shape above is what it reaches on the
+balanced NVSwitch and rail-NIC systems clustersim builds.
+
+How an (algorithm, protocol) runs (`nccl_phases`): the algorithm's flows
+(sim.collective_algorithms; NCCL's ring is `ring` on one host and `multi-ring` (one ring
+per channel leaving each host through a different NIC) on several, its tree the double
+binary tree, NVLS and NVLS-tree `nvls` and `nvls_tree`), in one phase that waits NCCL's
+latency of the pair and whose bytes are divided by the pair's efficiency: the fraction
+of the links' bandwidth its bytes get, NCCL's bus bandwidth of the pair over the raw
+channels x bw (LL 0.5, LL128 0.92, ...; NVLS nvlsEfficiency x (C-1)/C; the tree's
+size-dependent correction). So an uncontended ring of size S on n GPUs takes
+    latency + 2(n-1)/n x S / (B x efficiency)
+with B the achievable link bandwidth; flows share links with all other traffic.
+Not modelled: CollNet (no topology here has in-network reduction) and PAT (NCCL enables
+it only with one GPU per node): both are left out of the choice.
+"""
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Sequence
+
+import networkx as nx
+
+from clustersim.schedules.errors import ConfigError
+from clustersim.topologies import get_device
+
+from . import collective_algorithms as algos
+from . import nccl_tuning as tuning
+from .collective_algorithms import Phase
+from .link_capacity import out_capacity
+
+CHANNELS_ONE_NODE = 12
+"""Ring and tree search channels of one node: NCCL 2.30.7's graph search on 8x H100
+(18 NVLinks x 20.6 GB/s) finds 12 channels of 30 GB/s (traced by hand from
+src/graph/search.cc; the 24 collective channels of NCCL's INFO log on a p5.48xlarge are
+these doubled at run time); assumed for every NVLink node. Their bandwidth together is
+taken as the GPU's achievable NVLink bandwidth (360 GB/s in NCCL, 370.8 here)."""
+MODELLED = ("ring", "tree", "nvls", "nvls-tree")
+TUNED = ("all-reduce", "all-gather", "reduce-scatter", "broadcast", "reduce")
+_SHAPES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # graph -> {gpus: shape}
+UNAVAILABLE = {
+    "nvls": "NVLS needs SM90+ GPUs, at least 2 per host on an NVSwitch, and across hosts "
+            "CollNet, which is not modelled: use nvls-tree",
+    "nvls-tree": "NVLS-tree needs several hosts of SM90+ GPUs, at least 2 per host on an "
+                 "NVSwitch",
+    None: "NVLS algorithms only run Simple, and LL128 is off across hosts before SM90",
+}
+PROTOCOL_NAMES = {p.lower(): p for p in tuning.PROTOCOLS}
+
+
+def parse_protocol(protocol: str | None) -> str | None:
+    """'ll', 'LL128', 'simple', ... -> NCCL's spelling; ConfigError names the known ones."""
+    if protocol is None:
+        return None
+    key = str(protocol).strip().lower()
+    if key not in PROTOCOL_NAMES:
+        raise ConfigError(f"protocol must be one of {', '.join(tuning.PROTOCOLS)}, "
+                          f"got {protocol!r}")
+    return PROTOCOL_NAMES[key]
+
+
+def _switch(graph: nx.DiGraph, gpu: str) -> str | None:
+    """The NVSwitch `gpu` hangs on (an NVLink neighbour of type switch), or None."""
+    return next((v for v in graph.successors(gpu) if graph.nodes[v].get("type") == "switch"
+                 and graph.edges[gpu, v]["kind"] == "nvlink"), None)
+
+
+def _nic_bandwidth(graph: nx.DiGraph, gpu: str) -> float:
+    """Achievable bytes/s of the NIC(s) on `gpu`'s PCIe links toward the network."""
+    return sum(out_capacity(graph, nic, ("ib", "roce")) for nic in graph.successors(gpu)
+               if graph.nodes[nic].get("type") == "nic")
+
+
+def comm_shape(graph: nx.DiGraph, gpus: Sequence[str]) -> tuning.CommShape | None:
+    """The communicator NCCL would tune for `gpus` (module docstring), or None where
+    NCCL's model does not apply (a GPU without a CUDA compute capability). Cached per
+    graph object and GPU tuple (a replay asks for the same groups thousands of times)."""
+    shapes = _SHAPES.setdefault(graph, {})
+    key = tuple(gpus)
+    if key not in shapes:
+        shapes[key] = _comm_shape(graph, key)
+    return shapes[key]
+
+
+def _comm_shape(graph: nx.DiGraph, gpus: Sequence[str]) -> tuning.CommShape | None:
+    devices = [get_device(graph.nodes[g]["device"]) for g in gpus]
+    if any(d.compute_capability is None for d in devices):
+        return None
+    cc = min(d.compute_capability for d in devices)
+    by_host: dict[int, list[str]] = {}
+    for g in gpus:
+        by_host.setdefault(graph.nodes[g]["host"], []).append(g)
+    nodes, ppn = len(by_host), min(len(h) for h in by_host.values())
+    nvlink = min(out_capacity(graph, g, ("nvlink",)) for g in gpus) / 1e9
+    intra = "nvlink" if nvlink > 0 else "pci"
+    local = nvlink if nvlink > 0 else min(out_capacity(graph, g, ("pcie",)) for g in gpus) / 1e9
+    nics = [_nic_bandwidth(graph, g) / 1e9 for g in gpus]
+    nic = min(nics)
+    if nodes == 1:
+        channels, bw_intra, bw_inter = CHANNELS_ONE_NODE, local / CHANNELS_ONE_NODE, math.inf
+    else:
+        if nic <= 0:
+            return None  # hosts without NICs: nothing NCCL's network model applies to
+        channels = ppn
+        bw_intra = bw_inter = min(nic, local)
+    even = len({len(h) for h in by_host.values()}) == 1
+    nvls = cc >= (9, 0) and ppn >= 2 and even and all(_switch(graph, g) for g in gpus)
+    return tuning.CommShape(
+        len(gpus), nodes, cc, intra, bw_intra, bw_inter, channels,
+        nvls_channels=ppn if nvls else 0, nvls=nvls, cpu="amd" if cc < (9, 0) else "intel",
+        nvls_bw_intra=nvlink / (ppn + 1), nvls_bw_inter=nic if nodes > 1 else math.inf)
+
+
+def efficiency(coll: str, algorithm: str, protocol: str, nbytes: float,
+               shape: tuning.CommShape) -> float:
+    """The fraction of the links' bandwidth the pair's bytes get (module docstring): NCCL's
+    bus bandwidth over the raw channels x bw (for NVLS, over its geometry: the flows
+    already carry its bytes per GPU; the inter-node ceiling is the flows' own)."""
+    if algorithm in ("nvls", "nvls-tree"):
+        geometry = tuning.nvls_geometry(coll, shape)
+        eff = min(geometry * tuning.NVLS_EFFICIENCY[shape.arch],
+                  tuning.nvls_cap(algorithm, shape)) / geometry
+        if algorithm == "nvls-tree" and coll == "all-reduce" and shape.arch >= 3:
+            eff *= tuning.tree_correction(protocol, nbytes, 24)
+        return eff
+    raw = shape.channels * (shape.bw_intra if shape.n_nodes <= 2 else shape.bw_inter)
+    eff = tuning.bus_bandwidth(coll, algorithm, protocol, shape) / raw
+    if algorithm == "tree" and coll == "all-reduce":
+        eff *= tuning.tree_correction(protocol, nbytes)
+    return eff
+
+
+def nccl_phases(coll: str, gpus: Sequence[str], nbytes: float, graph: nx.DiGraph,
+                shape: tuning.CommShape, algorithm: str | None = None,
+                protocol: str | None = None) -> tuple[str, list[Phase]]:
+    """('algorithm/protocol', phases) of NCCL's choice for `coll` of `nbytes` on `gpus`,
+    restricted to `algorithm` / `protocol` where given (module docstring)."""
+    try:
+        algo, proto, _ = tuning.choose(coll, nbytes, shape, algorithm, protocol,
+                                       among=MODELLED)
+    except ValueError:
+        if algorithm and protocol and not tuning.runs(coll, algorithm, protocol):
+            raise ConfigError(f"protocol={protocol}: NCCL runs {algorithm} with Simple "
+                              f"only") from None
+        raise ConfigError(f"algorithm={algorithm or 'auto'}, protocol={protocol or 'auto'}: "
+                          f"NCCL does not run it for {coll} on these {shape.n_ranks} GPUs "
+                          f"({UNAVAILABLE.get(algorithm, UNAVAILABLE[None])})") from None
+    flows = _flows(coll, algo, gpus, nbytes, graph)
+    eff = efficiency(coll, algo, proto, nbytes, shape)
+    latency = tuning.latency_with_plateau_us(coll, algo, proto, nbytes, shape) * 1e-6
+    phase = Phase(tuning.nsteps(coll, len(gpus)), [(a, b, n / eff) for a, b, n in flows],
+                  latency)
+    return f"{algo}/{proto}", [phase]
+
+
+def _flows(coll: str, algorithm: str, gpus: Sequence[str], nbytes: float,
+           graph: nx.DiGraph) -> list[algos.FlowSpec]:
+    host_of = {g: graph.nodes[g]["host"] for g in gpus}
+    if algorithm == "ring":
+        several = len(set(host_of.values())) > 1
+        try:
+            phases = (algos.multi_ring(coll, gpus, nbytes, host_of) if several
+                      else algos.ring(coll, gpus, nbytes))
+        except ConfigError:  # hosts with one GPU each, or unequal: one ring
+            phases = algos.ring(coll, gpus, nbytes)
+    elif algorithm == "tree":
+        phases = algos.tree(coll, gpus, nbytes)
+    elif algorithm == "nvls":
+        phases = algos.nvls(coll, gpus, nbytes, {g: _switch(graph, g) for g in gpus})
+    else:
+        phases = algos.nvls_tree(coll, gpus, nbytes, host_of,
+                                 {g: _switch(graph, g) for g in gpus})
+    return [f for phase in phases for f in phase.flows]

@@ -1,0 +1,141 @@
+"""Collectives as NCCL runs them (issue 22), against truths typed here from their sources:
+NCCL 2.30.7's tuning tables (src/graph/tuning.cc) and link constants (src/graph/topo.h),
+a hand trace of NCCL's tuner on 8x H100 (12 ring channels of 30 GB/s, 8 NVLS heads of
+40 GB/s), the pipelined-ring and NVLS closed forms, and the maintainers' NIC figure."""
+import subprocess
+import sys
+
+import pytest
+
+from clustersim.sim import nccl_tuning as tuning
+from clustersim.sim.collectives import collective_phases, simulate_collective
+from clustersim.sim.link_capacity import achievable_capacities
+from clustersim.topologies import fat_tree, gpu_nodes, load_topology
+
+H100_NVLINK = 18 * 20.6e9  # NCCL SM90_NVLINK_BW x 18 links, bytes/s per direction
+A100_NVLINK = 12 * 20.0e9  # SM80_NVLINK_BW x 12 links
+NDR_NIC = 48e9  # the maintainers' ~48 GB/s per 400 Gb/s NIC
+
+
+def capacity(graph, u, v):
+    return achievable_capacities(graph)[list(graph.edges).index((u, v))]
+
+
+def test_link_capacities_are_nccls_figures():
+    h100, a100 = load_topology("dgx-h100"), load_topology("dgx-a100")
+    assert capacity(h100, "gpu0", "nvswitch0") == pytest.approx(H100_NVLINK)
+    assert capacity(h100, "nvswitch0", "gpu3") == pytest.approx(H100_NVLINK)
+    assert capacity(a100, "gpu0", "nvswitch0") == pytest.approx(A100_NVLINK)
+    cluster = fat_tree("dgx-h100", 2, "ndr")
+    assert capacity(cluster, "nic0", "leaf0") == pytest.approx(NDR_NIC)
+    assert capacity(cluster, "gpu0", "nic0") == pytest.approx(64e9 * 12 / 16)  # Gen5: 24 Gb/s/lane
+    # the graph keeps the line rate
+    assert h100.edges["gpu0", "nvswitch0"]["bandwidth"] == 450e9
+
+
+# --- NCCL's tuner, against the hand trace of 8x H100 -------------------------------------
+H100_NODE = tuning.CommShape(8, 1, (9, 0), "nvlink", 30.0, float("inf"), 12,
+                             nvls_channels=8, nvls=True, nvls_bw_intra=40.0)
+HAND_TRACE = {  # (algorithm, protocol): (busBw GB/s, latency us), all-reduce, 8 ranks
+    ("ring", "LL"): (141.0, 15.0), ("ring", "LL128"): (331.2, 40.6),
+    ("ring", "Simple"): (360.0, 56.0), ("tree", "LL"): (87.2, 15.2),
+    ("tree", "LL128"): (257.6, 31.5), ("tree", "Simple"): (331.2, 64.4),
+    ("nvls", "Simple"): (476.0, 25.0),
+}
+
+
+@pytest.mark.parametrize("pair", sorted(HAND_TRACE))
+def test_tuner_reproduces_the_hand_trace(pair):
+    bus, lat = HAND_TRACE[pair]
+    assert tuning.bus_bandwidth("all-reduce", *pair, H100_NODE) == pytest.approx(bus, abs=0.05)
+    assert tuning.latency_us("all-reduce", *pair, H100_NODE) == pytest.approx(lat, abs=1e-9)
+    ratio = 0.5 if pair[0] == "tree" else 8 / 14
+    assert tuning.algorithm_bandwidth("all-reduce", *pair, H100_NODE) == pytest.approx(
+        bus * ratio, abs=0.05)
+
+
+def test_tuner_switches_from_ring_ll_to_nvls_at_the_crossover():
+    # ring LL: 15.0 + S / (1000 x 141 x 8/14); NVLS: 25 + S / (1000 x 476 x 8/14); equal at
+    crossover = 10.0 * 1000 / (1 / (141 * 8 / 14) - 1 / (476 * 8 / 14))
+    below, above = int(crossover * 0.98), int(crossover * 1.02)
+    assert tuning.choose("all-reduce", below, H100_NODE)[:2] == ("ring", "LL")
+    assert tuning.choose("all-reduce", above, H100_NODE)[:2] == ("nvls", "Simple")
+    assert tuning.choose("all-reduce", 1 << 30, H100_NODE)[:2] == ("nvls", "Simple")
+    # forced: NCCL_ALGO=ring picks among the ring's protocols
+    assert tuning.choose("all-reduce", 1 << 30, H100_NODE, "ring")[:2] == ("ring", "Simple")
+
+
+def test_tuner_enablement_follows_nccl():
+    assert not tuning.enabled("all-reduce", "nvls-tree", "Simple", H100_NODE)  # one node
+    assert not tuning.enabled("all-reduce", "nvls", "LL", H100_NODE)  # NVLS: Simple only
+    assert not tuning.enabled("broadcast", "tree", "LL", H100_NODE)  # rings only
+    assert not tuning.enabled("all-reduce", "pat", "Simple", H100_NODE)
+    assert tuning.enabled("all-gather", "pat", "Simple", tuning.CommShape(
+        4, 4, (9, 0), "nvlink", 48.0, 48.0, 1))  # one GPU per node
+
+
+# --- the simulated runs: closed forms ----------------------------------------------------
+@pytest.mark.parametrize("size", [1 << 20, 1 << 30])
+def test_pipelined_ring_closed_form(size):
+    """Ring Simple on 8x H100: base + 2(n-1) x hwLat + 2(n-1)/n x S / B, NCCL's latency
+    paid once per pipeline, B the achievable NVLink."""
+    n = 8
+    r = simulate_collective("all-reduce", size, n, "dgx-h100", "ring", "Simple")
+    expected = (8.4 + 2 * (n - 1) * 3.4) * 1e-6 + 2 * (n - 1) / n * size / H100_NVLINK
+    assert r.time_s == pytest.approx(expected, rel=1e-9)
+    assert r.algorithm == "ring/Simple"
+
+
+def test_ring_ll_runs_at_nccls_ll_ceiling():
+    """LL sends a flag with every 8 bytes (half the bandwidth) and NCCL caps it at
+    llMaxBw = 141 GB/s on one Hopper node: busbw 141 less the latency's share."""
+    size, n = 1 << 24, 8
+    r = simulate_collective("all-reduce", size, n, "dgx-h100", "ring", "LL")
+    expected = (6.6 + 14 * 0.6) * 1e-6 + 2 * (n - 1) / n * size / 141e9
+    assert r.time_s == pytest.approx(expected, rel=1e-9)
+
+
+@pytest.mark.parametrize("size", [1 << 26, 1 << 33])
+def test_nvls_reaches_the_switch_reduction_bound(size):
+    """NVLS all-reduce moves S(1 + 1/n) out of and into each GPU (reduce in the switch,
+    multicast back): busbw = 2(n-1)/(n+1) x B x nvlsEfficiency (0.85 on Hopper) once the
+    25 us latency is paid."""
+    n = 8
+    r = simulate_collective("all-reduce", size, n, "dgx-h100", "nvls")
+    t = 25e-6 + size * (1 + 1 / n) / (H100_NVLINK * 0.85)
+    assert r.time_s == pytest.approx(t, rel=1e-9)
+    bound = 2 * (n - 1) / (n + 1) * H100_NVLINK * 0.85
+    assert r.busbw < bound
+    if size > 1 << 30:  # the latency is 0.08% of 8 GiB's time
+        assert r.busbw > 0.999 * bound
+
+
+def test_two_node_ring_runs_at_the_nics():
+    """NCCL_ALGO=ring across 2 DGX H100: each channel leaves a host through its own NIC,
+    so busbw approaches 8 NICs x 48 GB/s (the maintainers' ~396 GB/s 'with the RING
+    protocol', nccl-tests issue 319)."""
+    graph = fat_tree("dgx-h100", 2, "ndr")
+    r = simulate_collective("all-reduce", 1 << 33, 16, graph, "ring", "Simple")
+    assert r.busbw == pytest.approx(8 * NDR_NIC, rel=0.01)
+    assert r.busbw < 8 * NDR_NIC
+
+
+def test_default_is_nccls_choice_on_cuda_and_alpha_beta_elsewhere():
+    h100 = load_topology("dgx-h100")
+    name, _ = collective_phases("all-reduce", gpu_nodes(h100), 1 << 30, h100)
+    assert name == "nvls/Simple"
+    mi300 = load_topology("mi300x-8")
+    name, phases = collective_phases("all-reduce", gpu_nodes(mi300), 1 << 30, mi300)
+    assert "/" not in name and all(p.latency is None for p in phases)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--protocol", "LL7"], "protocol must be one of LL, LL128, Simple"),
+    (["--algorithm", "nvls", "--topology", "dgx-a100"], "NVLS needs SM90+"),
+    (["--algorithm", "nvls", "--protocol", "LL"], "runs nvls with Simple only"),
+])
+def test_cli_refuses_what_nccl_does_not_run(argv, message):
+    out = subprocess.run([sys.executable, "-m", "clustersim", "collective",
+                          "all-reduce", "--size", "1M", "--ranks", "8", *argv],
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and message in out.stderr

@@ -1,15 +1,18 @@
 """Issue 19's faster engine changed no answer: a fixed set of runs (the README's GPT-3 175B
 on 1,024 GPUs, GPipe, 1F1B, interleaved, zero-bubble, DualPipe, PipeDream, ZeRO/FSDP,
 offload, TP/SP/CP/EP, overlap, a deep pipeline) through the command line, in this process,
-compared with the values recorded on commit 13dc3f2, before the speed-up. Its only purpose
-is to show that the speed-up changed no answer: it checks the simulator against its own
-earlier output, not against the world (the other tests do that).
+compared with recorded values. Its only purpose is to show that the speed-up changed no
+answer: it checks the simulator against its own earlier output, not against the world
+(the other tests do that). The values were recorded on commit 13dc3f2, before the speed-up,
+and held through it up to 24d2dd7; issue 22 then changed the model on purpose (NCCL's
+collectives, achievable link rates, the attainment re-derived), so they were recorded
+again on 17cc2de, the commit that made that change, and hold the speed work after it.
 
 Recorded: iteration time, the time breakdown and peak in-flight microbatches of every
 rank, peak memory and the time it is first reached, held to 1e-9 relative (the 175B
 iteration time, which the issue asks to hold to 0.1%, too).
 
-    python tests/test_engine_speed_unchanged.py --record   # on 13dc3f2 only
+    python tests/test_engine_speed_unchanged.py --record   # on 17cc2de only
 """
 from __future__ import annotations
 
@@ -111,10 +114,11 @@ def test_speed_up_changed_no_answer(baseline, name):
 
 def test_gpt3_175b_iteration_time_unchanged(baseline):
     """Only purpose: show the speed-up changed no answer. The README's GPT-3 175B run on
-    1,024 GPUs keeps the iteration time it had at 13dc3f2 (8.0696 s), within the 0.1% the
-    issue allows (and, per the test above, within 1e-9)."""
+    1,024 GPUs keeps the iteration time it had when recorded (8.0696 s at 13dc3f2, 8.2002 s
+    at 17cc2de under issue 22's model), within the 0.1% the issue allows (and, per the
+    test above, within 1e-9)."""
     recorded = baseline["cases"]["gpt3-175b-readme"]["iteration_time"]
-    assert recorded == pytest.approx(8.0696, abs=5e-5)
+    assert recorded == pytest.approx(8.2002, abs=5e-5)
     got = numbers(GPT3_175B)["iteration_time"]
     assert got == pytest.approx(recorded, rel=1e-3)
 

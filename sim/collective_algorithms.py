@@ -141,6 +141,33 @@ def tree(op: str, gpus: Sequence[str], size: float) -> list[Phase]:
     raise AssertionError(op)
 
 
+def nccl_tree(op: str, gpus: Sequence[str], size: float,
+              host_of: Mapping[str, int]) -> list[Phase]:
+    """NCCL's tree all-reduce (src/graph/trees.cc, connect.cc): inside each host a chain
+    of its GPUs, across hosts the double binary tree of the hosts, whose edges join the
+    chains' heads; two trees each carry S/2 up (reduce) and down (broadcast), pipelined
+    as one phase. Tree t's chain starts at local index t x g/2, so the two trees leave a
+    host through different GPUs (and NICs). Hosts of unequal size keep one chain each."""
+    if op != "all-reduce":
+        raise AssertionError(op)
+    groups: dict[int, list[str]] = {}
+    for gpu in gpus:
+        groups.setdefault(host_of[gpu], []).append(gpu)
+    hosts = list(groups.values())
+    flows: list[FlowSpec] = []
+    for t, parents in enumerate(double_binary_tree(len(hosts)) if len(hosts) > 1
+                                else ([-1], [-1])):
+        chains = [host[t * len(host) // 2:] + host[:t * len(host) // 2] for host in hosts]
+        for chain in chains:
+            for a, b in zip(chain, chain[1:]):
+                flows += [(b, a, size / 2), (a, b, size / 2)]
+        for child, parent in enumerate(parents):
+            if parent >= 0:
+                a, b = chains[child][0], chains[parent][0]
+                flows += [(a, b, size / 2), (b, a, size / 2)]
+    return [Phase(1, flows)]
+
+
 # --- hierarchical ------------------------------------------------------------------------------
 def host_groups(gpus: Sequence[str], host_of: Mapping[str, int],
                 algorithm: str = "hierarchical") -> list[list[str]]:

@@ -21,8 +21,9 @@ balanced NVSwitch and rail-NIC systems clustersim builds.
 
 How an (algorithm, protocol) runs (`nccl_phases`): the algorithm's flows
 (sim.collective_algorithms; NCCL's ring is `ring` on one host and `multi-ring` (one ring
-per channel leaving each host through a different NIC) on several, its tree the double
-binary tree, NVLS and NVLS-tree `nvls` and `nvls_tree`), in one phase that waits NCCL's
+per channel leaving each host through a different NIC) on several, its tree `nccl_tree`
+(chains inside hosts, the double binary tree of hosts), NVLS and NVLS-tree `nvls` and
+`nvls_tree`), in one phase that waits NCCL's
 latency of the pair and whose bytes are divided by the pair's efficiency: the fraction
 of the links' bandwidth its bytes get, NCCL's bus bandwidth of the pair over the raw
 channels x bw (LL 0.5, LL128 0.92, ...; NVLS nvlsEfficiency x (C-1)/C; the tree's
@@ -183,7 +184,7 @@ def _flows(coll: str, algorithm: str, gpus: Sequence[str], nbytes: float,
         except ConfigError:  # hosts with one GPU each, or unequal: one ring
             phases = algos.ring(coll, gpus, nbytes)
     elif algorithm == "tree":
-        phases = algos.tree(coll, gpus, nbytes)
+        phases = algos.nccl_tree(coll, gpus, nbytes, host_of)
     elif algorithm == "nvls":
         phases = algos.nvls(coll, gpus, nbytes, {g: _switch(graph, g) for g in gpus})
     else:

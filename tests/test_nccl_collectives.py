@@ -139,3 +139,17 @@ def test_cli_refuses_what_nccl_does_not_run(argv, message):
                           "all-reduce", "--size", "1M", "--ranks", "8", *argv],
                          capture_output=True, text=True)
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and message in out.stderr
+
+
+@pytest.mark.parametrize("hosts, latency_us", [
+    (1, 6.8 + 2 * 7 * 0.6),  # baseLat + 2 (ppn - 1) NVLink hwLat
+    (2, 6.8 + 2 * (7 * 0.6 + 1 * 5.0)),  # + 2 log2(nodes) net hwLat
+])
+def test_tree_ll_pays_nccls_published_tree_latency(hosts, latency_us):
+    """NCCL's tree all-reduce latency, 2((ppn-1) intraLat + log2(nodes) interLat) over
+    baseLat, for LL (tuning.cc); an 8-byte message adds next to nothing to it."""
+    graph = load_topology("dgx-h100") if hosts == 1 else fat_tree("dgx-h100", hosts, "ndr")
+    r = simulate_collective("all-reduce", 8, 8 * hosts, graph, "tree", "LL")
+    assert r.algorithm == "tree/LL"
+    assert r.time_s == pytest.approx(latency_us * 1e-6, rel=1e-3)
+    assert r.time_s > latency_us * 1e-6

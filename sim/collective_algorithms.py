@@ -168,6 +168,23 @@ def nccl_tree(op: str, gpus: Sequence[str], size: float,
     return [Phase(1, flows)]
 
 
+def pat(op: str, gpus: Sequence[str], size: float) -> list[Phase]:
+    """NCCL's PAT (parallel aggregated trees) all-gather / reduce-scatter, log-depth: at
+    distance d = 1, 2, 4, ... each rank passes min(d, n - d) chunks of S/n to the rank d
+    after it (all-gather; reduce-scatter the rank d before it), n - 1 chunks in all, as
+    in a ring; pipelined as one phase."""
+    n, chunk = len(gpus), size / len(gpus)
+    sign = 1 if op == "all-gather" else -1
+    if op not in ("all-gather", "reduce-scatter"):
+        raise AssertionError(op)
+    flows: list[FlowSpec] = []
+    d = 1
+    while d < n:
+        flows += [(gpus[r], gpus[(r + sign * d) % n], min(d, n - d) * chunk) for r in range(n)]
+        d *= 2
+    return [Phase(1, flows)]
+
+
 # --- hierarchical ------------------------------------------------------------------------------
 def host_groups(gpus: Sequence[str], host_of: Mapping[str, int],
                 algorithm: str = "hierarchical") -> list[list[str]]:

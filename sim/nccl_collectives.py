@@ -30,8 +30,9 @@ channels x bw (LL 0.5, LL128 0.92, ...; NVLS nvlsEfficiency x (C-1)/C; the tree'
 size-dependent correction). So an uncontended ring of size S on n GPUs takes
     latency + 2(n-1)/n x S / (B x efficiency)
 with B the achievable link bandwidth; flows share links with all other traffic.
-Not modelled: CollNet (no topology here has in-network reduction) and PAT (NCCL enables
-it only with one GPU per node): both are left out of the choice.
+PAT (all-gather and reduce-scatter with one GPU per node, NCCL's default there) runs as
+`pat`'s log-distance flows. Not modelled: CollNet (no topology here has in-network
+reduction), left out of the choice.
 """
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ CHANNELS_ONE_NODE = 12
 src/graph/search.cc; the 24 collective channels of NCCL's INFO log on a p5.48xlarge are
 these doubled at run time); assumed for every NVLink node. Their bandwidth together is
 taken as the GPU's achievable NVLink bandwidth (360 GB/s in NCCL, 370.8 here)."""
-MODELLED = ("ring", "tree", "nvls", "nvls-tree")
+MODELLED = ("ring", "tree", "nvls", "nvls-tree", "pat")
 TUNED = ("all-reduce", "all-gather", "reduce-scatter", "broadcast", "reduce")
 _SHAPES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # graph -> {gpus: shape}
 UNAVAILABLE = {
@@ -63,7 +64,8 @@ UNAVAILABLE = {
             "CollNet, which is not modelled: use nvls-tree",
     "nvls-tree": "NVLS-tree needs several hosts of SM90+ GPUs, at least 2 per host on an "
                  "NVSwitch",
-    None: "NVLS algorithms only run Simple, and LL128 is off across hosts before SM90",
+    "pat": "PAT runs all-gather and reduce-scatter with one GPU per node only",
+    None: "NVLS algorithms and PAT only run Simple, and LL128 is off across hosts before SM90",
 }
 PROTOCOL_NAMES = {p.lower(): p for p in tuning.PROTOCOLS}
 
@@ -185,6 +187,8 @@ def _flows(coll: str, algorithm: str, gpus: Sequence[str], nbytes: float,
             phases = algos.ring(coll, gpus, nbytes)
     elif algorithm == "tree":
         phases = algos.nccl_tree(coll, gpus, nbytes, host_of)
+    elif algorithm == "pat":
+        phases = algos.pat(coll, gpus, nbytes)
     elif algorithm == "nvls":
         phases = algos.nvls(coll, gpus, nbytes, {g: _switch(graph, g) for g in gpus})
     else:

@@ -6,9 +6,11 @@ import subprocess
 import sys
 
 import pytest
+import simpy
 
 from clustersim.sim import nccl_tuning as tuning
-from clustersim.sim.collectives import collective_phases, simulate_collective
+from clustersim.sim.collectives import collective_phases, run_collective, simulate_collective
+from clustersim.sim.flows import FlowNetwork
 from clustersim.sim.link_capacity import achievable_capacities
 from clustersim.topologies import fat_tree, gpu_nodes, load_topology
 
@@ -153,3 +155,29 @@ def test_tree_ll_pays_nccls_published_tree_latency(hosts, latency_us):
     assert r.algorithm == "tree/LL"
     assert r.time_s == pytest.approx(latency_us * 1e-6, rel=1e-3)
     assert r.time_s > latency_us * 1e-6
+
+
+def test_pat_all_gather_with_one_gpu_per_node():
+    """One GPU on each of 8 DGX H100 (a data-parallel group of a tp 8 job): NCCL enables
+    PAT. Its latency: baseLat 8 + log2(8) x net tree hwLat 14 / 3.5 + 8 x 2.8 us; its
+    bytes: n - 1 chunks of S/n out of each NIC at 0.75 of 48 GB/s (PAT's share)."""
+    graph = fat_tree("dgx-h100", 8, "ndr")
+    members = gpu_nodes(graph)[::8]
+    size = 1 << 26
+    name, (phase,) = collective_phases("all-gather", members, size, graph, "pat")
+    assert name == "pat/Simple"
+    sent = {g: sum(b for a, _, b in phase.flows if a == g) for g in members}
+    assert list(sent.values()) == [pytest.approx(7 / 8 * size / 0.75)] * 8
+    env = simpy.Environment()
+    done = run_collective(env, FlowNetwork(env, graph), "all-gather", members, size, "pat")
+    env.run()
+    latency = (8.0 + 3 * 14.0 / 3.5 + 8 * 2.8) * 1e-6
+    assert done.value.time_s == pytest.approx(latency + 7 / 8 * size / (0.75 * NDR_NIC),
+                                              rel=1e-9)
+    # NCCL's tuner, 1 KiB: ring LL 6.6 + 7 x 5.0 = 41.6 us beats PAT's 42.4 on 8 nodes;
+    # on 16, PAT's 8 + 4 x 4 + 16 x 2.8 = 68.8 beats the ring's 6.6 + 15 x 5.0 = 81.6
+    assert collective_phases("all-gather", members, 1 << 10, graph)[0] == "ring/LL"
+    wider = fat_tree("dgx-h100", 16, "ndr")
+    one_each = gpu_nodes(wider)[::8]
+    assert collective_phases("all-gather", one_each, 1 << 10, wider)[0] == "pat/Simple"
+    assert collective_phases("all-gather", one_each, 1 << 30, wider)[0].startswith("ring/")

@@ -2,7 +2,8 @@
 
 Every row of benchmarks/nccl_tests_data.py that is not excluded there is simulated with
 `simulate_collective` on the topology the row names (a preset node kind; several nodes on
-a non-blocking two-level fat tree of the named network, `topologies.fat_tree`), with NCCL's
+a non-blocking two-level fat tree of the named network, `topologies.fat_tree`, with
+in-network reduction where the run used SHARP), with NCCL's
 own choice of algorithm and protocol unless the run forced one (NCCL_ALGO). Sendrecv is a
 P2P transfer between two GPUs of the node (nccl-tests' sendrecv moves each rank's buffer
 to the next; on an NVSwitch the pairs do not share a link). Nothing is fitted to these
@@ -33,10 +34,12 @@ WITHIN = 0.10
 
 
 def topology(point: dict, cache: dict):
-    key = (point["node_kind"], point["nodes"], point["network"])
+    sharp = point.get("sharp", False)
+    key = (point["node_kind"], point["nodes"], point["network"], sharp)
     if key not in cache:
         cache[key] = (load_topology(point["node_kind"]) if point["nodes"] == 1 else
-                      fat_tree(point["node_kind"], point["nodes"], point["network"]))
+                      fat_tree(point["node_kind"], point["nodes"], point["network"],
+                               in_network_reduction=sharp))
     return cache[key]
 
 

@@ -9,6 +9,7 @@ Sizes follow nccl-tests (all-reduce: the per-rank buffer; sendrecv: bytes per ra
 `algorithm`: what the run forced (NCCL_ALGO), None for NCCL's own choice. `node_kind`,
 `nodes`, `network`: the topology clustersim builds for the run (network None: one node;
 "ndr": 8 x 400 Gb/s InfiniBand per node, "hdr": 8 x 200 Gb/s, on a non-blocking fat tree).
+`sharp`: the run used InfiniBand SHARP (the topology then has `in_network_reduction`).
 `excluded`: why a row is not simulated (decided from the source alone, before simulating).
 
 Collected 2026-11-28 from GitHub issue threads of NVIDIA/nccl and NVIDIA/nccl-tests, the
@@ -740,14 +741,15 @@ POINTS: list[dict] = [
         gpus_per_node=8,
         node_kind='dgx-h100',
         network='ndr',
-        algorithm=None,
+        algorithm='collnet-chain',
         in_place=False,
         nccl_version=(
             "2.18.1 per the job manifest's container image (not printed in the README output)"),
         settings='NCCL_ALGO=COLLNETCHAIN NCCL_COLLNET_ENABLE=1 NCCL_PROTO=^LL128',
         url='https://github.com/coreweave/nccl-tests/blob/master/README.md',
         quote='536870912     134217728     float     sum      -1   2984.6  179.88  356.01      0',
-        excluded='SHARP (CollNet chain) forced: no topology here has in-network reduction',
+        sharp=True,
+        excluded=None,
     ),
     dict(
         id='cw-h100-64-ar-1G',
@@ -759,14 +761,15 @@ POINTS: list[dict] = [
         gpus_per_node=8,
         node_kind='dgx-h100',
         network='ndr',
-        algorithm=None,
+        algorithm='collnet-chain',
         in_place=False,
         nccl_version=(
             "2.18.1 per the job manifest's container image (not printed in the README output)"),
         settings='NCCL_ALGO=COLLNETCHAIN NCCL_COLLNET_ENABLE=1 NCCL_PROTO=^LL128',
         url='https://github.com/coreweave/nccl-tests/blob/master/README.md',
         quote='1073741824     268435456     float     sum      -1   5808.0  184.87  365.90      0',
-        excluded='SHARP (CollNet chain) forced: no topology here has in-network reduction',
+        sharp=True,
+        excluded=None,
     ),
     dict(
         id='cw-h100-64-ar-8G',
@@ -778,14 +781,15 @@ POINTS: list[dict] = [
         gpus_per_node=8,
         node_kind='dgx-h100',
         network='ndr',
-        algorithm=None,
+        algorithm='collnet-chain',
         in_place=False,
         nccl_version=(
             "2.18.1 per the job manifest's container image (not printed in the README output)"),
         settings='NCCL_ALGO=COLLNETCHAIN NCCL_COLLNET_ENABLE=1 NCCL_PROTO=^LL128',
         url='https://github.com/coreweave/nccl-tests/blob/master/README.md',
         quote='8589934592    2147483648     float     sum      -1    43980  195.31  386.56      0',
-        excluded='SHARP (CollNet chain) forced: no topology here has in-network reduction',
+        sharp=True,
+        excluded=None,
     ),
     dict(
         id='rh-spx-h200-2n-ar-1K',

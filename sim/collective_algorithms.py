@@ -185,6 +185,30 @@ def pat(op: str, gpus: Sequence[str], size: float) -> list[Phase]:
     return [Phase(1, flows)]
 
 
+def collnet_chain(op: str, gpus: Sequence[str], size: float, host_of: Mapping[str, int],
+                  leaf_of: Mapping[str, str]) -> list[Phase]:
+    """NCCL's CollNet chain all-reduce through in-network reduction (SHARP): one channel
+    per GPU of a host (its head, leaving through its NIC), each on S/g: a chain through
+    the host's GPUs from its head reduces up to the head, which sends its S/g to its
+    leaf switch; the network reduces it with the other hosts' (switch-to-switch traffic
+    not simulated) and sends the sum back, which the chain passes down. Per GPU, S up
+    and S down the chains: twice an all-reduce's bytes through each NVLink (NCCL's
+    CollNet ratio 0.5); per NIC, S/g each way. One pipelined phase."""
+    if op != "all-reduce":
+        raise AssertionError(op)
+    hosts = host_groups(gpus, host_of, "collnet-chain")
+    g = len(hosts[0])
+    flows: list[FlowSpec] = []
+    for host in hosts:
+        for j in range(g):
+            chain = host[j:] + host[:j]
+            for a, b in zip(chain, chain[1:]):
+                flows += [(b, a, size / g), (a, b, size / g)]
+            flows += [(chain[0], leaf_of[chain[0]], size / g),
+                      (leaf_of[chain[0]], chain[0], size / g)]
+    return [Phase(1, flows)]
+
+
 # --- hierarchical ------------------------------------------------------------------------------
 def host_groups(gpus: Sequence[str], host_of: Mapping[str, int],
                 algorithm: str = "hierarchical") -> list[list[str]]:

@@ -82,15 +82,17 @@ _FROM_OP_KIND.update({OpKind.SEND_F: Collective.P2P, OpKind.SEND_B: Collective.P
 ALGORITHMS: dict[str, Callable[..., list[Phase]]] = {
     "ring": algos.ring, "tree": algos.tree, "multi-ring": algos.multi_ring,
     "hierarchical": algos.hierarchical, "direct": algos.direct, "nvls": algos.nvls,
-    "nvls-tree": algos.nvls_tree, "pat": algos.pat,
+    "nvls-tree": algos.nvls_tree, "pat": algos.pat, "collnet-chain": algos.collnet_chain,
 }
 _BY_HOST = ("multi-ring", "hierarchical")  # these take the GPUs' hosts
 NCCL_NAMES = {"ring": "ring", "multi-ring": "ring", "tree": "tree", "nvls": "nvls",
-              "nvls-tree": "nvls-tree", "pat": "pat"}
+              "nvls-tree": "nvls-tree", "pat": "pat", "collnet-chain": "collnet-chain"}
 """Which NCCL algorithm each of ours is (sim.nccl_collectives runs them, with a
 protocol, where NCCL's model applies); hierarchical and direct are not NCCL's."""
+NCCL_ONLY = ("nvls", "nvls-tree", "pat", "collnet-chain")  # need NCCL's model: CUDA GPUs
 APPLICABLE = {
-    Collective.ALL_REDUCE: ("ring", "tree", "multi-ring", "hierarchical", "nvls", "nvls-tree"),
+    Collective.ALL_REDUCE: ("ring", "tree", "multi-ring", "hierarchical", "nvls", "nvls-tree",
+                            "collnet-chain"),
     Collective.ALL_GATHER: ("ring", "multi-ring", "hierarchical", "nvls", "pat"),
     Collective.REDUCE_SCATTER: ("ring", "multi-ring", "hierarchical", "nvls", "pat"),
     Collective.BROADCAST: ("ring", "tree"),
@@ -98,7 +100,7 @@ APPLICABLE = {
     Collective.ALL_TO_ALL: ("direct",),
     Collective.P2P: ("direct",),
 }
-AUTOMATIC = {coll: tuple(a for a in names if a not in ("nvls", "nvls-tree", "pat"))
+AUTOMATIC = {coll: tuple(a for a in names if a not in NCCL_ONLY)
              for coll, names in {**APPLICABLE, Collective.BROADCAST: ("ring",)}.items()}
 """What the alpha-beta choice considers where NCCL's model does not apply (GPUs without a
 CUDA compute capability): NCCL runs broadcast and reduce as rings only (its
@@ -173,12 +175,11 @@ def collective_phases(op: str | Collective | OpKind | Op, gpus: Sequence[str], n
         return nccl_phases(coll.value, gpus, nbytes, graph, shape, nccl, protocol)
     if protocol is not None:
         raise ConfigError(f"protocol={protocol!r} applies to NCCL's algorithms (ring, tree, "
-                          f"nvls, nvls-tree, pat) on CUDA GPUs, not to "
+                          f"nvls, nvls-tree, pat, collnet-chain) on CUDA GPUs, not to "
                           f"{name or 'the choice'} for {coll.value} here")
-    if name in ("nvls", "nvls-tree"):
-        raise ConfigError(f"algorithm={name!r} needs CUDA GPUs of SM90 or later on an NVSwitch")
-    if name == "pat":
-        raise ConfigError("algorithm='pat' is NCCL's: it needs CUDA GPUs")
+    if name in NCCL_ONLY:
+        raise ConfigError(f"algorithm={name!r} is NCCL's: it needs CUDA GPUs (NVLS: of SM90 "
+                          f"or later on an NVSwitch)")
     if name is not None:
         return name, _phases(coll, name, gpus, nbytes, graph)
     candidates = []

@@ -31,11 +31,14 @@ size-dependent correction). So an uncontended ring of size S on n GPUs takes
     latency + 2(n-1)/n x S / (B x efficiency)
 with B the achievable link bandwidth; flows share links with all other traffic.
 PAT (all-gather and reduce-scatter with one GPU per node, NCCL's default there) runs as
-`pat`'s log-distance flows. Not modelled: CollNet (no topology here has in-network
-reduction), left out of the choice.
+`pat`'s log-distance flows. CollNet chain (an all-reduce through InfiniBand SHARP, on
+topologies with `in_network_reduction`) runs only when asked for (`--algorithm
+collnet-chain`), as NCCL only uses CollNet with NCCL_COLLNET_ENABLE=1; CollNet direct
+and NVLS with SHARP across nodes are not modelled.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import weakref
 from collections.abc import Sequence
@@ -56,7 +59,8 @@ CHANNELS_ONE_NODE = 12
 src/graph/search.cc; the 24 collective channels of NCCL's INFO log on a p5.48xlarge are
 these doubled at run time); assumed for every NVLink node. Their bandwidth together is
 taken as the GPU's achievable NVLink bandwidth (360 GB/s in NCCL, 370.8 here)."""
-MODELLED = ("ring", "tree", "nvls", "nvls-tree", "pat")
+MODELLED = ("ring", "tree", "nvls", "nvls-tree", "pat", "collnet-chain")
+COLLNET = ("collnet-chain",)
 TUNED = ("all-reduce", "all-gather", "reduce-scatter", "broadcast", "reduce")
 _SHAPES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # graph -> {gpus: shape}
 UNAVAILABLE = {
@@ -65,6 +69,9 @@ UNAVAILABLE = {
     "nvls-tree": "NVLS-tree needs several hosts of SM90+ GPUs, at least 2 per host on an "
                  "NVSwitch",
     "pat": "PAT runs all-gather and reduce-scatter with one GPU per node only",
+    "collnet-chain": "CollNet needs several hosts of as many GPUs each, each GPU with a NIC, "
+                     "on a fabric with in_network_reduction (SHARP), and runs all-reduce "
+                     "only",
     None: "NVLS algorithms and PAT only run Simple, and LL128 is off across hosts before SM90",
 }
 PROTOCOL_NAMES = {p.lower(): p for p in tuning.PROTOCOLS}
@@ -85,6 +92,12 @@ def _switch(graph: nx.DiGraph, gpu: str) -> str | None:
     """The NVSwitch `gpu` hangs on (an NVLink neighbour of type switch), or None."""
     return next((v for v in graph.successors(gpu) if graph.nodes[v].get("type") == "switch"
                  and graph.edges[gpu, v]["kind"] == "nvlink"), None)
+
+
+def _leaf(graph: nx.DiGraph, gpu: str) -> str:
+    """The switch `gpu`'s NIC hangs on (where SHARP reduces its traffic)."""
+    nic = next(v for v in graph.successors(gpu) if graph.nodes[v].get("type") == "nic")
+    return next(v for v in graph.successors(nic) if graph.nodes[v].get("type") == "switch")
 
 
 def _nic_bandwidth(graph: nx.DiGraph, gpu: str) -> float:
@@ -130,7 +143,8 @@ def _comm_shape(graph: nx.DiGraph, gpus: Sequence[str]) -> tuning.CommShape | No
     return tuning.CommShape(
         len(gpus), nodes, cc, intra, bw_intra, bw_inter, channels,
         nvls_channels=ppn if nvls else 0, nvls=nvls, cpu="amd" if cc < (9, 0) else "intel",
-        nvls_bw_intra=nvlink / (ppn + 1), nvls_bw_inter=nic if nodes > 1 else math.inf)
+        nvls_bw_intra=nvlink / (ppn + 1), nvls_bw_inter=nic if nodes > 1 else math.inf,
+        collnet=nodes > 1 and even and bool(graph.graph.get("in_network_reduction")))
 
 
 def efficiency(coll: str, algorithm: str, protocol: str, nbytes: float,
@@ -157,6 +171,8 @@ def nccl_phases(coll: str, gpus: Sequence[str], nbytes: float, graph: nx.DiGraph
                 protocol: str | None = None) -> tuple[str, list[Phase]]:
     """('algorithm/protocol', phases) of NCCL's choice for `coll` of `nbytes` on `gpus`,
     restricted to `algorithm` / `protocol` where given (module docstring)."""
+    if algorithm not in COLLNET:  # NCCL_COLLNET_ENABLE is off unless CollNet is asked for
+        shape = dataclasses.replace(shape, collnet=False)
     try:
         algo, proto, _ = tuning.choose(coll, nbytes, shape, algorithm, protocol,
                                        among=MODELLED)
@@ -189,6 +205,9 @@ def _flows(coll: str, algorithm: str, gpus: Sequence[str], nbytes: float,
         phases = algos.nccl_tree(coll, gpus, nbytes, host_of)
     elif algorithm == "pat":
         phases = algos.pat(coll, gpus, nbytes)
+    elif algorithm == "collnet-chain":
+        phases = algos.collnet_chain(coll, gpus, nbytes, host_of,
+                                     {g: _leaf(graph, g) for g in gpus})
     elif algorithm == "nvls":
         phases = algos.nvls(coll, gpus, nbytes, {g: _switch(graph, g) for g in gpus})
     else:

@@ -8,11 +8,12 @@ import sys
 import pytest
 import simpy
 
+from clustersim.schedules.errors import ConfigError
 from clustersim.sim import nccl_tuning as tuning
 from clustersim.sim.collectives import collective_phases, run_collective, simulate_collective
 from clustersim.sim.flows import FlowNetwork
 from clustersim.sim.link_capacity import achievable_capacities
-from clustersim.topologies import fat_tree, gpu_nodes, load_topology
+from clustersim.topologies import TopologyError, fat_tree, gpu_nodes, load_topology
 
 H100_NVLINK = 18 * 20.6e9  # NCCL SM90_NVLINK_BW x 18 links, bytes/s per direction
 A100_NVLINK = 12 * 20.0e9  # SM80_NVLINK_BW x 12 links
@@ -181,3 +182,22 @@ def test_pat_all_gather_with_one_gpu_per_node():
     one_each = gpu_nodes(wider)[::8]
     assert collective_phases("all-gather", one_each, 1 << 10, wider)[0] == "pat/Simple"
     assert collective_phases("all-gather", one_each, 1 << 30, wider)[0].startswith("ring/")
+
+
+def test_collnet_chain_through_sharp():
+    """CollNet chain on 8 DGX H100 with SHARP: g chains of S/g per host, each GPU head of
+    one; a GPU sends (2g - 2)/g S through its NVLink (up and down the chains), its NIC
+    S/g each way, so NVLink bounds it. NCCL's latency: 2 (ppn-1) x 2.8 + 30 us (NVLink
+    and net hwLat of CollNet chain, Simple). Only when asked for: NCCL's default leaves
+    CollNet off (NCCL_COLLNET_ENABLE=0)."""
+    graph = fat_tree("dgx-h100", 8, "ndr", in_network_reduction=True)
+    size, g = 1 << 30, 8
+    r = simulate_collective("all-reduce", size, 64, graph, "collnet-chain")
+    latency = (2 * 7 * 2.8 + 30.0) * 1e-6
+    assert r.time_s == pytest.approx(latency + (2 * g - 2) / g * size / H100_NVLINK, rel=1e-9)
+    assert simulate_collective("all-reduce", size, 64, graph).algorithm == "nvls-tree/Simple"
+    with pytest.raises(ConfigError, match="in_network_reduction"):
+        simulate_collective("all-reduce", size, 64, fat_tree("dgx-h100", 8, "ndr"),
+                            "collnet-chain")
+    with pytest.raises(TopologyError, match="in_network_reduction must be true or false"):
+        fat_tree("dgx-h100", 2, "ndr", in_network_reduction="yes")

@@ -125,15 +125,22 @@ def fat_tree(
     pcie_latency: float = 1e-6,
     network_latency: float = 1e-6,
     name: str | None = None,
+    in_network_reduction: bool = False,
 ) -> nx.DiGraph:
     """`num_nodes` hosts of `node_kind` on a two-level leaf/spine fat-tree (module docstring).
 
-    A cluster that fits on one leaf has no spines.
+    A cluster that fits on one leaf has no spines. `in_network_reduction`: the switches
+    reduce in the network (InfiniBand SHARP), which NCCL's CollNet uses (graph attr).
     """
     _positive_int("fat_tree", "nodes_per_leaf", nodes_per_leaf)
+    if not isinstance(in_network_reduction, bool):
+        raise TopologyError(f"fat_tree: in_network_reduction must be true or false, got "
+                            f"{short_repr(in_network_reduction)}")
     graph, net, hosts = _cluster("fat_tree", "fat-tree", node_kind, num_nodes, network,
                                  oversubscription, (nvlink_latency, pcie_latency), name,
                                  nodes_per_leaf, num_spines)
+    if in_network_reduction:
+        graph.graph["in_network_reduction"] = True
     leaves: dict[str, int] = {}
     for h, nics in enumerate(hosts):
         leaf = f"leaf{h // nodes_per_leaf}"

@@ -4,8 +4,9 @@ A topology is a `networkx.DiGraph`. Units: bandwidth in bytes/s, latency in seco
 
 Schema (the one place it is defined):
 - graph attrs: `name` (str), `num_nodes` (int >= 1, number of hosts), `gpus_per_node`
-  (int >= 1, most GPUs on any host); optional `description` (str) and `fabric`
-  ('fat-tree' | 'rail' | None: the inter-node network; absent or None = single host).
+  (int >= 1, most GPUs on any host); optional `description` (str), `fabric`
+  ('fat-tree' | 'rail' | None: the inter-node network; absent or None = single host) and
+  `in_network_reduction` (bool, default false: the switches reduce, InfiniBand SHARP).
 - node attr `type` in {'gpu', 'switch', 'nic', 'host'}.
 - gpu nodes also have `device` (canonical DeviceSpec name, e.g. 'h100-sxm'), `index`
   (global GPU index, 0..N-1, unique) and `host` (host index, 0..num_nodes-1). GPU node ids
@@ -136,6 +137,10 @@ def validate_topology(graph: nx.DiGraph) -> None:
     fabric = graph.graph.get("fabric")
     if fabric is not None and fabric not in FABRICS:
         raise TopologyError(f"{where}: graph attr fabric must be one of {', '.join(FABRICS)} or None, got {short_repr(fabric)}")
+    sharp = graph.graph.get("in_network_reduction", False)
+    if not isinstance(sharp, bool):
+        raise TopologyError(f"{where}: graph attr in_network_reduction must be true or false, "
+                            f"got {short_repr(sharp)}")
     _validate_nodes(graph, where)
     _validate_edges(graph)
     _validate_reachability(graph, where)

@@ -55,8 +55,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ranks", type=int, help="use the first N GPUs (default: all)")
     p.add_argument("--topology", default=DEFAULT_TOPOLOGY,
                    help=f"preset name or topology JSON file (default {DEFAULT_TOPOLOGY})")
-    p.add_argument("--algorithm", help="ring, tree, nvls, nvls-tree, pat (NCCL's; multi-ring is "
-                                       "NCCL's ring across hosts), hierarchical or direct "
+    p.add_argument("--algorithm", help="ring, tree, nvls, nvls-tree, pat, collnet-chain "
+                                       "(NCCL's; multi-ring is NCCL's ring across hosts; "
+                                       "collnet-chain needs a SHARP fabric), hierarchical "
+                                       "or direct "
                                        "(default: NCCL's own choice on CUDA GPUs, else the "
                                        "fastest alpha-beta estimate)")
     p.add_argument("--protocol", help="LL, LL128 or Simple: NCCL's protocol for NCCL's "

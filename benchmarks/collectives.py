@@ -32,7 +32,14 @@ OPS = [Collective.ALL_REDUCE, Collective.ALL_GATHER, Collective.REDUCE_SCATTER,
        Collective.BROADCAST, Collective.ALL_TO_ALL]
 SIZES = [8 * 4 ** k for k in range(16)]  # 8 B .. 8 GiB
 MAX_ALL_TO_ALL_RANKS = 128  # 1024 ranks = 1M flows: see part 2
-SHORT = {"ring": "r", "tree": "t", "multi-ring": "m", "hierarchical": "h", "direct": "d"}
+SHORT = {"ring": "r", "tree": "t", "multi-ring": "m", "hierarchical": "h", "direct": "d",
+         "nvls": "n", "nvls-tree": "nt", "pat": "p", "collnet-chain": "c"}
+
+
+def label(algorithm: str) -> str:
+    """'r LL128' for NCCL's 'ring/LL128', 'd' for 'direct'."""
+    name, _, protocol = algorithm.partition("/")
+    return f"{SHORT[name]} {protocol}".rstrip()
 RESULTS = Path(__file__).parent / "results"
 log = logging.getLogger("collectives")
 
@@ -67,7 +74,7 @@ def sweep_tables(sweeps, sizes) -> list[str]:
                   "| size | " + " | ".join(op.value for op in OPS) + " |",
                   "|---:|" + "---:|" * len(OPS)]
         for i, size in enumerate(sizes):
-            cells = [f"{by_op[op][i].busbw / 1e9:.1f} {SHORT[by_op[op][i].algorithm]}"
+            cells = [f"{by_op[op][i].busbw / 1e9:.1f} {label(by_op[op][i].algorithm)}"
                      if op in by_op else "—" for op in OPS]
             lines.append(f"| {human(size)} | " + " | ".join(cells) + " |")
         lines.append("")
@@ -178,8 +185,9 @@ def main() -> int:
         environment_markdown(), "",
         "Produced by `python benchmarks/collectives.py`. Sizes and busbw follow nccl-tests "
         "(doc/PERFORMANCE.md); GB/s = 1e9 B/s; sizes binary (1G = 2^30 B). Each cell is "
-        "busbw and the algorithm the default rule chose (r ring, t double binary tree, "
-        "m multi-ring, h hierarchical, d direct). Plot: `collectives.html`.", "",
+        "busbw and the algorithm (and NCCL protocol) the default rule chose: NCCL's tuner "
+        "on these CUDA GPUs (r ring, t tree, n NVLS, nt NVLS-tree, p PAT; LL, LL128, "
+        "Simple), d direct for all-to-all. Plot: `collectives.html`.", "",
         "## Bus bandwidth vs size (GB/s)", "",
         *sweep_tables(sweeps, sizes),
         f"All-to-all is not swept on more than {MAX_ALL_TO_ALL_RANKS} GPUs: 1024 GPUs is "

@@ -150,13 +150,18 @@ def _comm_shape(graph: nx.DiGraph, gpus: Sequence[str]) -> tuning.CommShape | No
 def efficiency(coll: str, algorithm: str, protocol: str, nbytes: float,
                shape: tuning.CommShape) -> float:
     """The fraction of the links' bandwidth the pair's bytes get (module docstring): NCCL's
-    bus bandwidth over the raw channels x bw (for NVLS, over its geometry: the flows
-    already carry its bytes per GPU; the inter-node ceiling is the flows' own)."""
-    if algorithm in ("nvls", "nvls-tree"):
-        geometry = tuning.nvls_geometry(coll, shape)
-        eff = min(geometry * tuning.NVLS_EFFICIENCY[shape.arch],
-                  tuning.nvls_cap(algorithm, shape)) / geometry
-        if algorithm == "nvls-tree" and coll == "all-reduce" and shape.arch >= 3:
+    bus bandwidth over the raw channels x bw; for NVLS its efficiency (the flows already
+    carry its bytes per GPU), for NVLS-tree also at most its per-channel ceiling (the
+    inter-node limit is the flows' own)."""
+    if algorithm == "nvls":
+        return tuning.NVLS_EFFICIENCY[shape.arch]
+    if algorithm == "nvls-tree":
+        # perChMaxNVLSTreeBw caps NCCL's bus bandwidth at channels x cap; the flows, NVLink
+        # bound, reach 2(n-1)/n x ppn x bwIntra at a share of 1 (nvls_tree's docstring)
+        n = shape.n_ranks
+        eff = min(tuning.NVLS_EFFICIENCY[shape.arch],
+                  tuning.nvls_cap(algorithm, shape) * n / (2 * (n - 1) * shape.nvls_bw_intra))
+        if coll == "all-reduce" and shape.arch >= 3:
             eff *= tuning.tree_correction(protocol, nbytes, 24)
         return eff
     raw = shape.channels * (shape.bw_intra if shape.n_nodes <= 2 else shape.bw_inter)
@@ -185,9 +190,13 @@ def nccl_phases(coll: str, gpus: Sequence[str], nbytes: float, graph: nx.DiGraph
                           f"({UNAVAILABLE.get(algorithm, UNAVAILABLE[None])})") from None
     flows = _flows(coll, algo, gpus, nbytes, graph)
     eff = efficiency(coll, algo, proto, nbytes, shape)
+    if algo == "nvls-tree":  # NVLS's share is the NVSwitch's; the trees' NIC flows run Simple
+        flows = [(a, b, n / eff if graph.nodes[a]["type"] == "switch"
+                  or graph.nodes[b]["type"] == "switch" else n) for a, b, n in flows]
+    else:
+        flows = [(a, b, n / eff) for a, b, n in flows]
     latency = tuning.latency_with_plateau_us(coll, algo, proto, nbytes, shape) * 1e-6
-    phase = Phase(tuning.nsteps(coll, len(gpus)), [(a, b, n / eff) for a, b, n in flows],
-                  latency)
+    phase = Phase(tuning.nsteps(coll, len(gpus)), flows, latency)
     return f"{algo}/{proto}", [phase]
 
 

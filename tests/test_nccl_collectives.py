@@ -201,3 +201,15 @@ def test_collnet_chain_through_sharp():
                             "collnet-chain")
     with pytest.raises(TopologyError, match="in_network_reduction must be true or false"):
         fat_tree("dgx-h100", 2, "ndr", in_network_reduction="yes")
+
+
+def test_nvls_tree_runs_at_nccls_per_channel_ceiling():
+    """2 DGX H100, NVLS-tree: NCCL caps its bus bandwidth at channels x perChMaxNVLSTreeBw
+    (8 x 57.7 GB/s, Hopper, 2 nodes), below NVLS's 0.85 of the NVLink; its latency is
+    NVLS's 25 us + 2 log2(2) x net hwLat 20.9 us. The trees' NIC flows (S/8 each way per
+    GPU at 48 GB/s) are not the bottleneck."""
+    size, n = 1 << 33, 16
+    r = simulate_collective("all-reduce", size, n, fat_tree("dgx-h100", 2, "ndr"))
+    assert r.algorithm == "nvls-tree/Simple"
+    latency = (25 + 2 * 1 * 20.9) * 1e-6
+    assert r.time_s == pytest.approx(latency + 2 * (n - 1) / n * size / (8 * 57.7e9), rel=1e-9)

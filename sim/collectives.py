@@ -127,7 +127,7 @@ def parse_collective(op: str | Collective | OpKind | Op) -> Collective:
 
 
 def _check_algorithm(coll: Collective, algorithm: str) -> str:
-    name = str(algorithm).strip().lower().split("/")[0]  # 'ring/LL128': a reported choice
+    name = str(algorithm).strip().lower()
     if name not in ALGORITHMS:
         raise ConfigError(f"algorithm must be one of {', '.join(ALGORITHMS)}, got {algorithm!r}")
     if name not in APPLICABLE[coll]:

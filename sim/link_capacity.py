@@ -44,7 +44,6 @@ NCCL_NIC_SOURCE = (
     "(12 GB/s for 100G NICs)'")
 
 _BY_GRAPH: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # graph -> capacities
-_IDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # graph -> {edge: id}
 
 
 def nvlink_efficiency(compute_capability: tuple[int, int] | None) -> float:
@@ -60,11 +59,13 @@ def nvlink_efficiency(compute_capability: tuple[int, int] | None) -> float:
     return NVLINK_GBPS_PER_LINK[key] / NVLINK_LINE_GBPS_PER_LINK[key]
 
 
-def link_efficiency(graph: nx.DiGraph, u: str, v: str, first_gpu: str | None) -> float:
+def link_efficiency(graph: nx.DiGraph, u: str, v: str) -> float:
     """Achievable / line rate of edge (u, v) (module docstring)."""
     kind = graph.edges[u, v]["kind"]
     if kind == "nvlink":
-        gpu = next((x for x in (u, v) if graph.nodes[x].get("type") == "gpu"), first_gpu)
+        gpu = next((x for x in (u, v) if graph.nodes[x].get("type") == "gpu"), None)
+        if gpu is None:  # a link between two switches: the graph's first GPU's NVLink
+            gpu = next((n for n, t in graph.nodes(data="type") if t == "gpu"), None)
         if gpu is None:
             return 1.0
         return nvlink_efficiency(get_device(graph.nodes[gpu]["device"]).compute_capability)
@@ -80,8 +81,7 @@ def achievable_capacities(graph: nx.DiGraph) -> np.ndarray:
     once per graph object (a graph changed afterwards keeps its old figures)."""
     hit = _BY_GRAPH.get(graph)
     if hit is None:
-        first_gpu = next((n for n, t in graph.nodes(data="type") if t == "gpu"), None)
-        hit = np.fromiter((bw * link_efficiency(graph, u, v, first_gpu)
+        hit = np.fromiter((bw * link_efficiency(graph, u, v)
                            for u, v, bw in graph.edges(data="bandwidth")),
                           dtype=float, count=graph.number_of_edges())
         _BY_GRAPH[graph] = hit
@@ -89,11 +89,6 @@ def achievable_capacities(graph: nx.DiGraph) -> np.ndarray:
 
 
 def out_capacity(graph: nx.DiGraph, node: str, kinds: tuple[str, ...]) -> float:
-    """Achievable bytes/s of `node`'s outgoing edges of these kinds together (edge ids
-    cached per graph object, as the capacities)."""
-    ids = _IDS.get(graph)
-    if ids is None:
-        ids = _IDS[graph] = {e: i for i, e in enumerate(graph.edges)}
-    caps = achievable_capacities(graph)
-    return float(sum(caps[ids[node, v]] for v in graph.successors(node)
-                     if graph.edges[node, v]["kind"] in kinds))
+    """Achievable bytes/s of `node`'s outgoing edges of these kinds together."""
+    return float(sum(attrs["bandwidth"] * link_efficiency(graph, node, v)
+                     for v, attrs in graph.adj[node].items() if attrs["kind"] in kinds))

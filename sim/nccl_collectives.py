@@ -129,8 +129,7 @@ def _comm_shape(graph: nx.DiGraph, gpus: Sequence[str]) -> tuning.CommShape | No
     nvlink = min(out_capacity(graph, g, ("nvlink",)) for g in gpus) / 1e9
     intra = "nvlink" if nvlink > 0 else "pci"
     local = nvlink if nvlink > 0 else min(out_capacity(graph, g, ("pcie",)) for g in gpus) / 1e9
-    nics = [_nic_bandwidth(graph, g) / 1e9 for g in gpus]
-    nic = min(nics)
+    nic = min(_nic_bandwidth(graph, g) for g in gpus) / 1e9
     if nodes == 1:
         channels, bw_intra, bw_inter = CHANNELS_ONE_NODE, local / CHANNELS_ONE_NODE, math.inf
     else:
@@ -164,8 +163,8 @@ def efficiency(coll: str, algorithm: str, protocol: str, nbytes: float,
         if coll == "all-reduce" and shape.arch >= 3:
             eff *= tuning.tree_correction(protocol, nbytes, 24)
         return eff
-    raw = shape.channels * (shape.bw_intra if shape.n_nodes <= 2 else shape.bw_inter)
-    eff = tuning.bus_bandwidth(coll, algorithm, protocol, shape) / raw
+    eff = (tuning.bus_bandwidth(coll, algorithm, protocol, shape)
+           / tuning.raw_bus_bandwidth(algorithm, shape))
     if algorithm == "tree" and coll == "all-reduce":
         eff *= tuning.tree_correction(protocol, nbytes)
     return eff

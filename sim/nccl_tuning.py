@@ -172,18 +172,25 @@ def enabled(coll: str, algorithm: str, protocol: str, shape: CommShape) -> bool:
     return True
 
 
+def raw_bus_bandwidth(algorithm: str, shape: CommShape) -> float:
+    """The graph's channels x bw of a ring, tree, PAT or CollNet algorithm, GB/s: bwIntra
+    up to two nodes (and for CollNet), bwInter beyond; NCCL's refinements scale it."""
+    collnet = algorithm.startswith("collnet")
+    return shape.channels * (shape.bw_intra if shape.n_nodes <= 2 or collnet
+                             else shape.bw_inter)
+
+
 def bus_bandwidth(coll: str, algorithm: str, protocol: str, shape: CommShape) -> float:
     """NCCL's bus bandwidth of (algorithm, protocol), GB/s, before the algbw ratio."""
     arch, nodes = shape.arch, shape.node_index
     channels = shape.nvls_channels if algorithm.startswith("nvls") else shape.channels
-    collnet = algorithm.startswith("collnet")
-    bw = shape.bw_intra if shape.n_nodes <= 2 or collnet else shape.bw_inter
     if algorithm in ("nvls", "nvls-tree"):
         intra = nvls_geometry(coll, shape) * NVLS_EFFICIENCY[arch]
         inter = shape.nvls_bw_inter * (2 if shape.n_nodes <= 2 and algorithm == "nvls-tree"
                                        else 1)
-        bw = min(intra, inter, nvls_cap(algorithm, shape))
-    bus = channels * bw
+        bus = channels * min(intra, inter, nvls_cap(algorithm, shape))
+    else:
+        bus = raw_bus_bandwidth(algorithm, shape)
     ll_row = arch if shape.n_nodes == 1 else (1 if shape.cpu == "amd" else 0)
     if algorithm == "ring" and protocol == "LL":
         bus = min(LL_MAX_BW[ll_row][nodes], bus * 0.5)

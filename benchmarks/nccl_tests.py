@@ -19,7 +19,6 @@ Writes benchmarks/results/nccl_tests.md and .json.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from pathlib import Path
@@ -28,7 +27,7 @@ from environment import environment_markdown
 from nccl_tests_data import POINTS
 
 from clustersim.sim.collectives import Collective, parse_collective, simulate_collective
-from clustersim.sim.nccl_collectives import comm_shape
+from clustersim.sim.nccl_collectives import as_configured, comm_shape
 from clustersim.sim.nccl_tuning import time_us
 from clustersim.topologies import fat_tree, gpu_nodes, load_topology
 
@@ -82,10 +81,8 @@ def nccl_model_busbw(point: dict, coll: Collective, ranks: int, chosen: str,
     if "/" not in chosen:
         return None
     graph = topology(point, cache)
-    shape = comm_shape(graph, gpu_nodes(graph)[:ranks])
     algorithm, protocol = chosen.split("/")
-    if algorithm == "collnet-chain":
-        shape = dataclasses.replace(shape, collnet=True)
+    shape = as_configured(comm_shape(graph, gpu_nodes(graph)[:ranks]), algorithm)
     seconds = time_us(coll.value, algorithm, protocol, point["size_bytes"], shape) * 1e-6
     return point["size_bytes"] * coll.busbw_factor(ranks) / seconds / 1e9
 

@@ -170,13 +170,18 @@ def efficiency(coll: str, algorithm: str, protocol: str, nbytes: float,
     return eff
 
 
+def as_configured(shape: tuning.CommShape, algorithm: str | None) -> tuning.CommShape:
+    """`shape` with CollNet on only when `algorithm` asks for it: NCCL leaves CollNet off
+    unless NCCL_COLLNET_ENABLE=1, even on a fabric with SHARP."""
+    return shape if algorithm in COLLNET else dataclasses.replace(shape, collnet=False)
+
+
 def nccl_phases(coll: str, gpus: Sequence[str], nbytes: float, graph: nx.DiGraph,
                 shape: tuning.CommShape, algorithm: str | None = None,
                 protocol: str | None = None) -> tuple[str, list[Phase]]:
     """('algorithm/protocol', phases) of NCCL's choice for `coll` of `nbytes` on `gpus`,
     restricted to `algorithm` / `protocol` where given (module docstring)."""
-    if algorithm not in COLLNET:  # NCCL_COLLNET_ENABLE is off unless CollNet is asked for
-        shape = dataclasses.replace(shape, collnet=False)
+    shape = as_configured(shape, algorithm)
     try:
         algo, proto, _ = tuning.choose(coll, nbytes, shape, algorithm, protocol,
                                        among=MODELLED)

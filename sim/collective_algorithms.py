@@ -191,9 +191,10 @@ def collnet_chain(op: str, gpus: Sequence[str], size: float, host_of: Mapping[st
     per GPU of a host (its head, leaving through its NIC), each on S/g: a chain through
     the host's GPUs from its head reduces up to the head, which sends its S/g to its
     leaf switch; the network reduces it with the other hosts' (switch-to-switch traffic
-    not simulated) and sends the sum back, which the chain passes down. Per GPU, S up
-    and S down the chains: twice an all-reduce's bytes through each NVLink (NCCL's
-    CollNet ratio 0.5); per NIC, S/g each way. One pipelined phase."""
+    not simulated) and sends the sum back, which the chain passes down. Per GPU,
+    (2g - 2)/g S out through its NVLink (up and down the chains); per NIC, S/g each way
+    (sim.nccl_collectives runs these network legs at NCCL's CollNet share). One pipelined
+    phase."""
     if op != "all-reduce":
         raise AssertionError(op)
     hosts = host_groups(gpus, host_of, "collnet-chain")

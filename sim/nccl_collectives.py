@@ -27,7 +27,8 @@ per channel leaving each host through a different NIC) on several, its tree `ncc
 latency of the pair and whose bytes are divided by the pair's efficiency: the fraction
 of the links' bandwidth its bytes get, NCCL's bus bandwidth of the pair over the raw
 channels x bw (LL 0.5, LL128 0.92, ...; NVLS nvlsEfficiency x (C-1)/C; the tree's
-size-dependent correction). So an uncontended ring of size S on n GPUs takes
+size-dependent correction; NVLS-tree and CollNet chain: on their switch legs only,
+`SWITCH_SHARE`). So an uncontended ring of size S on n GPUs takes
     latency + 2(n-1)/n x S / (B x efficiency)
 with B the achievable link bandwidth; flows share links with all other traffic.
 PAT (all-gather and reduce-scatter with one GPU per node, NCCL's default there) runs as
@@ -61,6 +62,10 @@ these doubled at run time); assumed for every NVLink node. Their bandwidth toget
 taken as the GPU's achievable NVLink bandwidth (360 GB/s in NCCL, 370.8 here)."""
 MODELLED = ("ring", "tree", "nvls", "nvls-tree", "pat", "collnet-chain")
 COLLNET = ("collnet-chain",)
+SWITCH_SHARE = ("nvls-tree", "collnet-chain")
+"""Algorithms whose efficiency applies to their flows to and from a switch only: NVLS-tree's
+NVSwitch legs (its trees' NIC flows run at their own share), CollNet chain's legs to the
+SHARP switch (its NVLink chains run at theirs)."""
 TUNED = ("all-reduce", "all-gather", "reduce-scatter", "broadcast", "reduce")
 _SHAPES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # graph -> {gpus: shape}
 UNAVAILABLE = {
@@ -154,6 +159,12 @@ def efficiency(coll: str, algorithm: str, protocol: str, nbytes: float,
     inter-node limit is the flows' own)."""
     if algorithm == "nvls":
         return tuning.NVLS_EFFICIENCY[shape.arch]
+    if algorithm == "collnet-chain":
+        # NCCL's algbw = channels x bwIntra x 0.5 (its ratio for algorithms other than
+        # the ring): each channel's network leg, S/g to the SHARP switch and back, runs at
+        # that share; the NVLink chains are the flows' own
+        return (tuning.algorithm_bandwidth(coll, algorithm, protocol, shape)
+                / tuning.raw_bus_bandwidth(algorithm, shape))
     if algorithm == "nvls-tree":
         # perChMaxNVLSTreeBw caps NCCL's bus bandwidth at channels x cap; the flows, NVLink
         # bound, reach 2(n-1)/n x ppn x bwIntra at a share of 1 (nvls_tree's docstring)
@@ -194,7 +205,7 @@ def nccl_phases(coll: str, gpus: Sequence[str], nbytes: float, graph: nx.DiGraph
                           f"({UNAVAILABLE.get(algorithm, UNAVAILABLE[None])})") from None
     flows = _flows(coll, algo, gpus, nbytes, graph)
     eff = efficiency(coll, algo, proto, nbytes, shape)
-    if algo == "nvls-tree":  # NVLS's share is the NVSwitch's; the trees' NIC flows run Simple
+    if algo in SWITCH_SHARE:  # the share is the switch legs'; GPU-to-GPU flows run Simple
         flows = [(a, b, n / eff if graph.nodes[a]["type"] == "switch"
                   or graph.nodes[b]["type"] == "switch" else n) for a, b, n in flows]
     else:

@@ -187,14 +187,17 @@ def test_pat_all_gather_with_one_gpu_per_node():
 def test_collnet_chain_through_sharp():
     """CollNet chain on 8 DGX H100 with SHARP: g chains of S/g per host, each GPU head of
     one; a GPU sends (2g - 2)/g S through its NVLink (up and down the chains), its NIC
-    S/g each way, so NVLink bounds it. NCCL's latency: 2 (ppn-1) x 2.8 + 30 us (NVLink
-    and net hwLat of CollNet chain, Simple). Only when asked for: NCCL's default leaves
-    CollNet off (NCCL_COLLNET_ENABLE=0)."""
+    S/g each way at NCCL's CollNet share 0.5 of the NIC (algbw = channels x bw x 0.5,
+    tuning.cc), so the NICs bound it: S / (g x 0.5 x 48 GB/s) = S / 192 GB/s, above the
+    NVLink's 1.75 S / 370.8 GB/s. NCCL's latency: 2 (ppn-1) x 2.8 + 30 us (NVLink and net
+    hwLat of CollNet chain, Simple). Only when asked for: NCCL's default leaves CollNet
+    off (NCCL_COLLNET_ENABLE=0)."""
     graph = fat_tree("dgx-h100", 8, "ndr", in_network_reduction=True)
     size, g = 1 << 30, 8
     r = simulate_collective("all-reduce", size, 64, graph, "collnet-chain")
     latency = (2 * 7 * 2.8 + 30.0) * 1e-6
-    assert r.time_s == pytest.approx(latency + (2 * g - 2) / g * size / H100_NVLINK, rel=1e-9)
+    assert size / g / (0.5 * NDR_NIC) > (2 * g - 2) / g * size / H100_NVLINK
+    assert r.time_s == pytest.approx(latency + size / g / (0.5 * NDR_NIC), rel=1e-9)
     assert simulate_collective("all-reduce", size, 64, graph).algorithm == "nvls-tree/Simple"
     with pytest.raises(ConfigError, match="in_network_reduction"):
         simulate_collective("all-reduce", size, 64, fat_tree("dgx-h100", 8, "ndr"),

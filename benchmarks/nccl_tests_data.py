@@ -1455,7 +1455,9 @@ POINTS: list[dict] = [
         algorithm=None,
         in_place=False,
         nccl_version='2.30.4',
-        settings='NCCL_ALGO=Ring NCCL_PROTO=Simple (all-to-all is P2P: neither applies); 4 ranks of one node',
+        settings=(
+            'NCCL_ALGO=Ring NCCL_PROTO=Simple (all-to-all is P2P: neither applies);'
+            ' 4 ranks of one node'),
         url='https://github.com/NVIDIA/nccl/issues/2169',
         quote='524288000      32768000     float    none      -1  1174.14  446.53  334.90       0',
         excluded=None,
@@ -1475,7 +1477,11 @@ POINTS: list[dict] = [
         nccl_version=None,
         settings='NCCL_ALGO=NVLS',
         url='https://github.com/NVIDIA/nccl/issues/1506',
-        quote='The bandwidth of allgather using the NVLS is only 300GB while the bandwidth of allreduce is 470GB when transmitting 1GB data. The ring algorithm for allgater is better than NVLS and the bandwith is 350GB compared to the 300GB of NVLS.',
+        quote=(
+            'The bandwidth of allgather using the NVLS is only 300GB while the '
+            'bandwidth of allreduce is 470GB when transmitting 1GB data. The ring '
+            'algorithm for allgater is better than NVLS and the bandwith is 350GB '
+            'compared to the 300GB of NVLS.'),
         kind='stated',
         excluded=None,
     ),
@@ -1494,7 +1500,11 @@ POINTS: list[dict] = [
         nccl_version=None,
         settings='NCCL_ALGO=Ring',
         url='https://github.com/NVIDIA/nccl/issues/1506',
-        quote='The bandwidth of allgather using the NVLS is only 300GB while the bandwidth of allreduce is 470GB when transmitting 1GB data. The ring algorithm for allgater is better than NVLS and the bandwith is 350GB compared to the 300GB of NVLS.',
+        quote=(
+            'The bandwidth of allgather using the NVLS is only 300GB while the '
+            'bandwidth of allreduce is 470GB when transmitting 1GB data. The ring '
+            'algorithm for allgater is better than NVLS and the bandwith is 350GB '
+            'compared to the 300GB of NVLS.'),
         kind='stated',
         excluded=None,
     ),
@@ -1513,7 +1523,11 @@ POINTS: list[dict] = [
         nccl_version=None,
         settings=None,
         url='https://github.com/NVIDIA/nccl/issues/1506',
-        quote='The bandwidth of allgather using the NVLS is only 300GB while the bandwidth of allreduce is 470GB when transmitting 1GB data. The ring algorithm for allgater is better than NVLS and the bandwith is 350GB compared to the 300GB of NVLS.',
+        quote=(
+            'The bandwidth of allgather using the NVLS is only 300GB while the '
+            'bandwidth of allreduce is 470GB when transmitting 1GB data. The ring '
+            'algorithm for allgater is better than NVLS and the bandwith is 350GB '
+            'compared to the 300GB of NVLS.'),
         kind='stated',
         excluded=None,
     ),
@@ -1532,7 +1546,10 @@ POINTS: list[dict] = [
         nccl_version=None,
         settings='NCCL_ALGO=RING, all_reduce_perf -b 2G -e 4G (busbw "about 365-370": its middle)',
         url='https://github.com/NVIDIA/nccl/issues/1455',
-        quote='1. when using ALGO=RING, busbw is about 365-370 GBps when gpus from 2 to 8 ... Busbw increase from 370 to 420, 440, 460, and 480 GBps when gpus increase from 4 to 5, 6, 7, and 8.',
+        quote=(
+            '1. when using ALGO=RING, busbw is about 365-370 GBps when gpus from 2 '
+            'to 8 ... Busbw increase from 370 to 420, 440, 460, and 480 GBps when '
+            'gpus increase from 4 to 5, 6, 7, and 8.'),
         kind='stated',
         excluded=None,
     ),
@@ -1551,7 +1568,10 @@ POINTS: list[dict] = [
         nccl_version=None,
         settings='NCCL_ALGO=NVLS, all_reduce_perf -b 2G -e 4G -g 5',
         url='https://github.com/NVIDIA/nccl/issues/1455',
-        quote='1. when using ALGO=RING, busbw is about 365-370 GBps when gpus from 2 to 8 ... Busbw increase from 370 to 420, 440, 460, and 480 GBps when gpus increase from 4 to 5, 6, 7, and 8.',
+        quote=(
+            '1. when using ALGO=RING, busbw is about 365-370 GBps when gpus from 2 '
+            'to 8 ... Busbw increase from 370 to 420, 440, 460, and 480 GBps when '
+            'gpus increase from 4 to 5, 6, 7, and 8.'),
         kind='stated',
         excluded=None,
     ),
@@ -1570,7 +1590,10 @@ POINTS: list[dict] = [
         nccl_version=None,
         settings='NCCL_ALGO=NVLS, all_reduce_perf -b 2G -e 4G -g 6',
         url='https://github.com/NVIDIA/nccl/issues/1455',
-        quote='1. when using ALGO=RING, busbw is about 365-370 GBps when gpus from 2 to 8 ... Busbw increase from 370 to 420, 440, 460, and 480 GBps when gpus increase from 4 to 5, 6, 7, and 8.',
+        quote=(
+            '1. when using ALGO=RING, busbw is about 365-370 GBps when gpus from 2 '
+            'to 8 ... Busbw increase from 370 to 420, 440, 460, and 480 GBps when '
+            'gpus increase from 4 to 5, 6, 7, and 8.'),
         kind='stated',
         excluded=None,
     ),
@@ -1589,7 +1612,10 @@ POINTS: list[dict] = [
         nccl_version=None,
         settings='NCCL_ALGO=NVLS, all_reduce_perf -b 2G -e 4G -g 7',
         url='https://github.com/NVIDIA/nccl/issues/1455',
-        quote='1. when using ALGO=RING, busbw is about 365-370 GBps when gpus from 2 to 8 ... Busbw increase from 370 to 420, 440, 460, and 480 GBps when gpus increase from 4 to 5, 6, 7, and 8.',
+        quote=(
+            '1. when using ALGO=RING, busbw is about 365-370 GBps when gpus from 2 '
+            'to 8 ... Busbw increase from 370 to 420, 440, 460, and 480 GBps when '
+            'gpus increase from 4 to 5, 6, 7, and 8.'),
         kind='stated',
         excluded=None,
     ),
@@ -1608,7 +1634,10 @@ POINTS: list[dict] = [
         nccl_version=None,
         settings='NCCL_ALGO=NVLS, all_reduce_perf -b 2G -e 4G -g 8',
         url='https://github.com/NVIDIA/nccl/issues/1455',
-        quote='1. when using ALGO=RING, busbw is about 365-370 GBps when gpus from 2 to 8 ... Busbw increase from 370 to 420, 440, 460, and 480 GBps when gpus increase from 4 to 5, 6, 7, and 8.',
+        quote=(
+            '1. when using ALGO=RING, busbw is about 365-370 GBps when gpus from 2 '
+            'to 8 ... Busbw increase from 370 to 420, 440, 460, and 480 GBps when '
+            'gpus increase from 4 to 5, 6, 7, and 8.'),
         kind='stated',
         excluded=None,
     ),
@@ -1627,7 +1656,11 @@ POINTS: list[dict] = [
         nccl_version=None,
         settings="a maintainer's expected peak (sjeaugey); size not given, simulated at 8 GiB",
         url='https://github.com/NVIDIA/nccl-tests/issues/212',
-        quote='With the protocol overhead (~20%) NCCL can get an effective NVLink bandwidth of 370GB/s, which you can observe as "BusBw" when running non-allreduce operations ... You need to run on larger sizes though; 256M is too small to reach peak bandwidth.',
+        quote=(
+            'With the protocol overhead (~20%) NCCL can get an effective NVLink '
+            'bandwidth of 370GB/s, which you can observe as "BusBw" when running '
+            'non-allreduce operations ... You need to run on larger sizes though; '
+            '256M is too small to reach peak bandwidth.'),
         kind='stated',
         excluded=None,
     ),
@@ -1646,7 +1679,11 @@ POINTS: list[dict] = [
         nccl_version=None,
         settings="a maintainer's expected peak (sjeaugey); size not given, simulated at 8 GiB",
         url='https://github.com/NVIDIA/nccl-tests/issues/212',
-        quote='With the protocol overhead (~20%) NCCL can get an effective NVLink bandwidth of 370GB/s, which you can observe as "BusBw" when running non-allreduce operations ... You need to run on larger sizes though; 256M is too small to reach peak bandwidth.',
+        quote=(
+            'With the protocol overhead (~20%) NCCL can get an effective NVLink '
+            'bandwidth of 370GB/s, which you can observe as "BusBw" when running '
+            'non-allreduce operations ... You need to run on larger sizes though; '
+            '256M is too small to reach peak bandwidth.'),
         kind='stated',
         excluded=None,
     ),
@@ -1665,7 +1702,11 @@ POINTS: list[dict] = [
         nccl_version=None,
         settings="a maintainer's expected peak (sjeaugey); size not given, simulated at 8 GiB",
         url='https://github.com/NVIDIA/nccl-tests/issues/212',
-        quote='With the protocol overhead (~20%) NCCL can get an effective NVLink bandwidth of 370GB/s, which you can observe as "BusBw" when running non-allreduce operations ... You need to run on larger sizes though; 256M is too small to reach peak bandwidth.',
+        quote=(
+            'With the protocol overhead (~20%) NCCL can get an effective NVLink '
+            'bandwidth of 370GB/s, which you can observe as "BusBw" when running '
+            'non-allreduce operations ... You need to run on larger sizes though; '
+            '256M is too small to reach peak bandwidth.'),
         kind='stated',
         excluded=None,
     ),
@@ -1682,7 +1723,9 @@ POINTS: list[dict] = [
         algorithm=None,
         in_place=False,
         nccl_version=None,
-        settings='all_reduce_perf -b 8 -e 4G -f 2 -g 8 (the result of the sweep; simulated at its largest size)',
+        settings=(
+            'all_reduce_perf -b 8 -e 4G -f 2 -g 8 (the result of the sweep; '
+            'simulated at its largest size)'),
         url='https://github.com/NVIDIA/nccl/issues/1048',
         quote='singleNode, ./build/all_reduce_perf -b 8 -e 4G -f 2 -g 8, result: 232.54GB/s',
         kind='stated',
@@ -1701,9 +1744,14 @@ POINTS: list[dict] = [
         algorithm=None,
         in_place=False,
         nccl_version='2.19.3',
-        settings='all_reduce_perf -b 4G -e 8G -g 1, NCCL_NVLS_ENABLE=1 (same busbw with 0); simulated at 8 GiB',
+        settings=(
+            'all_reduce_perf -b 4G -e 8G -g 1, NCCL_NVLS_ENABLE=1 (same busbw with '
+            '0); simulated at 8 GiB'),
         url='https://github.com/NVIDIA/nccl/issues/1221',
-        quote='I had test all_reduce on 4 node (GPU 8xH100, NIC: 8x400Gb RoCE) ... but run it on nodes which is more than 2 . I set  NCCL_NVLS_ENABLE=0 /1. it do not result in a performance improvement.  same busbw 320GB.',
+        quote=(
+            'I had test all_reduce on 4 node (GPU 8xH100, NIC: 8x400Gb RoCE) ... '
+            'but run it on nodes which is more than 2 . I set  NCCL_NVLS_ENABLE=0 '
+            '/1. it do not result in a performance improvement.  same busbw 320GB.'),
         kind='stated',
         excluded=None,
     ),
@@ -1722,7 +1770,9 @@ POINTS: list[dict] = [
         nccl_version='2.19.3',
         settings='NCCL_NVLS_ENABLE=1',
         url='https://github.com/NVIDIA/nccl/issues/1221',
-        quote='if I run all_reduce on single nodes or 2 nodes. when I set NCCL_NVLS_ENABLE=0 /1 . the bus BW will upgraded from 330GB to 430GB.',
+        quote=(
+            'if I run all_reduce on single nodes or 2 nodes. when I set '
+            'NCCL_NVLS_ENABLE=0 /1 . the bus BW will upgraded from 330GB to 430GB.'),
         kind='stated',
         excluded='"single nodes or 2 nodes" together: the node count of the figure is not known',
     ),
@@ -1741,9 +1791,13 @@ POINTS: list[dict] = [
         nccl_version=None,
         settings=None,
         url='https://github.com/NVIDIA/nccl/issues/2409',
-        quote='| `all_reduce_perf`, 16 ranks x 8 rails, 1 GiB | **216.5 GB/s** busbw (per rail ~27 GB/s) |',
+        quote=(
+            '| `all_reduce_perf`, 16 ranks x 8 rails, 1 GiB | **216.5 GB/s** busbw '
+            '(per rail ~27 GB/s) |'),
         kind='stated',
-        excluded="degraded by the reporter's own account (per GPU-to-GPU connection capped at ~13 GB/s)",
+        excluded=(
+            "degraded by the reporter's own account (per GPU-to-GPU connection "
+            'capped at ~13 GB/s)'),
     ),
     dict(
         id='i169-2n-a100-roce100-ar',
@@ -1762,7 +1816,9 @@ POINTS: list[dict] = [
         url='https://github.com/NVIDIA/nccl-tests/issues/169',
         quote='I get around 100GB/s bandwidth on every two machines doing Nccl Test.',
         kind='stated',
-        excluded='8 x 100 Gb/s RoCE NICs on PCIe whose busbw falls with every node added: a degraded fabric, and the GPU form factor is not stated',
+        excluded=(
+            '8 x 100 Gb/s RoCE NICs on PCIe whose busbw falls with every node '
+            'added: a degraded fabric, and the GPU form factor is not stated'),
     ),
     dict(
         id='i1229-rs-scaling',
@@ -1779,7 +1835,9 @@ POINTS: list[dict] = [
         nccl_version=None,
         settings=None,
         url='https://github.com/NVIDIA/nccl/issues/1229',
-        quote='the bus BW of Reduce-scatter is Linear decline, just like 360,345,320,300,280,260...',
+        quote=(
+            'the bus BW of Reduce-scatter is Linear decline, just like '
+            '360,345,320,300,280,260...'),
         kind='stated',
         excluded='size, network and NCCL version not stated',
     ),
@@ -1817,9 +1875,13 @@ POINTS: list[dict] = [
         nccl_version=None,
         settings=None,
         url='https://github.com/NVIDIA/nccl/issues/1218',
-        quote='all_gather_perf only achieves 200GBps bandwidth for 2G message size for 32 (256 GPUS) H100 nodes',
+        quote=(
+            'all_gather_perf only achieves 200GBps bandwidth for 2G message size '
+            'for 32 (256 GPUS) H100 nodes'),
         kind='stated',
-        excluded='NCCL_MIN_NCHANNELS=NCCL_MAX_NCHANNELS=16 and a single iteration (-n 1): settings the model does not take',
+        excluded=(
+            'NCCL_MIN_NCHANNELS=NCCL_MAX_NCHANNELS=16 and a single iteration (-n '
+            '1): settings the model does not take'),
     ),
     dict(
         id='cw22-a100-ar',
@@ -1835,10 +1897,13 @@ POINTS: list[dict] = [
         in_place=False,
         nccl_version=None,
         settings=None,
-        url='https://github.com/coreweave/nccl-tests/blob/703d6eb1433c983855df00a5fe3b2fd699923ab9/README.md',
+        url=(
+            'https://github.com/coreweave/nccl-tests/blob/703d6eb1433c983855df00a5fe3b2fd699923ab9/README.md'),
         quote='1073741824     268435456     float     sum    18266   58.78  113.89  5e-07',
         kind='stated',
-        excluded='A100 runs of 2022-2023 (CoreWeave, with and without SHARP): the NIC count and speed per node are not stated',
+        excluded=(
+            'A100 runs of 2022-2023 (CoreWeave, with and without SHARP): the NIC '
+            'count and speed per node are not stated'),
     ),
     dict(
         id='i812-dgxa100-192',
@@ -1855,7 +1920,9 @@ POINTS: list[dict] = [
         nccl_version=None,
         settings=None,
         url='https://github.com/NVIDIA/nccl/issues/812',
-        quote='On an Nvidia DGX-A100 system we have 8x200Gbit/s IB cards and we measure 192GB/s AllReduce BusBW.',
+        quote=(
+            'On an Nvidia DGX-A100 system we have 8x200Gbit/s IB cards and we '
+            'measure 192GB/s AllReduce BusBW.'),
         kind='stated',
         excluded='node count and size not stated',
     ),

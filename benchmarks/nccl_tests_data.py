@@ -1898,7 +1898,8 @@ POINTS: list[dict] = [
         nccl_version=None,
         settings=None,
         url=(
-            'https://github.com/coreweave/nccl-tests/blob/703d6eb1433c983855df00a5fe3b2fd699923ab9/README.md'),
+            'https://github.com/coreweave/nccl-tests/blob/'
+            '703d6eb1433c983855df00a5fe3b2fd699923ab9/README.md'),
         quote='1073741824     268435456     float     sum    18266   58.78  113.89  5e-07',
         kind='stated',
         excluded=(

@@ -9,7 +9,8 @@ called with `params` as keyword arguments; `name` names the graph. Builders and 
 - "node": kind="dgx-h100", nics=false, nvlink_latency, pcie_latency (one host with its
   host CPU and PCIe links; kinds in `nodes.NODE_KINDS`, e.g. "hgx-h100", "pcie-a100");
 - "fat_tree": node_kind, num_nodes, network="ndr", nodes_per_leaf=4, num_spines=null,
-  oversubscription=1, nvlink_latency, pcie_latency, network_latency;
+  oversubscription=1, nvlink_latency, pcie_latency, network_latency,
+  in_network_reduction=false (InfiniBand SHARP, which NCCL's CollNet uses);
 - "rail_optimized": as fat_tree but nodes_per_group=null instead of nodes_per_leaf
   (networks in `clusters.NETWORKS`: "hdr", "ndr", "roce-400g", ...);
 - "fat_tree_3tier": node_kind, num_nodes, network="ndr", nodes_per_pod=8,

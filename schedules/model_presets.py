@@ -1,4 +1,4 @@
-"""Model presets: published shapes by name (GPT-3, Llama 3, the Megatron-LM SC21 Table 1
+"""Model presets: published shapes by name (GPT-3, Llama 2, Llama 3, the Megatron-LM SC21 Table 1
 configurations, Korthikanti et al.'s 22B, Mixtral 8x7B, a DeepSeek-V3-like MoE), and
 `get_model` to look one up with Megatron-named fields overridden. Sources per preset below.
 """
@@ -27,6 +27,12 @@ _LLAMA3 = dict(swiglu=True, normalization="RMSNorm", add_bias_linear=False,
                position_embedding_type="rope", untie_embeddings_and_output_weights=True,
                use_flash_attn=True, vocab_size=128256, seq_length=8192)
 
+# Llama 2 (Touvron et al. 2023, "Llama 2: Open Foundation and Fine-Tuned Chat Models",
+# Table 1; Hugging Face meta-llama/Llama-2-*-hf config.json): Llama 3's layer kinds
+# (SwiGLU, RMSNorm, no biases, RoPE, untied output layer) with a 32,000-token vocabulary
+# and a 4096-token context; multi-head attention at 7B and 13B, 8 KV heads at 70B.
+_LLAMA2 = {**_LLAMA3, "vocab_size": 32000, "seq_length": 4096}
+
 # SC21 Table 1 (weak scaling, 1.7B .. 1T): (name, layers, hidden, heads); parameters by
 # eq. (2) round to the table's 1.7, 3.6, 7.5, 18.4, 39.1, 76.1, 145.6, 310.1, 529.6, 1008.0
 # billion. sc21-529.6b and sc21-1t are also Korthikanti et al. 2022's 530B and 1T.
@@ -46,6 +52,12 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         # Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
         # Models"), Table 3's 22B: 48 layers, hidden 6144, 64 heads (22.07B parameters).
         ModelSpec(48, 6144, 64, name="k22-22b", **_GPT),
+        ModelSpec(num_layers=32, hidden_size=4096, ffn_hidden_size=11008, num_attention_heads=32,
+                  name="llama2-7b", **_LLAMA2),
+        ModelSpec(num_layers=40, hidden_size=5120, ffn_hidden_size=13824, num_attention_heads=40,
+                  name="llama2-13b", **_LLAMA2),
+        ModelSpec(num_layers=80, hidden_size=8192, ffn_hidden_size=28672, num_attention_heads=64,
+                  num_query_groups=8, name="llama2-70b", **_LLAMA2),
         ModelSpec(num_layers=32, hidden_size=4096, ffn_hidden_size=14336, num_attention_heads=32,
                   num_query_groups=8, name="llama3-8b", **_LLAMA3),
         ModelSpec(num_layers=80, hidden_size=8192, ffn_hidden_size=28672, num_attention_heads=64,

@@ -1,7 +1,7 @@
 """The `clustersim` command line: simulate, show, compare, memory, collective, plan, jobs,
-sweep; calibrate and run on hardware (sim.cli.commands, .hardware, .memory_report,
-.collective_report, .plan_command, .jobs_command, .sweep_command; the flags and the fields
-they set: sim.cli.flags).
+sweep, serve; calibrate and run on hardware (sim.cli.commands, .hardware, .memory_report,
+.collective_report, .plan_command, .jobs_command, .sweep_command, .serve_command; the flags
+and the fields they set: sim.cli.flags).
 
 Every error a user can cause ends in one `clustersim: error: ...` line (a deadlock adds
 its rank x step report) and a non-zero exit, never a traceback. A value the user gave that
@@ -24,7 +24,7 @@ from clustersim.topologies import TopologyError
 from .. import progress
 from ..gc_pause import gc_paused
 from . import (collective_report, commands, config_files, hardware, jobs_command,
-               memory_report, plan_command, sweep_command)
+               memory_report, plan_command, serve_command, sweep_command)
 
 EXIT_USAGE, EXIT_DEADLOCK, EXIT_INTERRUPTED = 2, 3, 130  # 130: 128 + SIGINT, as shells do
 MAX_ECHO = 200  # characters of one word (a value echoed back) in an error line
@@ -52,7 +52,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="clustersim",
-        description="Discrete-event simulator of distributed LLM training.")
+        description="Discrete-event simulator of distributed LLM training and serving.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     parser.add_argument("--version", action="version", version=f"clustersim {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -63,20 +63,21 @@ def build_parser() -> argparse.ArgumentParser:
     plan_command.add_parser(sub)
     jobs_command.add_parser(sub)
     sweep_command.add_parser(sub)
+    serve_command.add_parser(sub)
     return parser
 
 
 COMMANDS = {**commands.COMMANDS, **hardware.COMMANDS, **memory_report.COMMANDS,
             **collective_report.COMMANDS, **plan_command.COMMANDS, **jobs_command.COMMANDS,
-            **sweep_command.COMMANDS}
+            **sweep_command.COMMANDS, **serve_command.COMMANDS}
 
 
-SIMULATING = ("simulate", "compare", "show", "collective", "memory", "plan", "jobs")
+SIMULATING = ("simulate", "compare", "show", "collective", "memory", "plan", "jobs", "serve")
 """Commands that run in this process with the cyclic garbage collector paused
 (sim.gc_pause); the hardware commands keep it."""
 
 
-LEAVE_FAST = ("simulate", "compare", "show", "collective", "memory")
+LEAVE_FAST = ("simulate", "compare", "show", "collective", "memory", "serve")
 """Commands that, run as the `clustersim` program (`command`), end the process as soon as
 their output is flushed: no collection of the cyclic garbage collector after the pause,
 no freeing of the run's objects one by one; the operating system frees the process (about

@@ -1,0 +1,185 @@
+"""`clustersim serve`: simulate serving a model (sim.serving) and print vLLM's benchmark
+summary; `--json PATH` writes vLLM's result keys. Flags spelled as vLLM's benchmark
+scripts spell them (`--input-len`, `--num-prompts`, `--request-rate`, `--max-num-seqs`,
+...); the model flags are `simulate`'s that shape a model (a preset, Megatron-named dims).
+Its parser (`add_parser`) and handler (`cmd_serve`), registered in COMMANDS."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+from clustersim.schedules.errors import ConfigError
+from clustersim.schedules.output_files import check_outputs, write_text_atomic
+
+from ..serving import POLICIES, Limits, load_trace, simulate_serving, synthetic
+from .flags import DEFAULT_TOPOLOGY, MODEL_FLAGS, model_from_args
+
+SERVE_MODEL_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
+                      "num_query_groups", "vocab_size", "swiglu",
+                      "untie_embeddings_and_output_weights", "add_bias_linear")
+"""`simulate`'s model flags that shape a served model (the rest are training's)."""
+DEFAULT_MODEL = "llama3-8b"
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 1")
+    return value
+
+
+def _rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a rate > 0 requests/s (inf: all "
+                                         f"at once)")
+    return value
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a fraction in (0, 1]")
+    return value
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve", help="simulate serving a model: TTFT, TPOT, throughput (vLLM's metrics)",
+        description="Simulate an LLM inference server on the topology: requests arrive, "
+                    "each replica batches them (static or continuous batching) and runs "
+                    "prefill and decode steps priced by the roofline cost model and the "
+                    "collective model; prints vLLM's benchmark summary.")
+    m = p.add_argument_group("model (a preset, optionally overridden by Megatron-named dims)")
+    m.add_argument("--model", help=f"model preset; see `clustersim models` (default "
+                                   f"{DEFAULT_MODEL})")
+    for flag in MODEL_FLAGS:
+        if flag.field in SERVE_MODEL_FIELDS:
+            flag.add_to(m)
+    m.add_argument("--dtype", default="auto", dest="serve_dtype",
+                   help="bfloat16, float16 or auto (bfloat16)")
+    m.add_argument("--quantization", choices=["fp8"], help="fp8 weights and GEMMs")
+    m.add_argument("--kv-cache-dtype", default="auto", help="auto (the dtype) or fp8")
+    c = p.add_argument_group("cluster and parallelism")
+    c.add_argument("--topology", default=DEFAULT_TOPOLOGY,
+                   help=f"preset name or topology JSON file (default {DEFAULT_TOPOLOGY})")
+    c.add_argument("--tensor-parallel-size", "-tp", type=_positive_int, default=1,
+                   dest="tp", help="GPUs per replica (default 1)")
+    c.add_argument("--pipeline-parallel-size", "-pp", type=_positive_int, default=1,
+                   dest="pp", help="pipeline stages per replica (only 1: not modelled yet)")
+    c.add_argument("--dp", "--data-parallel-size", type=_positive_int, default=1, dest="dp",
+                   help="replicas, requests sent to them in turn (default 1)")
+    c.add_argument("--gpu-memory-utilization", type=_fraction, default=0.9,
+                   help="fraction of GPU memory for weights, activations and KV cache "
+                        "(vLLM's default 0.9)")
+    c.add_argument("--compute-efficiency", type=_fraction,
+                   help="fraction of the GEMM peak reached (default: the device's "
+                        "measured ceiling x the attainment factor)")
+    c.add_argument("--memory-efficiency", type=_fraction,
+                   help="fraction of the HBM bandwidth reached (default: likewise)")
+    w = p.add_argument_group("workload and scheduler")
+    w.add_argument("--input-len", type=_positive_int, default=1024,
+                   help="prompt tokens per request (default 1024)")
+    w.add_argument("--output-len", type=_positive_int, default=128,
+                   help="output tokens per request (default 128)")
+    w.add_argument("--num-prompts", type=_positive_int, default=1000,
+                   help="requests (default 1000)")
+    w.add_argument("--request-rate", type=_rate, default=math.inf,
+                   help="Poisson arrivals per second (default inf: all at once)")
+    w.add_argument("--seed", type=int, default=0, help="seed of the arrivals (default 0)")
+    w.add_argument("--trace", metavar="PATH",
+                   help="requests from a CSV or JSONL file (arrival_time, input_tokens, "
+                        "output_tokens) instead of --input-len/--output-len/--num-prompts/"
+                        "--request-rate")
+    w.add_argument("--batching", choices=POLICIES, default="continuous",
+                   help="continuous (iteration-level, vLLM/Orca; default) or static "
+                        "(fixed batches of --batch-size)")
+    w.add_argument("--batch-size", type=_positive_int,
+                   help="requests per static batch (with --batching static)")
+    w.add_argument("--max-num-seqs", type=_positive_int, default=256,
+                   help="sequences per step (vLLM's default 256)")
+    w.add_argument("--max-num-batched-tokens", type=_positive_int,
+                   help="new tokens per step (default: max(model context, 2048), vLLM's "
+                        "without chunked prefill)")
+    p.add_argument("--json", metavar="PATH", help="write vLLM's result keys as JSON")
+
+
+WORKLOAD_FLAGS = ("input_len", "output_len", "num_prompts", "request_rate")
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    check_outputs({"--json": args.json}, {"--trace": args.trace})
+    if args.model is None and not any(getattr(args, f, None) is not None
+                                      for f in SERVE_MODEL_FIELDS):
+        args.model = DEFAULT_MODEL
+    model = model_from_args(args)
+    if args.trace:
+        defaults = {"input_len": 1024, "output_len": 128, "num_prompts": 1000,
+                    "request_rate": math.inf}
+        clash = [f"--{f.replace('_', '-')}" for f in WORKLOAD_FLAGS
+                 if getattr(args, f) != defaults[f]]
+        if clash:
+            raise ConfigError(f"--trace gives the requests: {', '.join(clash)} would change "
+                              f"nothing")
+        requests = load_trace(args.trace)
+    else:
+        requests = synthetic(args.num_prompts, args.input_len, args.output_len,
+                             args.request_rate, args.seed)
+    limits = Limits(args.max_num_seqs,
+                    args.max_num_batched_tokens or max(model.seq_length, 2048),
+                    args.batch_size)
+    result = simulate_serving(
+        model, args.topology, requests, tp=args.tp, dp=args.dp, pp=args.pp, dtype=args.serve_dtype,
+        quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
+        batching=args.batching, limits=limits,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        compute_efficiency=args.compute_efficiency, memory_efficiency=args.memory_efficiency)
+    print(summary(result, model.name or "custom", args))
+    if args.json:
+        write_text_atomic(args.json, json.dumps(result.metrics, indent=1) + "\n")
+    return 0
+
+
+def summary(result, name: str, args: argparse.Namespace) -> str:
+    """vLLM benchmark_serving's printed summary, and what one GPU's memory holds."""
+    m, cap = result.metrics, result.capacity
+    lines = [f"{'=' * 14} Serving Benchmark Result (simulated) {'=' * 14}",
+             f"{'Model:':<40}{name} on {args.topology}, tp {args.tp} x dp {args.dp}, "
+             f"{args.batching} batching",
+             f"{'Successful requests:':<40}{m['completed']:<10}",
+             f"{'Benchmark duration (s):':<40}{m['duration']:<10.2f}",
+             f"{'Total input tokens:':<40}{m['total_input_tokens']:<10}",
+             f"{'Total generated tokens:':<40}{m['total_output_tokens']:<10}",
+             f"{'Request throughput (req/s):':<40}{m['request_throughput']:<10.2f}",
+             f"{'Output token throughput (tok/s):':<40}{m['output_throughput']:<10.2f}",
+             f"{'Total Token throughput (tok/s):':<40}{m['total_token_throughput']:<10.2f}"]
+    for key, title in (("ttft", "Time to First Token"),
+                       ("tpot", "Time per Output Token (excl. 1st token)"),
+                       ("itl", "Inter-token Latency"), ("e2el", "End-to-end Latency")):
+        lines.append(f"{'-' * 15}{title}{'-' * 15}")
+        for stat in ("mean", "median", "p90", "p99"):
+            label = f"{stat.capitalize() if stat in ('mean', 'median') else stat.upper()} " \
+                    f"{key.upper()} (ms):"
+            lines.append(f"{label:<40}{m[f'{stat}_{key}_ms']:<10.2f}")
+    lines += [f"{'-' * 15}KV cache (one GPU){'-' * 15}",
+              f"{'Blocks of 16 tokens:':<40}{cap.blocks:,} "
+              f"({cap.blocks * cap.block_bytes / 1e9:.1f} GB; weights "
+              f"{cap.weights / 1e9:.1f} GB of {cap.usable / 1e9:.1f} GB usable)",
+              f"{'Usage mean / max:':<40}{m['kv_cache_usage_mean']:.1%} / "
+              f"{m['kv_cache_usage_max']:.1%}; preemptions {m['preemptions']}",
+              "=" * 66]
+    lines += [f"note: {note}" for note in result.notes]
+    return "\n".join(lines)
+
+
+COMMANDS = {"serve": cmd_serve}

@@ -1,0 +1,113 @@
+"""Serving an LLM on the simulated cluster (issue 21): requests (`workload`), the KV cache
+(`kv_cache`), the time of one engine step (`step_cost`), replicas and their batching
+policy on SimPy (`engine`), and vLLM's metrics (`metrics`). `simulate_serving` ties them
+together from names, as `clustersim serve` does.
+
+Modelled: data-parallel replicas, each a tensor-parallel group on the topology's first
+GPUs (replica r on GPUs r x tp .. (r + 1) x tp - 1, all alike, its TP collectives priced
+on the first group); static and continuous batching; bf16/fp16 models with optional fp8
+weights (`quantization='fp8'`) and fp8 KV cache. Refused with the reason: pipeline,
+sequence and expert parallelism, MoE models, chunked prefill and disaggregated prefill
+(not modelled yet).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import networkx as nx
+
+from clustersim.schedules.errors import ConfigError
+from clustersim.schedules.model import ModelSpec
+from clustersim.topologies import get_device, gpu_nodes, load_topology
+
+from ..collectives import simulate_collective
+from .engine import POLICIES, Limits, ServingRun, serve
+from .kv_cache import (GPU_MEMORY_UTILIZATION, KvCapacity, activation_reserve, kv_bytes_per_token,
+                       kv_capacity)
+from .metrics import metrics
+from .step_cost import StepCost, step_cost
+from .workload import Request, load_trace, synthetic
+
+__all__ = ["simulate_serving", "ServingResult", "Limits", "Request", "synthetic",
+           "load_trace", "POLICIES"]
+
+DTYPES = {"auto": "bf16", "bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16",
+          "float16": "fp16", "half": "fp16"}
+KV_DTYPES = {"auto": "auto", "fp8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8"}
+
+
+@dataclass
+class ServingResult:
+    """A simulated serving run: vLLM's `metrics`, the `run` behind them, one GPU's KV
+    `capacity` and step `cost`, and what was assumed (`notes`)."""
+
+    metrics: dict
+    run: ServingRun
+    capacity: KvCapacity
+    cost: StepCost
+    notes: list[str]
+
+
+def _choice(name: str, value: str, table: dict) -> str:
+    key = str(value).strip().lower()
+    if key not in table:
+        raise ConfigError(f"{name} must be one of {', '.join(table)}, got {value!r}")
+    return table[key]
+
+
+def simulate_serving(model: ModelSpec, topology: str | nx.DiGraph,
+                     requests: Sequence[Request], tp: int = 1, dp: int = 1, pp: int = 1,
+                     dtype: str = "auto", quantization: str | None = None,
+                     kv_cache_dtype: str = "auto", batching: str = "continuous",
+                     limits: Limits = Limits(),
+                     gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
+                     compute_efficiency: float | None = None,
+                     memory_efficiency: float | None = None) -> ServingResult:
+    """Serve `requests` with `dp` replicas of `model` at tensor parallelism `tp` on
+    `topology` (module docstring); raises ConfigError naming the bad setting."""
+    for name, value in (("tensor_parallel_size", tp), ("dp", dp), ("pipeline_parallel_size",
+                                                                     pp)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+    if pp > 1:
+        raise ConfigError("pipeline_parallel_size > 1: pipeline-parallel serving is not "
+                          "modelled yet")
+    if batching not in POLICIES:
+        raise ConfigError(f"batching must be one of {', '.join(POLICIES)} (chunked-prefill "
+                          f"and disaggregated are not modelled yet), got {batching!r}")
+    if quantization not in (None, "fp8"):
+        raise ConfigError(f"quantization must be fp8 or none, got {quantization!r}")
+    if not 0 < gpu_memory_utilization <= 1:
+        raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got "
+                          f"{gpu_memory_utilization!r}")
+    if batching == "static" and limits.batch_size is None:
+        raise ConfigError("static batching needs batch_size (--batch-size)")
+    if batching != "static" and limits.batch_size is not None:
+        raise ConfigError("batch_size (--batch-size) sets static batches: give "
+                          "--batching static, or --max-num-seqs for continuous batching")
+    act = _choice("dtype", dtype, DTYPES)
+    kv = _choice("kv_cache_dtype", kv_cache_dtype, KV_DTYPES)
+    graph = load_topology(topology) if not isinstance(topology, nx.DiGraph) else topology
+    gpus = gpu_nodes(graph)
+    if tp * dp > len(gpus):
+        raise ConfigError(f"tensor_parallel_size x dp = {tp * dp} GPUs, but the topology "
+                          f"has {len(gpus)}")
+    device = get_device(graph.nodes[gpus[0]]["device"])
+
+    def collective(op: str, nbytes: float) -> float:
+        return simulate_collective(op, nbytes, tp, graph).time_s
+
+    cost = step_cost(model, device, tp, act, quantization, kv, collective,
+                     compute_efficiency, memory_efficiency)
+    reserve = activation_reserve(model, tp, limits.max_num_batched_tokens,
+                                 limits.max_num_seqs, cost.activation_bytes)
+    capacity = kv_capacity(device.memory_bytes, cost.weight_bytes_per_gpu(), reserve,
+                           kv_bytes_per_token(model, 1 if kv == "fp8" else 2, tp),
+                           gpu_memory_utilization)
+    run = serve(requests, cost, capacity.blocks, dp, batching, limits)
+    notes = [f"assumed: activation reserve {reserve / 1e9:.2f} GB per GPU (one forward of "
+             f"{limits.max_num_batched_tokens} tokens; vLLM profiles it)",
+             "not modelled: host scheduling and sampling time, kernel launch gaps, "
+             "embedding and elementwise kernels"]
+    return ServingResult(metrics(run), run, capacity, cost, notes)

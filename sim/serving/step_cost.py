@@ -1,0 +1,130 @@
+"""Seconds of one engine step of a serving replica: one forward pass of a batch, on a
+tensor-parallel group of `tp` GPUs (each GPU does the same work). Units: seconds, bytes,
+FLOPs.
+
+A step runs the batch's new tokens (a prompt's, or one per decoding sequence) through
+every layer and samples one token per sequence. Per layer, on one GPU (roofline, as
+sim.cost: time = max(FLOPs / achievable FLOP/s, bytes / achievable HBM bandwidth) per
+kernel group, summed):
+- the layer's GEMMs: 2 x T x P_l / tp FLOPs (T new tokens, P_l the layer's parameters;
+  Megatron's 2 FLOPs per multiply-add) reading P_l / tp x weight bytes;
+- attention: for a sequence of q new tokens after c cached ones, 4 x d x (heads / tp) x
+  (q c + q (q + 1) / 2) FLOPs (QK^T and PV over the causal pairs, d the head dim) reading
+  the K and V of its c + q tokens (kv_cache.kv_bytes_per_token per layer);
+- with tp > 1, two all-reduces of T x h activations (Megatron's attention and MLP
+  outputs), priced by sim.collectives on the topology (NCCL's model on CUDA GPUs), not
+  overlapped with compute.
+Then the output layer on the S sampled sequences (2 x S x h x V / tp FLOPs, reading
+V h / tp weights) and, with tp > 1, an all-gather of their logits (S x V x activation
+bytes in all). So a memory-bound decode step of B sequences with contexts c_i takes
+    L x (P_l / tp x wb + sum_i c_i x kv bytes per token per layer) / (HBM x fraction)
+and a compute-bound prefill of T tokens 2 T P / (tp x peak x fraction), plus attention
+and communication. Not modelled: the embedding lookup and elementwise kernels, the
+host's scheduling and sampling time and kernel launch gaps (vLLM hides most with CUDA
+graphs), MoE layers (refused).
+
+The achievable fractions are sim.cost's: the device's measured matmul and HBM ceilings
+times ATTAINMENT (derived from a training layer; assumed to hold for inference), or the
+explicit efficiencies.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+from clustersim.schedules.errors import ConfigError
+from clustersim.schedules.model import ModelSpec
+from clustersim.topologies import DeviceSpec
+
+from ..cost import compute_fraction, memory_fraction
+from .kv_cache import kv_bytes_per_token
+
+CollectiveTime = Callable[[str, float], float]
+"""(op, nccl-tests bytes) -> seconds of that collective over the TP group."""
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """What one GPU of a replica spends per step: time of a batch of sequences, each
+    (new tokens, cached tokens before the step). Build with `step_cost`."""
+
+    model: ModelSpec
+    tp: int
+    flops_per_s: float  # achievable GEMM FLOP/s of one GPU
+    bytes_per_s: float  # achievable HBM bytes/s of one GPU
+    weight_bytes: float  # bytes per weight element (1 with fp8 weights)
+    activation_bytes: float  # bytes per activation element (the dtype's)
+    kv_token_layer_bytes: float  # K and V bytes of one token in one layer, one GPU
+    collective: CollectiveTime | None  # None with tp = 1
+
+    @property
+    def layer_params(self) -> float:
+        return self.model.layer_param_count(self.tp)
+
+    @property
+    def output_params(self) -> float:
+        return self.model.vocab_size * self.model.hidden_size / self.tp
+
+    def weight_bytes_per_gpu(self) -> float:
+        """All weights one GPU holds: its layers, its share of the embedding and the output
+        layer (vocab-parallel), the final norm."""
+        m = self.model
+        params = (m.num_layers * self.layer_params + m.embedding_param_count() / self.tp
+                  + m.output_param_count() / self.tp + m.final_norm_param_count())
+        return params * self.weight_bytes
+
+    def roofline(self, flops: float, nbytes: float) -> float:
+        return max(flops / self.flops_per_s, nbytes / self.bytes_per_s)
+
+    def time(self, batch: Sequence[tuple[int, int]]) -> float:
+        """Seconds of one step over `batch` = [(new tokens q, cached tokens c)], each
+        sequence sampling one token (module docstring)."""
+        if not batch:
+            return 0.0
+        m, tp = self.model, self.tp
+        tokens = sum(q for q, _ in batch)
+        head_dim = m.hidden_size // m.num_attention_heads
+        pairs = sum(q * c + q * (q + 1) / 2 for q, c in batch)
+        attention_flops = 4 * head_dim * (m.num_attention_heads / tp) * pairs
+        kv_bytes = sum(q + c for q, c in batch) * self.kv_token_layer_bytes
+        layer = (self.roofline(2 * tokens * self.layer_params,
+                               self.layer_params * self.weight_bytes)
+                 + self.roofline(attention_flops, kv_bytes))
+        if self.collective is not None:
+            layer += 2 * self.collective("all-reduce",
+                                         tokens * m.hidden_size * self.activation_bytes)
+        sampled = len(batch)
+        head = self.roofline(2 * sampled * self.output_params,
+                             self.output_params * self.weight_bytes)
+        if self.collective is not None:
+            head += self.collective("all-gather",
+                                    sampled * m.vocab_size * self.activation_bytes)
+        return m.num_layers * layer + head
+
+
+def step_cost(model: ModelSpec, device: DeviceSpec, tp: int, dtype: str,
+              quantization: str | None, kv_cache_dtype: str,
+              collective: CollectiveTime | None,
+              compute_efficiency: float | None = None,
+              memory_efficiency: float | None = None) -> StepCost:
+    """The StepCost of `model` on `device` (module docstring). `dtype`: 'bf16' or 'fp16'
+    (activations, and weights unless `quantization` = 'fp8': 1-byte weights, GEMMs at
+    the device's fp8 peak); `kv_cache_dtype` 'auto' (the dtype) or 'fp8'."""
+    if model.is_moe:
+        raise ConfigError(f"model {model.name or 'given'} has experts: serving MoE models "
+                          f"(expert parallelism, --ep) is not modelled yet")
+    if model.num_attention_heads % tp:
+        raise ConfigError(f"--tensor-parallel-size {tp} must divide the model's "
+                          f"{model.num_attention_heads} attention heads")
+    activation = {"bf16": 2, "fp16": 2}[dtype]
+    gemm_dtype = "fp8" if quantization == "fp8" else dtype
+    weight = 1 if quantization == "fp8" else activation
+    kv = 1 if kv_cache_dtype == "fp8" else activation
+    flops = device.peak(gemm_dtype) * compute_fraction(device, gemm_dtype, compute_efficiency)
+    hbm = device.hbm_bandwidth * memory_fraction(device, memory_efficiency)
+    per_layer = kv_bytes_per_token(model, kv, tp) / model.num_layers
+    if collective is not None and tp > 1:
+        collective = lru_cache(maxsize=None)(collective)
+    return StepCost(model, tp, flops, hbm, weight, activation, per_layer,
+                    collective if tp > 1 else None)

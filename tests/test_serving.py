@@ -1,0 +1,244 @@
+"""Serving (issue 21, first part) against closed forms typed here: KV bytes per token
+(2 x layers x kv_heads x head_dim x bytes; the vLLM paper's ~800 KB per token of a 13B
+model), a memory-bound decode step ((weights/TP + KV bytes) / (HBM x fraction)), a
+compute-bound prefill (its FLOPs / (peak x fraction)), the TP all-reduces, Little's law on
+the simulated queue, and the batching policies' schedules."""
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from clustersim.schedules.errors import ConfigError
+from clustersim.schedules.model_presets import get_model
+from clustersim.sim.collectives import simulate_collective
+from clustersim.sim.cost import ATTAINMENT
+from clustersim.sim.serving import Limits, load_trace, simulate_serving, synthetic
+from clustersim.sim.serving.kv_cache import kv_bytes_per_token
+from clustersim.sim.serving.metrics import time_average_in_system
+from clustersim.topologies import get_device
+
+H100 = get_device("h100-sxm")
+L7 = get_model("llama2-7b")
+
+
+def hbm(device=H100):
+    return device.hbm_bandwidth * device.hbm_ceiling * ATTAINMENT
+
+
+def flops(device=H100, dtype="bf16"):
+    return device.peak(dtype) * device.matmul_ceiling_of(dtype) * ATTAINMENT
+
+
+def test_llama2_presets_match_the_published_parameter_counts():
+    """Llama 2 paper / Hugging Face: 6.74B, 13.0B, 69.0B parameters."""
+    for name, billions in (("llama2-7b", 6.74), ("llama2-13b", 13.02), ("llama2-70b", 68.98)):
+        assert get_model(name).param_count() / 1e9 == pytest.approx(billions, abs=0.01)
+
+
+def test_kv_bytes_per_token():
+    """2 x layers x kv_heads x head_dim x bytes: Llama 2 7B fp16 512 KiB; 13B 800 KB (the
+    vLLM paper, Kwon et al. 2023, section 2.3: '800 KB' per token of a 13B model); GQA 70B
+    2 x 80 x 8 x 128 x 2; one KV head per GPU from tp 8 on (replicated beyond)."""
+    assert kv_bytes_per_token(L7, 2) == 2 * 32 * 32 * 128 * 2 == 512 * 1024
+    assert kv_bytes_per_token(get_model("llama2-13b"), 2) == 2 * 40 * 40 * 128 * 2 == 819200
+    l70 = get_model("llama2-70b")
+    assert kv_bytes_per_token(l70, 2) == 2 * 80 * 8 * 128 * 2
+    assert kv_bytes_per_token(l70, 1, tp=8) == 2 * 80 * 1 * 128 * 1
+    assert kv_bytes_per_token(l70, 2, tp=16) == kv_bytes_per_token(l70, 2, tp=8)
+
+
+def one_request_run(input_len, output_len, topology="dgx-h100", tp=1, **kw):
+    return simulate_serving(get_model(kw.pop("model", "llama2-7b")), topology,
+                            synthetic(1, input_len, output_len), tp=tp, **kw)
+
+
+def test_decode_step_is_weights_plus_kv_over_hbm():
+    """One sequence decoding with c tokens cached: every kernel is memory-bound, so the
+    step reads the weights (layers, output layer) and the K and V of c + 1 tokens at the
+    achievable HBM bandwidth."""
+    r = one_request_run(1000, 2)
+    layers = L7.num_layers * L7.layer_param_count() * 2
+    output = L7.vocab_size * L7.hidden_size * 2
+    kv = (1000 + 1) * kv_bytes_per_token(L7, 2)
+    decode = r.run.served[0].token_times[1] - r.run.served[0].token_times[0]
+    assert decode == pytest.approx((layers + output + kv) / hbm(), rel=1e-9)
+
+
+def test_prefill_is_its_flops_over_the_peak():
+    """A 4096-token prompt: GEMMs 2 x tokens x layer parameters and causal attention
+    4 x d x heads x q(q+1)/2 per layer run at the achievable matmul FLOP/s; the output layer
+    (one sampled token) reads its weights. TTFT of a request arriving at 0 = that."""
+    q = 4096
+    r = one_request_run(q, 1)
+    d, heads = L7.hidden_size // L7.num_attention_heads, L7.num_attention_heads
+    per_layer = 2 * q * L7.layer_param_count() + 4 * d * heads * q * (q + 1) / 2
+    head = L7.vocab_size * L7.hidden_size * 2 / hbm()
+    assert r.metrics["mean_ttft_ms"] / 1e3 == pytest.approx(
+        L7.num_layers * per_layer / flops() + head, rel=1e-9)
+    # Megatron's 2 x parameters x tokens dominates
+    gemms = 2 * q * L7.num_layers * L7.layer_param_count() / flops()
+    assert gemms < r.metrics["mean_ttft_ms"] / 1e3
+
+
+def test_tensor_parallel_step_adds_two_all_reduces_per_layer():
+    """tp 2: each GPU reads its half of the sharded weights (norms replicated) and of the KV
+    heads, all memory-bound for one sequence, and each layer pays two all-reduces of the
+    step's activations (tokens x h x 2 bytes) as NCCL runs them on the node, the output
+    layer an all-gather of the logits."""
+    c = 1000
+    r = one_request_run(c, 2, tp=2)
+    step = r.run.served[0].token_times[1] - r.run.served[0].token_times[0]
+    weights = (L7.num_layers * L7.layer_param_count(2) + L7.vocab_size * L7.hidden_size / 2) * 2
+    kv = (c + 1) * kv_bytes_per_token(L7, 2, tp=2)
+    ar = simulate_collective("all-reduce", L7.hidden_size * 2, 2, "dgx-h100").time_s
+    gather = simulate_collective("all-gather", L7.vocab_size * 2, 2, "dgx-h100").time_s
+    assert step == pytest.approx((weights + kv) / hbm() + 2 * L7.num_layers * ar + gather,
+                                 rel=1e-9)
+
+
+def test_littles_law_on_the_simulated_queue():
+    """Time-averaged requests in the system (integrated from the arrival and completion
+    events) = arrival throughput x mean end-to-end latency."""
+    r = simulate_serving(L7, "dgx-h100", synthetic(300, 600, 100, 20.0, seed=3))
+    m = r.metrics
+    assert time_average_in_system(r.run) == pytest.approx(
+        m["request_throughput"] * m["mean_e2el_ms"] / 1e3, rel=1e-9)
+    assert all(len(s.token_times) == s.request.output_tokens for s in r.run.served)
+    assert all(s.token_times[0] > s.request.arrival for s in r.run.served)
+
+
+def test_continuous_batching_of_one_sequence_serves_requests_in_turn():
+    """max_num_seqs 1: each request prefills then decodes alone, so the run lasts N times
+    one request's time and request i waits for the i before it."""
+    alone = one_request_run(500, 50).metrics["mean_e2el_ms"]
+    r = simulate_serving(L7, "dgx-h100", synthetic(4, 500, 50), limits=Limits(max_num_seqs=1))
+    assert r.metrics["duration"] * 1e3 == pytest.approx(4 * alone, rel=1e-9)
+    assert r.metrics["mean_e2el_ms"] == pytest.approx(alone * (1 + 2 + 3 + 4) / 4, rel=1e-9)
+
+
+def test_static_batch_decodes_until_its_longest_output():
+    """Static batching: the batch prefills together and runs output_len - 1 decode steps;
+    the next batch starts after it (two batches take twice one)."""
+    one = simulate_serving(L7, "dgx-h100", synthetic(8, 256, 32), batching="static",
+                           limits=Limits(batch_size=8))
+    two = simulate_serving(L7, "dgx-h100", synthetic(16, 256, 32), batching="static",
+                           limits=Limits(batch_size=8))
+    assert two.metrics["duration"] == pytest.approx(2 * one.metrics["duration"], rel=1e-9)
+    assert sum(two.run.steps) == 2 * 32
+
+
+def test_preemption_recomputes_and_every_request_completes():
+    """A KV cache too small for every running sequence: the newest are preempted and
+    recomputed; every request still gets all its tokens."""
+    r = simulate_serving(L7, "dgx-h100", synthetic(64, 1000, 400),
+                         gpu_memory_utilization=0.25)
+    assert r.metrics["preemptions"] > 0
+    assert all(len(s.token_times) == 400 for s in r.run.served)
+    assert r.metrics["kv_cache_usage_max"] <= 1.0
+
+
+def test_data_parallel_replicas_scale_throughput_not_latency():
+    """Two replicas each serve half the requests (in turn), in the time one replica serves
+    that half: throughput about doubles; one request's latency alone does not change (the
+    seeds' claim)."""
+    reqs = synthetic(64, 512, 64)
+    one = simulate_serving(L7, "dgx-h100", reqs, dp=1, limits=Limits(max_num_seqs=32))
+    two = simulate_serving(L7, "dgx-h100", reqs, dp=2, limits=Limits(max_num_seqs=32))
+    half = simulate_serving(L7, "dgx-h100", synthetic(32, 512, 64),
+                            limits=Limits(max_num_seqs=32))
+    assert two.metrics["duration"] == pytest.approx(half.metrics["duration"], rel=1e-12)
+    assert 1.9 < two.metrics["output_throughput"] / one.metrics["output_throughput"] <= 2.01
+    single = [simulate_serving(L7, "dgx-h100", synthetic(1, 512, 64), dp=d)
+              .metrics["mean_e2el_ms"] for d in (1, 2)]
+    assert single[0] == pytest.approx(single[1], rel=1e-12)
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(pp=2), "pipeline-parallel serving is not modelled"),
+    (dict(tp=3), "must divide"),
+    (dict(tp=8, dp=2), "16 GPUs, but the topology has 8"),
+    (dict(batching="static"), "needs batch_size"),
+    (dict(limits=Limits(batch_size=4)), "sets static batches"),
+    (dict(quantization="int4"), "quantization must be"),
+    (dict(kv_cache_dtype="int8"), "kv_cache_dtype must be"),
+    (dict(limits=Limits(max_num_batched_tokens=512)), "chunked prefill is not modelled"),
+])
+def test_refusals_name_the_setting(kwargs, words):
+    with pytest.raises(ConfigError, match=words):
+        simulate_serving(L7, "dgx-h100", synthetic(2, 1024, 8), **kwargs)
+
+
+def test_moe_and_too_large_models_are_refused():
+    with pytest.raises(ConfigError, match="MoE"):
+        simulate_serving(get_model("mixtral-8x7b"), "dgx-h100", synthetic(1, 8, 8))
+    with pytest.raises(ConfigError, match="no memory left for the KV cache"):
+        simulate_serving(get_model("llama2-70b"), "dgx-h100", synthetic(1, 8, 8))
+
+
+def test_trace_files(tmp_path):
+    csv_file = tmp_path / "t.csv"
+    csv_file.write_text("arrival_time,input_tokens,output_tokens\n0,10,3\n0.5,20,4\n")
+    jsonl = tmp_path / "t.jsonl"
+    jsonl.write_text('{"arrival_time": 0, "input_tokens": 10, "output_tokens": 3}\n'
+                     '{"arrival_time": 0.5, "input_tokens": 20, "output_tokens": 4}\n')
+    assert load_trace(csv_file) == load_trace(jsonl)
+    assert [(r.arrival, r.input_tokens, r.output_tokens) for r in load_trace(csv_file)] == [
+        (0.0, 10, 3), (0.5, 20, 4)]
+    bad = tmp_path / "bad.csv"
+    bad.write_text("arrival_time,input_tokens,output_tokens\n1,10,3\n0.5,x,4\n")
+    with pytest.raises(ConfigError, match="row 3: arrival_time must be"):
+        load_trace(bad)
+    bad.write_text("arrival_time,input_tokens\n1,10\n")
+    with pytest.raises(ConfigError, match="missing output_tokens"):
+        load_trace(bad)
+
+
+def test_poisson_arrivals_have_the_rate():
+    reqs = synthetic(20000, 8, 8, request_rate=50.0, seed=1)
+    assert (len(reqs) - 1) / reqs[-1].arrival == pytest.approx(50.0, rel=0.03)
+    assert all(r.arrival == 0 for r in synthetic(5, 8, 8))
+
+
+def clustersim(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "clustersim", *args], capture_output=True,
+                          text=True, timeout=120, cwd=cwd)
+
+
+def test_cli_prints_the_summary_and_writes_vllms_keys(tmp_path):
+    out = clustersim("serve", "--model", "llama2-7b", "--topology", "dgx-h100",
+                     "--input-len", "256", "--output-len", "16", "--num-prompts", "20",
+                     "--request-rate", "5", "--json", str(tmp_path / "m.json"))
+    assert out.returncode == 0, out.stderr
+    assert "Serving Benchmark Result (simulated)" in out.stdout and "Mean TTFT (ms)" in out.stdout
+    data = json.loads((tmp_path / "m.json").read_text())
+    for key in ("request_throughput", "output_throughput", "total_token_throughput",
+                "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "mean_itl_ms",
+                "mean_e2el_ms", "completed"):
+        assert key in data
+    assert data["completed"] == 20 and data["total_output_tokens"] == 20 * 16
+    assert math.isclose(data["output_throughput"], 320 / data["duration"])
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--num-prompts", "2", "-pp", "2"], "not modelled yet"),
+    (["--request-rate", "0"], "--request-rate"),
+    (["--num-prompts", "2", "--model", "mixtral-8x7b"], "MoE"),
+    (["--trace", "missing.csv"], "no such file"),
+    (["--trace", "missing.csv", "--num-prompts", "2"], "--num-prompts would change nothing"),
+    (["--micro-batch-size", "2"], "unrecognized arguments"),
+])
+def test_cli_errors_are_one_line(args, words, tmp_path):
+    out = clustersim("serve", *args, cwd=tmp_path)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("clustersim") and words in lines[0]
+
+
+def test_cli_json_never_overwrites_the_trace(tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_time,input_tokens,output_tokens\n0,10,3\n")
+    out = clustersim("serve", "--trace", str(trace), "--json", str(trace))
+    assert out.returncode == 2 and "--json" in out.stderr
+    assert trace.read_text().startswith("arrival_time")

@@ -15,32 +15,15 @@ from clustersim.topologies import load_topology
 from ..planner import SearchSpace, run_plan
 from ..planner.report import format_report, to_json
 from ..planner.space import PLANNABLE_SCHEDULES, plannable
+from .arg_types import checked_number, positive_int
 from .backend_flags import add_backend_flags
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 1")
-    return value
-
-
-def _memory_gb(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not 0 < value < 1e6:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a memory size in GB > 0 "
-                                         f"(e.g. 80)")
-    return value
+_memory_gb = checked_number(float, lambda v: 0 < v < 1e6, "a memory size in GB > 0 (e.g. 80)")
 
 
 def _int_list(text: str) -> tuple[int, ...]:
-    return tuple(_positive_int(part) for part in text.split(","))
+    return tuple(positive_int(part) for part in text.split(","))
 
 
 def _schedules(text: str) -> tuple[str, ...]:
@@ -68,13 +51,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "--html adds throughput against GPUs")
     p.add_argument("--topology", required=True, help="topology preset or JSON with at "
                                                      "least --gpus GPUs")
-    p.add_argument("--global-batch-size", type=_positive_int, required=True,
+    p.add_argument("--global-batch-size", type=positive_int, required=True,
                    help="sequences per iteration")
-    p.add_argument("--seq-length", type=_positive_int, help="tokens per sequence "
+    p.add_argument("--seq-length", type=positive_int, help="tokens per sequence "
                                                             "(default: the model's)")
     p.add_argument("--max-memory-gb", type=_memory_gb,
                    help="memory limit per GPU in GB (1e9 bytes; default: the device's)")
-    p.add_argument("--top", type=_positive_int, default=5,
+    p.add_argument("--top", type=positive_int, default=5,
                    help="candidates to rank exactly and print (default 5)")
     p.add_argument("--micro-batch-sizes", type=_int_list, default=(1, 2, 4, 8),
                    metavar="LIST", help="micro-batch sizes to try (default 1,2,4,8)")

@@ -13,6 +13,7 @@ from clustersim.schedules.errors import ConfigError
 from clustersim.schedules.output_files import check_outputs, write_text_atomic
 
 from ..serving import POLICIES, Limits, load_trace, simulate_serving, synthetic
+from .arg_types import checked_number, fraction, positive_int
 from .flags import DEFAULT_TOPOLOGY, MODEL_FLAGS, model_from_args
 
 SERVE_MODEL_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
@@ -22,35 +23,7 @@ SERVE_MODEL_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_atten
 DEFAULT_MODEL = "llama3-8b"
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 1")
-    return value
-
-
-def _rate(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a rate > 0 requests/s (inf: all "
-                                         f"at once)")
-    return value
-
-
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a fraction in (0, 1]")
-    return value
+_rate = checked_number(float, lambda v: v > 0, "a rate > 0 requests/s (inf: all at once)")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -73,26 +46,26 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     c = p.add_argument_group("cluster and parallelism")
     c.add_argument("--topology", default=DEFAULT_TOPOLOGY,
                    help=f"preset name or topology JSON file (default {DEFAULT_TOPOLOGY})")
-    c.add_argument("--tensor-parallel-size", "-tp", type=_positive_int, default=1,
+    c.add_argument("--tensor-parallel-size", "-tp", type=positive_int, default=1,
                    dest="tp", help="GPUs per replica (default 1)")
-    c.add_argument("--pipeline-parallel-size", "-pp", type=_positive_int, default=1,
+    c.add_argument("--pipeline-parallel-size", "-pp", type=positive_int, default=1,
                    dest="pp", help="pipeline stages per replica (only 1: not modelled yet)")
-    c.add_argument("--dp", "--data-parallel-size", type=_positive_int, default=1, dest="dp",
+    c.add_argument("--dp", "--data-parallel-size", type=positive_int, default=1, dest="dp",
                    help="replicas, requests sent to them in turn (default 1)")
-    c.add_argument("--gpu-memory-utilization", type=_fraction, default=0.9,
+    c.add_argument("--gpu-memory-utilization", type=fraction, default=0.9,
                    help="fraction of GPU memory for weights, activations and KV cache "
                         "(vLLM's default 0.9)")
-    c.add_argument("--compute-efficiency", type=_fraction,
+    c.add_argument("--compute-efficiency", type=fraction,
                    help="fraction of the GEMM peak reached (default: the device's "
                         "measured ceiling x the attainment factor)")
-    c.add_argument("--memory-efficiency", type=_fraction,
+    c.add_argument("--memory-efficiency", type=fraction,
                    help="fraction of the HBM bandwidth reached (default: likewise)")
     w = p.add_argument_group("workload and scheduler")
-    w.add_argument("--input-len", type=_positive_int, default=1024,
+    w.add_argument("--input-len", type=positive_int, default=1024,
                    help="prompt tokens per request (default 1024)")
-    w.add_argument("--output-len", type=_positive_int, default=128,
+    w.add_argument("--output-len", type=positive_int, default=128,
                    help="output tokens per request (default 128)")
-    w.add_argument("--num-prompts", type=_positive_int, default=1000,
+    w.add_argument("--num-prompts", type=positive_int, default=1000,
                    help="requests (default 1000)")
     w.add_argument("--request-rate", type=_rate, default=math.inf,
                    help="Poisson arrivals per second (default inf: all at once)")
@@ -104,11 +77,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     w.add_argument("--batching", choices=POLICIES, default="continuous",
                    help="continuous (iteration-level, vLLM/Orca; default) or static "
                         "(fixed batches of --batch-size)")
-    w.add_argument("--batch-size", type=_positive_int,
+    w.add_argument("--batch-size", type=positive_int,
                    help="requests per static batch (with --batching static)")
-    w.add_argument("--max-num-seqs", type=_positive_int, default=256,
+    w.add_argument("--max-num-seqs", type=positive_int, default=256,
                    help="sequences per step (vLLM's default 256)")
-    w.add_argument("--max-num-batched-tokens", type=_positive_int,
+    w.add_argument("--max-num-batched-tokens", type=positive_int,
                    help="new tokens per step (default: max(model context, 2048), vLLM's "
                         "without chunked prefill)")
     p.add_argument("--json", metavar="PATH", help="write vLLM's result keys as JSON")

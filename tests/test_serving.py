@@ -129,14 +129,43 @@ def test_static_batch_decodes_until_its_longest_output():
     assert sum(two.run.steps) == 2 * 32
 
 
+def test_chunked_prefill_feeds_a_long_prompt_over_several_steps():
+    """A 4096-token prompt under a 1024-token budget: four chunks (the prompt's cached
+    tokens growing 0, 1024, 2048, 3072), the first token after the fourth; a prompt that
+    fits runs as one prefill, as under continuous batching."""
+    r = simulate_serving(L7, "dgx-h100", synthetic(1, 4096, 3), batching="chunked-prefill",
+                         limits=Limits(max_num_batched_tokens=1024))
+    cost = r.cost
+    chunks = sum(cost.time([(1024, c)]) for c in (0, 1024, 2048, 3072))
+    assert r.metrics["mean_ttft_ms"] / 1e3 == pytest.approx(chunks, rel=1e-12)
+    assert sum(r.run.steps) == 4 + 2
+    same = [simulate_serving(L7, "dgx-h100", synthetic(1, 500, 20), batching=b)
+            .metrics["mean_e2el_ms"] for b in ("continuous", "chunked-prefill")]
+    assert same[0] == pytest.approx(same[1], rel=1e-12)
+
+
+def test_chunked_prefill_mixes_decodes_with_prompts():
+    """Under load, chunked prefill puts decodes and prompt chunks in one step: its steps
+    never exceed the token budget, every request completes, and the inter-token latency's
+    tail (a decode waiting behind a whole prefill step) is shorter than continuous
+    batching's, at the cost of TTFT."""
+    reqs = synthetic(200, 2000, 100, 8.0, seed=5)
+    cont = simulate_serving(L7, "dgx-h100", reqs)
+    chunk = simulate_serving(L7, "dgx-h100", reqs, batching="chunked-prefill",
+                             limits=Limits(max_num_batched_tokens=512))
+    assert all(len(s.token_times) == 100 for s in chunk.run.served)
+    assert chunk.metrics["p99_itl_ms"] < cont.metrics["p99_itl_ms"]
+
+
 def test_preemption_recomputes_and_every_request_completes():
     """A KV cache too small for every running sequence: the newest are preempted and
     recomputed; every request still gets all its tokens."""
-    r = simulate_serving(L7, "dgx-h100", synthetic(64, 1000, 400),
-                         gpu_memory_utilization=0.25)
-    assert r.metrics["preemptions"] > 0
-    assert all(len(s.token_times) == 400 for s in r.run.served)
-    assert r.metrics["kv_cache_usage_max"] <= 1.0
+    for batching in ("continuous", "chunked-prefill"):
+        r = simulate_serving(L7, "dgx-h100", synthetic(64, 1000, 400),
+                             gpu_memory_utilization=0.25, batching=batching)
+        assert r.metrics["preemptions"] > 0
+        assert all(len(s.token_times) == 400 for s in r.run.served)
+        assert r.metrics["kv_cache_usage_max"] <= 1.0
 
 
 def test_data_parallel_replicas_scale_throughput_not_latency():
@@ -163,7 +192,7 @@ def test_data_parallel_replicas_scale_throughput_not_latency():
     (dict(limits=Limits(batch_size=4)), "sets static batches"),
     (dict(quantization="int4"), "quantization must be"),
     (dict(kv_cache_dtype="int8"), "kv_cache_dtype must be"),
-    (dict(limits=Limits(max_num_batched_tokens=512)), "chunked prefill is not modelled"),
+    (dict(limits=Limits(max_num_batched_tokens=512)), "or use chunked-prefill batching"),
 ])
 def test_refusals_name_the_setting(kwargs, words):
     with pytest.raises(ConfigError, match=words):

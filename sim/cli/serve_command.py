@@ -75,15 +75,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "output_tokens) instead of --input-len/--output-len/--num-prompts/"
                         "--request-rate")
     w.add_argument("--batching", choices=POLICIES, default="continuous",
-                   help="continuous (iteration-level, vLLM/Orca; default) or static "
-                        "(fixed batches of --batch-size)")
+                   help="continuous (iteration-level, prefills in steps of their own: "
+                        "vLLM V0, Orca; default), chunked-prefill (decodes first, prompts "
+                        "in chunks filling the token budget: Sarathi-Serve, vLLM V1) or "
+                        "static (fixed batches of --batch-size)")
     w.add_argument("--batch-size", type=positive_int,
                    help="requests per static batch (with --batching static)")
     w.add_argument("--max-num-seqs", type=positive_int, default=256,
                    help="sequences per step (vLLM's default 256)")
     w.add_argument("--max-num-batched-tokens", type=positive_int,
                    help="new tokens per step (default: max(model context, 2048), vLLM's "
-                        "without chunked prefill)")
+                        "without chunked prefill; 2048 with it)")
     p.add_argument("--json", metavar="PATH", help="write vLLM's result keys as JSON")
 
 
@@ -109,7 +111,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         requests = synthetic(args.num_prompts, args.input_len, args.output_len,
                              args.request_rate, args.seed)
     limits = Limits(args.max_num_seqs,
-                    args.max_num_batched_tokens or max(model.seq_length, 2048),
+                    args.max_num_batched_tokens or (
+                        2048 if args.batching == "chunked-prefill"
+                        else max(model.seq_length, 2048)),
                     args.batch_size)
     result = simulate_serving(
         model, args.topology, requests, tp=args.tp, dp=args.dp, pp=args.pp, dtype=args.serve_dtype,

@@ -6,9 +6,9 @@ together from names, as `clustersim serve` does.
 Modelled: data-parallel replicas, each a tensor-parallel group on the topology's first
 GPUs (replica r on GPUs r x tp .. (r + 1) x tp - 1, all alike, its TP collectives priced
 on the first group); static and continuous batching; bf16/fp16 models with optional fp8
-weights (`quantization='fp8'`) and fp8 KV cache. Refused with the reason: pipeline,
-sequence and expert parallelism, MoE models, chunked prefill and disaggregated prefill
-(not modelled yet).
+weights (`quantization='fp8'`) and fp8 KV cache; static, continuous and chunked-prefill
+batching. Refused with the reason: pipeline, sequence and expert parallelism, MoE models,
+disaggregated prefill and decode (not modelled yet).
 """
 from __future__ import annotations
 
@@ -74,8 +74,8 @@ def simulate_serving(model: ModelSpec, topology: str | nx.DiGraph,
         raise ConfigError("pipeline_parallel_size > 1: pipeline-parallel serving is not "
                           "modelled yet")
     if batching not in POLICIES:
-        raise ConfigError(f"batching must be one of {', '.join(POLICIES)} (chunked-prefill "
-                          f"and disaggregated are not modelled yet), got {batching!r}")
+        raise ConfigError(f"batching must be one of {', '.join(POLICIES)} (disaggregated "
+                          f"is not modelled yet), got {batching!r}")
     if quantization not in (None, "fp8"):
         raise ConfigError(f"quantization must be fp8 or none, got {quantization!r}")
     if not 0 < gpu_memory_utilization <= 1:

@@ -12,6 +12,13 @@ requests go to the replicas in turn (round robin in arrival order). Policies:
   free preempts the most recently admitted one (vLLM's recompute preemption: its blocks
   are freed and it waits again, at the head of the queue, to prefill its prompt and the
   tokens it had made).
+- 'chunked-prefill' (Sarathi-Serve; vLLM's V1 scheduler): every step spends a budget of
+  `max_num_batched_tokens` new tokens, first one per decoding sequence, then on the
+  prompts in admission order, a prompt longer than what is left fed in chunks over
+  several steps (it samples its first token in the step that feeds its last chunk);
+  waiting requests are admitted with what budget and seats are left. Blocks grow with the
+  tokens cached; when none is free the newest sequence not yet in the step is preempted
+  (recompute), as above.
 - 'static': requests are served `batch_size` at a time, in arrival order: the batch
   starts when its last request has arrived, prefills together, then decodes until its
   longest output is done (finished sequences still occupy their slot: padding); the next
@@ -35,7 +42,7 @@ from .kv_cache import BlockPool, blocks_for
 from .step_cost import StepCost
 from .workload import Request
 
-POLICIES = ("continuous", "static")
+POLICIES = ("continuous", "chunked-prefill", "static")
 
 
 @dataclass
@@ -56,6 +63,7 @@ class Served:
 class _Sequence:
     served: Served
     blocks: int = 0
+    cached: int = 0  # tokens in its KV cache (chunked prefill's progress)
 
     @property
     def tokens(self) -> int:  # prompt + tokens made so far (what its KV cache holds)
@@ -112,7 +120,7 @@ def serve(requests: Sequence[Request], cost: StepCost, blocks: int, dp: int = 1,
             if not wakeups[replica].triggered:
                 wakeups[replica].succeed()
 
-    loop = _continuous if policy == "continuous" else _static
+    loop = {"continuous": _continuous, "chunked-prefill": _chunked, "static": _static}[policy]
     for replica in range(dp):
         total = sum(1 for r in served if r.request.index % dp == replica)
         env.process(loop(env, replica, total, queues[replica], wakeups, cost,
@@ -127,13 +135,17 @@ def _check(requests: Sequence[Request], blocks: int, policy: str, limits: Limits
     if not requests:
         raise ConfigError("no requests to serve")
     longest = max(r.input_tokens + r.output_tokens for r in requests)
-    if policy == "continuous":
+    if policy == "chunked-prefill":
+        if blocks_for(longest) > blocks:
+            raise ConfigError(f"a request of {longest} tokens needs {blocks_for(longest)} KV "
+                              f"blocks; the replica has {blocks}")
+    elif policy == "continuous":
         prompt = max(r.input_tokens + r.output_tokens - 1 for r in requests)
         if prompt > limits.max_num_batched_tokens:
             raise ConfigError(
                 f"a request of {longest} tokens (prompt and output) can need a prefill of "
                 f"{prompt} tokens, above --max-num-batched-tokens "
-                f"{limits.max_num_batched_tokens} (chunked prefill is not modelled yet)")
+                f"{limits.max_num_batched_tokens}: raise it, or use chunked-prefill batching")
         if blocks_for(longest) > blocks:
             raise ConfigError(f"a request of {longest} tokens needs {blocks_for(longest)} KV "
                               f"blocks; the replica has {blocks}")
@@ -190,6 +202,66 @@ def _continuous(env, replica, total, queue, wakeups, cost, pool, limits, run, no
             yield wakeups[replica]
             continue
         for seq in list(active):
+            seq.served.token_times.append(env.now)
+            if seq.served.done:
+                running.remove(seq)
+                pool.give(seq.blocks)
+                finished += 1
+                note(-1)
+
+
+def _grow(pool: BlockPool, seq: _Sequence, tokens: int) -> bool:
+    """Blocks for `tokens` more cached tokens of `seq` (True), or none taken (False)."""
+    need = blocks_for(seq.cached + tokens) - seq.blocks
+    if need <= 0 or pool.take(need):
+        seq.blocks += max(0, need)
+        return True
+    return False
+
+
+def _preempt(seq: _Sequence, running: list, queue, pool: BlockPool) -> None:
+    """Recompute preemption: free `seq`'s blocks and queue it first again."""
+    running.remove(seq)
+    pool.give(seq.blocks)
+    seq.blocks = seq.cached = 0
+    seq.served.preemptions += 1
+    queue.appendleft(seq)
+
+
+def _chunked(env, replica, total, queue, wakeups, cost, pool, limits, run, note):
+    running: list[_Sequence] = []  # in admission order
+    finished = 0
+    while finished < total:
+        budget, batch = limits.max_num_batched_tokens, []  # batch: [(seq, new tokens)]
+        for seq in sorted(running, key=lambda s: s.tokens - s.cached > 1):  # decodes first
+            if budget == 0:
+                break
+            q = min(seq.tokens - seq.cached, budget)
+            while seq in running and not _grow(pool, seq, q):
+                stepping = {id(s) for s, _ in batch}
+                _preempt(next(s for s in reversed(running) if id(s) not in stepping),
+                         running, queue, pool)
+            if seq in running:
+                batch.append((seq, q))
+                budget -= q
+        while queue and budget > 0 and len(running) < limits.max_num_seqs:
+            seq = queue[0] if isinstance(queue[0], _Sequence) else _Sequence(queue[0])
+            q = min(seq.tokens, budget)
+            if not _grow(pool, seq, q):
+                break
+            queue.popleft()
+            running.append(seq)
+            batch.append((seq, q))
+            budget -= q
+        if not batch:
+            wakeups[replica] = env.event()
+            yield wakeups[replica]
+            continue
+        yield from _step(env, cost, [(q, s.cached) for s, q in batch], run, replica, pool)
+        for seq, q in batch:
+            seq.cached += q
+            if seq.cached < seq.tokens:
+                continue  # a prompt's chunk: no token yet
             seq.served.token_times.append(env.now)
             if seq.served.done:
                 running.remove(seq)

@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+from browser import dump_dom
+
 from clustersim.schedules.errors import ConfigError
 from clustersim.schedules.model_presets import get_model
 from clustersim.sim.collectives import simulate_collective
@@ -271,3 +273,35 @@ def test_cli_json_never_overwrites_the_trace(tmp_path):
     out = clustersim("serve", "--trace", str(trace), "--json", str(trace))
     assert out.returncode == 2 and "--json" in out.stderr
     assert trace.read_text().startswith("arrival_time")
+
+
+def test_gantt_rows_are_every_gpu_and_bars_every_steps_parts():
+    """A bar per step and GPU (compute) and one more where the step communicates (tp > 1),
+    on tp x dp rows; one row per replica when that would exceed MAX_BARS."""
+    from clustersim.sim.serving import gantt
+    r = simulate_serving(L7, "dgx-h100", synthetic(6, 300, 5), tp=2, dp=2)
+    fig = gantt.serving_figure(r.run, 2, "t")
+    steps = sum(r.run.steps)
+    bars = sum(len(t.x) for t in fig.data if t.type == "bar")
+    assert bars == steps * 2 * 2  # 2 GPUs per replica, compute + communication
+    assert {t.name for t in fig.data if t.type == "bar"} == {"prefill", "decode",
+                                                            "communication"}
+    assert [label for label, _ in gantt.rows(r.run, 2)] == [
+        "replica 0 GPU 0", "replica 0 GPU 1", "replica 1 GPU 0", "replica 1 GPU 1"]
+    assert len(gantt.rows(r.run, 10**5)) == 2
+
+
+@pytest.mark.browser
+def test_chromium_draws_the_serving_page(tmp_path):
+    """The CLI's --html page in a real browser: every bar and one KV line per replica."""
+    from test_gantt import PlotDom
+    page = tmp_path / "serve.html"
+    out = clustersim("serve", "--model", "llama2-7b", "--topology", "dgx-h100", "--dp", "2",
+                     "--input-len", "128", "--output-len", "4", "--num-prompts", "4",
+                     "--html", str(page), "--json", str(tmp_path / "m.json"))
+    assert out.returncode == 0, out.stderr
+    drawn = PlotDom()
+    drawn.feed(dump_dom(page, tmp_path))
+    r = simulate_serving(L7, "dgx-h100", synthetic(4, 128, 4), dp=2)
+    assert drawn.bars == sum(r.run.steps)  # tp 1: compute bars only
+    assert drawn.lines == 2

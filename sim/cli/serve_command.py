@@ -87,13 +87,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="new tokens per step (default: max(model context, 2048), vLLM's "
                         "without chunked prefill; 2048 with it)")
     p.add_argument("--json", metavar="PATH", help="write vLLM's result keys as JSON")
+    p.add_argument("--html", metavar="PATH", help="write the page: every GPU's prefill, "
+                   "decode and communication over time, and the KV-cache usage")
 
 
 WORKLOAD_FLAGS = ("input_len", "output_len", "num_prompts", "request_rate")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    check_outputs({"--json": args.json}, {"--trace": args.trace})
+    check_outputs({"--json": args.json, "--html": args.html}, {"--trace": args.trace})
     if args.model is None and not any(getattr(args, f, None) is not None
                                       for f in SERVE_MODEL_FIELDS):
         args.model = DEFAULT_MODEL
@@ -124,6 +126,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(summary(result, model.name or "custom", args))
     if args.json:
         write_text_atomic(args.json, json.dumps(result.metrics, indent=1) + "\n")
+    if args.html:
+        from ..serving.gantt import write_serving_html  # plotly only when asked for
+        title = (f"{model.name or 'custom'} on {args.topology}: tp {args.tp} x dp {args.dp}, "
+                 f"{args.batching} batching, {result.metrics['completed']} requests")
+        print(write_serving_html(result.run, args.tp, title, args.html))
     return 0
 
 

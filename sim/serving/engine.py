@@ -70,17 +70,34 @@ class _Sequence:
         return self.served.request.input_tokens + len(self.served.token_times)
 
 
+@dataclass(frozen=True)
+class Step:
+    """One engine step of a replica: when, its prompt tokens and decoding sequences, and
+    how many of its seconds were TP communication."""
+
+    start: float
+    end: float
+    prompt_tokens: int
+    decodes: int
+    communication: float
+
+
 @dataclass
 class ServingRun:
     """What a run produced: every request's record, the KV usage samples per replica
     [(time, fraction of blocks in use)], the in-system samples [(time, count)], the
-    total blocks per replica, and the steps each replica ran."""
+    total blocks per replica, and each replica's steps."""
 
     served: list[Served]
     kv_usage: list[list[tuple[float, float]]]
     in_system: list[tuple[float, int]]
     blocks: int
-    steps: list[int]
+    step_log: list[list[Step]]
+
+    @property
+    def steps(self) -> list[int]:
+        """Steps each replica ran."""
+        return [len(log) for log in self.step_log]
 
 
 @dataclass(frozen=True)
@@ -101,7 +118,7 @@ def serve(requests: Sequence[Request], cost: StepCost, blocks: int, dp: int = 1,
     _check(requests, blocks, policy, limits)
     env = simpy.Environment()
     served = [Served(r) for r in requests]
-    run = ServingRun(served, [[] for _ in range(dp)], [], blocks, [0] * dp)
+    run = ServingRun(served, [[] for _ in range(dp)], [], blocks, [[] for _ in range(dp)])
     queues = [deque() for _ in range(dp)]
     wakeups = [env.event() for _ in range(dp)]
     live = [0]
@@ -158,8 +175,12 @@ def _check(requests: Sequence[Request], blocks: int, policy: str, limits: Limits
 
 
 def _step(env, cost: StepCost, batch, run: ServingRun, replica: int, pool: BlockPool):
-    yield env.timeout(cost.time(batch))
-    run.steps[replica] += 1
+    compute, communication = cost.parts(batch)
+    start = env.now
+    yield env.timeout(compute + communication)
+    decodes = sum(1 for q, c in batch if q == 1 and c > 0)  # one token after a cache
+    run.step_log[replica].append(Step(start, env.now, sum(q for q, _ in batch) - decodes,
+                                      decodes, communication))
     run.kv_usage[replica].append((env.now, pool.used_fraction))
 
 

@@ -80,8 +80,13 @@ class StepCost:
     def time(self, batch: Sequence[tuple[int, int]]) -> float:
         """Seconds of one step over `batch` = [(new tokens q, cached tokens c)], each
         sequence sampling one token (module docstring)."""
+        compute, communication = self.parts(batch)
+        return compute + communication
+
+    def parts(self, batch: Sequence[tuple[int, int]]) -> tuple[float, float]:
+        """(compute, TP communication) seconds of the step `time` prices."""
         if not batch:
-            return 0.0
+            return 0.0, 0.0
         m, tp = self.model, self.tp
         tokens = sum(q for q, _ in batch)
         head_dim = m.hidden_size // m.num_attention_heads
@@ -91,16 +96,15 @@ class StepCost:
         layer = (self.roofline(2 * tokens * self.layer_params,
                                self.layer_params * self.weight_bytes)
                  + self.roofline(attention_flops, kv_bytes))
-        if self.collective is not None:
-            layer += 2 * self.collective("all-reduce",
-                                         tokens * m.hidden_size * self.activation_bytes)
         sampled = len(batch)
-        head = self.roofline(2 * sampled * self.output_params,
-                             self.output_params * self.weight_bytes)
-        if self.collective is not None:
-            head += self.collective("all-gather",
-                                    sampled * m.vocab_size * self.activation_bytes)
-        return m.num_layers * layer + head
+        compute = m.num_layers * layer + self.roofline(2 * sampled * self.output_params,
+                                                       self.output_params * self.weight_bytes)
+        if self.collective is None:
+            return compute, 0.0
+        act = self.activation_bytes
+        return compute, (m.num_layers * 2 * self.collective("all-reduce",
+                                                            tokens * m.hidden_size * act)
+                         + self.collective("all-gather", sampled * m.vocab_size * act))
 
 
 def step_cost(model: ModelSpec, device: DeviceSpec, tp: int, dtype: str,

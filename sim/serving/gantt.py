@@ -1,0 +1,92 @@
+"""The serving run's page (`clustersim serve --html`): a Gantt of every GPU's engine steps
+and each replica's KV-cache usage over time, one standalone HTML file (plotly.js inlined).
+
+Rows: one per GPU (replica r, GPU g of its tensor-parallel group; the group's GPUs run the
+same steps), or one per replica when that would draw more than MAX_BARS bars (the title
+says so). A step is a prefill (it feeds only prompt tokens), a decode (one token per
+sequence) or mixed (chunked prefill: both), drawn as its compute, followed by its TP
+communication: the step's all-reduces and logit gather, which run between its layers,
+drawn together at the step's end so that their share shows. Hover a bar for the step's
+prompt tokens, decoding sequences and seconds.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from clustersim.schedules.output_files import write_text_atomic
+
+from ..gantt import PLOT_CONFIG
+from ..units import format_seconds
+from .engine import ServingRun, Step
+
+MAX_BARS = 100_000
+COLOURS = {"prefill": "#1f77b4", "decode": "#2ca02c", "mixed": "#9467bd",
+           "communication": "#d62728"}
+
+
+def step_kind(step: Step) -> str:
+    if step.prompt_tokens and step.decodes:
+        return "mixed"
+    return "prefill" if step.prompt_tokens else "decode"
+
+
+def rows(run: ServingRun, tp: int) -> list[tuple[str, int]]:
+    """(label, replica) of each drawn row (module docstring)."""
+    bars = sum(len(log) for log in run.step_log) * 2 * tp
+    if bars > MAX_BARS:
+        return [(f"replica {r} (GPUs x{tp})", r) for r in range(len(run.step_log))]
+    return [(f"replica {r} GPU {g}", r) for r in range(len(run.step_log)) for g in range(tp)]
+
+
+def serving_figure(run: ServingRun, tp: int, title: str) -> go.Figure:
+    """The Gantt of the steps and the KV-cache usage (module docstring)."""
+    drawn = rows(run, tp)
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.75, 0.25],
+                        vertical_spacing=0.06)
+    bars: dict[str, dict[str, list]] = {k: {"x": [], "base": [], "y": [], "text": []}
+                                        for k in COLOURS}
+    for label, replica in drawn:
+        for step in run.step_log[replica]:
+            kind = step_kind(step)
+            compute = step.end - step.start - step.communication
+            hover = (f"{kind}: {step.prompt_tokens} prompt tokens, {step.decodes} decoding"
+                     f"<br>compute {format_seconds(compute)}, TP communication "
+                     f"{format_seconds(step.communication)}")
+            parts = [(kind, step.start, compute)]
+            if step.communication > 0:
+                parts.append(("communication", step.end - step.communication,
+                              step.communication))
+            for key, base, width in parts:
+                bar = bars[key]
+                bar["x"].append(width)
+                bar["base"].append(base)
+                bar["y"].append(label)
+                bar["text"].append(hover)
+    for key, bar in bars.items():
+        if bar["x"]:
+            fig.add_trace(go.Bar(orientation="h", name=key, marker_color=COLOURS[key],
+                                 hovertext=bar["text"], hoverinfo="text", **{
+                                     k: bar[k] for k in ("x", "base", "y")}), row=1, col=1)
+    for replica, samples in enumerate(run.kv_usage):
+        if samples:
+            fig.add_trace(go.Scatter(x=[t for t, _ in samples], y=[u for _, u in samples],
+                                     mode="lines", line_shape="hv",
+                                     name=f"KV cache in use, replica {replica}"),
+                          row=2, col=1)
+    fig.update_layout(title=title, barmode="overlay", height=max(400, 60 + 28 * len(drawn)),
+                      legend={"orientation": "h"})
+    fig.update_yaxes(autorange="reversed", row=1, col=1)
+    fig.update_yaxes(title_text="KV blocks used", tickformat=".0%", range=[0, 1], row=2,
+                     col=1)
+    fig.update_xaxes(title_text="time (s)", row=2, col=1)
+    return fig
+
+
+def write_serving_html(run: ServingRun, tp: int, title: str, path: str | Path) -> Path:
+    """Write the page (atomically); returns its path."""
+    fig = serving_figure(run, tp, title)
+    return write_text_atomic(path, fig.to_html(include_plotlyjs=True, full_html=True,
+                                               config=PLOT_CONFIG))

@@ -95,9 +95,18 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
 }
 
 
+MODEL_ALIASES = {"llama3.1-8b": "llama3-8b", "llama3.1-70b": "llama3-70b",
+                 "llama3.1-405b": "llama3-405b", "llama3.3-70b": "llama3-70b"}
+"""Names of later releases with the same shape: Llama 3.1 and 3.3 keep Llama 3's layers
+(Llama Team 2024, section 3; Hugging Face config.json); only their longer context (RoPE
+scaling to 128K) differs, which no preset field holds."""
+
+
 def get_model(name: str, **overrides: object) -> ModelSpec:
-    """A preset by name (case-insensitive), with Megatron-named fields overridden."""
+    """A preset by name or alias (case-insensitive), with Megatron-named fields
+    overridden."""
     key = name.strip().lower()
+    key = MODEL_ALIASES.get(key, key)
     if key not in MODEL_PRESETS:
         raise ConfigError(f"unknown model {name!r}: choose one of {', '.join(MODEL_PRESETS)}")
     known = {f.name for f in fields(ModelSpec)}

@@ -305,3 +305,24 @@ def test_chromium_draws_the_serving_page(tmp_path):
     r = simulate_serving(L7, "dgx-h100", synthetic(4, 128, 4), dp=2)
     assert drawn.bars == sum(r.run.steps)  # tp 1: compute bars only
     assert drawn.lines == 2
+
+
+def test_goodput_counts_the_requests_within_every_slo():
+    """request_goodput = requests meeting all the SLOs / duration: with limits every
+    request meets it is the request throughput; with a TTFT limit between the fastest and
+    slowest TTFT it counts exactly those below."""
+    r = simulate_serving(L7, "dgx-h100", synthetic(40, 800, 40, 30.0, seed=2),
+                         slo={"ttft": 1e9, "tpot": 1e9})
+    assert r.metrics["request_goodput"] == r.metrics["request_throughput"]
+    ttfts = sorted((s.token_times[0] - s.request.arrival) * 1e3 for s in r.run.served)
+    limit = ttfts[len(ttfts) // 2]
+    r2 = simulate_serving(L7, "dgx-h100", synthetic(40, 800, 40, 30.0, seed=2),
+                          slo={"ttft": limit})
+    below = sum(t <= limit for t in ttfts)
+    assert r2.metrics["request_goodput"] == pytest.approx(below / r2.metrics["duration"])
+    with pytest.raises(ConfigError, match="goodput"):
+        simulate_serving(L7, "dgx-h100", synthetic(1, 8, 8), slo={"itl": 5})
+
+
+def test_llama31_names_are_llama3s_shapes():
+    assert get_model("Llama3.1-70B") == get_model("llama3-70b")

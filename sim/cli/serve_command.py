@@ -13,6 +13,7 @@ from clustersim.schedules.errors import ConfigError
 from clustersim.schedules.output_files import check_outputs, write_text_atomic
 
 from ..serving import POLICIES, Limits, load_trace, simulate_serving, synthetic
+from ..serving.metrics import SLO_KEYS
 from .arg_types import checked_number, fraction, positive_int
 from .flags import DEFAULT_TOPOLOGY, MODEL_FLAGS, model_from_args
 
@@ -24,6 +25,15 @@ DEFAULT_MODEL = "llama3-8b"
 
 
 _rate = checked_number(float, lambda v: v > 0, "a rate > 0 requests/s (inf: all at once)")
+_limit_ms = checked_number(float, lambda v: 0 < v < math.inf, "a limit > 0 ms")
+
+
+def _slo(text: str) -> tuple[str, float]:
+    key, _, limit = text.partition(":")
+    if key not in SLO_KEYS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY:MS with KEY one of "
+                                         f"{', '.join(SLO_KEYS)}")
+    return key, _limit_ms(limit)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -86,6 +96,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     w.add_argument("--max-num-batched-tokens", type=positive_int,
                    help="new tokens per step (default: max(model context, 2048), vLLM's "
                         "without chunked prefill; 2048 with it)")
+    w.add_argument("--goodput", nargs="+", type=_slo, metavar="KEY:MS",
+                   help="service-level objectives for request_goodput, vLLM's spelling: "
+                        "ttft:MS tpot:MS e2el:MS (any of them)")
     p.add_argument("--json", metavar="PATH", help="write vLLM's result keys as JSON")
     p.add_argument("--html", metavar="PATH", help="write the page: every GPU's prefill, "
                    "decode and communication over time, and the KV-cache usage")
@@ -122,7 +135,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
         batching=args.batching, limits=limits,
         gpu_memory_utilization=args.gpu_memory_utilization,
-        compute_efficiency=args.compute_efficiency, memory_efficiency=args.memory_efficiency)
+        compute_efficiency=args.compute_efficiency, memory_efficiency=args.memory_efficiency,
+        slo=dict(args.goodput) if args.goodput else None)
     print(summary(result, model.name or "custom", args))
     if args.json:
         write_text_atomic(args.json, json.dumps(result.metrics, indent=1) + "\n")
@@ -147,6 +161,8 @@ def summary(result, name: str, args: argparse.Namespace) -> str:
              f"{'Request throughput (req/s):':<40}{m['request_throughput']:<10.2f}",
              f"{'Output token throughput (tok/s):':<40}{m['output_throughput']:<10.2f}",
              f"{'Total Token throughput (tok/s):':<40}{m['total_token_throughput']:<10.2f}"]
+    if "request_goodput" in m:
+        lines.insert(7, f"{'Request goodput (req/s):':<40}{m['request_goodput']:<10.2f}")
     for key, title in (("ttft", "Time to First Token"),
                        ("tpot", "Time per Output Token (excl. 1st token)"),
                        ("itl", "Inter-token Latency"), ("e2el", "End-to-end Latency")):

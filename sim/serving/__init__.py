@@ -12,7 +12,7 @@ disaggregated prefill and decode (not modelled yet).
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import networkx as nx
@@ -25,7 +25,7 @@ from ..collectives import simulate_collective
 from .engine import POLICIES, Limits, ServingRun, serve
 from .kv_cache import (GPU_MEMORY_UTILIZATION, KvCapacity, activation_reserve, kv_bytes_per_token,
                        kv_capacity)
-from .metrics import metrics
+from .metrics import SLO_KEYS, metrics
 from .step_cost import StepCost, step_cost
 from .workload import Request, load_trace, synthetic
 
@@ -63,9 +63,11 @@ def simulate_serving(model: ModelSpec, topology: str | nx.DiGraph,
                      limits: Limits = Limits(),
                      gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
                      compute_efficiency: float | None = None,
-                     memory_efficiency: float | None = None) -> ServingResult:
+                     memory_efficiency: float | None = None,
+                     slo: Mapping[str, float] | None = None) -> ServingResult:
     """Serve `requests` with `dp` replicas of `model` at tensor parallelism `tp` on
-    `topology` (module docstring); raises ConfigError naming the bad setting."""
+    `topology` (module docstring); `slo`: {'ttft' | 'tpot' | 'e2el': ms} for
+    request_goodput; raises ConfigError naming the bad setting."""
     for name, value in (("tensor_parallel_size", tp), ("dp", dp), ("pipeline_parallel_size",
                                                                      pp)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -86,6 +88,10 @@ def simulate_serving(model: ModelSpec, topology: str | nx.DiGraph,
     if batching != "static" and limits.batch_size is not None:
         raise ConfigError("batch_size (--batch-size) sets static batches: give "
                           "--batching static, or --max-num-seqs for continuous batching")
+    for key, limit in (slo or {}).items():
+        if key not in SLO_KEYS or not (isinstance(limit, (int, float)) and limit > 0):
+            raise ConfigError(f"goodput: an SLO is one of {', '.join(SLO_KEYS)} with a limit "
+                              f"> 0 ms, got {key}:{limit!r}")
     act = _choice("dtype", dtype, DTYPES)
     kv = _choice("kv_cache_dtype", kv_cache_dtype, KV_DTYPES)
     graph = load_topology(topology) if not isinstance(topology, nx.DiGraph) else topology
@@ -110,4 +116,4 @@ def simulate_serving(model: ModelSpec, topology: str | nx.DiGraph,
              f"{limits.max_num_batched_tokens} tokens; vLLM profiles it)",
              "not modelled: host scheduling and sampling time, kernel launch gaps, "
              "embedding and elementwise kernels"]
-    return ServingResult(metrics(run), run, capacity, cost, notes)
+    return ServingResult(metrics(run, slo), run, capacity, cost, notes)

@@ -10,10 +10,14 @@ JSON), so that a simulated run compares like with like. Units as vLLM's: seconds
   consecutive tokens. E2EL: last token - arrival.
 - Each as mean_, median_, std_ (population), p90_ and p99_ (vLLM's percentiles: numpy's
   linear interpolation).
+- request_goodput (with service-level objectives, vLLM's --goodput): completed requests
+  whose TTFT, TPOT and E2EL are within the given limits (ms), per second.
 - kv_cache_usage_mean / _max: the fraction of the KV blocks in use after each step
   (every replica's steps), and preemptions (sequences preempted and recomputed).
 """
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -34,8 +38,19 @@ def _latencies(run: ServingRun) -> dict[str, list[float]]:
     return found
 
 
-def metrics(run: ServingRun) -> dict[str, float | int]:
-    """vLLM's result keys for `run` (module docstring)."""
+SLO_KEYS = ("ttft", "tpot", "e2el")
+
+
+def meets(served, slo: Mapping[str, float]) -> bool:
+    """Whether one request's latencies are within `slo` (ms per SLO_KEYS key)."""
+    times, arrival = served.token_times, served.request.arrival
+    values = {"ttft": times[0] - arrival, "e2el": times[-1] - arrival,
+              "tpot": (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else 0.0}
+    return all(values[key] * 1e3 <= limit for key, limit in slo.items())
+
+
+def metrics(run: ServingRun, slo: Mapping[str, float] | None = None) -> dict[str, float | int]:
+    """vLLM's result keys for `run` (module docstring); `slo` adds request_goodput."""
     seconds = duration(run)
     inputs = sum(s.request.input_tokens for s in run.served)
     outputs = sum(len(s.token_times) for s in run.served)
@@ -54,6 +69,8 @@ def metrics(run: ServingRun) -> dict[str, float | int]:
         result[f"std_{name}_ms"] = 0.0 if empty else float(ms.std())
         for p in (90, 99):
             result[f"p{p}_{name}_ms"] = 0.0 if empty else float(np.percentile(ms, p))
+    if slo:
+        result["request_goodput"] = sum(meets(s, slo) for s in run.served) / seconds
     usage = [u for samples in run.kv_usage for _, u in samples]
     result["kv_cache_usage_mean"] = float(np.mean(usage)) if usage else 0.0
     result["kv_cache_usage_max"] = float(np.max(usage)) if usage else 0.0

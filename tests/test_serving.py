@@ -187,9 +187,9 @@ def test_data_parallel_replicas_scale_throughput_not_latency():
 
 
 @pytest.mark.parametrize("kwargs, words", [
-    (dict(pp=2), "pipeline-parallel serving is not modelled"),
     (dict(tp=3), "must divide"),
     (dict(tp=8, dp=2), "16 GPUs, but the topology has 8"),
+    (dict(pp=40), "exceeds the model's 32 layers"),
     (dict(batching="static"), "needs batch_size"),
     (dict(limits=Limits(batch_size=4)), "sets static batches"),
     (dict(quantization="int4"), "quantization must be"),
@@ -253,7 +253,7 @@ def test_cli_prints_the_summary_and_writes_vllms_keys(tmp_path):
 
 
 @pytest.mark.parametrize("args, words", [
-    (["--num-prompts", "2", "-pp", "2"], "not modelled yet"),
+    (["--num-prompts", "2", "-tp", "8", "-pp", "2"], "16 GPUs, but the topology has 8"),
     (["--request-rate", "0"], "--request-rate"),
     (["--num-prompts", "2", "--model", "mixtral-8x7b"], "MoE"),
     (["--trace", "missing.csv"], "no such file"),
@@ -286,7 +286,7 @@ def test_gantt_rows_are_every_gpu_and_bars_every_steps_parts():
     assert bars == steps * 2 * 2  # 2 GPUs per replica, compute + communication
     assert {t.name for t in fig.data if t.type == "bar"} == {"prefill", "decode",
                                                             "communication"}
-    assert [label for label, _ in gantt.rows(r.run, 2)] == [
+    assert [label for label, _, _ in gantt.rows(r.run, 2)] == [
         "replica 0 GPU 0", "replica 0 GPU 1", "replica 1 GPU 0", "replica 1 GPU 1"]
     assert len(gantt.rows(r.run, 10**5)) == 2
 
@@ -326,3 +326,34 @@ def test_goodput_counts_the_requests_within_every_slo():
 
 def test_llama31_names_are_llama3s_shapes():
     assert get_model("Llama3.1-70B") == get_model("llama3-70b")
+
+
+def test_pipeline_parallel_latency_is_the_stages_plus_sends():
+    """One request on pp 2: each step runs stage 0 (half the layers, the embedding) then
+    stage 1 (the other half and the output layer), with the activations sent between them;
+    the single request's latency is pp 1's plus the sends (no faster)."""
+    from clustersim.sim.serving import stage_layers
+    assert stage_layers(L7, 3) == [11, 11, 10]
+    one = simulate_serving(L7, "dgx-h100", synthetic(1, 700, 3))
+    two = simulate_serving(L7, "dgx-h100", synthetic(1, 700, 3), pp=2)
+    s0, s1 = two.stage_costs
+    assert (s0.layers, s0.first, s0.last, s1.layers, s1.first, s1.last) == (
+        16, True, False, 16, False, True)
+    prefill = one.cost.time([(700, 0)])
+    assert s0.time([(700, 0)]) + s1.time([(700, 0)]) == pytest.approx(prefill, rel=1e-12)
+    send = simulate_collective("p2p", 700 * L7.hidden_size * 2, 2, "dgx-h100").time_s
+    assert two.metrics["mean_ttft_ms"] / 1e3 == pytest.approx(prefill + send, rel=1e-9)
+    assert two.metrics["mean_e2el_ms"] > one.metrics["mean_e2el_ms"]
+
+
+def test_pipeline_parallel_raises_throughput_with_batches_in_flight():
+    """Under load pp 2 keeps two batches in flight, one per stage: output throughput
+    near twice pp 1's on half the GPUs each, while a lone request is not faster."""
+    reqs = synthetic(256, 256, 64)
+    one = simulate_serving(L7, "dgx-h100", reqs, limits=Limits(max_num_seqs=64))
+    two = simulate_serving(L7, "dgx-h100", reqs, pp=2, limits=Limits(max_num_seqs=64))
+    assert two.metrics["output_throughput"] > 1.5 * one.metrics["output_throughput"]
+    steps = two.run.step_log[0]
+    for stage in (0, 1):  # a stage runs one step at a time
+        spans = sorted((s.start, s.end) for s in steps if s.stage == stage)
+        assert all(a[1] <= b[0] + 1e-15 for a, b in zip(spans, spans[1:]))

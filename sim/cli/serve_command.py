@@ -59,7 +59,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--tensor-parallel-size", "-tp", type=positive_int, default=1,
                    dest="tp", help="GPUs per replica (default 1)")
     c.add_argument("--pipeline-parallel-size", "-pp", type=positive_int, default=1,
-                   dest="pp", help="pipeline stages per replica (only 1: not modelled yet)")
+                   dest="pp", help="pipeline stages per replica (default 1)")
     c.add_argument("--dp", "--data-parallel-size", type=positive_int, default=1, dest="dp",
                    help="replicas, requests sent to them in turn (default 1)")
     c.add_argument("--gpu-memory-utilization", type=fraction, default=0.9,
@@ -142,9 +142,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         write_text_atomic(args.json, json.dumps(result.metrics, indent=1) + "\n")
     if args.html:
         from ..serving.gantt import write_serving_html  # plotly only when asked for
-        title = (f"{model.name or 'custom'} on {args.topology}: tp {args.tp} x dp {args.dp}, "
+        title = (f"{model.name or 'custom'} on {args.topology}: tp {args.tp} x pp {args.pp} "
+                 f"x dp {args.dp}, "
                  f"{args.batching} batching, {result.metrics['completed']} requests")
-        print(write_serving_html(result.run, args.tp, title, args.html))
+        print(write_serving_html(result.run, args.tp, title, args.html, args.pp))
     return 0
 
 
@@ -152,7 +153,8 @@ def summary(result, name: str, args: argparse.Namespace) -> str:
     """vLLM benchmark_serving's printed summary, and what one GPU's memory holds."""
     m, cap = result.metrics, result.capacity
     lines = [f"{'=' * 14} Serving Benchmark Result (simulated) {'=' * 14}",
-             f"{'Model:':<40}{name} on {args.topology}, tp {args.tp} x dp {args.dp}, "
+             f"{'Model:':<40}{name} on {args.topology}, tp {args.tp} x pp {args.pp} x dp "
+             f"{args.dp}, "
              f"{args.batching} batching",
              f"{'Successful requests:':<40}{m['completed']:<10}",
              f"{'Benchmark duration (s):':<40}{m['duration']:<10.2f}",

@@ -3,25 +3,28 @@
 policy on SimPy (`engine`), and vLLM's metrics (`metrics`). `simulate_serving` ties them
 together from names, as `clustersim serve` does.
 
-Modelled: data-parallel replicas, each a tensor-parallel group on the topology's first
-GPUs (replica r on GPUs r x tp .. (r + 1) x tp - 1, all alike, its TP collectives priced
-on the first group); static and continuous batching; bf16/fp16 models with optional fp8
-weights (`quantization='fp8'`) and fp8 KV cache; static, continuous and chunked-prefill
-batching. Refused with the reason: pipeline, sequence and expert parallelism, MoE models,
-disaggregated prefill and decode (not modelled yet).
+Modelled: data-parallel replicas of `pp` pipeline stages of a tensor-parallel group each,
+on the topology's GPUs in order (replica r, stage s on GPUs (r pp + s) tp .. + tp - 1; all
+alike: TP collectives priced on the first group, stage-to-stage sends on replica 0's
+GPUs); bf16/fp16 models with optional fp8 weights (`quantization='fp8'`) and fp8 KV
+cache; static, continuous and chunked-prefill batching. Refused with the reason: sequence
+and expert parallelism, MoE models, disaggregated prefill and decode (not modelled yet).
 """
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import networkx as nx
+import simpy
 
 from clustersim.schedules.errors import ConfigError
 from clustersim.schedules.model import ModelSpec
 from clustersim.topologies import get_device, gpu_nodes, load_topology
 
-from ..collectives import simulate_collective
+from ..collectives import Collective, run_collective, simulate_collective
+from ..flows import FlowNetwork
 from .engine import POLICIES, Limits, ServingRun, serve
 from .kv_cache import (GPU_MEMORY_UTILIZATION, KvCapacity, activation_reserve, kv_bytes_per_token,
                        kv_capacity)
@@ -39,14 +42,37 @@ KV_DTYPES = {"auto": "auto", "fp8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8"}
 
 @dataclass
 class ServingResult:
-    """A simulated serving run: vLLM's `metrics`, the `run` behind them, one GPU's KV
-    `capacity` and step `cost`, and what was assumed (`notes`)."""
+    """A simulated serving run: vLLM's `metrics`, the `run` behind them, the KV
+    `capacity` of the fullest GPU, the first stage's step `cost` (every stage's in
+    `stage_costs`), and what was assumed (`notes`)."""
 
     metrics: dict
     run: ServingRun
     capacity: KvCapacity
     cost: StepCost
     notes: list[str]
+    stage_costs: list[StepCost]
+
+
+def stage_layers(model: ModelSpec, pp: int) -> list[int]:
+    """Layers per pipeline stage: as even as can be, the first stages one more where they
+    do not divide (an assumption; vLLM's split is also even)."""
+    base, extra = divmod(model.num_layers, pp)
+    return [base + (stage < extra) for stage in range(pp)]
+
+
+def _stage_sends(graph: nx.DiGraph, gpus: Sequence[str], tp: int, bytes_per_token: float):
+    """(stage, tokens) -> seconds to send a step's activations (tokens x h) from a stage's
+    first GPU to the next stage's (replica 0's; replicas are alike), alone on the network."""
+    @lru_cache(maxsize=None)
+    def send(stage: int, tokens: int) -> float:
+        env = simpy.Environment()
+        pair = [gpus[stage * tp], gpus[(stage + 1) * tp]]
+        done = run_collective(env, FlowNetwork(env, graph), Collective.P2P, pair,
+                              tokens * bytes_per_token)
+        env.run()
+        return done.value.time_s
+    return send
 
 
 def _choice(name: str, value: str, table: dict) -> str:
@@ -72,9 +98,9 @@ def simulate_serving(model: ModelSpec, topology: str | nx.DiGraph,
                                                                      pp)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
-    if pp > 1:
-        raise ConfigError("pipeline_parallel_size > 1: pipeline-parallel serving is not "
-                          "modelled yet")
+    if pp > model.num_layers:
+        raise ConfigError(f"pipeline_parallel_size {pp} exceeds the model's "
+                          f"{model.num_layers} layers")
     if batching not in POLICIES:
         raise ConfigError(f"batching must be one of {', '.join(POLICIES)} (disaggregated "
                           f"is not modelled yet), got {batching!r}")
@@ -96,24 +122,27 @@ def simulate_serving(model: ModelSpec, topology: str | nx.DiGraph,
     kv = _choice("kv_cache_dtype", kv_cache_dtype, KV_DTYPES)
     graph = load_topology(topology) if not isinstance(topology, nx.DiGraph) else topology
     gpus = gpu_nodes(graph)
-    if tp * dp > len(gpus):
-        raise ConfigError(f"tensor_parallel_size x dp = {tp * dp} GPUs, but the topology "
-                          f"has {len(gpus)}")
+    if tp * pp * dp > len(gpus):
+        raise ConfigError(f"tensor_parallel_size x pipeline_parallel_size x dp = "
+                          f"{tp * pp * dp} GPUs, but the topology has {len(gpus)}")
     device = get_device(graph.nodes[gpus[0]]["device"])
 
     def collective(op: str, nbytes: float) -> float:
         return simulate_collective(op, nbytes, tp, graph).time_s
 
-    cost = step_cost(model, device, tp, act, quantization, kv, collective,
-                     compute_efficiency, memory_efficiency)
+    costs = [step_cost(model, device, tp, act, quantization, kv, collective,
+                       compute_efficiency, memory_efficiency, layers, stage == 0,
+                       stage == pp - 1) for stage, layers in enumerate(stage_layers(model, pp))]
     reserve = activation_reserve(model, tp, limits.max_num_batched_tokens,
-                                 limits.max_num_seqs, cost.activation_bytes)
-    capacity = kv_capacity(device.memory_bytes, cost.weight_bytes_per_gpu(), reserve,
-                           kv_bytes_per_token(model, 1 if kv == "fp8" else 2, tp),
-                           gpu_memory_utilization)
-    run = serve(requests, cost, capacity.blocks, dp, batching, limits)
+                                 limits.max_num_seqs, costs[0].activation_bytes)
+    per_token = kv_bytes_per_token(model, 1 if kv == "fp8" else 2, tp) / model.num_layers
+    capacity = min((kv_capacity(device.memory_bytes, c.weight_bytes_per_gpu(), reserve,
+                                per_token * c.layers, gpu_memory_utilization)
+                    for c in costs), key=lambda cap: cap.blocks)
+    run = serve(requests, costs, capacity.blocks, dp, batching, limits,
+                _stage_sends(graph, gpus, tp, model.hidden_size * costs[0].activation_bytes))
     notes = [f"assumed: activation reserve {reserve / 1e9:.2f} GB per GPU (one forward of "
              f"{limits.max_num_batched_tokens} tokens; vLLM profiles it)",
              "not modelled: host scheduling and sampling time, kernel launch gaps, "
              "embedding and elementwise kernels"]
-    return ServingResult(metrics(run, slo), run, capacity, cost, notes)
+    return ServingResult(metrics(run, slo), run, capacity, costs[0], notes, costs)

@@ -1,8 +1,13 @@
 """Serving replicas on the SimPy engine: requests arrive, a replica's scheduler forms
 each step's batch, the step takes step_cost's time, tokens come out. Units: seconds.
 
-`dp` replicas, each a tensor-parallel group with its own KV block pool; arriving
-requests go to the replicas in turn (round robin in arrival order). Policies:
+`dp` replicas, each `pp` pipeline stages of a tensor-parallel group, with its own KV block
+pool; arriving requests go to the replicas in turn (round robin in arrival order). With
+pp > 1 a replica runs pp schedulers over its queue and pool (vLLM's virtual engines), so
+that pp batches are in flight: a batch's step runs stage after stage, each stage one
+batch at a time in arrival order, the activations (new tokens x h) sent from each stage's
+first GPU to the next's between them (`p2p`); its tokens come out after the last stage.
+Policies (each scheduler's):
 - 'continuous' (iteration-level batching, Orca / vLLM's V0 scheduler): before every
   step, waiting requests are admitted first come first served while the running
   sequences stay within `max_num_seqs`, the step's new tokens within
@@ -31,7 +36,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import simpy
@@ -72,14 +77,15 @@ class _Sequence:
 
 @dataclass(frozen=True)
 class Step:
-    """One engine step of a replica: when, its prompt tokens and decoding sequences, and
-    how many of its seconds were TP communication."""
+    """One engine step of one pipeline stage of a replica: when, its prompt tokens and
+    decoding sequences, and how many of its seconds were TP communication."""
 
     start: float
     end: float
     prompt_tokens: int
     decodes: int
     communication: float
+    stage: int = 0
 
 
 @dataclass
@@ -96,8 +102,8 @@ class ServingRun:
 
     @property
     def steps(self) -> list[int]:
-        """Steps each replica ran."""
-        return [len(log) for log in self.step_log]
+        """Steps (batches through every stage) each replica ran."""
+        return [sum(1 for step in log if step.stage == 0) for log in self.step_log]
 
 
 @dataclass(frozen=True)
@@ -110,38 +116,91 @@ class Limits:
     batch_size: int | None = None
 
 
-def serve(requests: Sequence[Request], cost: StepCost, blocks: int, dp: int = 1,
-          policy: str = "continuous", limits: Limits = Limits()) -> ServingRun:
-    """Run `requests` through `dp` replicas of `blocks` KV blocks each (module docstring)."""
+class _Replica:
+    """One replica's shared state: its queue, block pool, stages (a resource each) and
+    schedulers' count of finished requests; `wait` / `wake` for arrivals."""
+
+    def __init__(self, env, index: int, total: int, costs: Sequence[StepCost],
+                 blocks: int, limits: Limits, run: ServingRun, note,
+                 p2p: Callable[[int, float], float] | None):
+        self.env, self.index, self.total, self.costs = env, index, total, costs
+        self.queue: deque = deque()
+        self.pool, self.limits, self.run, self.note, self.p2p = (BlockPool(blocks), limits,
+                                                                 run, note, p2p)
+        self.stages = [simpy.Resource(env, capacity=1) for _ in costs]
+        self.finished = self.taken = 0  # taken: requests static batches took
+        self._waiters: list = []
+
+    def wait(self):
+        event = self.env.event()
+        self._waiters.append(event)
+        return event
+
+    def wake(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for event in waiters:
+            event.succeed()
+
+    def step(self, batch):
+        """Run `batch` = [(new tokens, cached tokens)] through every stage (a generator)."""
+        env, tokens = self.env, sum(q for q, _ in batch)
+        decodes = sum(1 for q, c in batch if q == 1 and c > 0)  # one token after a cache
+        for stage, (cost, resource) in enumerate(zip(self.costs, self.stages)):
+            with resource.request() as turn:
+                yield turn
+                compute, communication = cost.parts(batch)
+                start = env.now
+                yield env.timeout(compute + communication)
+            self.run.step_log[self.index].append(Step(start, env.now, tokens - decodes,
+                                                      decodes, communication, stage))
+            if stage < len(self.costs) - 1:
+                yield env.timeout(self.p2p(stage, tokens))
+        self.run.kv_usage[self.index].append((env.now, self.pool.used_fraction))
+
+    def done(self, seq) -> None:
+        """`seq` made its last token: free its blocks, count it, wake idle schedulers."""
+        self.pool.give(seq.blocks)
+        self.finished += 1
+        self.note(-1)
+        self.wake()
+
+
+def serve(requests: Sequence[Request], costs: Sequence[StepCost], blocks: int, dp: int = 1,
+          policy: str = "continuous", limits: Limits = Limits(),
+          p2p: Callable[[int, float], float] | None = None) -> ServingRun:
+    """Run `requests` through `dp` replicas of `len(costs)` pipeline stages (the cost of
+    each stage's share of a step) and `blocks` KV blocks each (module docstring); `p2p`:
+    (stage, new tokens) -> seconds to send a step's activations to the next stage."""
     if policy not in POLICIES:
         raise ConfigError(f"batching must be one of {', '.join(POLICIES)}, got {policy!r}")
+    if len(costs) > 1 and p2p is None:
+        raise ValueError("pipeline stages need a p2p time")
     _check(requests, blocks, policy, limits)
     env = simpy.Environment()
     served = [Served(r) for r in requests]
     run = ServingRun(served, [[] for _ in range(dp)], [], blocks, [[] for _ in range(dp)])
-    queues = [deque() for _ in range(dp)]
-    wakeups = [env.event() for _ in range(dp)]
     live = [0]
 
     def note(change: int) -> None:
         live[0] += change
         run.in_system.append((env.now, live[0]))
 
+    replicas = [_Replica(env, i, sum(1 for r in served if r.request.index % dp == i), costs,
+                         blocks, limits, run, note, p2p) for i in range(dp)]
+
     def arrivals():
         for record in served:
             yield env.timeout(max(0.0, record.request.arrival - env.now))
-            replica = record.request.index % dp
-            record.replica = replica
-            queues[replica].append(record)
+            replica = replicas[record.request.index % dp]
+            record.replica = replica.index
+            replica.queue.append(record)
             note(+1)
-            if not wakeups[replica].triggered:
-                wakeups[replica].succeed()
+            replica.wake()
 
     loop = {"continuous": _continuous, "chunked-prefill": _chunked, "static": _static}[policy]
-    for replica in range(dp):
-        total = sum(1 for r in served if r.request.index % dp == replica)
-        env.process(loop(env, replica, total, queues[replica], wakeups, cost,
-                         BlockPool(blocks), limits, run, note))
+    for replica in replicas:
+        for _ in costs:  # one scheduler per stage: as many batches in flight
+            env.process(loop(replica))
     env.process(arrivals())
     env.run()
     return run
@@ -174,20 +233,10 @@ def _check(requests: Sequence[Request], blocks: int, policy: str, limits: Limits
                               f"{need} KV blocks; the replica has {blocks}")
 
 
-def _step(env, cost: StepCost, batch, run: ServingRun, replica: int, pool: BlockPool):
-    compute, communication = cost.parts(batch)
-    start = env.now
-    yield env.timeout(compute + communication)
-    decodes = sum(1 for q, c in batch if q == 1 and c > 0)  # one token after a cache
-    run.step_log[replica].append(Step(start, env.now, sum(q for q, _ in batch) - decodes,
-                                      decodes, communication))
-    run.kv_usage[replica].append((env.now, pool.used_fraction))
-
-
-def _continuous(env, replica, total, queue, wakeups, cost, pool, limits, run, note):
+def _continuous(r: _Replica):
     running: list[_Sequence] = []
-    finished = 0
-    while finished < total:
+    queue, pool, limits = r.queue, r.pool, r.limits
+    while r.finished < r.total:
         admitted, budget = [], limits.max_num_batched_tokens
         while queue and len(running) + len(admitted) < limits.max_num_seqs:
             seq = queue[0] if isinstance(queue[0], _Sequence) else _Sequence(queue[0])
@@ -198,8 +247,7 @@ def _continuous(env, replica, total, queue, wakeups, cost, pool, limits, run, no
             seq.blocks, budget = need, budget - seq.tokens
             admitted.append(seq)
         if admitted:
-            batch = [(s.tokens, 0) for s in admitted]
-            yield from _step(env, cost, batch, run, replica, pool)
+            yield from r.step([(s.tokens, 0) for s in admitted])
             running += admitted
             active = admitted
         elif running:
@@ -208,27 +256,19 @@ def _continuous(env, replica, total, queue, wakeups, cost, pool, limits, run, no
                     if pool.take(1):
                         seq.blocks += 1
                         continue
-                    victim = running.pop()  # the most recently admitted
-                    pool.give(victim.blocks)
-                    victim.blocks = 0
-                    victim.served.preemptions += 1
-                    queue.appendleft(victim)
+                    _preempt(running[-1], running, r)  # the most recently admitted
             if not running:
                 continue
-            batch = [(1, s.tokens - 1) for s in running]  # the last token goes in
-            yield from _step(env, cost, batch, run, replica, pool)
+            yield from r.step([(1, s.tokens - 1) for s in running])  # the last token in
             active = running
         else:
-            wakeups[replica] = env.event()
-            yield wakeups[replica]
+            yield r.wait()
             continue
         for seq in list(active):
-            seq.served.token_times.append(env.now)
+            seq.served.token_times.append(r.env.now)
             if seq.served.done:
                 running.remove(seq)
-                pool.give(seq.blocks)
-                finished += 1
-                note(-1)
+                r.done(seq)
 
 
 def _grow(pool: BlockPool, seq: _Sequence, tokens: int) -> bool:
@@ -240,19 +280,20 @@ def _grow(pool: BlockPool, seq: _Sequence, tokens: int) -> bool:
     return False
 
 
-def _preempt(seq: _Sequence, running: list, queue, pool: BlockPool) -> None:
+def _preempt(seq: _Sequence, running: list, r: _Replica) -> None:
     """Recompute preemption: free `seq`'s blocks and queue it first again."""
     running.remove(seq)
-    pool.give(seq.blocks)
+    r.pool.give(seq.blocks)
     seq.blocks = seq.cached = 0
     seq.served.preemptions += 1
-    queue.appendleft(seq)
+    r.queue.appendleft(seq)
+    r.wake()
 
 
-def _chunked(env, replica, total, queue, wakeups, cost, pool, limits, run, note):
+def _chunked(r: _Replica):
     running: list[_Sequence] = []  # in admission order
-    finished = 0
-    while finished < total:
+    queue, pool, limits = r.queue, r.pool, r.limits
+    while r.finished < r.total:
         budget, batch = limits.max_num_batched_tokens, []  # batch: [(seq, new tokens)]
         for seq in sorted(running, key=lambda s: s.tokens - s.cached > 1):  # decodes first
             if budget == 0:
@@ -261,7 +302,7 @@ def _chunked(env, replica, total, queue, wakeups, cost, pool, limits, run, note)
             while seq in running and not _grow(pool, seq, q):
                 stepping = {id(s) for s, _ in batch}
                 _preempt(next(s for s in reversed(running) if id(s) not in stepping),
-                         running, queue, pool)
+                         running, r)
             if seq in running:
                 batch.append((seq, q))
                 budget -= q
@@ -275,56 +316,52 @@ def _chunked(env, replica, total, queue, wakeups, cost, pool, limits, run, note)
             batch.append((seq, q))
             budget -= q
         if not batch:
-            wakeups[replica] = env.event()
-            yield wakeups[replica]
+            yield r.wait()
             continue
-        yield from _step(env, cost, [(q, s.cached) for s, q in batch], run, replica, pool)
+        yield from r.step([(q, s.cached) for s, q in batch])
         for seq, q in batch:
             seq.cached += q
             if seq.cached < seq.tokens:
                 continue  # a prompt's chunk: no token yet
-            seq.served.token_times.append(env.now)
+            seq.served.token_times.append(r.env.now)
             if seq.served.done:
                 running.remove(seq)
-                pool.give(seq.blocks)
-                finished += 1
-                note(-1)
+                r.done(seq)
 
 
-def _static(env, replica, total, queue, wakeups, cost, pool, limits, run, note):
-    size = limits.batch_size or 1
-    finished = 0
-    while finished < total:
-        want = min(size, total - finished)
-        while len(queue) < want:
-            wakeups[replica] = env.event()
-            yield wakeups[replica]
-        batch = [_Sequence(queue.popleft()) for _ in range(want)]
+def _static(r: _Replica):
+    size = r.limits.batch_size or 1
+    while r.taken < r.total:
+        want = min(size, r.total - r.taken)
+        while len(r.queue) < want:
+            yield r.wait()
+            want = min(size, r.total - r.taken)
+        if want == 0:
+            return
+        batch = [_Sequence(r.queue.popleft()) for _ in range(want)]
+        r.taken += want
         for seq in batch:
             seq.blocks = blocks_for(seq.served.request.input_tokens
                                     + seq.served.request.output_tokens)
-            if not pool.take(seq.blocks):
-                raise AssertionError("static batch checked to fit")
-        yield from _step(env, cost, [(s.tokens, 0) for s in batch], run, replica, pool)
-        finished += _emit(env, batch, note)
-        steps = max(s.served.request.output_tokens for s in batch) - 1
-        for _ in range(steps):
-            yield from _step(env, cost, [(1, s.tokens - 1) for s in batch], run, replica,
-                             pool)
-            finished += _emit(env, [s for s in batch if not s.served.done], note)
+            if not r.pool.take(seq.blocks):
+                raise AssertionError("static batches checked to fit")
+        yield from r.step([(s.tokens, 0) for s in batch])
+        _emit(r, batch)
+        for _ in range(max(s.served.request.output_tokens for s in batch) - 1):
+            yield from r.step([(1, s.tokens - 1) for s in batch])
+            _emit(r, [s for s in batch if not s.served.done])
         for seq in batch:  # finished sequences held their blocks (padding) until now
-            pool.give(seq.blocks)
+            r.pool.give(seq.blocks)
+        r.wake()
 
 
-def _emit(env, batch: list[_Sequence], note) -> int:
-    """Each sequence of `batch` makes a token now; the count of those that are done."""
-    done = 0
+def _emit(r: _Replica, batch: list[_Sequence]) -> None:
+    """Each sequence of `batch` makes a token now; those done leave the system."""
     for seq in batch:
-        seq.served.token_times.append(env.now)
+        seq.served.token_times.append(r.env.now)
         if seq.served.done:
-            done += 1
-            note(-1)
-    return done
+            r.finished += 1
+            r.note(-1)
 
 
 def duration(run: ServingRun) -> float:

@@ -1,9 +1,9 @@
 """The serving run's page (`clustersim serve --html`): a Gantt of every GPU's engine steps
 and each replica's KV-cache usage over time, one standalone HTML file (plotly.js inlined).
 
-Rows: one per GPU (replica r, GPU g of its tensor-parallel group; the group's GPUs run the
-same steps), or one per replica when that would draw more than MAX_BARS bars (the title
-says so). A step is a prefill (it feeds only prompt tokens), a decode (one token per
+Rows: one per GPU (replica r, pipeline stage s, GPU g of its tensor-parallel group; the
+group's GPUs run the same steps), or one per stage of a replica when that would draw more
+than MAX_BARS bars (the label says so). A step is a prefill (it feeds only prompt tokens), a decode (one token per
 sequence) or mixed (chunked prefill: both), drawn as its compute, followed by its TP
 communication: the step's all-reduces and logit gather, which run between its layers,
 drawn together at the step's end so that their share shows. Hover a bar for the step's
@@ -33,23 +33,26 @@ def step_kind(step: Step) -> str:
     return "prefill" if step.prompt_tokens else "decode"
 
 
-def rows(run: ServingRun, tp: int) -> list[tuple[str, int]]:
-    """(label, replica) of each drawn row (module docstring)."""
+def rows(run: ServingRun, tp: int, pp: int = 1) -> list[tuple[str, int, int]]:
+    """(label, replica, stage) of each drawn row (module docstring)."""
     bars = sum(len(log) for log in run.step_log) * 2 * tp
+    stage = (lambda s: f" stage {s}") if pp > 1 else (lambda s: "")
     if bars > MAX_BARS:
-        return [(f"replica {r} (GPUs x{tp})", r) for r in range(len(run.step_log))]
-    return [(f"replica {r} GPU {g}", r) for r in range(len(run.step_log)) for g in range(tp)]
+        return [(f"replica {r}{stage(s)} (GPUs x{tp})", r, s)
+                for r in range(len(run.step_log)) for s in range(pp)]
+    return [(f"replica {r}{stage(s)} GPU {g}", r, s) for r in range(len(run.step_log))
+            for s in range(pp) for g in range(tp)]
 
 
-def serving_figure(run: ServingRun, tp: int, title: str) -> go.Figure:
+def serving_figure(run: ServingRun, tp: int, title: str, pp: int = 1) -> go.Figure:
     """The Gantt of the steps and the KV-cache usage (module docstring)."""
-    drawn = rows(run, tp)
+    drawn = rows(run, tp, pp)
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.75, 0.25],
                         vertical_spacing=0.06)
     bars: dict[str, dict[str, list]] = {k: {"x": [], "base": [], "y": [], "text": []}
                                         for k in COLOURS}
-    for label, replica in drawn:
-        for step in run.step_log[replica]:
+    for label, replica, stage in drawn:
+        for step in (s for s in run.step_log[replica] if s.stage == stage):
             kind = step_kind(step)
             compute = step.end - step.start - step.communication
             hover = (f"{kind}: {step.prompt_tokens} prompt tokens, {step.decodes} decoding"
@@ -85,8 +88,9 @@ def serving_figure(run: ServingRun, tp: int, title: str) -> go.Figure:
     return fig
 
 
-def write_serving_html(run: ServingRun, tp: int, title: str, path: str | Path) -> Path:
+def write_serving_html(run: ServingRun, tp: int, title: str, path: str | Path,
+                       pp: int = 1) -> Path:
     """Write the page (atomically); returns its path."""
-    fig = serving_figure(run, tp, title)
+    fig = serving_figure(run, tp, title, pp)
     return write_text_atomic(path, fig.to_html(include_plotlyjs=True, full_html=True,
                                                config=PLOT_CONFIG))

@@ -3,7 +3,8 @@ tensor-parallel group of `tp` GPUs (each GPU does the same work). Units: seconds
 FLOPs.
 
 A step runs the batch's new tokens (a prompt's, or one per decoding sequence) through
-every layer and samples one token per sequence. Per layer, on one GPU (roofline, as
+every layer and samples one token per sequence; with pipeline parallelism a StepCost is
+one stage's share (its layers, the output layer on the last). Per layer, on one GPU (roofline, as
 sim.cost: time = max(FLOPs / achievable FLOP/s, bytes / achievable HBM bandwidth) per
 kernel group, summed):
 - the layer's GEMMs: 2 x T x P_l / tp FLOPs (T new tokens, P_l the layer's parameters;
@@ -57,6 +58,9 @@ class StepCost:
     activation_bytes: float  # bytes per activation element (the dtype's)
     kv_token_layer_bytes: float  # K and V bytes of one token in one layer, one GPU
     collective: CollectiveTime | None  # None with tp = 1
+    layers: int  # the layers this pipeline stage holds (all of them without PP)
+    first: bool = True  # it holds the embedding
+    last: bool = True  # it holds the output layer and samples
 
     @property
     def layer_params(self) -> float:
@@ -67,11 +71,14 @@ class StepCost:
         return self.model.vocab_size * self.model.hidden_size / self.tp
 
     def weight_bytes_per_gpu(self) -> float:
-        """All weights one GPU holds: its layers, its share of the embedding and the output
-        layer (vocab-parallel), the final norm."""
+        """All weights one GPU holds: its stage's layers, its share of the embedding (first
+        stage) and of the output layer (vocab-parallel) and the final norm (last stage)."""
         m = self.model
-        params = (m.num_layers * self.layer_params + m.embedding_param_count() / self.tp
-                  + m.output_param_count() / self.tp + m.final_norm_param_count())
+        params = self.layers * self.layer_params
+        if self.first:
+            params += m.embedding_param_count() / self.tp
+        if self.last:
+            params += m.output_param_count() / self.tp + m.final_norm_param_count()
         return params * self.weight_bytes
 
     def roofline(self, flops: float, nbytes: float) -> float:
@@ -97,24 +104,30 @@ class StepCost:
                                self.layer_params * self.weight_bytes)
                  + self.roofline(attention_flops, kv_bytes))
         sampled = len(batch)
-        compute = m.num_layers * layer + self.roofline(2 * sampled * self.output_params,
-                                                       self.output_params * self.weight_bytes)
+        compute = self.layers * layer
+        if self.last:
+            compute += self.roofline(2 * sampled * self.output_params,
+                                     self.output_params * self.weight_bytes)
         if self.collective is None:
             return compute, 0.0
         act = self.activation_bytes
-        return compute, (m.num_layers * 2 * self.collective("all-reduce",
-                                                            tokens * m.hidden_size * act)
-                         + self.collective("all-gather", sampled * m.vocab_size * act))
+        communication = self.layers * 2 * self.collective("all-reduce",
+                                                          tokens * m.hidden_size * act)
+        if self.last:
+            communication += self.collective("all-gather", sampled * m.vocab_size * act)
+        return compute, communication
 
 
 def step_cost(model: ModelSpec, device: DeviceSpec, tp: int, dtype: str,
               quantization: str | None, kv_cache_dtype: str,
               collective: CollectiveTime | None,
               compute_efficiency: float | None = None,
-              memory_efficiency: float | None = None) -> StepCost:
+              memory_efficiency: float | None = None, layers: int | None = None,
+              first: bool = True, last: bool = True) -> StepCost:
     """The StepCost of `model` on `device` (module docstring). `dtype`: 'bf16' or 'fp16'
     (activations, and weights unless `quantization` = 'fp8': 1-byte weights, GEMMs at
-    the device's fp8 peak); `kv_cache_dtype` 'auto' (the dtype) or 'fp8'."""
+    the device's fp8 peak); `kv_cache_dtype` 'auto' (the dtype) or 'fp8'; `layers`,
+    `first`, `last`: a pipeline stage's share (default: the whole model)."""
     if model.is_moe:
         raise ConfigError(f"model {model.name or 'given'} has experts: serving MoE models "
                           f"(expert parallelism, --ep) is not modelled yet")
@@ -131,4 +144,5 @@ def step_cost(model: ModelSpec, device: DeviceSpec, tp: int, dtype: str,
     if collective is not None and tp > 1:
         collective = lru_cache(maxsize=None)(collective)
     return StepCost(model, tp, flops, hbm, weight, activation, per_layer,
-                    collective if tp > 1 else None)
+                    collective if tp > 1 else None,
+                    model.num_layers if layers is None else layers, first, last)

@@ -14,8 +14,9 @@ training layer) and the collective model's. Error = simulated / published - 1.
 
 The claims (same run): data parallelism scales throughput but not latency; tensor
 parallelism lowers latency at a communication cost that grows off NVLink (Llama 3 70B on
-one DGX H100 at tp 2, 4, 8 and across two on an NDR fat tree at tp 16). Sequence and
-pipeline parallelism are not modelled yet (said in the output).
+one DGX H100 at tp 2, 4, 8 and across two on an NDR fat tree at tp 16); pipeline
+parallelism raises throughput but not a lone request's latency. Sequence parallelism is
+not modelled yet (said in the output).
 
     python benchmarks/serving.py
 Writes benchmarks/results/serving.md and .json.
@@ -88,8 +89,20 @@ def claims() -> list[str]:
         ar = simulate_collective("all-reduce", l70.hidden_size * 2, tp, topo).time_s
         lines.append(f"| {tp} | {link} | {m['mean_tpot_ms']:.2f} | "
                      f"{2 * l70.num_layers * ar * 1e3:.2f} |")
-    lines += ["", "Sequence parallelism (helps prefill, not decode) and pipeline parallelism "
-              "(throughput, not single-request latency): not modelled yet, so not shown."]
+    lines += ["", "Pipeline parallelism (Llama 3 70B, bf16, tp 4 per stage on one DGX H100; "
+              "256 requests of 512 + 128 tokens at once, at most 64 per step; and one "
+              "request alone):", "",
+              "| pp | GPUs | output tok/s | one request's E2E latency (ms) |",
+              "|---:|---:|---:|---:|"]
+    for pp in (1, 2):
+        many = simulate_serving(l70, "dgx-h100", synthetic(256, 512, 128), tp=4, pp=pp,
+                                limits=Limits(max_num_seqs=64)).metrics
+        one = simulate_serving(l70, "dgx-h100", synthetic(1, 512, 128), tp=4,
+                               pp=pp).metrics
+        lines.append(f"| {pp} | {4 * pp} | {many['output_throughput']:,.0f} | "
+                     f"{one['mean_e2el_ms']:.1f} |")
+    lines += ["", "Sequence parallelism (helps prefill, not decode): not modelled yet, so not "
+              "shown."]
     return lines
 
 

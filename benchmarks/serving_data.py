@@ -9,7 +9,9 @@ benchmark_latency: one batch of `batch_size` prompts, mean over iterations). `pr
 fp8 = FP8 weights, GEMMs and KV cache (TensorRT-LLM's FP8 tables), fp16/bf16 = both.
 `topology`: the preset the run is simulated on (the sources' A100s are not said to be
 SXM4-80GB; simulated as DGX A100's). `excluded`: why a source's rows are not simulated
-(decided from the source alone, before simulating).
+(decided from the source alone, before simulating). The Mixtral rows were first left out
+because MoE serving was not modelled; they are simulated since it is (experts sharded over
+the TP group).
 
 Collected 2026-11-28 from TensorRT-LLM's performance pages (0.9.0 via a fork pinned by
 commit, 0.6.1 upstream) and vLLM's CI benchmark page (research notes in the closing note
@@ -453,12 +455,67 @@ POINTS: list[dict] = [
         excluded=None,
     ),
     dict(
-        id='trt090-mixtral',
-        source='TensorRT-LLM 0.9.0 Mixtral 8x7B rows (throughput, first-token latency)',
+        id='trt090-a100-mixtral-128-128',
+        source=(
+            'TensorRT-LLM 0.9.0, gptSessionBenchmark (static batching); experts '
+            'sharded over TP (its default then; the page does not say)'),
         url=(
             'https://github.com/WhiteD2125/TensorRT-LLM/blob/6ad7cf1bcc08e31990c62b'
             'a929a8e84f35667654/docs/source/performance/perf-overview.md'),
-        excluded='MoE: expert parallelism is not modelled yet',
+        model='mixtral-8x7b',
+        topology='dgx-a100',
+        tp=2,
+        precision='fp16',
+        batch_size=512,
+        input_len=128,
+        output_len=128,
+        metric='output_throughput_per_gpu',
+        value=2842,
+        unit='out tok/s/GPU',
+        quote='| Mixtral 8x7B | 512 | 2 | 128 | 128 | 2,842 |',
+        excluded=None,
+    ),
+    dict(
+        id='trt090-a100-mixtral-2048-2048',
+        source=(
+            'TensorRT-LLM 0.9.0, gptSessionBenchmark (static batching); experts '
+            'sharded over TP (its default then; the page does not say)'),
+        url=(
+            'https://github.com/WhiteD2125/TensorRT-LLM/blob/6ad7cf1bcc08e31990c62b'
+            'a929a8e84f35667654/docs/source/performance/perf-overview.md'),
+        model='mixtral-8x7b',
+        topology='dgx-a100',
+        tp=2,
+        precision='fp16',
+        batch_size=32,
+        input_len=2048,
+        output_len=2048,
+        metric='output_throughput_per_gpu',
+        value=801,
+        unit='out tok/s/GPU',
+        quote='| Mixtral 8x7B | 32 | 2 | 2048 | 2048 | 801 |',
+        excluded=None,
+    ),
+    dict(
+        id='trt090-a100-mixtral-ftl-2048',
+        source=(
+            'TensorRT-LLM 0.9.0, gptSessionBenchmark (static batching), low-latency '
+            'table (batch 1, first-token latency); experts sharded over TP'),
+        url=(
+            'https://github.com/WhiteD2125/TensorRT-LLM/blob/6ad7cf1bcc08e31990c62b'
+            'a929a8e84f35667654/docs/source/performance/perf-overview.md'),
+        model='mixtral-8x7b',
+        topology='dgx-a100',
+        tp=2,
+        precision='fp16',
+        batch_size=1,
+        input_len=2048,
+        output_len=1,
+        metric='first_token_latency_ms',
+        value=160.9,
+        unit='ms',
+        quote='| Mixtral 8x7B | 1 | 2 | 2048 | 160.9 |',
+        excluded=None,
     ),
     dict(
         id='trt061-a100-70b-128-128',
@@ -507,9 +564,23 @@ POINTS: list[dict] = [
             'sample, not given'),
     ),
     dict(
-        id='vllm-ci-mixtral',
-        source='vLLM CI Mixtral 8x7B TP2 latency',
-        url='https://buildkite.com/vllm/performance-benchmark/builds/9515',
-        excluded='MoE: expert parallelism is not modelled yet',
+        id='vllm-ci-h200-mixtral-tp2',
+        source=(
+            'vLLM CI performance benchmark build 9515 (benchmark_latency: 32 in, 128 '
+            'out, batch 8; version not shown); experts sharded over TP (vLLM default)'),
+        url=(
+            'https://buildkite.com/vllm/performance-benchmark/builds/9515'),
+        model='mixtral-8x7b',
+        topology='dgx-h200',
+        tp=2,
+        precision='bf16',
+        batch_size=8,
+        input_len=32,
+        output_len=128,
+        metric='e2e_latency_ms',
+        value=1917.44,
+        unit='ms',
+        quote='latency_mixtral8x7B_tp2 | H200 | 1917.44 | 1916.58 | 1929 |',
+        excluded=None,
     ),
 ]

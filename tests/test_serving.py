@@ -201,9 +201,29 @@ def test_refusals_name_the_setting(kwargs, words):
         simulate_serving(L7, "dgx-h100", synthetic(2, 1024, 8), **kwargs)
 
 
-def test_moe_and_too_large_models_are_refused():
-    with pytest.raises(ConfigError, match="MoE"):
-        simulate_serving(get_model("mixtral-8x7b"), "dgx-h100", synthetic(1, 8, 8))
+def test_moe_decode_reads_the_experts_its_tokens_reach():
+    """Mixtral 8x7B, tp 2: a decode step of one sequence reads every layer's attention and
+    router weights and k = 2 of its 8 experts (1 - (1 - 2/8)^1 = 1/4 of them), memory-bound;
+    a 4096-token prefill reaches all 8 and runs 2 x tokens x (attention + 2 experts)."""
+    mix = get_model("mixtral-8x7b")
+    r = simulate_serving(mix, "dgx-h100", synthetic(1, 100, 2), tp=2)
+    c = r.cost
+    assert c.moe_layers == 32 and c.experts_touched(1) == pytest.approx(2)
+    assert c.experts_touched(4096) == pytest.approx(8)
+    expert = mix.layer_expert_param_count(2) / 8
+    other = mix.layer_param_count(2) - 8 * expert
+    attention_kv = 101 * kv_bytes_per_token(mix, 2, tp=2)
+    weights = (32 * (other + 2 * expert) + mix.vocab_size * mix.hidden_size / 2) * 2
+    compute = r.run.served[0].token_times[1] - r.run.served[0].token_times[0]
+    _, communication = c.parts([(1, 101)])
+    assert compute - communication == pytest.approx((weights + attention_kv) / hbm(),
+                                                    rel=1e-9)
+    assert c.weight_bytes_per_gpu() == pytest.approx(
+        (32 * mix.layer_param_count(2) + mix.vocab_size * mix.hidden_size
+         + mix.hidden_size) * 2)
+
+
+def test_too_large_models_are_refused():
     with pytest.raises(ConfigError, match="no memory left for the KV cache"):
         simulate_serving(get_model("llama2-70b"), "dgx-h100", synthetic(1, 8, 8))
 
@@ -255,7 +275,7 @@ def test_cli_prints_the_summary_and_writes_vllms_keys(tmp_path):
 @pytest.mark.parametrize("args, words", [
     (["--num-prompts", "2", "-tp", "8", "-pp", "2"], "16 GPUs, but the topology has 8"),
     (["--request-rate", "0"], "--request-rate"),
-    (["--num-prompts", "2", "--model", "mixtral-8x7b"], "MoE"),
+    (["--num-prompts", "2", "--model", "mixtral-8x7b", "--ep", "2"], "unrecognized"),
     (["--trace", "missing.csv"], "no such file"),
     (["--trace", "missing.csv", "--num-prompts", "2"], "--num-prompts would change nothing"),
     (["--micro-batch-size", "2"], "unrecognized arguments"),

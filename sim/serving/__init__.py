@@ -7,8 +7,9 @@ Modelled: data-parallel replicas of `pp` pipeline stages of a tensor-parallel gr
 on the topology's GPUs in order (replica r, stage s on GPUs (r pp + s) tp .. + tp - 1; all
 alike: TP collectives priced on the first group, stage-to-stage sends on replica 0's
 GPUs); bf16/fp16 models with optional fp8 weights (`quantization='fp8'`) and fp8 KV
-cache; static, continuous and chunked-prefill batching. Refused with the reason: sequence
-and expert parallelism, MoE models, disaggregated prefill and decode (not modelled yet).
+cache; MoE models with their experts sharded over the TP group; static, continuous and
+chunked-prefill batching. Refused with the reason: sequence and expert parallelism,
+disaggregated prefill and decode (not modelled yet).
 """
 from __future__ import annotations
 
@@ -130,9 +131,13 @@ def simulate_serving(model: ModelSpec, topology: str | nx.DiGraph,
     def collective(op: str, nbytes: float) -> float:
         return simulate_collective(op, nbytes, tp, graph).time_s
 
-    costs = [step_cost(model, device, tp, act, quantization, kv, collective,
-                       compute_efficiency, memory_efficiency, layers, stage == 0,
-                       stage == pp - 1) for stage, layers in enumerate(stage_layers(model, pp))]
+    split, costs = stage_layers(model, pp), []
+    for stage, layers in enumerate(split):
+        first_layer = sum(split[:stage])
+        moe = sum(model.is_moe_layer(i) for i in range(first_layer, first_layer + layers))
+        costs.append(step_cost(model, device, tp, act, quantization, kv, collective,
+                               compute_efficiency, memory_efficiency, layers, stage == 0,
+                               stage == pp - 1, moe))
     reserve = activation_reserve(model, tp, limits.max_num_batched_tokens,
                                  limits.max_num_seqs, costs[0].activation_bytes)
     per_token = kv_bytes_per_token(model, 1 if kv == "fp8" else 2, tp) / model.num_layers

@@ -22,7 +22,13 @@ bytes in all). So a memory-bound decode step of B sequences with contexts c_i ta
 and a compute-bound prefill of T tokens 2 T P / (tp x peak x fraction), plus attention
 and communication. Not modelled: the embedding lookup and elementwise kernels, the
 host's scheduling and sampling time and kernel launch gaps (vLLM hides most with CUDA
-graphs), MoE layers (refused).
+graphs).
+
+MoE layers (experts sharded over the TP group, as vLLM without expert parallelism; every
+token to top-k experts): the layer's other weights (attention, router, shared experts) as
+a dense layer's, plus 2 x k x the expert's parameters / tp FLOPs per token, reading the
+experts the step's tokens reach, E (1 - (1 - k/E)^T) of them in expectation under uniform
+routing (an assumption: real routers are skewed). Expert parallelism is not modelled.
 
 The achievable fractions are sim.cost's: the device's measured matmul and HBM ceilings
 times ATTAINMENT (derived from a training layer; assumed to hold for inference), or the
@@ -61,10 +67,30 @@ class StepCost:
     layers: int  # the layers this pipeline stage holds (all of them without PP)
     first: bool = True  # it holds the embedding
     last: bool = True  # it holds the output layer and samples
+    moe_layers: int = 0  # of `layers`, those with experts
 
     @property
     def layer_params(self) -> float:
-        return self.model.layer_param_count(self.tp)
+        """Parameters of a dense layer on one GPU."""
+        return self.model.layer_param_count(self.tp, layer=0 if self.model.is_moe else None)
+
+    @property
+    def expert_params(self) -> float:
+        """Parameters of one routed expert on one GPU (its 1/tp shard)."""
+        return self.model.layer_expert_param_count(self.tp) / self.model.num_experts
+
+    @property
+    def moe_other_params(self) -> float:
+        """Parameters of an MoE layer on one GPU other than its routed experts (attention,
+        router, shared experts, norms): every token uses them."""
+        m = self.model
+        return m.layer_param_count(self.tp) - m.num_experts * self.expert_params
+
+    def experts_touched(self, tokens: int) -> float:
+        """Expected routed experts a layer reads for `tokens` tokens, each sent to top-k of
+        E experts uniformly at random (an assumption): E (1 - (1 - k/E)^tokens)."""
+        e, k = self.model.num_experts, self.model.moe_router_topk
+        return e * (1 - (1 - k / e) ** tokens)
 
     @property
     def output_params(self) -> float:
@@ -74,7 +100,9 @@ class StepCost:
         """All weights one GPU holds: its stage's layers, its share of the embedding (first
         stage) and of the output layer (vocab-parallel) and the final norm (last stage)."""
         m = self.model
-        params = self.layers * self.layer_params
+        params = (self.layers - self.moe_layers) * self.layer_params
+        if self.moe_layers:
+            params += self.moe_layers * m.layer_param_count(self.tp)
         if self.first:
             params += m.embedding_param_count() / self.tp
         if self.last:
@@ -100,11 +128,17 @@ class StepCost:
         pairs = sum(q * c + q * (q + 1) / 2 for q, c in batch)
         attention_flops = 4 * head_dim * (m.num_attention_heads / tp) * pairs
         kv_bytes = sum(q + c for q, c in batch) * self.kv_token_layer_bytes
-        layer = (self.roofline(2 * tokens * self.layer_params,
-                               self.layer_params * self.weight_bytes)
-                 + self.roofline(attention_flops, kv_bytes))
+        dense = self.roofline(2 * tokens * self.layer_params,
+                              self.layer_params * self.weight_bytes)
+        compute = ((self.layers - self.moe_layers) * dense
+                   + self.layers * self.roofline(attention_flops, kv_bytes))
+        if self.moe_layers:
+            other, expert = self.moe_other_params, self.expert_params
+            k = m.moe_router_topk
+            compute += self.moe_layers * self.roofline(
+                2 * tokens * (other + k * expert),
+                (other + self.experts_touched(tokens) * expert) * self.weight_bytes)
         sampled = len(batch)
-        compute = self.layers * layer
         if self.last:
             compute += self.roofline(2 * sampled * self.output_params,
                                      self.output_params * self.weight_bytes)
@@ -123,14 +157,12 @@ def step_cost(model: ModelSpec, device: DeviceSpec, tp: int, dtype: str,
               collective: CollectiveTime | None,
               compute_efficiency: float | None = None,
               memory_efficiency: float | None = None, layers: int | None = None,
-              first: bool = True, last: bool = True) -> StepCost:
+              first: bool = True, last: bool = True, moe_layers: int | None = None
+              ) -> StepCost:
     """The StepCost of `model` on `device` (module docstring). `dtype`: 'bf16' or 'fp16'
     (activations, and weights unless `quantization` = 'fp8': 1-byte weights, GEMMs at
     the device's fp8 peak); `kv_cache_dtype` 'auto' (the dtype) or 'fp8'; `layers`,
-    `first`, `last`: a pipeline stage's share (default: the whole model)."""
-    if model.is_moe:
-        raise ConfigError(f"model {model.name or 'given'} has experts: serving MoE models "
-                          f"(expert parallelism, --ep) is not modelled yet")
+    `first`, `last`, `moe_layers`: a pipeline stage's share (default: the whole model)."""
     if model.num_attention_heads % tp:
         raise ConfigError(f"--tensor-parallel-size {tp} must divide the model's "
                           f"{model.num_attention_heads} attention heads")
@@ -145,4 +177,5 @@ def step_cost(model: ModelSpec, device: DeviceSpec, tp: int, dtype: str,
         collective = lru_cache(maxsize=None)(collective)
     return StepCost(model, tp, flops, hbm, weight, activation, per_layer,
                     collective if tp > 1 else None,
-                    model.num_layers if layers is None else layers, first, last)
+                    model.num_layers if layers is None else layers, first, last,
+                    model.num_moe_layers if moe_layers is None else moe_layers)

@@ -50,7 +50,7 @@ from .workload import Request
 POLICIES = ("continuous", "chunked-prefill", "static")
 
 
-@dataclass
+@dataclass(eq=False)  # identity: a request is itself, whatever its tokens so far
 class Served:
     """One request's life: its token times (s); `replica` that served it."""
 
@@ -64,7 +64,7 @@ class Served:
         return len(self.token_times) >= self.request.output_tokens
 
 
-@dataclass
+@dataclass(eq=False)  # identity (`in` and `remove` on the running list)
 class _Sequence:
     served: Served
     blocks: int = 0

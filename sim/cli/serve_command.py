@@ -40,7 +40,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "serve", help="simulate serving a model: TTFT, TPOT, throughput (vLLM's metrics)",
         description="Simulate an LLM inference server on the topology: requests arrive, "
-                    "each replica batches them (static or continuous batching) and runs "
+                    "each replica batches them (static, continuous or chunked-prefill) and "
+                    "runs "
                     "prefill and decode steps priced by the roofline cost model and the "
                     "collective model; prints vLLM's benchmark summary.")
     m = p.add_argument_group("model (a preset, optionally overridden by Megatron-named dims)")
@@ -49,15 +50,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     for flag in MODEL_FLAGS:
         if flag.field in SERVE_MODEL_FIELDS:
             flag.add_to(m)
-    m.add_argument("--dtype", default="auto", dest="serve_dtype",
+    m.add_argument("--dtype", default="auto", dest="serve_dtype", metavar="DTYPE",
                    help="bfloat16, float16 or auto (bfloat16)")
     m.add_argument("--quantization", choices=["fp8"], help="fp8 weights and GEMMs")
-    m.add_argument("--kv-cache-dtype", default="auto", help="auto (the dtype) or fp8")
+    m.add_argument("--kv-cache-dtype", default="auto", metavar="DTYPE",
+                   help="auto (the dtype) or fp8")
     c = p.add_argument_group("cluster and parallelism")
     c.add_argument("--topology", default=DEFAULT_TOPOLOGY,
                    help=f"preset name or topology JSON file (default {DEFAULT_TOPOLOGY})")
     c.add_argument("--tensor-parallel-size", "-tp", type=positive_int, default=1,
-                   dest="tp", help="GPUs per replica (default 1)")
+                   dest="tp", help="tensor-parallel GPUs per pipeline stage (default 1)")
     c.add_argument("--pipeline-parallel-size", "-pp", type=positive_int, default=1,
                    dest="pp", help="pipeline stages per replica (default 1)")
     c.add_argument("--dp", "--data-parallel-size", type=positive_int, default=1, dest="dp",

@@ -40,8 +40,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "serve", help="simulate serving a model: TTFT, TPOT, throughput (vLLM's metrics)",
         description="Simulate an LLM inference server on the topology: requests arrive, "
-                    "each replica batches them (static, continuous or chunked-prefill) and "
-                    "runs "
+                    "each replica batches them (static, continuous, chunked-prefill or "
+                    "disaggregated) and runs "
                     "prefill and decode steps priced by the roofline cost model and the "
                     "collective model; prints vLLM's benchmark summary.")
     m = p.add_argument_group("model (a preset, optionally overridden by Megatron-named dims)")
@@ -89,8 +89,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     w.add_argument("--batching", choices=POLICIES, default="continuous",
                    help="continuous (iteration-level, prefills in steps of their own: "
                         "vLLM V0, Orca; default), chunked-prefill (decodes first, prompts "
-                        "in chunks filling the token budget: Sarathi-Serve, vLLM V1) or "
-                        "static (fixed batches of --batch-size)")
+                        "in chunks filling the token budget: Sarathi-Serve, vLLM V1), "
+                        "static (fixed batches of --batch-size) or disaggregated (prefill "
+                        "and decode replicas: DistServe, Splitwise)")
+    w.add_argument("--num-prefill-replicas", type=positive_int,
+                   help="with --batching disaggregated: how many of the --dp replicas "
+                        "prefill (the others decode; the KV cache moves between them)")
     w.add_argument("--batch-size", type=positive_int,
                    help="requests per static batch (with --batching static)")
     w.add_argument("--max-num-seqs", type=positive_int, default=256,
@@ -138,7 +142,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         batching=args.batching, limits=limits,
         gpu_memory_utilization=args.gpu_memory_utilization,
         compute_efficiency=args.compute_efficiency, memory_efficiency=args.memory_efficiency,
-        slo=dict(args.goodput) if args.goodput else None)
+        slo=dict(args.goodput) if args.goodput else None,
+        prefill_replicas=args.num_prefill_replicas or 0)
     print(summary(result, model.name or "custom", args))
     if args.json:
         write_text_atomic(args.json, json.dumps(result.metrics, indent=1) + "\n")

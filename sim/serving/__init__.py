@@ -7,9 +7,10 @@ Modelled: data-parallel replicas of `pp` pipeline stages of a tensor-parallel gr
 on the topology's GPUs in order (replica r, stage s on GPUs (r pp + s) tp .. + tp - 1; all
 alike: TP collectives priced on the first group, stage-to-stage sends on replica 0's
 GPUs); bf16/fp16 models with optional fp8 weights (`quantization='fp8'`) and fp8 KV
-cache; MoE models with their experts sharded over the TP group; static, continuous and
-chunked-prefill batching. Refused with the reason: sequence and expert parallelism,
-disaggregated prefill and decode (not modelled yet).
+cache; MoE models with their experts sharded over the TP group; static, continuous,
+chunked-prefill and disaggregated (prefill and decode replicas, the KV cache moved between
+them on the flow network) batching. Refused with the reason: sequence and expert
+parallelism (not modelled yet).
 """
 from __future__ import annotations
 
@@ -62,18 +63,20 @@ def stage_layers(model: ModelSpec, pp: int) -> list[int]:
     return [base + (stage < extra) for stage in range(pp)]
 
 
-def _stage_sends(graph: nx.DiGraph, gpus: Sequence[str], tp: int, bytes_per_token: float):
-    """(stage, tokens) -> seconds to send a step's activations (tokens x h) from a stage's
-    first GPU to the next stage's (replica 0's; replicas are alike), alone on the network."""
-    @lru_cache(maxsize=None)
-    def send(stage: int, tokens: int) -> float:
+class _Sends:
+    """Seconds to send bytes from one GPU to another of `graph`, each send alone on the
+    network (a P2P flow, sim.collectives), remembered per (from, to, bytes)."""
+
+    def __init__(self, graph: nx.DiGraph):
+        self.graph = graph
+        self.seconds = lru_cache(maxsize=None)(self._seconds)
+
+    def _seconds(self, src: str, dst: str, nbytes: float) -> float:
         env = simpy.Environment()
-        pair = [gpus[stage * tp], gpus[(stage + 1) * tp]]
-        done = run_collective(env, FlowNetwork(env, graph), Collective.P2P, pair,
-                              tokens * bytes_per_token)
+        done = run_collective(env, FlowNetwork(env, self.graph), Collective.P2P, [src, dst],
+                              nbytes)
         env.run()
         return done.value.time_s
-    return send
 
 
 def _choice(name: str, value: str, table: dict) -> str:
@@ -91,10 +94,12 @@ def simulate_serving(model: ModelSpec, topology: str | nx.DiGraph,
                      gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
                      compute_efficiency: float | None = None,
                      memory_efficiency: float | None = None,
-                     slo: Mapping[str, float] | None = None) -> ServingResult:
+                     slo: Mapping[str, float] | None = None,
+                     prefill_replicas: int = 0) -> ServingResult:
     """Serve `requests` with `dp` replicas of `model` at tensor parallelism `tp` on
     `topology` (module docstring); `slo`: {'ttft' | 'tpot' | 'e2el': ms} for
-    request_goodput; raises ConfigError naming the bad setting."""
+    request_goodput; `prefill_replicas`: with batching='disaggregated', how many of the dp
+    replicas prefill (the others decode); raises ConfigError naming the bad setting."""
     for name, value in (("tensor_parallel_size", tp), ("dp", dp), ("pipeline_parallel_size",
                                                                      pp)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -103,8 +108,13 @@ def simulate_serving(model: ModelSpec, topology: str | nx.DiGraph,
         raise ConfigError(f"pipeline_parallel_size {pp} exceeds the model's "
                           f"{model.num_layers} layers")
     if batching not in POLICIES:
-        raise ConfigError(f"batching must be one of {', '.join(POLICIES)} (disaggregated "
-                          f"is not modelled yet), got {batching!r}")
+        raise ConfigError(f"batching must be one of {', '.join(POLICIES)}, got {batching!r}")
+    if (batching == "disaggregated") != bool(prefill_replicas):
+        raise ConfigError("prefill_replicas (--num-prefill-replicas) and disaggregated "
+                          "batching go together: give both or neither")
+    if batching == "disaggregated" and not 1 <= prefill_replicas < dp:
+        raise ConfigError(f"num_prefill_replicas must be from 1 to dp - 1 = {dp - 1} (the "
+                          f"other replicas decode), got {prefill_replicas}")
     if quantization not in (None, "fp8"):
         raise ConfigError(f"quantization must be fp8 or none, got {quantization!r}")
     if not 0 < gpu_memory_utilization <= 1:
@@ -144,8 +154,18 @@ def simulate_serving(model: ModelSpec, topology: str | nx.DiGraph,
     capacity = min((kv_capacity(device.memory_bytes, c.weight_bytes_per_gpu(), reserve,
                                 per_token * c.layers, gpu_memory_utilization)
                     for c in costs), key=lambda cap: cap.blocks)
-    run = serve(requests, costs, capacity.blocks, dp, batching, limits,
-                _stage_sends(graph, gpus, tp, model.hidden_size * costs[0].activation_bytes))
+    sends = _Sends(graph)
+    activations = model.hidden_size * costs[0].activation_bytes  # bytes per token
+
+    def stage_send(stage: int, tokens: int) -> float:  # replica 0's stage to the next
+        return sends.seconds(gpus[stage * tp], gpus[(stage + 1) * tp], tokens * activations)
+
+    def kv_transfer(src: int, dst: int, tokens: int) -> float:  # first stages' GPU 0s
+        return sends.seconds(gpus[src * pp * tp], gpus[dst * pp * tp],
+                             tokens * per_token * costs[0].layers)
+
+    run = serve(requests, costs, capacity.blocks, dp, batching, limits, stage_send,
+                prefill_replicas, kv_transfer)
     notes = [f"assumed: activation reserve {reserve / 1e9:.2f} GB per GPU (one forward of "
              f"{limits.max_num_batched_tokens} tokens; vLLM profiles it)",
              "not modelled: host scheduling and sampling time, kernel launch gaps, "

@@ -28,6 +28,13 @@ Policies (each scheduler's):
   starts when its last request has arrived, prefills together, then decodes until its
   longest output is done (finished sequences still occupy their slot: padding); the next
   batch starts after it.
+- 'disaggregated' (DistServe, Splitwise; vLLM's disaggregated prefill): the first
+  `prefill_replicas` replicas only prefill (admitted as under 'continuous', requests sent
+  to them in turn), each prompt's KV cache then moves to a decode replica (in turn),
+  taking `kv_transfer` seconds (each transfer alone on the network: contention between
+  transfers is not modelled) while its prefill blocks stay held; a decode replica admits
+  a sequence when blocks for its whole output are free (reserved up front: no preemption)
+  and runs decode steps only.
 Every request's token times are recorded (`Served`); `kv_usage` samples the fraction of
 the replica's blocks in use after every step, `in_system` the number of requests in the
 system after every arrival and completion (for Little's law).
@@ -47,7 +54,7 @@ from .kv_cache import BlockPool, blocks_for
 from .step_cost import StepCost
 from .workload import Request
 
-POLICIES = ("continuous", "chunked-prefill", "static")
+POLICIES = ("continuous", "chunked-prefill", "static", "disaggregated")
 
 
 @dataclass(eq=False)  # identity: a request is itself, whatever its tokens so far
@@ -157,6 +164,17 @@ class _Replica:
                 yield env.timeout(self.p2p(stage, tokens))
         self.run.kv_usage[self.index].append((env.now, self.pool.used_fraction))
 
+    def hand_off(self, seq, to: _Replica, transfer: float):
+        """Move `seq`'s KV cache to replica `to` (a generator: `transfer` seconds), then
+        free its blocks here and queue it there."""
+        yield self.env.timeout(transfer)
+        self.pool.give(seq.blocks)
+        seq.blocks = 0
+        self.finished += 1
+        self.wake()
+        to.queue.append(seq)
+        to.wake()
+
     def done(self, seq) -> None:
         """`seq` made its last token: free its blocks, count it, wake idle schedulers."""
         self.pool.give(seq.blocks)
@@ -167,14 +185,21 @@ class _Replica:
 
 def serve(requests: Sequence[Request], costs: Sequence[StepCost], blocks: int, dp: int = 1,
           policy: str = "continuous", limits: Limits = Limits(),
-          p2p: Callable[[int, float], float] | None = None) -> ServingRun:
+          p2p: Callable[[int, float], float] | None = None, prefill_replicas: int = 0,
+          kv_transfer: Callable[[int, int, int], float] | None = None) -> ServingRun:
     """Run `requests` through `dp` replicas of `len(costs)` pipeline stages (the cost of
     each stage's share of a step) and `blocks` KV blocks each (module docstring); `p2p`:
-    (stage, new tokens) -> seconds to send a step's activations to the next stage."""
+    (stage, new tokens) -> seconds to send a step's activations to the next stage;
+    disaggregated: `prefill_replicas` of the dp prefill, `kv_transfer`: (from replica, to
+    replica, cached tokens) -> seconds to move a sequence's KV cache."""
     if policy not in POLICIES:
         raise ConfigError(f"batching must be one of {', '.join(POLICIES)}, got {policy!r}")
     if len(costs) > 1 and p2p is None:
         raise ValueError("pipeline stages need a p2p time")
+    disaggregated = policy == "disaggregated"
+    if disaggregated and not (1 <= prefill_replicas < dp and kv_transfer is not None):
+        raise ConfigError(f"disaggregated serving needs 1 <= prefill replicas < dp = {dp} "
+                          f"(the rest decode), got {prefill_replicas}")
     _check(requests, blocks, policy, limits)
     env = simpy.Environment()
     served = [Served(r) for r in requests]
@@ -185,20 +210,33 @@ def serve(requests: Sequence[Request], costs: Sequence[StepCost], blocks: int, d
         live[0] += change
         run.in_system.append((env.now, live[0]))
 
-    replicas = [_Replica(env, i, sum(1 for r in served if r.request.index % dp == i), costs,
-                         blocks, limits, run, note, p2p) for i in range(dp)]
+    entry = prefill_replicas if disaggregated else dp  # the replicas requests arrive at
+    home = [r.index % entry for r in requests]
+    if disaggregated:  # decode replicas take the prompts with more than one output token
+        decoding = dp - prefill_replicas
+        home += [prefill_replicas + r.index % decoding for r in requests
+                 if r.output_tokens > 1]
+    replicas = [_Replica(env, i, home.count(i), costs, blocks, limits, run, note, p2p)
+                for i in range(dp)]
 
     def arrivals():
         for record in served:
             yield env.timeout(max(0.0, record.request.arrival - env.now))
-            replica = replicas[record.request.index % dp]
+            replica = replicas[record.request.index % entry]
             record.replica = replica.index
             replica.queue.append(record)
             note(+1)
             replica.wake()
 
-    loop = {"continuous": _continuous, "chunked-prefill": _chunked, "static": _static}[policy]
+    loops = {"continuous": _continuous, "chunked-prefill": _chunked, "static": _static}
     for replica in replicas:
+        if disaggregated:
+            if replica.index < prefill_replicas:
+                loop = _prefill_only(replicas, prefill_replicas, kv_transfer)
+            else:
+                loop = _decode_only
+        else:
+            loop = loops[policy]
         for _ in costs:  # one scheduler per stage: as many batches in flight
             env.process(loop(replica))
     env.process(arrivals())
@@ -215,8 +253,10 @@ def _check(requests: Sequence[Request], blocks: int, policy: str, limits: Limits
         if blocks_for(longest) > blocks:
             raise ConfigError(f"a request of {longest} tokens needs {blocks_for(longest)} KV "
                               f"blocks; the replica has {blocks}")
-    elif policy == "continuous":
+    elif policy in ("continuous", "disaggregated"):
         prompt = max(r.input_tokens + r.output_tokens - 1 for r in requests)
+        if policy == "disaggregated":  # prompts are prefilled once: no recompute
+            prompt = max(r.input_tokens for r in requests)
         if prompt > limits.max_num_batched_tokens:
             raise ConfigError(
                 f"a request of {longest} tokens (prompt and output) can need a prefill of "
@@ -265,6 +305,64 @@ def _continuous(r: _Replica):
             yield r.wait()
             continue
         for seq in list(active):
+            seq.served.token_times.append(r.env.now)
+            if seq.served.done:
+                running.remove(seq)
+                r.done(seq)
+
+
+def _prefill_only(replicas: list[_Replica], prefill_replicas: int,
+                  kv_transfer: Callable[[int, int, int], float]):
+    """A prefill replica's scheduler (disaggregated): prompts as under 'continuous', each
+    then handed to a decode replica, in turn."""
+    decoding = len(replicas) - prefill_replicas
+
+    def loop(r: _Replica):
+        queue, pool, limits = r.queue, r.pool, r.limits
+        while r.finished < r.total:
+            admitted, budget = [], limits.max_num_batched_tokens
+            while queue and len(admitted) < limits.max_num_seqs:
+                seq = _Sequence(queue[0])
+                need = blocks_for(seq.tokens)
+                if seq.tokens > budget or not pool.take(need):
+                    break
+                queue.popleft()
+                seq.blocks, budget = need, budget - seq.tokens
+                admitted.append(seq)
+            if not admitted:
+                yield r.wait()
+                continue
+            yield from r.step([(s.tokens, 0) for s in admitted])
+            for seq in admitted:
+                seq.served.token_times.append(r.env.now)
+                if seq.served.done:
+                    r.done(seq)
+                    continue
+                to = replicas[prefill_replicas + seq.served.request.index % decoding]
+                transfer = kv_transfer(r.index, to.index, seq.tokens - 1)
+                r.env.process(r.hand_off(seq, to, transfer))
+    return loop
+
+
+def _decode_only(r: _Replica):
+    """A decode replica's scheduler (disaggregated): sequences whose KV cache arrived are
+    admitted when blocks for their whole output are free, then decode together."""
+    running: list[_Sequence] = []
+    queue, pool, limits = r.queue, r.pool, r.limits
+    while r.finished < r.total:
+        while queue and len(running) < limits.max_num_seqs:
+            request = queue[0].served.request
+            need = blocks_for(request.input_tokens + request.output_tokens)
+            if not pool.take(need):
+                break
+            seq = queue.popleft()
+            seq.blocks = need
+            running.append(seq)
+        if not running:
+            yield r.wait()
+            continue
+        yield from r.step([(1, s.tokens - 1) for s in running])
+        for seq in list(running):
             seq.served.token_times.append(r.env.now)
             if seq.served.done:
                 running.remove(seq)

@@ -3,9 +3,9 @@ and each replica's KV-cache usage over time, one standalone HTML file (plotly.js
 
 Rows: one per GPU (replica r, pipeline stage s, GPU g of its tensor-parallel group; the
 group's GPUs run the same steps), or one per stage of a replica when that would draw more
-than MAX_BARS bars (the label says so). A step is a prefill (it feeds only prompt tokens), a decode (one token per
-sequence) or mixed (chunked prefill: both), drawn as its compute, followed by its TP
-communication: the step's all-reduces and logit gather, which run between its layers,
+than MAX_BARS bars (the label says so). A step is a prefill (it feeds only prompt
+tokens), a decode (one token per sequence) or mixed (chunked prefill: both), drawn as its
+compute, followed by its TP communication: the step's all-reduces and logit gather, which run between its layers,
 drawn together at the step's end so that their share shows. Hover a bar for the step's
 prompt tokens, decoding sequences and seconds.
 """

@@ -15,8 +15,9 @@ training layer) and the collective model's. Error = simulated / published - 1.
 The claims (same run): data parallelism scales throughput but not latency; tensor
 parallelism lowers latency at a communication cost that grows off NVLink (Llama 3 70B on
 one DGX H100 at tp 2, 4, 8 and across two on an NDR fat tree at tp 16); pipeline
-parallelism raises throughput but not a lone request's latency. Sequence parallelism is
-not modelled yet (said in the output).
+parallelism raises throughput but not a lone request's latency; and the batching
+policies' TTFT / ITL trade-off on the same GPUs. Sequence parallelism is not modelled yet
+(said in the output).
 
     python benchmarks/serving.py
 Writes benchmarks/results/serving.md and .json.
@@ -101,6 +102,21 @@ def claims() -> list[str]:
                                pp=pp).metrics
         lines.append(f"| {pp} | {4 * pp} | {many['output_throughput']:,.0f} | "
                      f"{one['mean_e2el_ms']:.1f} |")
+    lines += ["", "Batching policies on the same two H100s (Llama 3 8B, bf16; Poisson "
+              "arrivals at 6 requests/s of 1500 + 100 tokens, 300 requests):", "",
+              "| policy | mean TTFT (ms) | p99 TTFT (ms) | mean ITL (ms) | p99 ITL (ms) | "
+              "output tok/s |", "|---|---:|---:|---:|---:|---:|"]
+    reqs = synthetic(300, 1500, 100, 6.0, seed=1)
+    for label, kw in (("continuous, dp 2", {}),
+                      ("chunked-prefill (512-token budget), dp 2",
+                       dict(batching="chunked-prefill",
+                            limits=Limits(max_num_batched_tokens=512))),
+                      ("disaggregated, 1 prefill + 1 decode",
+                       dict(batching="disaggregated", prefill_replicas=1))):
+        m = simulate_serving(l8, "dgx-h100", reqs, dp=2, **kw).metrics
+        lines.append(f"| {label} | {m['mean_ttft_ms']:.1f} | {m['p99_ttft_ms']:.1f} | "
+                     f"{m['mean_itl_ms']:.2f} | {m['p99_itl_ms']:.2f} | "
+                     f"{m['output_throughput']:,.0f} |")
     lines += ["", "Sequence parallelism (helps prefill, not decode): not modelled yet, so not "
               "shown."]
     return lines

@@ -417,3 +417,31 @@ def test_disaggregation_removes_prefill_interference():
 def test_disaggregated_refusals(kwargs, words):
     with pytest.raises(ConfigError, match=words):
         simulate_serving(L7, "dgx-h100", synthetic(2, 64, 8), **kwargs)
+
+
+def test_sequence_parallel_prefill_splits_its_prompt_not_decodes_weights():
+    """sp 2 (two shards, each with all the weights): a compute-bound 8000-token prefill
+    runs half its GEMM and attention FLOPs per GPU plus a per-layer all-gather of the
+    prompt's K and V; a decode step still reads all the weights (its token is not split),
+    half the KV cache, plus a per-layer all-reduce of its attention output. So prefill
+    speeds up about 2x, decode hardly."""
+    q = 8000
+    one = simulate_serving(L7, "dgx-h100", synthetic(1, q, 2))
+    two = simulate_serving(L7, "dgx-h100", synthetic(1, q, 2), sp=2)
+    d, heads = L7.hidden_size // L7.num_attention_heads, L7.num_attention_heads
+    per_layer = (2 * (q / 2) * L7.layer_param_count()
+                 + 4 * d * heads * q * (q + 1) / 2 / 2) / flops()
+    gather = simulate_collective("all-gather", q * kv_bytes_per_token(L7, 2) / 32, 2,
+                                 "dgx-h100").time_s
+    head = L7.vocab_size * L7.hidden_size * 2 / hbm()
+    assert two.metrics["mean_ttft_ms"] / 1e3 == pytest.approx(
+        L7.num_layers * (per_layer + gather) + head, rel=1e-9)
+    assert one.metrics["mean_ttft_ms"] / two.metrics["mean_ttft_ms"] > 1.8
+    decode = lambda r: r.run.served[0].token_times[1] - r.run.served[0].token_times[0]
+    weights = (L7.num_layers * L7.layer_param_count() + L7.vocab_size * L7.hidden_size) * 2
+    kv = (q + 1) * kv_bytes_per_token(L7, 2) / 2
+    reduce = simulate_collective("all-reduce", L7.hidden_size * 2, 2, "dgx-h100").time_s
+    assert decode(two) == pytest.approx((weights + kv) / hbm() + L7.num_layers * reduce,
+                                        rel=1e-9)
+    assert decode(one) / decode(two) < 1.5
+    assert two.capacity.blocks > 1.9 * one.capacity.blocks  # half the KV per GPU

@@ -62,6 +62,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    dest="tp", help="tensor-parallel GPUs per pipeline stage (default 1)")
     c.add_argument("--pipeline-parallel-size", "-pp", type=positive_int, default=1,
                    dest="pp", help="pipeline stages per replica (default 1)")
+    c.add_argument("--sp", type=positive_int, default=1, dest="sp",
+                   help="sequence (context) parallel shards per replica: a prompt's tokens "
+                        "and its KV cache split over them, every shard with all the "
+                        "weights (default 1)")
     c.add_argument("--dp", "--data-parallel-size", type=positive_int, default=1, dest="dp",
                    help="replicas, requests sent to them in turn (default 1)")
     c.add_argument("--gpu-memory-utilization", type=fraction, default=0.9,
@@ -137,7 +141,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                         else max(model.seq_length, 2048)),
                     args.batch_size)
     result = simulate_serving(
-        model, args.topology, requests, tp=args.tp, dp=args.dp, pp=args.pp, dtype=args.serve_dtype,
+        model, args.topology, requests, tp=args.tp, dp=args.dp, pp=args.pp, sp=args.sp,
+        dtype=args.serve_dtype,
         quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
         batching=args.batching, limits=limits,
         gpu_memory_utilization=args.gpu_memory_utilization,
@@ -150,9 +155,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.html:
         from ..serving.gantt import write_serving_html  # plotly only when asked for
         title = (f"{model.name or 'custom'} on {args.topology}: tp {args.tp} x pp {args.pp} "
-                 f"x dp {args.dp}, "
+                 f"x sp {args.sp} x dp {args.dp}, "
                  f"{args.batching} batching, {result.metrics['completed']} requests")
-        print(write_serving_html(result.run, args.tp, title, args.html, args.pp))
+        print(write_serving_html(result.run, args.tp, title, args.html, args.pp, args.sp))
     return 0
 
 
@@ -160,8 +165,8 @@ def summary(result, name: str, args: argparse.Namespace) -> str:
     """vLLM benchmark_serving's printed summary, and what one GPU's memory holds."""
     m, cap = result.metrics, result.capacity
     lines = [f"{'=' * 14} Serving Benchmark Result (simulated) {'=' * 14}",
-             f"{'Model:':<40}{name} on {args.topology}, tp {args.tp} x pp {args.pp} x dp "
-             f"{args.dp}, "
+             f"{'Model:':<40}{name} on {args.topology}, tp {args.tp} x pp {args.pp} x sp "
+             f"{args.sp} x dp {args.dp}, "
              f"{args.batching} batching",
              f"{'Successful requests:':<40}{m['completed']:<10}",
              f"{'Benchmark duration (s):':<40}{m['duration']:<10.2f}",

@@ -3,14 +3,14 @@
 policy on SimPy (`engine`), and vLLM's metrics (`metrics`). `simulate_serving` ties them
 together from names, as `clustersim serve` does.
 
-Modelled: data-parallel replicas of `pp` pipeline stages of a tensor-parallel group each,
-on the topology's GPUs in order (replica r, stage s on GPUs (r pp + s) tp .. + tp - 1; all
-alike: TP collectives priced on the first group, stage-to-stage sends on replica 0's
-GPUs); bf16/fp16 models with optional fp8 weights (`quantization='fp8'`) and fp8 KV
-cache; MoE models with their experts sharded over the TP group; static, continuous,
-chunked-prefill and disaggregated (prefill and decode replicas, the KV cache moved between
-them on the flow network) batching. Refused with the reason: sequence and expert
-parallelism (not modelled yet).
+Modelled: data-parallel replicas of `sp` sequence-parallel shards of `pp` pipeline stages
+of a tensor-parallel group each, on the topology's GPUs in order (replica r, shard j,
+stage s on GPUs ((r sp + j) pp + s) tp .. + tp - 1; all alike: TP and SP collectives
+priced on replica 0's first groups, stage-to-stage sends on its GPUs); bf16/fp16 models
+with optional fp8 weights (`quantization='fp8'`) and fp8 KV cache; MoE models with their
+experts sharded over the TP group; static, continuous, chunked-prefill and disaggregated
+(prefill and decode replicas, the KV cache moved between them on the flow network)
+batching. Refused with the reason: expert parallelism (not modelled yet).
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from clustersim.schedules.errors import ConfigError
 from clustersim.schedules.model import ModelSpec
 from clustersim.topologies import get_device, gpu_nodes, load_topology
 
-from ..collectives import Collective, run_collective, simulate_collective
+from ..collectives import run_collective
 from ..flows import FlowNetwork
 from .engine import POLICIES, Limits, ServingRun, serve
 from .kv_cache import (GPU_MEMORY_UTILIZATION, KvCapacity, activation_reserve, kv_bytes_per_token,
@@ -63,18 +63,17 @@ def stage_layers(model: ModelSpec, pp: int) -> list[int]:
     return [base + (stage < extra) for stage in range(pp)]
 
 
-class _Sends:
-    """Seconds to send bytes from one GPU to another of `graph`, each send alone on the
-    network (a P2P flow, sim.collectives), remembered per (from, to, bytes)."""
+class _Network:
+    """Seconds of one collective (or P2P send) over given GPUs of `graph`, alone on the
+    network (sim.collectives: NCCL's choice on CUDA GPUs), remembered per call."""
 
     def __init__(self, graph: nx.DiGraph):
         self.graph = graph
         self.seconds = lru_cache(maxsize=None)(self._seconds)
 
-    def _seconds(self, src: str, dst: str, nbytes: float) -> float:
+    def _seconds(self, op: str, gpus: tuple[str, ...], nbytes: float) -> float:
         env = simpy.Environment()
-        done = run_collective(env, FlowNetwork(env, self.graph), Collective.P2P, [src, dst],
-                              nbytes)
+        done = run_collective(env, FlowNetwork(env, self.graph), op, list(gpus), nbytes)
         env.run()
         return done.value.time_s
 
@@ -88,6 +87,7 @@ def _choice(name: str, value: str, table: dict) -> str:
 
 def simulate_serving(model: ModelSpec, topology: str | nx.DiGraph,
                      requests: Sequence[Request], tp: int = 1, dp: int = 1, pp: int = 1,
+                     sp: int = 1,
                      dtype: str = "auto", quantization: str | None = None,
                      kv_cache_dtype: str = "auto", batching: str = "continuous",
                      limits: Limits = Limits(),
@@ -101,7 +101,7 @@ def simulate_serving(model: ModelSpec, topology: str | nx.DiGraph,
     request_goodput; `prefill_replicas`: with batching='disaggregated', how many of the dp
     replicas prefill (the others decode); raises ConfigError naming the bad setting."""
     for name, value in (("tensor_parallel_size", tp), ("dp", dp), ("pipeline_parallel_size",
-                                                                     pp)):
+                                                                     pp), ("sp", sp)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
     if pp > model.num_layers:
@@ -133,13 +133,18 @@ def simulate_serving(model: ModelSpec, topology: str | nx.DiGraph,
     kv = _choice("kv_cache_dtype", kv_cache_dtype, KV_DTYPES)
     graph = load_topology(topology) if not isinstance(topology, nx.DiGraph) else topology
     gpus = gpu_nodes(graph)
-    if tp * pp * dp > len(gpus):
-        raise ConfigError(f"tensor_parallel_size x pipeline_parallel_size x dp = "
-                          f"{tp * pp * dp} GPUs, but the topology has {len(gpus)}")
+    if tp * pp * sp * dp > len(gpus):
+        raise ConfigError(f"tensor_parallel_size x pipeline_parallel_size x sp x dp = "
+                          f"{tp * pp * sp * dp} GPUs, but the topology has {len(gpus)}")
     device = get_device(graph.nodes[gpus[0]]["device"])
 
-    def collective(op: str, nbytes: float) -> float:
-        return simulate_collective(op, nbytes, tp, graph).time_s
+    network = _Network(graph)
+
+    def collective(op: str, nbytes: float) -> float:  # replica 0's first TP group
+        return network.seconds(op, tuple(gpus[:tp]), nbytes)
+
+    def sp_collective(op: str, nbytes: float) -> float:  # its stage-0 GPU 0 of each shard
+        return network.seconds(op, tuple(gpus[0:sp * pp * tp:pp * tp]), nbytes)
 
     split, costs = stage_layers(model, pp), []
     for stage, layers in enumerate(split):
@@ -147,22 +152,24 @@ def simulate_serving(model: ModelSpec, topology: str | nx.DiGraph,
         moe = sum(model.is_moe_layer(i) for i in range(first_layer, first_layer + layers))
         costs.append(step_cost(model, device, tp, act, quantization, kv, collective,
                                compute_efficiency, memory_efficiency, layers, stage == 0,
-                               stage == pp - 1, moe))
+                               stage == pp - 1, moe, sp, sp_collective))
     reserve = activation_reserve(model, tp, limits.max_num_batched_tokens,
                                  limits.max_num_seqs, costs[0].activation_bytes)
     per_token = kv_bytes_per_token(model, 1 if kv == "fp8" else 2, tp) / model.num_layers
+    # one GPU's K and V per token and layer: its KV heads, 1/sp of the positions
     capacity = min((kv_capacity(device.memory_bytes, c.weight_bytes_per_gpu(), reserve,
-                                per_token * c.layers, gpu_memory_utilization)
+                                per_token * c.layers / sp, gpu_memory_utilization)
                     for c in costs), key=lambda cap: cap.blocks)
-    sends = _Sends(graph)
     activations = model.hidden_size * costs[0].activation_bytes  # bytes per token
 
     def stage_send(stage: int, tokens: int) -> float:  # replica 0's stage to the next
-        return sends.seconds(gpus[stage * tp], gpus[(stage + 1) * tp], tokens * activations)
+        return network.seconds("p2p", (gpus[stage * tp], gpus[(stage + 1) * tp]),
+                               tokens * activations)
 
     def kv_transfer(src: int, dst: int, tokens: int) -> float:  # first stages' GPU 0s
-        return sends.seconds(gpus[src * pp * tp], gpus[dst * pp * tp],
-                             tokens * per_token * costs[0].layers)
+        size = sp * pp * tp  # GPUs per replica
+        return network.seconds("p2p", (gpus[src * size], gpus[dst * size]),
+                               tokens * per_token * costs[0].layers)
 
     run = serve(requests, costs, capacity.blocks, dp, batching, limits, stage_send,
                 prefill_replicas, kv_transfer)

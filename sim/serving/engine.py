@@ -85,7 +85,7 @@ class _Sequence:
 @dataclass(frozen=True)
 class Step:
     """One engine step of one pipeline stage of a replica: when, its prompt tokens and
-    decoding sequences, and how many of its seconds were TP communication."""
+    decoding sequences, and how many of its seconds were communication (TP, SP)."""
 
     start: float
     end: float

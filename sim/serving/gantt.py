@@ -1,12 +1,13 @@
 """The serving run's page (`clustersim serve --html`): a Gantt of every GPU's engine steps
 and each replica's KV-cache usage over time, one standalone HTML file (plotly.js inlined).
 
-Rows: one per GPU (replica r, pipeline stage s, GPU g of its tensor-parallel group; the
-group's GPUs run the same steps), or one per stage of a replica when that would draw more
-than MAX_BARS bars (the label says so). A step is a prefill (it feeds only prompt
-tokens), a decode (one token per sequence) or mixed (chunked prefill: both), drawn as its
-compute, followed by its TP communication: the step's all-reduces and logit gather, which run between its layers,
-drawn together at the step's end so that their share shows. Hover a bar for the step's
+Rows: one per GPU (replica r, sequence shard j, pipeline stage s, GPU g of its
+tensor-parallel group; the shards' and the group's GPUs run the same steps), or one per
+stage of a replica when that would draw more than MAX_BARS bars (the label says so). A
+step is a prefill (it feeds only prompt tokens), a decode (one token per sequence) or mixed
+(chunked prefill: both), drawn as its compute, followed by its communication: the step's
+TP and SP collectives, which run between its layers, drawn together at the step's end so
+that their share shows. Hover a bar for the step's
 prompt tokens, decoding sequences and seconds.
 """
 from __future__ import annotations
@@ -33,20 +34,23 @@ def step_kind(step: Step) -> str:
     return "prefill" if step.prompt_tokens else "decode"
 
 
-def rows(run: ServingRun, tp: int, pp: int = 1) -> list[tuple[str, int, int]]:
+def rows(run: ServingRun, tp: int, pp: int = 1, sp: int = 1) -> list[tuple[str, int, int]]:
     """(label, replica, stage) of each drawn row (module docstring)."""
-    bars = sum(len(log) for log in run.step_log) * 2 * tp
+    bars = sum(len(log) for log in run.step_log) * 2 * tp * sp
     stage = (lambda s: f" stage {s}") if pp > 1 else (lambda s: "")
+    shard = (lambda j: f" shard {j}") if sp > 1 else (lambda j: "")
     if bars > MAX_BARS:
-        return [(f"replica {r}{stage(s)} (GPUs x{tp})", r, s)
+        return [(f"replica {r}{stage(s)} (GPUs x{tp * sp})", r, s)
                 for r in range(len(run.step_log)) for s in range(pp)]
-    return [(f"replica {r}{stage(s)} GPU {g}", r, s) for r in range(len(run.step_log))
-            for s in range(pp) for g in range(tp)]
+    return [(f"replica {r}{shard(j)}{stage(s)} GPU {g}", r, s)
+            for r in range(len(run.step_log)) for j in range(sp) for s in range(pp)
+            for g in range(tp)]
 
 
-def serving_figure(run: ServingRun, tp: int, title: str, pp: int = 1) -> go.Figure:
+def serving_figure(run: ServingRun, tp: int, title: str, pp: int = 1,
+                   sp: int = 1) -> go.Figure:
     """The Gantt of the steps and the KV-cache usage (module docstring)."""
-    drawn = rows(run, tp, pp)
+    drawn = rows(run, tp, pp, sp)
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.75, 0.25],
                         vertical_spacing=0.06)
     bars: dict[str, dict[str, list]] = {k: {"x": [], "base": [], "y": [], "text": []}
@@ -56,7 +60,7 @@ def serving_figure(run: ServingRun, tp: int, title: str, pp: int = 1) -> go.Figu
             kind = step_kind(step)
             compute = step.end - step.start - step.communication
             hover = (f"{kind}: {step.prompt_tokens} prompt tokens, {step.decodes} decoding"
-                     f"<br>compute {format_seconds(compute)}, TP communication "
+                     f"<br>compute {format_seconds(compute)}, communication "
                      f"{format_seconds(step.communication)}")
             parts = [(kind, step.start, compute)]
             if step.communication > 0:
@@ -89,8 +93,8 @@ def serving_figure(run: ServingRun, tp: int, title: str, pp: int = 1) -> go.Figu
 
 
 def write_serving_html(run: ServingRun, tp: int, title: str, path: str | Path,
-                       pp: int = 1) -> Path:
+                       pp: int = 1, sp: int = 1) -> Path:
     """Write the page (atomically); returns its path."""
-    fig = serving_figure(run, tp, title, pp)
+    fig = serving_figure(run, tp, title, pp, sp)
     return write_text_atomic(path, fig.to_html(include_plotlyjs=True, full_html=True,
                                                config=PLOT_CONFIG))

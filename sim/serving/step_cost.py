@@ -24,6 +24,12 @@ and communication. Not modelled: the embedding lookup and elementwise kernels, t
 host's scheduling and sampling time and kernel launch gaps (vLLM hides most with CUDA
 graphs).
 
+Sequence (context) parallelism over `sp` GPUs (each holding all of the stage's weights
+/ tp): a prompt's tokens split over them, so its GEMMs and attention run 1/sp per GPU,
+and its K and V are all-gathered to every shard per layer; the KV cache is sharded by
+position, so a decode step reads 1/sp of it per GPU but all the weights (its one token is
+not split), and all-reduces the partial attention outputs (B x h / tp) per layer.
+
 MoE layers (experts sharded over the TP group, as vLLM without expert parallelism; every
 token to top-k experts): the layer's other weights (attention, router, shared experts) as
 a dense layer's, plus 2 x k x the expert's parameters / tp FLOPs per token, reading the
@@ -68,6 +74,8 @@ class StepCost:
     first: bool = True  # it holds the embedding
     last: bool = True  # it holds the output layer and samples
     moe_layers: int = 0  # of `layers`, those with experts
+    sp: int = 1  # sequence (context) parallel GPUs: a prompt's tokens split over them
+    sp_collective: CollectiveTime | None = None  # over the SP group; None with sp = 1
 
     @property
     def layer_params(self) -> float:
@@ -119,15 +127,17 @@ class StepCost:
         return compute + communication
 
     def parts(self, batch: Sequence[tuple[int, int]]) -> tuple[float, float]:
-        """(compute, TP communication) seconds of the step `time` prices."""
+        """(compute, communication) seconds of the step `time` prices."""
         if not batch:
             return 0.0, 0.0
-        m, tp = self.model, self.tp
-        tokens = sum(q for q, _ in batch)
+        m, tp, sp = self.model, self.tp, self.sp
+        decodes = sum(1 for q, c in batch if q == 1 and c > 0)
+        prompt = sum(q for q, _ in batch) - decodes  # prompt tokens: split over sp
+        tokens = prompt / sp + decodes  # new tokens one GPU runs
         head_dim = m.hidden_size // m.num_attention_heads
         pairs = sum(q * c + q * (q + 1) / 2 for q, c in batch)
-        attention_flops = 4 * head_dim * (m.num_attention_heads / tp) * pairs
-        kv_bytes = sum(q + c for q, c in batch) * self.kv_token_layer_bytes
+        attention_flops = 4 * head_dim * (m.num_attention_heads / tp) * pairs / sp
+        kv_bytes = sum(q + c for q, c in batch) * self.kv_token_layer_bytes / sp
         dense = self.roofline(2 * tokens * self.layer_params,
                               self.layer_params * self.weight_bytes)
         compute = ((self.layers - self.moe_layers) * dense
@@ -142,13 +152,19 @@ class StepCost:
         if self.last:
             compute += self.roofline(2 * sampled * self.output_params,
                                      self.output_params * self.weight_bytes)
-        if self.collective is None:
-            return compute, 0.0
-        act = self.activation_bytes
-        communication = self.layers * 2 * self.collective("all-reduce",
-                                                          tokens * m.hidden_size * act)
-        if self.last:
-            communication += self.collective("all-gather", sampled * m.vocab_size * act)
+        act, communication = self.activation_bytes, 0.0
+        if self.collective is not None:
+            communication += self.layers * 2 * self.collective(
+                "all-reduce", tokens * m.hidden_size * act)
+            if self.last:
+                communication += self.collective("all-gather", sampled * m.vocab_size * act)
+        if self.sp_collective is not None:  # per layer: the prompt's K and V to every
+            if prompt:                      # shard, decode's partial attention outputs
+                communication += self.layers * self.sp_collective(
+                    "all-gather", prompt * self.kv_token_layer_bytes)
+            if decodes:
+                communication += self.layers * self.sp_collective(
+                    "all-reduce", decodes * m.hidden_size / tp * act)
         return compute, communication
 
 
@@ -157,12 +173,13 @@ def step_cost(model: ModelSpec, device: DeviceSpec, tp: int, dtype: str,
               collective: CollectiveTime | None,
               compute_efficiency: float | None = None,
               memory_efficiency: float | None = None, layers: int | None = None,
-              first: bool = True, last: bool = True, moe_layers: int | None = None
-              ) -> StepCost:
+              first: bool = True, last: bool = True, moe_layers: int | None = None,
+              sp: int = 1, sp_collective: CollectiveTime | None = None) -> StepCost:
     """The StepCost of `model` on `device` (module docstring). `dtype`: 'bf16' or 'fp16'
     (activations, and weights unless `quantization` = 'fp8': 1-byte weights, GEMMs at
     the device's fp8 peak); `kv_cache_dtype` 'auto' (the dtype) or 'fp8'; `layers`,
-    `first`, `last`, `moe_layers`: a pipeline stage's share (default: the whole model)."""
+    `first`, `last`, `moe_layers`: a pipeline stage's share (default: the whole model);
+    `sp`, `sp_collective`: sequence parallelism and its group's collective time."""
     if model.num_attention_heads % tp:
         raise ConfigError(f"--tensor-parallel-size {tp} must divide the model's "
                           f"{model.num_attention_heads} attention heads")
@@ -178,4 +195,5 @@ def step_cost(model: ModelSpec, device: DeviceSpec, tp: int, dtype: str,
     return StepCost(model, tp, flops, hbm, weight, activation, per_layer,
                     collective if tp > 1 else None,
                     model.num_layers if layers is None else layers, first, last,
-                    model.num_moe_layers if moe_layers is None else moe_layers)
+                    model.num_moe_layers if moe_layers is None else moe_layers, sp,
+                    lru_cache(maxsize=None)(sp_collective) if sp > 1 else None)

@@ -266,11 +266,12 @@ def _check(requests: Sequence[Request], blocks: int, policy: str, limits: Limits
             raise ConfigError(f"a request of {longest} tokens needs {blocks_for(longest)} KV "
                               f"blocks; the replica has {blocks}")
     else:
-        size = limits.batch_size or 1
+        size = min(limits.batch_size or 1, len(requests))  # the largest batch formed
         need = size * blocks_for(longest)
         if need > blocks:
-            raise ConfigError(f"--batch-size {size} of requests up to {longest} tokens needs "
-                              f"{need} KV blocks; the replica has {blocks}")
+            raise ConfigError(f"a static batch of {size} requests up to {longest} tokens "
+                              f"needs {need} KV blocks; the replica has {blocks}: lower "
+                              f"--batch-size")
 
 
 def _continuous(r: _Replica):

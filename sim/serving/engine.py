@@ -274,19 +274,27 @@ def _check(requests: Sequence[Request], blocks: int, policy: str, limits: Limits
                               f"--batch-size")
 
 
+def _admit_prompts(r: _Replica, seats: int) -> list[_Sequence]:
+    """Waiting sequences taken first come first served for a prefill step: at most
+    `seats`, their tokens within the step's budget, their blocks free (taken now)."""
+    admitted, budget = [], r.limits.max_num_batched_tokens
+    while r.queue and len(admitted) < seats:
+        head = r.queue[0]
+        seq = head if isinstance(head, _Sequence) else _Sequence(head)
+        need = blocks_for(seq.tokens)
+        if seq.tokens > budget or not r.pool.take(need):
+            break
+        r.queue.popleft()
+        seq.blocks, budget = need, budget - seq.tokens
+        admitted.append(seq)
+    return admitted
+
+
 def _continuous(r: _Replica):
     running: list[_Sequence] = []
-    queue, pool, limits = r.queue, r.pool, r.limits
+    pool = r.pool
     while r.finished < r.total:
-        admitted, budget = [], limits.max_num_batched_tokens
-        while queue and len(running) + len(admitted) < limits.max_num_seqs:
-            seq = queue[0] if isinstance(queue[0], _Sequence) else _Sequence(queue[0])
-            need = blocks_for(seq.tokens)
-            if seq.tokens > budget or not pool.take(need):
-                break
-            queue.popleft()
-            seq.blocks, budget = need, budget - seq.tokens
-            admitted.append(seq)
+        admitted = _admit_prompts(r, r.limits.max_num_seqs - len(running))
         if admitted:
             yield from r.step([(s.tokens, 0) for s in admitted])
             running += admitted
@@ -319,17 +327,8 @@ def _prefill_only(replicas: list[_Replica], prefill_replicas: int,
     decoding = len(replicas) - prefill_replicas
 
     def loop(r: _Replica):
-        queue, pool, limits = r.queue, r.pool, r.limits
         while r.finished < r.total:
-            admitted, budget = [], limits.max_num_batched_tokens
-            while queue and len(admitted) < limits.max_num_seqs:
-                seq = _Sequence(queue[0])
-                need = blocks_for(seq.tokens)
-                if seq.tokens > budget or not pool.take(need):
-                    break
-                queue.popleft()
-                seq.blocks, budget = need, budget - seq.tokens
-                admitted.append(seq)
+            admitted = _admit_prompts(r, r.limits.max_num_seqs)
             if not admitted:
                 yield r.wait()
                 continue

@@ -393,6 +393,13 @@ def test_disaggregated_prefill_then_kv_transfer_then_decode():
                                    "dgx-h100").time_s
     assert t[1] - t[0] == pytest.approx(transfer + (t_alone[1] - t_alone[0]), rel=1e-9)
     assert r.run.steps == [1, 2]  # replica 0 prefilled, replica 1 decoded twice
+    # with 2 sequence shards per replica each GPU holds and moves half the positions' KV
+    sp = simulate_serving(L7, "dgx-h100", synthetic(1, 1000, 3), dp=2, sp=2,
+                          batching="disaggregated", prefill_replicas=1)
+    half = simulate_collective("p2p", 1000 * kv_bytes_per_token(L7, 2) / 2, 2,
+                               "dgx-h100").time_s
+    t = sp.run.served[0].token_times
+    assert t[1] - t[0] == pytest.approx(half + sp.cost.time([(1, 1000)]), rel=1e-9)
 
 
 def test_disaggregation_removes_prefill_interference():

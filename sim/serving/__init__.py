@@ -167,9 +167,9 @@ def simulate_serving(model: ModelSpec, topology: str | nx.DiGraph,
                                tokens * activations)
 
     def kv_transfer(src: int, dst: int, tokens: int) -> float:  # first stages' GPU 0s
-        size = sp * pp * tp  # GPUs per replica
+        size = sp * pp * tp  # GPUs per replica; each moves its own KV shard, in parallel
         return network.seconds("p2p", (gpus[src * size], gpus[dst * size]),
-                               tokens * per_token * costs[0].layers)
+                               tokens * per_token * costs[0].layers / sp)
 
     run = serve(requests, costs, capacity.blocks, dp, batching, limits, stage_send,
                 prefill_replicas, kv_transfer)

@@ -15,9 +15,10 @@ kernel group, summed):
 - with tp > 1, two all-reduces of T x h activations (Megatron's attention and MLP
   outputs), priced by sim.collectives on the topology (NCCL's model on CUDA GPUs), not
   overlapped with compute.
-Then the output layer on the S sampled sequences (2 x S x h x V / tp FLOPs, reading
-V h / tp weights) and, with tp > 1, an all-gather of their logits (S x V x activation
-bytes in all). So a memory-bound decode step of B sequences with contexts c_i takes
+Then the output layer on the step's S sequences: 2 x S x h x V / tp FLOPs reading V h / tp
+weights and, with tp > 1, an all-gather of their logits (S x V x activation bytes in
+all). Every sequence of the step is charged its row, also a prompt chunk that does not
+end its prompt and samples nothing (an overcount of one row per such chunk). So a memory-bound decode step of B sequences with contexts c_i takes
     L x (P_l / tp x wb + sum_i c_i x kv bytes per token per layer) / (HBM x fraction)
 and a compute-bound prefill of T tokens 2 T P / (tp x peak x fraction), plus attention
 and communication. Not modelled: the embedding lookup and elementwise kernels, the

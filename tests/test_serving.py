@@ -452,3 +452,40 @@ def test_sequence_parallel_prefill_splits_its_prompt_not_decodes_weights():
                                         rel=1e-9)
     assert decode(one) / decode(two) < 1.5
     assert two.capacity.blocks > 1.9 * one.capacity.blocks  # half the KV per GPU
+
+
+def test_layout_search_ranks_every_split_of_the_gpus():
+    """Every tp x pp x sp x dp split of 8 GPUs (tp dividing the heads) is simulated once;
+    the ranking is by goodput under the SLO, refusals (here: not fitting) last with their
+    reason, and the winner's metrics are a plain simulate_serving of its layout."""
+    from clustersim.sim.serving.search import layouts, search
+    l70 = get_model("llama3-70b")
+    found = layouts(l70, 8, 8)
+    assert len(set(found)) == len(found)
+    assert all(x.tp * x.pp * x.sp * x.dp == 8 and 64 % x.tp == 0 for x in found)
+    assert {(x.tp, x.pp, x.sp, x.dp) for x in found} >= {(8, 1, 1, 1), (1, 1, 1, 8),
+                                                         (2, 2, 2, 1), (1, 8, 1, 1)}
+    reqs = synthetic(30, 512, 32, 4.0, seed=4)
+    ranked = search(l70, "dgx-h100", reqs, 8, slo={"tpot": 40})
+    assert len(ranked) == len(found)
+    runs = [c for c in ranked if c.result is not None]
+    goodputs = [c.result.metrics["request_goodput"] for c in runs]
+    assert goodputs == sorted(goodputs, reverse=True)
+    assert ranked[len(runs):] and all("KV cache" in c.refused for c in ranked[len(runs):])
+    best = runs[0].layout
+    again = simulate_serving(l70, "dgx-h100", reqs, tp=best.tp, pp=best.pp, sp=best.sp,
+                             dp=best.dp, slo={"tpot": 40})
+    assert again.metrics == runs[0].result.metrics
+
+
+def test_cli_layout_search(tmp_path):
+    out = clustersim("serve", "--model", "llama2-7b", "--search-layouts", "2",
+                     "--num-prompts", "8", "--input-len", "64", "--output-len", "4",
+                     "--json", str(tmp_path / "s.json"))
+    assert out.returncode == 0, out.stderr
+    rows = json.loads((tmp_path / "s.json").read_text())["candidates"]
+    assert {(r["tp"], r["pp"], r["sp"], r["dp"]) for r in rows} >= {(2, 1, 1, 1),
+                                                                   (1, 1, 1, 2)}
+    assert "simulate the best: clustersim serve ... -tp" in out.stdout
+    bad = clustersim("serve", "--search-layouts", "2", "-tp", "2", "--num-prompts", "2")
+    assert bad.returncode == 2 and "--tensor-parallel-size would change nothing" in bad.stderr

@@ -109,7 +109,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     w.add_argument("--goodput", nargs="+", type=_slo, metavar="KEY:MS",
                    help="service-level objectives for request_goodput, vLLM's spelling: "
                         "ttft:MS tpot:MS e2el:MS (any of them)")
-    p.add_argument("--json", metavar="PATH", help="write vLLM's result keys as JSON")
+    p.add_argument("--search-layouts", type=positive_int, metavar="GPUS",
+                   help="simulate every tp x pp x sp x dp split of GPUS GPUs on the workload "
+                        "and rank them (by request goodput with --goodput, else output "
+                        "throughput)")
+    p.add_argument("--json", metavar="PATH", help="write vLLM's result keys as JSON (with "
+                   "--search-layouts: the ranked candidates)")
     p.add_argument("--html", metavar="PATH", help="write the page: every GPU's prefill, "
                    "decode and communication over time, and the KV-cache usage")
 
@@ -140,15 +145,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
                         2048 if args.batching == "chunked-prefill"
                         else max(model.seq_length, 2048)),
                     args.batch_size)
-    result = simulate_serving(
-        model, args.topology, requests, tp=args.tp, dp=args.dp, pp=args.pp, sp=args.sp,
-        dtype=args.serve_dtype,
-        quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
-        batching=args.batching, limits=limits,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        compute_efficiency=args.compute_efficiency, memory_efficiency=args.memory_efficiency,
-        slo=dict(args.goodput) if args.goodput else None,
-        prefill_replicas=args.num_prefill_replicas or 0)
+    options = dict(dtype=args.serve_dtype, quantization=args.quantization,
+                   kv_cache_dtype=args.kv_cache_dtype, batching=args.batching, limits=limits,
+                   gpu_memory_utilization=args.gpu_memory_utilization,
+                   compute_efficiency=args.compute_efficiency,
+                   memory_efficiency=args.memory_efficiency,
+                   slo=dict(args.goodput) if args.goodput else None)
+    if args.search_layouts:
+        return _search(args, model, requests, options)
+    result = simulate_serving(model, args.topology, requests, tp=args.tp, dp=args.dp,
+                              pp=args.pp, sp=args.sp,
+                              prefill_replicas=args.num_prefill_replicas or 0, **options)
     print(summary(result, model.name or "custom", args))
     if args.json:
         write_text_atomic(args.json, json.dumps(result.metrics, indent=1) + "\n")
@@ -158,6 +165,48 @@ def cmd_serve(args: argparse.Namespace) -> int:
                  f"x sp {args.sp} x dp {args.dp}, "
                  f"{args.batching} batching, {result.metrics['completed']} requests")
         print(write_serving_html(result.run, args.tp, title, args.html, args.pp, args.sp))
+    return 0
+
+
+LAYOUT_FLAGS = {"tp": "--tensor-parallel-size", "pp": "--pipeline-parallel-size",
+                "sp": "--sp", "dp": "--dp"}
+
+
+def _search(args: argparse.Namespace, model, requests, options: dict) -> int:
+    """--search-layouts: rank every layout of the GPUs (sim.serving.search)."""
+    from ..serving.search import search
+    given = [flag for field, flag in LAYOUT_FLAGS.items() if getattr(args, field) != 1]
+    if args.num_prefill_replicas:
+        given.append("--num-prefill-replicas")
+    if args.html:
+        given.append("--html")
+    if given:
+        raise ConfigError(f"--search-layouts searches the layouts: {', '.join(given)} would "
+                          f"change nothing")
+    candidates = search(model, args.topology, requests, args.search_layouts, **options)
+    by = "request goodput (req/s)" if options["slo"] else "output tok/s"
+    lines = [f"{args.search_layouts} GPUs of {args.topology}, {model.name or 'custom'}, "
+             f"{args.batching} batching; ranked by {by}",
+             f"{'rank':>4}  {'layout':<30} {'goodput' if options['slo'] else 'out tok/s':>10} "
+             f"{'p99 TTFT ms':>12} {'p99 TPOT ms':>12} {'mean E2EL ms':>13}"]
+    for i, c in enumerate(candidates, 1):
+        name = f"tp {c.layout.tp} pp {c.layout.pp} sp {c.layout.sp} dp {c.layout.dp}"
+        if c.result is None:
+            lines.append(f"{i:>4}  {name:<30} refused: {c.refused}")
+            continue
+        m = c.result.metrics
+        score = m["request_goodput"] if options["slo"] else m["output_throughput"]
+        lines.append(f"{i:>4}  {name:<30} {score:>10.2f} {m['p99_ttft_ms']:>12.1f} "
+                     f"{m['p99_tpot_ms']:>12.2f} {m['mean_e2el_ms']:>13.1f}")
+    best = next((c for c in candidates if c.result is not None), None)
+    if best:
+        lines.append(f"simulate the best: clustersim serve ... {best.layout.flags()}")
+    print("\n".join(lines))
+    if args.json:
+        rows = [{"tp": c.layout.tp, "pp": c.layout.pp, "sp": c.layout.sp, "dp": c.layout.dp,
+                 **({"metrics": c.result.metrics} if c.result else {"refused": c.refused})}
+                for c in candidates]
+        write_text_atomic(args.json, json.dumps({"candidates": rows}, indent=1) + "\n")
     return 0
 
 

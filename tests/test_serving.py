@@ -300,7 +300,7 @@ def test_gantt_rows_are_every_gpu_and_bars_every_steps_parts():
     on tp x dp rows; one row per replica when that would exceed MAX_BARS."""
     from clustersim.sim.serving import gantt
     r = simulate_serving(L7, "dgx-h100", synthetic(6, 300, 5), tp=2, dp=2)
-    fig = gantt.serving_figure(r.run, 2, "t")
+    fig = gantt.serving_figure(r, "t")
     steps = sum(r.run.steps)
     bars = sum(len(t.x) for t in fig.data if t.type == "bar")
     assert bars == steps * 2 * 2  # 2 GPUs per replica, compute + communication

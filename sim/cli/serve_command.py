@@ -164,7 +164,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         title = (f"{model.name or 'custom'} on {args.topology}: tp {args.tp} x pp {args.pp} "
                  f"x sp {args.sp} x dp {args.dp}, "
                  f"{args.batching} batching, {result.metrics['completed']} requests")
-        print(write_serving_html(result.run, args.tp, title, args.html, args.pp, args.sp))
+        print(write_serving_html(result, title, args.html))
     return 0
 
 

@@ -28,8 +28,7 @@ from clustersim.topologies import get_device, gpu_nodes, load_topology
 from ..collectives import run_collective
 from ..flows import FlowNetwork
 from .engine import POLICIES, Limits, ServingRun, serve
-from .kv_cache import (GPU_MEMORY_UTILIZATION, KvCapacity, activation_reserve, kv_bytes_per_token,
-                       kv_capacity)
+from .kv_cache import GPU_MEMORY_UTILIZATION, KvCapacity, activation_reserve, kv_capacity
 from .metrics import SLO_KEYS, metrics
 from .step_cost import StepCost, step_cost
 from .workload import Request, load_trace, synthetic
@@ -140,11 +139,18 @@ def simulate_serving(model: ModelSpec, topology: str | nx.DiGraph,
 
     network = _Network(graph)
 
-    def collective(op: str, nbytes: float) -> float:  # replica 0's first TP group
-        return network.seconds(op, tuple(gpus[:tp]), nbytes)
+    def gpu(replica: int, shard: int = 0, stage: int = 0, rank: int = 0) -> str:
+        """The GPU of a replica's shard, stage and TP rank (module docstring's layout)."""
+        return gpus[((replica * sp + shard) * pp + stage) * tp + rank]
 
-    def sp_collective(op: str, nbytes: float) -> float:  # its stage-0 GPU 0 of each shard
-        return network.seconds(op, tuple(gpus[0:sp * pp * tp:pp * tp]), nbytes)
+    tp_group = tuple(gpu(0, rank=g) for g in range(tp))  # replica 0's first groups
+    sp_group = tuple(gpu(0, shard=j) for j in range(sp))
+
+    def collective(op: str, nbytes: float) -> float:
+        return network.seconds(op, tp_group, nbytes)
+
+    def sp_collective(op: str, nbytes: float) -> float:
+        return network.seconds(op, sp_group, nbytes)
 
     split, costs = stage_layers(model, pp), []
     for stage, layers in enumerate(split):
@@ -155,21 +161,19 @@ def simulate_serving(model: ModelSpec, topology: str | nx.DiGraph,
                                stage == pp - 1, moe, sp, sp_collective))
     reserve = activation_reserve(model, tp, limits.max_num_batched_tokens,
                                  limits.max_num_seqs, costs[0].activation_bytes)
-    per_token = kv_bytes_per_token(model, 1 if kv == "fp8" else 2, tp) / model.num_layers
-    # one GPU's K and V per token and layer: its KV heads, 1/sp of the positions
     capacity = min((kv_capacity(device.memory_bytes, c.weight_bytes_per_gpu(), reserve,
-                                per_token * c.layers / sp, gpu_memory_utilization)
+                                c.kv_bytes_per_token(), gpu_memory_utilization)
                     for c in costs), key=lambda cap: cap.blocks)
     activations = model.hidden_size * costs[0].activation_bytes  # bytes per token
 
     def stage_send(stage: int, tokens: int) -> float:  # replica 0's stage to the next
-        return network.seconds("p2p", (gpus[stage * tp], gpus[(stage + 1) * tp]),
+        return network.seconds("p2p", (gpu(0, stage=stage), gpu(0, stage=stage + 1)),
                                tokens * activations)
 
-    def kv_transfer(src: int, dst: int, tokens: int) -> float:  # first stages' GPU 0s
-        size = sp * pp * tp  # GPUs per replica; each moves its own KV shard, in parallel
-        return network.seconds("p2p", (gpus[src * size], gpus[dst * size]),
-                               tokens * per_token * costs[0].layers / sp)
+    def kv_transfer(src: int, dst: int, tokens: int) -> float:
+        # every GPU moves its own KV to its peer in parallel: the first stage's, fullest
+        return network.seconds("p2p", (gpu(src), gpu(dst)),
+                               tokens * costs[0].kv_bytes_per_token())
 
     run = serve(requests, costs, capacity.blocks, dp, batching, limits, stage_send,
                 prefill_replicas, kv_transfer)

@@ -249,11 +249,15 @@ def _check(requests: Sequence[Request], blocks: int, policy: str, limits: Limits
     if not requests:
         raise ConfigError("no requests to serve")
     longest = max(r.input_tokens + r.output_tokens for r in requests)
-    if policy == "chunked-prefill":
-        if blocks_for(longest) > blocks:
-            raise ConfigError(f"a request of {longest} tokens needs {blocks_for(longest)} KV "
-                              f"blocks; the replica has {blocks}")
-    elif policy in ("continuous", "disaggregated"):
+    if policy == "static":
+        size = min(limits.batch_size or 1, len(requests))  # the largest batch formed
+        need = size * blocks_for(longest)
+        if need > blocks:
+            raise ConfigError(f"a static batch of {size} requests up to {longest} tokens "
+                              f"needs {need} KV blocks; the replica has {blocks}: lower "
+                              f"--batch-size")
+        return
+    if policy in ("continuous", "disaggregated"):  # a prompt is prefilled in one step
         prompt = max(r.input_tokens + r.output_tokens - 1 for r in requests)
         if policy == "disaggregated":  # prompts are prefilled once: no recompute
             prompt = max(r.input_tokens for r in requests)
@@ -262,16 +266,27 @@ def _check(requests: Sequence[Request], blocks: int, policy: str, limits: Limits
                 f"a request of {longest} tokens (prompt and output) can need a prefill of "
                 f"{prompt} tokens, above --max-num-batched-tokens "
                 f"{limits.max_num_batched_tokens}: raise it, or use chunked-prefill batching")
-        if blocks_for(longest) > blocks:
-            raise ConfigError(f"a request of {longest} tokens needs {blocks_for(longest)} KV "
-                              f"blocks; the replica has {blocks}")
-    else:
-        size = min(limits.batch_size or 1, len(requests))  # the largest batch formed
-        need = size * blocks_for(longest)
-        if need > blocks:
-            raise ConfigError(f"a static batch of {size} requests up to {longest} tokens "
-                              f"needs {need} KV blocks; the replica has {blocks}: lower "
-                              f"--batch-size")
+    if blocks_for(longest) > blocks:
+        raise ConfigError(f"a request of {longest} tokens needs {blocks_for(longest)} KV "
+                          f"blocks; the replica has {blocks}")
+
+
+def _head(r: _Replica) -> _Sequence:
+    """The first waiting sequence (a request not yet begun, or one preempted), not taken."""
+    head = r.queue[0]
+    return head if isinstance(head, _Sequence) else _Sequence(head)
+
+
+def _sample(r: _Replica, seq: _Sequence, running: list[_Sequence] | None = None) -> bool:
+    """`seq` makes a token now; after its last it leaves `running` (where given) and the
+    replica (its blocks freed). True when it is done."""
+    seq.served.token_times.append(r.env.now)
+    if not seq.served.done:
+        return False
+    if running is not None:
+        running.remove(seq)
+    r.done(seq)
+    return True
 
 
 def _admit_prompts(r: _Replica, seats: int) -> list[_Sequence]:
@@ -279,8 +294,7 @@ def _admit_prompts(r: _Replica, seats: int) -> list[_Sequence]:
     `seats`, their tokens within the step's budget, their blocks free (taken now)."""
     admitted, budget = [], r.limits.max_num_batched_tokens
     while r.queue and len(admitted) < seats:
-        head = r.queue[0]
-        seq = head if isinstance(head, _Sequence) else _Sequence(head)
+        seq = _head(r)
         need = blocks_for(seq.tokens)
         if seq.tokens > budget or not r.pool.take(need):
             break
@@ -314,10 +328,7 @@ def _continuous(r: _Replica):
             yield r.wait()
             continue
         for seq in list(active):
-            seq.served.token_times.append(r.env.now)
-            if seq.served.done:
-                running.remove(seq)
-                r.done(seq)
+            _sample(r, seq, running)
 
 
 def _prefill_only(replicas: list[_Replica], prefill_replicas: int,
@@ -334,9 +345,7 @@ def _prefill_only(replicas: list[_Replica], prefill_replicas: int,
                 continue
             yield from r.step([(s.tokens, 0) for s in admitted])
             for seq in admitted:
-                seq.served.token_times.append(r.env.now)
-                if seq.served.done:
-                    r.done(seq)
+                if _sample(r, seq):
                     continue
                 to = replicas[prefill_replicas + seq.served.request.index % decoding]
                 transfer = kv_transfer(r.index, to.index, seq.tokens - 1)
@@ -363,10 +372,7 @@ def _decode_only(r: _Replica):
             continue
         yield from r.step([(1, s.tokens - 1) for s in running])
         for seq in list(running):
-            seq.served.token_times.append(r.env.now)
-            if seq.served.done:
-                running.remove(seq)
-                r.done(seq)
+            _sample(r, seq, running)
 
 
 def _grow(pool: BlockPool, seq: _Sequence, tokens: int) -> bool:
@@ -405,7 +411,7 @@ def _chunked(r: _Replica):
                 batch.append((seq, q))
                 budget -= q
         while queue and budget > 0 and len(running) < limits.max_num_seqs:
-            seq = queue[0] if isinstance(queue[0], _Sequence) else _Sequence(queue[0])
+            seq = _head(r)
             q = min(seq.tokens, budget)
             if not _grow(pool, seq, q):
                 break
@@ -419,12 +425,8 @@ def _chunked(r: _Replica):
         yield from r.step([(q, s.cached) for s, q in batch])
         for seq, q in batch:
             seq.cached += q
-            if seq.cached < seq.tokens:
-                continue  # a prompt's chunk: no token yet
-            seq.served.token_times.append(r.env.now)
-            if seq.served.done:
-                running.remove(seq)
-                r.done(seq)
+            if seq.cached == seq.tokens:  # not a prompt's chunk short of its end
+                _sample(r, seq, running)
 
 
 def _static(r: _Replica):

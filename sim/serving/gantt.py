@@ -21,6 +21,7 @@ from clustersim.schedules.output_files import write_text_atomic
 
 from ..gantt import PLOT_CONFIG
 from ..units import format_seconds
+from . import ServingResult
 from .engine import ServingRun, Step
 
 MAX_BARS = 100_000
@@ -47,10 +48,10 @@ def rows(run: ServingRun, tp: int, pp: int = 1, sp: int = 1) -> list[tuple[str, 
             for g in range(tp)]
 
 
-def serving_figure(run: ServingRun, tp: int, title: str, pp: int = 1,
-                   sp: int = 1) -> go.Figure:
-    """The Gantt of the steps and the KV-cache usage (module docstring)."""
-    drawn = rows(run, tp, pp, sp)
+def serving_figure(result: ServingResult, title: str) -> go.Figure:
+    """The Gantt of a run's steps and its KV-cache usage (module docstring)."""
+    run, cost = result.run, result.cost
+    drawn = rows(run, cost.tp, len(result.stage_costs), cost.sp)
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.75, 0.25],
                         vertical_spacing=0.06)
     bars: dict[str, dict[str, list]] = {k: {"x": [], "base": [], "y": [], "text": []}
@@ -92,9 +93,8 @@ def serving_figure(run: ServingRun, tp: int, title: str, pp: int = 1,
     return fig
 
 
-def write_serving_html(run: ServingRun, tp: int, title: str, path: str | Path,
-                       pp: int = 1, sp: int = 1) -> Path:
+def write_serving_html(result: ServingResult, title: str, path: str | Path) -> Path:
     """Write the page (atomically); returns its path."""
-    fig = serving_figure(run, tp, title, pp, sp)
+    fig = serving_figure(result, title)
     return write_text_atomic(path, fig.to_html(include_plotlyjs=True, full_html=True,
                                                config=PLOT_CONFIG))

@@ -18,7 +18,8 @@ kernel group, summed):
 Then the output layer on the step's S sequences: 2 x S x h x V / tp FLOPs reading V h / tp
 weights and, with tp > 1, an all-gather of their logits (S x V x activation bytes in
 all). Every sequence of the step is charged its row, also a prompt chunk that does not
-end its prompt and samples nothing (an overcount of one row per such chunk). So a memory-bound decode step of B sequences with contexts c_i takes
+end its prompt and samples nothing (an overcount of one row per such chunk). So a
+memory-bound decode step of B sequences with contexts c_i takes
     L x (P_l / tp x wb + sum_i c_i x kv bytes per token per layer) / (HBM x fraction)
 and a compute-bound prefill of T tokens 2 T P / (tp x peak x fraction), plus attention
 and communication. Not modelled: the embedding lookup and elementwise kernels, the
@@ -45,7 +46,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 
 from clustersim.schedules.errors import ConfigError
 from clustersim.schedules.model import ModelSpec
@@ -55,7 +55,8 @@ from ..cost import compute_fraction, memory_fraction
 from .kv_cache import kv_bytes_per_token
 
 CollectiveTime = Callable[[str, float], float]
-"""(op, nccl-tests bytes) -> seconds of that collective over the TP group."""
+"""(op, nccl-tests bytes) -> seconds of that collective over the TP (or SP) group; called
+once per step, so the caller remembers its answers (sim.serving._Network)."""
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,11 @@ class StepCost:
         router, shared experts, norms): every token uses them."""
         m = self.model
         return m.layer_param_count(self.tp) - m.num_experts * self.expert_params
+
+    def kv_bytes_per_token(self) -> float:
+        """K and V bytes one GPU of this stage holds per token: its layers, its KV heads,
+        1/sp of the positions."""
+        return self.kv_token_layer_bytes * self.layers / self.sp
 
     def experts_touched(self, tokens: int) -> float:
         """Expected routed experts a layer reads for `tokens` tokens, each sent to top-k of
@@ -191,10 +197,8 @@ def step_cost(model: ModelSpec, device: DeviceSpec, tp: int, dtype: str,
     flops = device.peak(gemm_dtype) * compute_fraction(device, gemm_dtype, compute_efficiency)
     hbm = device.hbm_bandwidth * memory_fraction(device, memory_efficiency)
     per_layer = kv_bytes_per_token(model, kv, tp) / model.num_layers
-    if collective is not None and tp > 1:
-        collective = lru_cache(maxsize=None)(collective)
     return StepCost(model, tp, flops, hbm, weight, activation, per_layer,
                     collective if tp > 1 else None,
                     model.num_layers if layers is None else layers, first, last,
                     model.num_moe_layers if moe_layers is None else moe_layers, sp,
-                    lru_cache(maxsize=None)(sp_collective) if sp > 1 else None)
+                    sp_collective if sp > 1 else None)

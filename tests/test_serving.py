@@ -278,6 +278,8 @@ def test_cli_prints_the_summary_and_writes_vllms_keys(tmp_path):
     (["--num-prompts", "2", "--model", "mixtral-8x7b", "--ep", "2"], "unrecognized"),
     (["--trace", "missing.csv"], "no such file"),
     (["--trace", "missing.csv", "--num-prompts", "2"], "--num-prompts would change nothing"),
+    (["--trace", "missing.csv", "--input-len", "1024"], "--input-len would change nothing"),
+    (["--seed", "3", "--num-prompts", "2"], "--seed draws the Poisson arrivals"),
     (["--micro-batch-size", "2"], "unrecognized arguments"),
 ])
 def test_cli_errors_are_one_line(args, words, tmp_path):

@@ -22,6 +22,9 @@ SERVE_MODEL_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_atten
                       "untie_embeddings_and_output_weights", "add_bias_linear")
 """`simulate`'s model flags that shape a served model (the rest are training's)."""
 DEFAULT_MODEL = "llama3-8b"
+WORKLOAD_DEFAULTS = {"input_len": 1024, "output_len": 128, "num_prompts": 1000,
+                     "request_rate": math.inf, "seed": 0}
+"""The synthetic workload's flags (None on the command line when not given) and defaults."""
 
 
 _rate = checked_number(float, lambda v: v > 0, "a rate > 0 requests/s (inf: all at once)")
@@ -77,15 +80,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--memory-efficiency", type=fraction,
                    help="fraction of the HBM bandwidth reached (default: likewise)")
     w = p.add_argument_group("workload and scheduler")
-    w.add_argument("--input-len", type=positive_int, default=1024,
-                   help="prompt tokens per request (default 1024)")
-    w.add_argument("--output-len", type=positive_int, default=128,
-                   help="output tokens per request (default 128)")
-    w.add_argument("--num-prompts", type=positive_int, default=1000,
-                   help="requests (default 1000)")
-    w.add_argument("--request-rate", type=_rate, default=math.inf,
+    d = WORKLOAD_DEFAULTS
+    w.add_argument("--input-len", type=positive_int,
+                   help=f"prompt tokens per request (default {d['input_len']})")
+    w.add_argument("--output-len", type=positive_int,
+                   help=f"output tokens per request (default {d['output_len']})")
+    w.add_argument("--num-prompts", type=positive_int,
+                   help=f"requests (default {d['num_prompts']})")
+    w.add_argument("--request-rate", type=_rate,
                    help="Poisson arrivals per second (default inf: all at once)")
-    w.add_argument("--seed", type=int, default=0, help="seed of the arrivals (default 0)")
+    w.add_argument("--seed", type=int,
+                   help=f"seed of the Poisson arrivals (default {d['seed']})")
     w.add_argument("--trace", metavar="PATH",
                    help="requests from a CSV or JSONL file (arrival_time, input_tokens, "
                         "output_tokens) instead of --input-len/--output-len/--num-prompts/"
@@ -119,7 +124,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "decode and communication over time, and the KV-cache usage")
 
 
-WORKLOAD_FLAGS = ("input_len", "output_len", "num_prompts", "request_rate")
+def _requests(args: argparse.Namespace) -> list:
+    """The trace's requests, or the synthetic workload's; a workload flag that would change
+    nothing (any with --trace, --seed without a finite --request-rate) is refused."""
+    given = {f: getattr(args, f) for f in WORKLOAD_DEFAULTS if getattr(args, f) is not None}
+    if args.trace:
+        if given:
+            raise ConfigError(f"--trace gives the requests: "
+                              f"{', '.join('--' + f.replace('_', '-') for f in given)} would "
+                              f"change nothing")
+        return load_trace(args.trace)
+    w = {**WORKLOAD_DEFAULTS, **given}
+    if "seed" in given and math.isinf(w["request_rate"]):
+        raise ConfigError("--seed draws the Poisson arrivals: with --request-rate inf (all "
+                          "at once, the default) it changes nothing")
+    return synthetic(w["num_prompts"], w["input_len"], w["output_len"], w["request_rate"],
+                     w["seed"])
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -128,18 +148,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                                       for f in SERVE_MODEL_FIELDS):
         args.model = DEFAULT_MODEL
     model = model_from_args(args)
-    if args.trace:
-        defaults = {"input_len": 1024, "output_len": 128, "num_prompts": 1000,
-                    "request_rate": math.inf}
-        clash = [f"--{f.replace('_', '-')}" for f in WORKLOAD_FLAGS
-                 if getattr(args, f) != defaults[f]]
-        if clash:
-            raise ConfigError(f"--trace gives the requests: {', '.join(clash)} would change "
-                              f"nothing")
-        requests = load_trace(args.trace)
-    else:
-        requests = synthetic(args.num_prompts, args.input_len, args.output_len,
-                             args.request_rate, args.seed)
+    requests = _requests(args)
     limits = Limits(args.max_num_seqs,
                     args.max_num_batched_tokens or (
                         2048 if args.batching == "chunked-prefill"

@@ -491,3 +491,53 @@ def test_cli_layout_search(tmp_path):
     assert "simulate the best: clustersim serve ... -tp" in out.stdout
     bad = clustersim("serve", "--search-layouts", "2", "-tp", "2", "--num-prompts", "2")
     assert bad.returncode == 2 and "--tensor-parallel-size would change nothing" in bad.stderr
+
+
+def test_parse_layout_rules():
+    from clustersim.sim.serving.search import Layout, parse_layout
+    assert parse_layout("tp=4,pp=2") == Layout(tp=4, pp=2, sp=1, dp=1, prefill=0)
+    assert parse_layout("dp=4, prefill=1").gpus == 4
+    for bad, says in (("tp=0", "tp must be an integer >= 1"), ("ep=2", "KEY one of"),
+                      ("tp=2,tp=4", "gives tp twice"), ("tp", "KEY=N"),
+                      ("prefill=-1", "prefill must be an integer >= 0")):
+        with pytest.raises(ConfigError, match=says):
+            parse_layout(bad)
+
+
+def test_compare_runs_the_given_layouts_in_order():
+    """--compare: each layout is a plain simulate_serving of it, in the order given, a
+    refusal kept with its reason; DP of 2 replicas on a rate-limited workload halves each
+    replica's load, so its output throughput equals the single replica's (every request
+    served) and its mean latency is no higher."""
+    from clustersim.sim.serving.search import Layout, compare
+    reqs = synthetic(40, 256, 16, 8.0, seed=1)
+    given = [Layout(tp=2), Layout(dp=2), Layout(tp=3)]
+    out = compare(L7, "dgx-h100", reqs, given)
+    assert [c.layout for c in out] == given
+    for c in out[:2]:
+        alone = simulate_serving(L7, "dgx-h100", reqs, tp=c.layout.tp, dp=c.layout.dp)
+        assert c.result.metrics == alone.metrics
+    assert out[2].result is None and "must divide" in out[2].refused
+    one = simulate_serving(L7, "dgx-h100", reqs)
+    assert out[1].result.metrics["completed"] == one.metrics["completed"] == 40
+    assert out[1].result.metrics["mean_e2el_ms"] <= one.metrics["mean_e2el_ms"]
+
+
+def test_cli_compare(tmp_path):
+    out = clustersim("serve", "--model", "llama2-7b", "--compare", "tp=1", "tp=2",
+                     "tp=1,dp=2,prefill=1", "--batching", "disaggregated", "--num-prompts",
+                     "8", "--input-len", "64", "--output-len", "4",
+                     "--json", str(tmp_path / "c.json"))
+    assert out.returncode == 0, out.stderr
+    rows = json.loads((tmp_path / "c.json").read_text())["candidates"]
+    assert [(r["tp"], r["dp"], r["prefill"]) for r in rows] == [(1, 1, 0), (2, 1, 0),
+                                                               (1, 2, 1)]
+    assert "refused" in rows[0] and "metrics" in rows[2]
+    assert "tp 1 pp 1 sp 1 dp 2 (1 prefill)" in out.stdout
+    for args, says in ((["--compare", "tp=2", "--dp", "2"], "--dp would change nothing"),
+                       (["--compare", "tp=2", "--search-layouts", "2"], "give one"),
+                       (["--compare", "tq=2"], "KEY one of"),
+                       (["--search-layouts", "2", "--batching", "disaggregated"],
+                        "does not search prefill/decode splits")):
+        bad = clustersim("serve", "--num-prompts", "2", *args)
+        assert bad.returncode == 2 and says in bad.stderr, bad.stderr

@@ -118,8 +118,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="simulate every tp x pp x sp x dp split of GPUS GPUs on the workload "
                         "and rank them (by request goodput with --goodput, else output "
                         "throughput)")
+    p.add_argument("--compare", nargs="+", metavar="LAYOUT",
+                   help="simulate these layouts side by side on the workload, each "
+                        "KEY=N[,KEY=N..] with KEY tp, pp, sp, dp or prefill (prefill "
+                        "replicas, with --batching disaggregated); unnamed keys are 1 "
+                        "(prefill 0), e.g. --compare tp=8 tp=4,dp=2 tp=2,pp=2,dp=2")
     p.add_argument("--json", metavar="PATH", help="write vLLM's result keys as JSON (with "
-                   "--search-layouts: the ranked candidates)")
+                   "--search-layouts or --compare: the candidates and their metrics)")
     p.add_argument("--html", metavar="PATH", help="write the page: every GPU's prefill, "
                    "decode and communication over time, and the KV-cache usage")
 
@@ -160,8 +165,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                    compute_efficiency=args.compute_efficiency,
                    memory_efficiency=args.memory_efficiency,
                    slo=dict(args.goodput) if args.goodput else None)
-    if args.search_layouts:
-        return _search(args, model, requests, options)
+    if args.search_layouts or args.compare:
+        return _layouts(args, model, requests, options)
     result = simulate_serving(model, args.topology, requests, tp=args.tp, dp=args.dp,
                               pp=args.pp, sp=args.sp,
                               prefill_replicas=args.num_prefill_replicas or 0, **options)
@@ -181,38 +186,54 @@ LAYOUT_FLAGS = {"tp": "--tensor-parallel-size", "pp": "--pipeline-parallel-size"
                 "sp": "--sp", "dp": "--dp"}
 
 
-def _search(args: argparse.Namespace, model, requests, options: dict) -> int:
-    """--search-layouts: rank every layout of the GPUs (sim.serving.search)."""
-    from ..serving.search import search
+def _layouts(args: argparse.Namespace, model, requests, options: dict) -> int:
+    """--search-layouts (rank every layout of the GPUs) or --compare (the given layouts in
+    their order): one table (sim.serving.search)."""
+    from ..serving import search as layout_runs
+    mode = "--search-layouts" if args.search_layouts else "--compare"
+    if args.search_layouts and args.compare:
+        raise ConfigError("--search-layouts and --compare both choose the layouts: give one")
     given = [flag for field, flag in LAYOUT_FLAGS.items() if getattr(args, field) != 1]
     if args.num_prefill_replicas:
         given.append("--num-prefill-replicas")
     if args.html:
         given.append("--html")
     if given:
-        raise ConfigError(f"--search-layouts searches the layouts: {', '.join(given)} would "
-                          f"change nothing")
-    candidates = search(model, args.topology, requests, args.search_layouts, **options)
-    by = "request goodput (req/s)" if options["slo"] else "output tok/s"
-    lines = [f"{args.search_layouts} GPUs of {args.topology}, {model.name or 'custom'}, "
-             f"{args.batching} batching; ranked by {by}",
-             f"{'rank':>4}  {'layout':<30} {'goodput' if options['slo'] else 'out tok/s':>10} "
-             f"{'p99 TTFT ms':>12} {'p99 TPOT ms':>12} {'mean E2EL ms':>13}"]
+        raise ConfigError(f"{mode} sets the layouts: {', '.join(given)} would change nothing"
+                          + (" (a layout's own: 'tp=..,prefill=..')" if args.compare else ""))
+    if args.search_layouts:
+        candidates = layout_runs.search(model, args.topology, requests, args.search_layouts,
+                                        **options)
+        head = (f"{args.search_layouts} GPUs of {args.topology}, {model.name or 'custom'}, "
+                f"{args.batching} batching; ranked by "
+                f"{'request goodput (req/s)' if options['slo'] else 'output tok/s'}")
+    else:
+        candidates = layout_runs.compare(model, args.topology, requests,
+                                         [layout_runs.parse_layout(t) for t in args.compare],
+                                         **options)
+        head = (f"{len(candidates)} layouts on {args.topology}, {model.name or 'custom'}, "
+                f"{args.batching} batching, in the order given")
+    goodput = bool(options["slo"])
+    lines = [head, f"{'#':>3}  {'layout':<34} {'GPUs':>5} "
+                   f"{'goodput' if goodput else 'out tok/s':>10} {'out tok/s/GPU':>14} "
+                   f"{'p99 TTFT ms':>12} {'p99 TPOT ms':>12} {'mean E2EL ms':>13}"]
     for i, c in enumerate(candidates, 1):
-        name = f"tp {c.layout.tp} pp {c.layout.pp} sp {c.layout.sp} dp {c.layout.dp}"
+        name = c.layout.name()
         if c.result is None:
-            lines.append(f"{i:>4}  {name:<30} refused: {c.refused}")
+            lines.append(f"{i:>3}  {name:<34} {c.layout.gpus:>5} refused: {c.refused}")
             continue
         m = c.result.metrics
-        score = m["request_goodput"] if options["slo"] else m["output_throughput"]
-        lines.append(f"{i:>4}  {name:<30} {score:>10.2f} {m['p99_ttft_ms']:>12.1f} "
-                     f"{m['p99_tpot_ms']:>12.2f} {m['mean_e2el_ms']:>13.1f}")
+        score = m["request_goodput"] if goodput else m["output_throughput"]
+        lines.append(f"{i:>3}  {name:<34} {c.layout.gpus:>5} {score:>10.2f} "
+                     f"{m['output_throughput'] / c.layout.gpus:>14.1f} "
+                     f"{m['p99_ttft_ms']:>12.1f} {m['p99_tpot_ms']:>12.2f} "
+                     f"{m['mean_e2el_ms']:>13.1f}")
     best = next((c for c in candidates if c.result is not None), None)
-    if best:
+    if best and args.search_layouts:
         lines.append(f"simulate the best: clustersim serve ... {best.layout.flags()}")
     print("\n".join(lines))
     if args.json:
-        rows = [{"tp": c.layout.tp, "pp": c.layout.pp, "sp": c.layout.sp, "dp": c.layout.dp,
+        rows = [{**{k: getattr(c.layout, k) for k in layout_runs.LAYOUT_KEYS},
                  **({"metrics": c.result.metrics} if c.result else {"refused": c.refused})}
                 for c in candidates]
         write_text_atomic(args.json, json.dumps({"candidates": rows}, indent=1) + "\n")

@@ -1,9 +1,10 @@
-"""Search the serving layouts of a model on N GPUs (`clustersim serve --search-layouts N`):
-every tensor x pipeline x sequence x data parallel split of the N GPUs is simulated on the
-same workload, and the layouts are ranked by request goodput under the service-level
-objectives when they are given, else by output throughput (ties: the lower mean
-end-to-end latency). A layout the simulator refuses (it does not fit in memory, the
-heads do not split) is kept with its reason.
+"""Serving layouts side by side: `search` (`clustersim serve --search-layouts N`) simulates
+every tensor x pipeline x sequence x data parallel split of N GPUs on the same workload
+and ranks them by request goodput under the service-level objectives when they are
+given, else by output throughput (ties: the lower mean end-to-end latency); `compare`
+(`clustersim serve --compare`) simulates the layouts it is given, in their order
+(`parse_layout` reads one: 'tp=4,pp=2'). A layout the simulator refuses (it does not fit
+in memory, the heads do not split) is kept with its reason.
 
 Layouts: tp a power of two up to the GPUs of one host that divides the attention heads,
 pp and sp powers of two (pp up to 8 and the layer count, sp up to 4), dp = N / (tp pp sp)
@@ -28,13 +29,47 @@ MAX_PP, MAX_SP = 8, 4
 
 @dataclass(frozen=True)
 class Layout:
-    tp: int
-    pp: int
-    sp: int
-    dp: int
+    """A replica's tp x pp x sp GPUs, dp replicas; `prefill`: of them, the prefill
+    replicas of disaggregated serving (0: none)."""
+
+    tp: int = 1
+    pp: int = 1
+    sp: int = 1
+    dp: int = 1
+    prefill: int = 0
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp * self.sp * self.dp
+
+    def name(self) -> str:
+        text = f"tp {self.tp} pp {self.pp} sp {self.sp} dp {self.dp}"
+        return text + (f" ({self.prefill} prefill)" if self.prefill else "")
 
     def flags(self) -> str:
-        return f"-tp {self.tp} -pp {self.pp} --sp {self.sp} --dp {self.dp}"
+        text = f"-tp {self.tp} -pp {self.pp} --sp {self.sp} --dp {self.dp}"
+        return text + (f" --num-prefill-replicas {self.prefill}" if self.prefill else "")
+
+
+LAYOUT_KEYS = ("tp", "pp", "sp", "dp", "prefill")
+
+
+def parse_layout(text: str) -> Layout:
+    """'tp=4,pp=2' (keys tp, pp, sp, dp, prefill; each at most once; unnamed: 1, prefill
+    0) -> Layout; ConfigError naming the rule."""
+    values = {}
+    for part in text.split(","):
+        key, eq, value = part.strip().partition("=")
+        if key not in LAYOUT_KEYS or not eq:
+            raise ConfigError(f"layout {text!r}: each part is KEY=N with KEY one of "
+                              f"{', '.join(LAYOUT_KEYS)}, got {part.strip()!r}")
+        if key in values:
+            raise ConfigError(f"layout {text!r} gives {key} twice")
+        if not value.strip().isdigit() or int(value) < (key != "prefill"):
+            raise ConfigError(f"layout {text!r}: {key} must be an integer >= "
+                              f"{int(key != 'prefill')}, got {value.strip()!r}")
+        values[key] = int(value)
+    return Layout(**values)
 
 
 @dataclass
@@ -72,16 +107,30 @@ def search(model: ModelSpec, topology: str | nx.DiGraph, requests: Sequence[Requ
     if not 1 <= gpus <= len(nodes):
         raise ConfigError(f"--search-layouts must be from 1 to the topology's {len(nodes)} "
                           f"GPUs, got {gpus}")
+    if options.get("batching") == "disaggregated":
+        raise ConfigError("--search-layouts does not search prefill/decode splits: compare "
+                          "disaggregated layouts with --compare 'tp=..,dp=..,prefill=..'")
     per_host = sum(1 for g in nodes if graph.nodes[g]["host"] == graph.nodes[nodes[0]]["host"])
+    candidates = compare(model, graph, requests, layouts(model, gpus, per_host), slo,
+                         **options)
+    return sorted(candidates, key=lambda c: rank_key(c, bool(slo)))
+
+
+def compare(model: ModelSpec, topology: str | nx.DiGraph, requests: Sequence[Request],
+            given: Sequence[Layout], slo: Mapping[str, float] | None = None,
+            **options) -> list[Candidate]:
+    """The candidate of each layout, in the given order (options: as `search`'s)."""
+    graph = load_topology(topology) if not isinstance(topology, nx.DiGraph) else topology
     candidates = []
-    for layout in layouts(model, gpus, per_host):
+    for layout in given:
         try:
             result = simulate_serving(model, graph, requests, tp=layout.tp, pp=layout.pp,
-                                      sp=layout.sp, dp=layout.dp, slo=slo, **options)
+                                      sp=layout.sp, dp=layout.dp,
+                                      prefill_replicas=layout.prefill, slo=slo, **options)
             candidates.append(Candidate(layout, result))
         except ConfigError as err:
             candidates.append(Candidate(layout, refused=str(err)))
-    return sorted(candidates, key=lambda c: rank_key(c, bool(slo)))
+    return candidates
 
 
 def rank_key(candidate: Candidate, by_goodput: bool) -> tuple:

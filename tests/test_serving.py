@@ -275,7 +275,9 @@ def test_cli_prints_the_summary_and_writes_vllms_keys(tmp_path):
 @pytest.mark.parametrize("args, words", [
     (["--num-prompts", "2", "-tp", "8", "-pp", "2"], "16 GPUs, but the topology has 8"),
     (["--request-rate", "0"], "--request-rate"),
-    (["--num-prompts", "2", "--model", "mixtral-8x7b", "--ep", "2"], "unrecognized"),
+    (["--num-prompts", "2", "--model", "mixtral-8x7b", "--ep", "3", "--dp", "3"],
+     "divide the model's 8"),
+    (["--num-prompts", "2", "--ep", "2"], "the model has no experts"),
     (["--trace", "missing.csv"], "no such file"),
     (["--trace", "missing.csv", "--num-prompts", "2"], "--num-prompts would change nothing"),
     (["--trace", "missing.csv", "--input-len", "1024"], "--input-len would change nothing"),
@@ -497,7 +499,7 @@ def test_parse_layout_rules():
     from clustersim.sim.serving.search import Layout, parse_layout
     assert parse_layout("tp=4,pp=2") == Layout(tp=4, pp=2, sp=1, dp=1, prefill=0)
     assert parse_layout("dp=4, prefill=1").gpus == 4
-    for bad, says in (("tp=0", "tp must be an integer >= 1"), ("ep=2", "KEY one of"),
+    for bad, says in (("tp=0", "tp must be an integer >= 1"), ("cp=2", "KEY one of"),
                       ("tp=2,tp=4", "gives tp twice"), ("tp", "KEY=N"),
                       ("prefill=-1", "prefill must be an integer >= 0")):
         with pytest.raises(ConfigError, match=says):
@@ -541,3 +543,88 @@ def test_cli_compare(tmp_path):
                         "does not search prefill/decode splits")):
         bad = clustersim("serve", "--num-prompts", "2", *args)
         assert bad.returncode == 2 and says in bad.stderr, bad.stderr
+
+
+MIX = get_model("mixtral-8x7b")
+
+
+def test_expert_parallel_weights_are_whole_experts_over_ep():
+    """ep 8, tp 1 on Mixtral 8x7B: a GPU holds everything but the routed experts, and one
+    of each layer's 8 experts whole: the model's parameters less 7/8 of the experts."""
+    r = simulate_serving(MIX, "dgx-h100", synthetic(1, 64, 2), dp=8, ep=8)
+    experts = MIX.num_layers * MIX.layer_expert_param_count()
+    assert experts == 32 * 8 * 3 * 4096 * 14336  # SwiGLU experts, no bias
+    assert r.cost.weight_bytes_per_gpu() == pytest.approx(
+        (MIX.param_count() - experts * 7 / 8) * 2, rel=1e-12)
+    assert r.cost.expert_params == 3 * 4096 * 14336
+
+
+def test_expert_parallel_step_closed_form():
+    """One EP group's routed experts for N new tokens over ep GPUs: 2 N k / ep x expert
+    FLOPs (uniform routing), reading the experts reached, E/ep (1 - (1 - k/E)^N); two
+    all-to-alls per MoE layer of ceil(T/tp) k h x 2 bytes (T the largest replica's tokens),
+    priced by the collective model on the group's GPUs."""
+    r = simulate_serving(MIX, "dgx-h100", synthetic(1, 64, 2), tp=2, dp=4, ep=8)
+    c, k, h = r.cost, 2, 4096
+    expert = 3 * h * 14336
+    for tokens in ([4096, 0, 0, 0], [1, 1, 1, 1], [300, 7, 0, 2]):
+        n = sum(tokens)
+        flops_time = 2 * n * k / 8 * expert / flops()
+        bytes_time = 1 * (1 - (1 - k / 8) ** n) * expert * 2 / hbm()
+        a2a = simulate_collective("all-to-all", math.ceil(max(tokens) / 2) * k * h * 2, 8,
+                                  "dgx-h100").time_s
+        compute, communication = c.expert_parallel_parts(tokens)
+        assert compute == pytest.approx(32 * max(flops_time, bytes_time), rel=1e-9)
+        assert communication == pytest.approx(32 * 2 * a2a, rel=1e-9)
+    assert c.expert_parallel_parts([0, 0]) == (0.0, 0.0)
+
+
+def test_expert_parallel_replicas_step_together():
+    """dp 2, ep 2 (tp 1): two requests at once, one per replica, of different prompts:
+    the replicas' prefill steps start and end together, taking the longer replica's own
+    step plus the group's routed experts; one request alone still steps with the group
+    (the idle replica runs a dummy batch) at its own step plus the experts of its tokens."""
+    reqs = synthetic(2, 64, 2)
+    reqs[1] = type(reqs[1])(1, 0.0, 1024, 2)
+    r = simulate_serving(MIX, "dgx-h100", reqs, dp=2, ep=2)
+    first = [log[0] for log in r.run.step_log]
+    assert first[0].start == first[1].start == 0 and first[0].end == first[1].end
+    c = r.cost
+    own = max(sum(c.parts([(64, 0)])), sum(c.parts([(1024, 0)])))
+    assert first[0].end == pytest.approx(own + sum(c.expert_parallel_parts([64, 1024])))
+    alone = simulate_serving(MIX, "dgx-h100", reqs[:1], dp=2, ep=2)
+    step = alone.run.step_log[0][0]
+    assert step.end - step.start == pytest.approx(sum(c.parts([(64, 0)]))
+                                                  + sum(c.expert_parallel_parts([64])))
+    assert alone.run.step_log[1] == []
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(model=L7, dp=2, ep=2), "the model has no experts"),
+    (dict(tp=4, dp=2, ep=2), "ep must be tensor_parallel_size x a divisor of dp"),
+    (dict(dp=3, ep=2), "ep must be tensor_parallel_size x a divisor of dp"),
+    (dict(tp=2, pp=2, ep=2), "pipeline or sequence parallelism"),
+    (dict(dp=2, ep=2, batching="disaggregated", prefill_replicas=1), "disaggregated"),
+])
+def test_expert_parallel_refusals(kwargs, words):
+    model = kwargs.pop("model", MIX)
+    with pytest.raises(ConfigError, match=words):
+        simulate_serving(model, "dgx-h100", synthetic(2, 64, 2), **kwargs)
+
+
+def test_expert_parallel_fits_what_dp_alone_cannot():
+    """Mixtral 8x7B's 93 GB of bf16 weights do not fit one 80 GB H100 (dp 8 refused); with
+    ep 8 each GPU holds one expert of each layer and the 8 replicas serve."""
+    reqs = synthetic(64, 256, 16)
+    with pytest.raises(ConfigError, match="no memory left"):
+        simulate_serving(MIX, "dgx-h100", reqs, dp=8)
+    r = simulate_serving(MIX, "dgx-h100", reqs, dp=8, ep=8)
+    assert r.metrics["completed"] == 64 and all(r.run.steps)
+
+
+def test_cli_expert_parallel(tmp_path):
+    out = clustersim("serve", "--model", "mixtral-8x7b", "--dp", "8", "--ep", "8",
+                     "--num-prompts", "16", "--input-len", "128", "--output-len", "4")
+    assert out.returncode == 0, out.stderr
+    assert "tp 1 x pp 1 x sp 1 x dp 8 x ep 8" in out.stdout
+    assert "routed uniformly over the 8 experts" in out.stdout

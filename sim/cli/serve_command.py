@@ -71,6 +71,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "weights (default 1)")
     c.add_argument("--dp", "--data-parallel-size", type=positive_int, default=1, dest="dp",
                    help="replicas, requests sent to them in turn (default 1)")
+    c.add_argument("--ep", "--expert-parallel-size", type=positive_int, default=1, dest="ep",
+                   help="MoE models: GPUs the experts are split over (each holds whole "
+                        "experts); tensor-parallel-size x the replicas that step together "
+                        "(vLLM's --enable-expert-parallel is tp x dp; default 1: every "
+                        "expert split over the tensor-parallel GPUs)")
     c.add_argument("--gpu-memory-utilization", type=fraction, default=0.9,
                    help="fraction of GPU memory for weights, activations and KV cache "
                         "(vLLM's default 0.9)")
@@ -120,7 +125,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "throughput)")
     p.add_argument("--compare", nargs="+", metavar="LAYOUT",
                    help="simulate these layouts side by side on the workload, each "
-                        "KEY=N[,KEY=N..] with KEY tp, pp, sp, dp or prefill (prefill "
+                        "KEY=N[,KEY=N..] with KEY tp, pp, sp, dp, ep or prefill (prefill "
                         "replicas, with --batching disaggregated); unnamed keys are 1 "
                         "(prefill 0), e.g. --compare tp=8 tp=4,dp=2 tp=2,pp=2,dp=2")
     p.add_argument("--json", metavar="PATH", help="write vLLM's result keys as JSON (with "
@@ -168,22 +173,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.search_layouts or args.compare:
         return _layouts(args, model, requests, options)
     result = simulate_serving(model, args.topology, requests, tp=args.tp, dp=args.dp,
-                              pp=args.pp, sp=args.sp,
+                              pp=args.pp, sp=args.sp, ep=args.ep,
                               prefill_replicas=args.num_prefill_replicas or 0, **options)
     print(summary(result, model.name or "custom", args))
     if args.json:
         write_text_atomic(args.json, json.dumps(result.metrics, indent=1) + "\n")
     if args.html:
         from ..serving.gantt import write_serving_html  # plotly only when asked for
-        title = (f"{model.name or 'custom'} on {args.topology}: tp {args.tp} x pp {args.pp} "
-                 f"x sp {args.sp} x dp {args.dp}, "
+        title = (f"{model.name or 'custom'} on {args.topology}: {layout_name(args)}, "
                  f"{args.batching} batching, {result.metrics['completed']} requests")
         print(write_serving_html(result, title, args.html))
     return 0
 
 
 LAYOUT_FLAGS = {"tp": "--tensor-parallel-size", "pp": "--pipeline-parallel-size",
-                "sp": "--sp", "dp": "--dp"}
+                "sp": "--sp", "dp": "--dp", "ep": "--ep"}
 
 
 def _layouts(args: argparse.Namespace, model, requests, options: dict) -> int:
@@ -240,12 +244,17 @@ def _layouts(args: argparse.Namespace, model, requests, options: dict) -> int:
     return 0
 
 
+def layout_name(args: argparse.Namespace) -> str:
+    """'tp 4 x pp 1 x sp 1 x dp 2' (and 'x ep N' with expert parallelism)."""
+    text = f"tp {args.tp} x pp {args.pp} x sp {args.sp} x dp {args.dp}"
+    return text + (f" x ep {args.ep}" if args.ep > 1 else "")
+
+
 def summary(result, name: str, args: argparse.Namespace) -> str:
     """vLLM benchmark_serving's printed summary, and what one GPU's memory holds."""
     m, cap = result.metrics, result.capacity
     lines = [f"{'=' * 14} Serving Benchmark Result (simulated) {'=' * 14}",
-             f"{'Model:':<40}{name} on {args.topology}, tp {args.tp} x pp {args.pp} x sp "
-             f"{args.sp} x dp {args.dp}, "
+             f"{'Model:':<40}{name} on {args.topology}, {layout_name(args)}, "
              f"{args.batching} batching",
              f"{'Successful requests:':<40}{m['completed']:<10}",
              f"{'Benchmark duration (s):':<40}{m['duration']:<10.2f}",

@@ -8,9 +8,12 @@ of a tensor-parallel group each, on the topology's GPUs in order (replica r, sha
 stage s on GPUs ((r sp + j) pp + s) tp .. + tp - 1; all alike: TP and SP collectives
 priced on replica 0's first groups, stage-to-stage sends on its GPUs); bf16/fp16 models
 with optional fp8 weights (`quantization='fp8'`) and fp8 KV cache; MoE models with their
-experts sharded over the TP group; static, continuous, chunked-prefill and disaggregated
-(prefill and decode replicas, the KV cache moved between them on the flow network)
-batching. Refused with the reason: expert parallelism (not modelled yet).
+experts sharded over the TP group, or with expert parallelism over `ep` GPUs (ep/tp
+consecutive replicas stepping together, their all-to-alls priced on the first group's
+GPUs); static, continuous, chunked-prefill and disaggregated (prefill and decode
+replicas, the KV cache moved between them on the flow network) batching. Refused with
+the reason: expert parallelism with pipeline or sequence parallelism or disaggregation
+(not modelled).
 """
 from __future__ import annotations
 
@@ -77,6 +80,22 @@ class _Network:
         return done.value.time_s
 
 
+def _check_expert_parallel(model: ModelSpec, ep: int, tp: int, dp: int, pp: int, sp: int,
+                           batching: str) -> None:
+    """Refuse an expert-parallel layout the model does not have or the simulator does not
+    model, naming the rule."""
+    if not model.is_moe:
+        raise ConfigError(f"ep {ep}: the model has no experts (num_experts unset)")
+    if ep % tp or dp % (ep // tp):
+        raise ConfigError(f"ep must be tensor_parallel_size x a divisor of dp (its replicas "
+                          f"step together), got ep {ep} with tp {tp} and dp {dp}")
+    if model.num_experts % ep:
+        raise ConfigError(f"ep {ep} must divide the model's {model.num_experts} experts")
+    if pp > 1 or sp > 1 or batching == "disaggregated":
+        raise ConfigError("expert parallelism with pipeline or sequence parallelism or "
+                          "disaggregated batching is not modelled")
+
+
 def _choice(name: str, value: str, table: dict) -> str:
     key = str(value).strip().lower()
     if key not in table:
@@ -94,13 +113,16 @@ def simulate_serving(model: ModelSpec, topology: str | nx.DiGraph,
                      compute_efficiency: float | None = None,
                      memory_efficiency: float | None = None,
                      slo: Mapping[str, float] | None = None,
-                     prefill_replicas: int = 0) -> ServingResult:
+                     prefill_replicas: int = 0, ep: int = 1) -> ServingResult:
     """Serve `requests` with `dp` replicas of `model` at tensor parallelism `tp` on
     `topology` (module docstring); `slo`: {'ttft' | 'tpot' | 'e2el': ms} for
     request_goodput; `prefill_replicas`: with batching='disaggregated', how many of the dp
-    replicas prefill (the others decode); raises ConfigError naming the bad setting."""
+    replicas prefill (the others decode); `ep`: expert-parallel GPUs (a multiple of tp,
+    ep/tp replicas per group; vLLM's --enable-expert-parallel is ep = tp x dp); raises
+    ConfigError naming the bad setting."""
     for name, value in (("tensor_parallel_size", tp), ("dp", dp), ("pipeline_parallel_size",
-                                                                     pp), ("sp", sp)):
+                                                                     pp), ("sp", sp),
+                        ("ep", ep)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
     if pp > model.num_layers:
@@ -114,6 +136,8 @@ def simulate_serving(model: ModelSpec, topology: str | nx.DiGraph,
     if batching == "disaggregated" and not 1 <= prefill_replicas < dp:
         raise ConfigError(f"num_prefill_replicas must be from 1 to dp - 1 = {dp - 1} (the "
                           f"other replicas decode), got {prefill_replicas}")
+    if ep > 1:
+        _check_expert_parallel(model, ep, tp, dp, pp, sp, batching)
     if quantization not in (None, "fp8"):
         raise ConfigError(f"quantization must be fp8 or none, got {quantization!r}")
     if not 0 < gpu_memory_utilization <= 1:
@@ -145,6 +169,7 @@ def simulate_serving(model: ModelSpec, topology: str | nx.DiGraph,
 
     tp_group = tuple(gpu(0, rank=g) for g in range(tp))  # replica 0's first groups
     sp_group = tuple(gpu(0, shard=j) for j in range(sp))
+    ep_group = tuple(gpu(r, rank=g) for r in range(ep // tp) for g in range(tp))
 
     def collective(op: str, nbytes: float) -> float:
         return network.seconds(op, tp_group, nbytes)
@@ -152,13 +177,16 @@ def simulate_serving(model: ModelSpec, topology: str | nx.DiGraph,
     def sp_collective(op: str, nbytes: float) -> float:
         return network.seconds(op, sp_group, nbytes)
 
+    def ep_collective(op: str, nbytes: float) -> float:
+        return network.seconds(op, ep_group, nbytes)
+
     split, costs = stage_layers(model, pp), []
     for stage, layers in enumerate(split):
         first_layer = sum(split[:stage])
         moe = sum(model.is_moe_layer(i) for i in range(first_layer, first_layer + layers))
         costs.append(step_cost(model, device, tp, act, quantization, kv, collective,
                                compute_efficiency, memory_efficiency, layers, stage == 0,
-                               stage == pp - 1, moe, sp, sp_collective))
+                               stage == pp - 1, moe, sp, sp_collective, ep, ep_collective))
     reserve = activation_reserve(model, tp, limits.max_num_batched_tokens,
                                  limits.max_num_seqs, costs[0].activation_bytes)
     capacity = min((kv_capacity(device.memory_bytes, c.weight_bytes_per_gpu(), reserve,
@@ -181,4 +209,7 @@ def simulate_serving(model: ModelSpec, topology: str | nx.DiGraph,
              f"{limits.max_num_batched_tokens} tokens; vLLM profiles it)",
              "not modelled: host scheduling and sampling time, kernel launch gaps, "
              "embedding and elementwise kernels"]
+    if ep > 1:
+        notes.append(f"assumed: tokens routed uniformly over the {model.num_experts} experts "
+                     f"(an expert-parallel GPU's load is the mean; real routers are skewed)")
     return ServingResult(metrics(run, slo), run, capacity, costs[0], notes, costs)

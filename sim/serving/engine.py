@@ -35,6 +35,12 @@ Policies (each scheduler's):
   transfers is not modelled) while its prefill blocks stay held; a decode replica admits
   a sequence when blocks for its whole output are free (reserved up front: no preemption)
   and runs decode steps only.
+With expert parallelism (StepCost.ep > 1: ep / tp replicas per group, pp = 1) the replicas
+of a group step together, as vLLM's data-parallel ranks with expert parallelism do (an idle one
+runs a dummy batch): a step starts when a replica of the group has a batch, every replica
+with a batch at that instant joins it (one arriving later waits for the next), and it
+lasts the slowest member's own step plus the group's routed experts
+(StepCost.expert_parallel_parts): each MoE layer's all-to-all waits for every member.
 Every request's token times are recorded (`Served`); `kv_usage` samples the fraction of
 the replica's blocks in use after every step, `in_system` the number of requests in the
 system after every arrival and completion (for Little's law).
@@ -123,19 +129,57 @@ class Limits:
     batch_size: int | None = None
 
 
+class _ExpertGroup:
+    """The replicas of one expert-parallel group stepping together (module docstring):
+    `submit` a replica's batch, get an event whose value is the step's (start, end,
+    communication seconds of that replica)."""
+
+    def __init__(self, env: simpy.Environment, cost: StepCost):
+        self.env, self.cost = env, cost
+        self.pending: list = []  # [(batch, event)] for the next step
+        self.wakeup = None
+        env.process(self._steps())
+
+    def submit(self, batch) -> simpy.Event:
+        done = self.env.event()
+        self.pending.append((batch, done))
+        if self.wakeup is not None and not self.wakeup.triggered:
+            self.wakeup.succeed()
+        return done
+
+    def _steps(self):
+        env = self.env
+        while True:
+            if not self.pending:
+                self.wakeup = env.event()
+                yield self.wakeup
+            yield env.timeout(0)  # the members submitting at this instant join
+            members, self.pending = self.pending, []
+            parts = [self.cost.parts(batch) for batch, _ in members]
+            experts, exchange = self.cost.expert_parallel_parts(
+                [sum(q for q, _ in batch) for batch, _ in members])
+            start = env.now
+            yield env.timeout(max(map(sum, parts)) + experts + exchange)
+            for (_, done), (_, communication) in zip(members, parts):
+                done.succeed((start, env.now, communication + exchange))
+
+
 class _Replica:
     """One replica's shared state: its queue, block pool, stages (a resource each) and
-    schedulers' count of finished requests; `wait` / `wake` for arrivals."""
+    schedulers' count of finished requests; `wait` / `wake` for arrivals; the expert-
+    parallel `group` it steps with (None without EP)."""
 
     def __init__(self, env, index: int, total: int, costs: Sequence[StepCost],
                  blocks: int, limits: Limits, run: ServingRun, note,
-                 p2p: Callable[[int, float], float] | None):
+                 p2p: Callable[[int, float], float] | None,
+                 group: _ExpertGroup | None = None):
         self.env, self.index, self.total, self.costs = env, index, total, costs
         self.queue: deque = deque()
         self.pool, self.limits, self.run, self.note, self.p2p = (BlockPool(blocks), limits,
                                                                  run, note, p2p)
         self.stages = [simpy.Resource(env, capacity=1) for _ in costs]
         self.finished = self.taken = 0  # taken: requests static batches took
+        self.group = group
         self._waiters: list = []
 
     def wait(self):
@@ -152,6 +196,12 @@ class _Replica:
         """Run `batch` = [(new tokens, cached tokens)] through every stage (a generator)."""
         env, tokens = self.env, sum(q for q, _ in batch)
         decodes = sum(1 for q, c in batch if q == 1 and c > 0)  # one token after a cache
+        if self.group is not None:  # one stage, stepping with its expert-parallel group
+            start, end, communication = yield self.group.submit(batch)
+            self.run.step_log[self.index].append(Step(start, end, tokens - decodes, decodes,
+                                                      communication))
+            self.run.kv_usage[self.index].append((env.now, self.pool.used_fraction))
+            return
         for stage, (cost, resource) in enumerate(zip(self.costs, self.stages)):
             with resource.request() as turn:
                 yield turn
@@ -191,7 +241,8 @@ def serve(requests: Sequence[Request], costs: Sequence[StepCost], blocks: int, d
     each stage's share of a step) and `blocks` KV blocks each (module docstring); `p2p`:
     (stage, new tokens) -> seconds to send a step's activations to the next stage;
     disaggregated: `prefill_replicas` of the dp prefill, `kv_transfer`: (from replica, to
-    replica, cached tokens) -> seconds to move a sequence's KV cache."""
+    replica, cached tokens) -> seconds to move a sequence's KV cache. With expert
+    parallelism (costs[0].ep > 1) groups of ep / tp consecutive replicas step together."""
     if policy not in POLICIES:
         raise ConfigError(f"batching must be one of {', '.join(POLICIES)}, got {policy!r}")
     if len(costs) > 1 and p2p is None:
@@ -200,6 +251,11 @@ def serve(requests: Sequence[Request], costs: Sequence[StepCost], blocks: int, d
     if disaggregated and not (1 <= prefill_replicas < dp and kv_transfer is not None):
         raise ConfigError(f"disaggregated serving needs 1 <= prefill replicas < dp = {dp} "
                           f"(the rest decode), got {prefill_replicas}")
+    expert_parallel = costs[0].ep > 1
+    ep_group = costs[0].ep // costs[0].tp if expert_parallel else 1
+    if expert_parallel and (len(costs) > 1 or disaggregated or dp % ep_group):
+        raise ConfigError(f"expert-parallel groups of {ep_group} replicas need one pipeline "
+                          f"stage, a dp = {dp} they divide, and no disaggregation")
     _check(requests, blocks, policy, limits)
     env = simpy.Environment()
     served = [Served(r) for r in requests]
@@ -216,8 +272,10 @@ def serve(requests: Sequence[Request], costs: Sequence[StepCost], blocks: int, d
         decoding = dp - prefill_replicas
         home += [prefill_replicas + r.index % decoding for r in requests
                  if r.output_tokens > 1]
-    replicas = [_Replica(env, i, home.count(i), costs, blocks, limits, run, note, p2p)
-                for i in range(dp)]
+    groups = [_ExpertGroup(env, costs[0]) if expert_parallel else None
+              for _ in range(dp // ep_group)]
+    replicas = [_Replica(env, i, home.count(i), costs, blocks, limits, run, note, p2p,
+                         groups[i // ep_group]) for i in range(dp)]
 
     def arrivals():
         for record in served:

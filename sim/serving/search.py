@@ -8,7 +8,9 @@ in memory, the heads do not split) is kept with its reason.
 
 Layouts: tp a power of two up to the GPUs of one host that divides the attention heads,
 pp and sp powers of two (pp up to 8 and the layer count, sp up to 4), dp = N / (tp pp sp)
-a whole number. Each is one simulate_serving run (sim.serving); no bound prunes them.
+a whole number; for an MoE model, each layout without pp or sp also with its experts over
+all N GPUs (ep = tp x dp, vLLM's --enable-expert-parallel) where N divides the experts.
+Each is one simulate_serving run (sim.serving); no bound prunes them.
 """
 from __future__ import annotations
 
@@ -29,13 +31,14 @@ MAX_PP, MAX_SP = 8, 4
 
 @dataclass(frozen=True)
 class Layout:
-    """A replica's tp x pp x sp GPUs, dp replicas; `prefill`: of them, the prefill
-    replicas of disaggregated serving (0: none)."""
+    """A replica's tp x pp x sp GPUs, dp replicas; `ep`: expert-parallel GPUs (1: none);
+    `prefill`: of the replicas, the prefill ones of disaggregated serving (0: none)."""
 
     tp: int = 1
     pp: int = 1
     sp: int = 1
     dp: int = 1
+    ep: int = 1
     prefill: int = 0
 
     @property
@@ -44,18 +47,20 @@ class Layout:
 
     def name(self) -> str:
         text = f"tp {self.tp} pp {self.pp} sp {self.sp} dp {self.dp}"
+        text += f" ep {self.ep}" if self.ep > 1 else ""
         return text + (f" ({self.prefill} prefill)" if self.prefill else "")
 
     def flags(self) -> str:
         text = f"-tp {self.tp} -pp {self.pp} --sp {self.sp} --dp {self.dp}"
+        text += f" --ep {self.ep}" if self.ep > 1 else ""
         return text + (f" --num-prefill-replicas {self.prefill}" if self.prefill else "")
 
 
-LAYOUT_KEYS = ("tp", "pp", "sp", "dp", "prefill")
+LAYOUT_KEYS = ("tp", "pp", "sp", "dp", "ep", "prefill")
 
 
 def parse_layout(text: str) -> Layout:
-    """'tp=4,pp=2' (keys tp, pp, sp, dp, prefill; each at most once; unnamed: 1, prefill
+    """'tp=4,pp=2' (keys tp, pp, sp, dp, ep, prefill; each at most once; unnamed: 1, prefill
     0) -> Layout; ConfigError naming the rule."""
     values = {}
     for part in text.split(","):
@@ -95,6 +100,9 @@ def layouts(model: ModelSpec, gpus: int, gpus_per_host: int) -> list[Layout]:
             for sp in _powers(MAX_SP):
                 if gpus % (tp * pp * sp) == 0:
                     found.append(Layout(tp, pp, sp, gpus // (tp * pp * sp)))
+                    if model.is_moe and pp == sp == 1 and 1 < gpus <= model.num_experts \
+                            and model.num_experts % gpus == 0:
+                        found.append(Layout(tp, 1, 1, gpus // tp, ep=gpus))
     return found
 
 
@@ -125,7 +133,7 @@ def compare(model: ModelSpec, topology: str | nx.DiGraph, requests: Sequence[Req
     for layout in given:
         try:
             result = simulate_serving(model, graph, requests, tp=layout.tp, pp=layout.pp,
-                                      sp=layout.sp, dp=layout.dp,
+                                      sp=layout.sp, dp=layout.dp, ep=layout.ep,
                                       prefill_replicas=layout.prefill, slo=slo, **options)
             candidates.append(Candidate(layout, result))
         except ConfigError as err:

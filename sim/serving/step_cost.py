@@ -36,7 +36,19 @@ MoE layers (experts sharded over the TP group, as vLLM without expert parallelis
 token to top-k experts): the layer's other weights (attention, router, shared experts) as
 a dense layer's, plus 2 x k x the expert's parameters / tp FLOPs per token, reading the
 experts the step's tokens reach, E (1 - (1 - k/E)^T) of them in expectation under uniform
-routing (an assumption: real routers are skewed). Expert parallelism is not modelled.
+routing (an assumption: real routers are skewed).
+
+Expert parallelism over `ep` GPUs (ep/tp replicas, vLLM's --enable-expert-parallel: each GPU
+holds E/ep whole experts; attention and the other weights as without EP): the replicas of
+an EP group step together (sim.serving.engine), and the routed experts are priced for
+the group (`expert_parallel_parts`): with N new tokens in the group's step, each GPU runs
+N k / ep routed token copies (uniform routing, in expectation) through its E/ep experts,
+2 x N k / ep x expert parameters FLOPs, reading the experts reached, E/ep (1 - (1 -
+k/E)^N); per MoE layer a dispatch and a combine all-to-all over the ep GPUs, each GPU
+sending ceil(T / tp) x k x h activations (T: its replica's new tokens, the largest
+replica's for the group: the all-to-all waits for it; each TP rank dispatches 1/tp of its
+replica's tokens, as DeepEP with DP attention does), then the replica's TP group
+all-gathers the layer's outputs (T x h) in place of the MLP's all-reduce.
 
 The achievable fractions are sim.cost's: the device's measured matmul and HBM ceilings
 times ATTAINMENT (derived from a training layer; assumed to hold for inference), or the
@@ -44,6 +56,7 @@ explicit efficiencies.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -78,6 +91,8 @@ class StepCost:
     moe_layers: int = 0  # of `layers`, those with experts
     sp: int = 1  # sequence (context) parallel GPUs: a prompt's tokens split over them
     sp_collective: CollectiveTime | None = None  # over the SP group; None with sp = 1
+    ep: int = 1  # expert-parallel GPUs: each holds E/ep whole experts
+    ep_collective: CollectiveTime | None = None  # over the EP group; None with ep = 1
 
     @property
     def layer_params(self) -> float:
@@ -85,16 +100,25 @@ class StepCost:
         return self.model.layer_param_count(self.tp, layer=0 if self.model.is_moe else None)
 
     @property
+    def experts_held(self) -> float:
+        """Routed experts of a layer one GPU holds: all E (1/tp of each), or E/ep whole."""
+        return self.model.num_experts / self.ep
+
+    @property
     def expert_params(self) -> float:
-        """Parameters of one routed expert on one GPU (its 1/tp shard)."""
-        return self.model.layer_expert_param_count(self.tp) / self.model.num_experts
+        """Parameters of one routed expert on one GPU: its 1/tp shard, or all of it with
+        expert parallelism."""
+        m, ep = self.model, self.ep
+        if ep > 1:
+            return m.layer_expert_param_count(1, ep=ep, etp=1) / self.experts_held
+        return m.layer_expert_param_count(self.tp) / m.num_experts
 
     @property
     def moe_other_params(self) -> float:
         """Parameters of an MoE layer on one GPU other than its routed experts (attention,
         router, shared experts, norms): every token uses them."""
         m = self.model
-        return m.layer_param_count(self.tp) - m.num_experts * self.expert_params
+        return m.layer_param_count(self.tp) - m.layer_expert_param_count(self.tp)
 
     def kv_bytes_per_token(self) -> float:
         """K and V bytes one GPU of this stage holds per token: its layers, its KV heads,
@@ -117,7 +141,8 @@ class StepCost:
         m = self.model
         params = (self.layers - self.moe_layers) * self.layer_params
         if self.moe_layers:
-            params += self.moe_layers * m.layer_param_count(self.tp)
+            params += self.moe_layers * (self.moe_other_params
+                                         + self.experts_held * self.expert_params)
         if self.first:
             params += m.embedding_param_count() / self.tp
         if self.last:
@@ -149,7 +174,11 @@ class StepCost:
                               self.layer_params * self.weight_bytes)
         compute = ((self.layers - self.moe_layers) * dense
                    + self.layers * self.roofline(attention_flops, kv_bytes))
-        if self.moe_layers:
+        if self.moe_layers and self.ep > 1:  # the routed experts: expert_parallel_parts
+            other = self.moe_other_params
+            compute += self.moe_layers * self.roofline(2 * tokens * other,
+                                                       other * self.weight_bytes)
+        elif self.moe_layers:
             other, expert = self.moe_other_params, self.expert_params
             k = m.moe_router_topk
             compute += self.moe_layers * self.roofline(
@@ -161,8 +190,11 @@ class StepCost:
                                      self.output_params * self.weight_bytes)
         act, communication = self.activation_bytes, 0.0
         if self.collective is not None:
-            communication += self.layers * 2 * self.collective(
-                "all-reduce", tokens * m.hidden_size * act)
+            outputs = tokens * m.hidden_size * act
+            communication += self.layers * 2 * self.collective("all-reduce", outputs)
+            if self.ep > 1:  # MoE layers: the outputs all-gathered, not all-reduced
+                communication += self.moe_layers * (self.collective("all-gather", outputs)
+                                                    - self.collective("all-reduce", outputs))
             if self.last:
                 communication += self.collective("all-gather", sampled * m.vocab_size * act)
         if self.sp_collective is not None:  # per layer: the prompt's K and V to every
@@ -174,6 +206,24 @@ class StepCost:
                     "all-reduce", decodes * m.hidden_size / tp * act)
         return compute, communication
 
+    def expert_parallel_parts(self, member_tokens: Sequence[int]) -> tuple[float, float]:
+        """(compute, communication) seconds of the routed experts in one lockstep step of
+        an EP group whose replicas run `member_tokens` new tokens each (module
+        docstring); (0, 0) without expert parallelism or tokens."""
+        total = sum(member_tokens)
+        if self.ep == 1 or not self.moe_layers or not total:
+            return 0.0, 0.0
+        m = self.model
+        k, e = m.moe_router_topk, m.num_experts
+        touched = self.experts_held * (1 - (1 - k / e) ** total)
+        compute = self.moe_layers * self.roofline(
+            2 * total * k / self.ep * self.expert_params,
+            touched * self.expert_params * self.weight_bytes)
+        sent = max(math.ceil(t / self.tp) for t in member_tokens) * k * m.hidden_size
+        communication = self.moe_layers * 2 * self.ep_collective(
+            "all-to-all", sent * self.activation_bytes)
+        return compute, communication
+
 
 def step_cost(model: ModelSpec, device: DeviceSpec, tp: int, dtype: str,
               quantization: str | None, kv_cache_dtype: str,
@@ -181,12 +231,14 @@ def step_cost(model: ModelSpec, device: DeviceSpec, tp: int, dtype: str,
               compute_efficiency: float | None = None,
               memory_efficiency: float | None = None, layers: int | None = None,
               first: bool = True, last: bool = True, moe_layers: int | None = None,
-              sp: int = 1, sp_collective: CollectiveTime | None = None) -> StepCost:
+              sp: int = 1, sp_collective: CollectiveTime | None = None, ep: int = 1,
+              ep_collective: CollectiveTime | None = None) -> StepCost:
     """The StepCost of `model` on `device` (module docstring). `dtype`: 'bf16' or 'fp16'
     (activations, and weights unless `quantization` = 'fp8': 1-byte weights, GEMMs at
     the device's fp8 peak); `kv_cache_dtype` 'auto' (the dtype) or 'fp8'; `layers`,
     `first`, `last`, `moe_layers`: a pipeline stage's share (default: the whole model);
-    `sp`, `sp_collective`: sequence parallelism and its group's collective time."""
+    `sp`, `sp_collective`: sequence parallelism and its group's collective time; `ep`,
+    `ep_collective`: expert parallelism and its group's."""
     if model.num_attention_heads % tp:
         raise ConfigError(f"--tensor-parallel-size {tp} must divide the model's "
                           f"{model.num_attention_heads} attention heads")
@@ -201,4 +253,4 @@ def step_cost(model: ModelSpec, device: DeviceSpec, tp: int, dtype: str,
                     collective if tp > 1 else None,
                     model.num_layers if layers is None else layers, first, last,
                     model.num_moe_layers if moe_layers is None else moe_layers, sp,
-                    sp_collective if sp > 1 else None)
+                    sp_collective if sp > 1 else None, ep, ep_collective if ep > 1 else None)

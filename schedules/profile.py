@@ -33,6 +33,12 @@ JSON format (all keys required unless marked optional):
       "attention": {                         # optional; scaled_dot_product_attention
         "dtype": "bf16", "causal": true,
         "points": [[batch, heads, kv_heads, seq, head_dim, forward s, backward s], ...]
+      },
+      "serving": {                           # optional; inference steps of ONE layer
+        "dtype": "bf16",                     # (kernels.serving_steps), median seconds
+        "prefill": [[tokens, s], ...],       # one prompt of `tokens`, empty cache
+        "decode": [[batch, context, s], ...],  # `batch` sequences, one new token each
+        "head": [[rows, s], ...]             # final norm, output layer, argmax of rows
       }
     }
 
@@ -48,7 +54,9 @@ GEMM shapes (schedules.layer_kernels) and a grid around them (kernels.microbench
 gemm_shapes); sim.gemm_table interpolates it for the roofline's GEMM kernels. `attention`
 (optional; `AttentionTimes`) holds torch's scaled_dot_product_attention forward and
 backward at the model's attention shapes (q: batch x heads x seq x head_dim; k, v with
-kv_heads). Profiles without them stay valid. Their dimensions are integers 1 to
+kv_heads). `serving` (optional; `ServingTimes`) holds one layer's real prefill and decode
+steps with a KV cache and the output layer's sampling step (sim.serving.calibration fits
+the serving roofline's rates to them). Profiles without them stay valid. Their dimensions are integers 1 to
 `schedules.limits.MAX_DIMENSION` (1e9), kv_heads divides heads, every time is finite,
 > 0 and <= MAX_OP_SECONDS, no shape appears twice, and each has at least one point.
 
@@ -229,6 +237,9 @@ def _rows(where: str, rows: Any, names: Sequence[str], dims: int) -> tuple[tuple
 
 
 GEMM_COLUMNS = ("M", "N", "K", "seconds")
+SERVING_COLUMNS = {"prefill": ("tokens", "seconds"),
+                   "decode": ("batch", "context", "seconds"),
+                   "head": ("rows", "seconds")}
 ATTENTION_COLUMNS = ("batch", "heads", "kv_heads", "seq", "head_dim", "forward seconds",
                      "backward seconds")
 
@@ -302,6 +313,37 @@ class AttentionTimes:
 
 
 @dataclass(frozen=True)
+class ServingTimes:
+    """Median seconds of one layer's inference steps in `dtype` (kernels.serving_steps):
+    `prefill` ((tokens, s), ...) of one prompt; `decode` ((batch, context, s), ...) of
+    `batch` sequences making one token each after `context` cached; `head` ((rows, s), ...)
+    of the output layer sampling `rows` tokens."""
+
+    dtype: str
+    prefill: tuple[tuple[int, float], ...]
+    decode: tuple[tuple[int, int, float], ...]
+    head: tuple[tuple[int, float], ...]
+
+    def __post_init__(self) -> None:
+        _dtype("serving.dtype", self.dtype)
+        for name, columns in SERVING_COLUMNS.items():
+            object.__setattr__(self, name, _rows(f"serving.{name}", getattr(self, name),
+                                                 columns, len(columns) - 1))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"dtype": self.dtype,
+                **{name: [list(p) for p in getattr(self, name)] for name in SERVING_COLUMNS}}
+
+    @staticmethod
+    def from_dict(d: Any) -> ServingTimes:
+        d = _mapping("serving", d)
+        for key in ("dtype", *SERVING_COLUMNS):
+            if key not in d:
+                raise ConfigError(f"profile field serving.{key} is missing")
+        return ServingTimes(d["dtype"], d["prefill"], d["decode"], d["head"])
+
+
+@dataclass(frozen=True)
 class Profile:
     """A calibration profile (see the module docstring for the JSON it reads and writes)."""
 
@@ -319,6 +361,7 @@ class Profile:
     optimizer_seconds_per_param: float | None = None  # s per parameter; None: not measured
     gemm: GemmTimes | None = None  # measured GEMM times; None: not measured
     attention: AttentionTimes | None = None  # measured attention times; None: not measured
+    serving: ServingTimes | None = None  # measured inference steps; None: not measured
 
     def __post_init__(self) -> None:
         if not isinstance(self.device, str) or not self.device:
@@ -340,7 +383,8 @@ class Profile:
             require_positive_int(f"profile field {name}", getattr(self, name))
         if self.optimizer_seconds_per_param is not None:
             _seconds("optimizer_seconds_per_param", self.optimizer_seconds_per_param, True)
-        for name, kind in (("gemm", GemmTimes), ("attention", AttentionTimes)):
+        for name, kind in (("gemm", GemmTimes), ("attention", AttentionTimes),
+                           ("serving", ServingTimes)):
             value = getattr(self, name)
             if value is not None and not isinstance(value, kind):
                 raise ConfigError(f"profile field {name} must be a {kind.__name__}, got "
@@ -378,6 +422,7 @@ class Profile:
                {"optimizer_seconds_per_param": float(self.optimizer_seconds_per_param)}),
             **({} if self.gemm is None else {"gemm": self.gemm.to_dict()}),
             **({} if self.attention is None else {"attention": self.attention.to_dict()}),
+            **({} if self.serving is None else {"serving": self.serving.to_dict()}),
         }
 
     def to_json(self) -> str:
@@ -413,7 +458,9 @@ class Profile:
             optimizer_seconds_per_param=d.get("optimizer_seconds_per_param"),
             gemm=None if d.get("gemm") is None else GemmTimes.from_dict(d["gemm"]),
             attention=(None if d.get("attention") is None
-                       else AttentionTimes.from_dict(d["attention"])))
+                       else AttentionTimes.from_dict(d["attention"])),
+            serving=(None if d.get("serving") is None
+                     else ServingTimes.from_dict(d["serving"])))
 
     @staticmethod
     def from_json(text: str, source: str = "profile") -> Profile:

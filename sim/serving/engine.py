@@ -195,7 +195,7 @@ class _Replica:
     def step(self, batch):
         """Run `batch` = [(new tokens, cached tokens)] through every stage (a generator)."""
         env, tokens = self.env, sum(q for q, _ in batch)
-        decodes = sum(1 for q, c in batch if q == 1 and c > 0)  # one token after a cache
+        decodes = StepCost.split(batch)[0]
         if self.group is not None:  # one stage, stepping with its expert-parallel group
             start, end, communication = yield self.group.submit(batch)
             self.run.step_log[self.index].append(Step(start, end, tokens - decodes, decodes,

@@ -93,6 +93,7 @@ class StepCost:
     sp_collective: CollectiveTime | None = None  # over the SP group; None with sp = 1
     ep: int = 1  # expert-parallel GPUs: each holds E/ep whole experts
     ep_collective: CollectiveTime | None = None  # over the EP group; None with ep = 1
+    overhead: float = 0.0  # s per layer (and output layer) per step: a measured profile's
 
     @property
     def layer_params(self) -> float:
@@ -158,22 +159,40 @@ class StepCost:
         compute, communication = self.parts(batch)
         return compute + communication
 
+    @staticmethod
+    def split(batch: Sequence[tuple[int, int]], sp: int = 1) -> tuple[int, int, float]:
+        """(decoding sequences, prompt tokens, new tokens one GPU runs: the prompt's split
+        over `sp`) of `batch`."""
+        decodes = sum(1 for q, c in batch if q == 1 and c > 0)
+        prompt = sum(q for q, _ in batch) - decodes
+        return decodes, prompt, prompt / sp + decodes
+
+    def layer_work(self, batch: Sequence[tuple[int, int]]
+                   ) -> tuple[tuple[float, float], tuple[float, float]]:
+        """((FLOPs, bytes) of a dense layer's GEMMs, (FLOPs, bytes) of a layer's attention)
+        on one GPU for `batch` (module docstring)."""
+        m, sp = self.model, self.sp
+        tokens = self.split(batch, sp)[2]
+        head_dim = m.hidden_size // m.num_attention_heads
+        pairs = sum(q * c + q * (q + 1) / 2 for q, c in batch)
+        attention_flops = 4 * head_dim * (m.num_attention_heads / self.tp) * pairs / sp
+        kv_bytes = sum(q + c for q, c in batch) * self.kv_token_layer_bytes / sp
+        return ((2 * tokens * self.layer_params, self.layer_params * self.weight_bytes),
+                (attention_flops, kv_bytes))
+
+    def head_work(self, rows: int) -> tuple[float, float]:
+        """(FLOPs, bytes) of the output layer sampling `rows` tokens on one GPU."""
+        return 2 * rows * self.output_params, self.output_params * self.weight_bytes
+
     def parts(self, batch: Sequence[tuple[int, int]]) -> tuple[float, float]:
         """(compute, communication) seconds of the step `time` prices."""
         if not batch:
             return 0.0, 0.0
-        m, tp, sp = self.model, self.tp, self.sp
-        decodes = sum(1 for q, c in batch if q == 1 and c > 0)
-        prompt = sum(q for q, _ in batch) - decodes  # prompt tokens: split over sp
-        tokens = prompt / sp + decodes  # new tokens one GPU runs
-        head_dim = m.hidden_size // m.num_attention_heads
-        pairs = sum(q * c + q * (q + 1) / 2 for q, c in batch)
-        attention_flops = 4 * head_dim * (m.num_attention_heads / tp) * pairs / sp
-        kv_bytes = sum(q + c for q, c in batch) * self.kv_token_layer_bytes / sp
-        dense = self.roofline(2 * tokens * self.layer_params,
-                              self.layer_params * self.weight_bytes)
-        compute = ((self.layers - self.moe_layers) * dense
-                   + self.layers * self.roofline(attention_flops, kv_bytes))
+        m, sp = self.model, self.sp
+        decodes, prompt, tokens = self.split(batch, sp)
+        dense, attention = self.layer_work(batch)
+        compute = ((self.layers - self.moe_layers) * self.roofline(*dense)
+                   + self.layers * (self.roofline(*attention) + self.overhead))
         if self.moe_layers and self.ep > 1:  # the routed experts: expert_parallel_parts
             other = self.moe_other_params
             compute += self.moe_layers * self.roofline(2 * tokens * other,
@@ -186,8 +205,7 @@ class StepCost:
                 (other + self.experts_touched(tokens) * expert) * self.weight_bytes)
         sampled = len(batch)
         if self.last:
-            compute += self.roofline(2 * sampled * self.output_params,
-                                     self.output_params * self.weight_bytes)
+            compute += self.roofline(*self.head_work(sampled)) + self.overhead
         act, communication = self.activation_bytes, 0.0
         if self.collective is not None:
             outputs = tokens * m.hidden_size * act
@@ -203,7 +221,7 @@ class StepCost:
                     "all-gather", prompt * self.kv_token_layer_bytes)
             if decodes:
                 communication += self.layers * self.sp_collective(
-                    "all-reduce", decodes * m.hidden_size / tp * act)
+                    "all-reduce", decodes * m.hidden_size / self.tp * act)
         return compute, communication
 
     def expert_parallel_parts(self, member_tokens: Sequence[int]) -> tuple[float, float]:

@@ -11,6 +11,7 @@ import math
 
 from clustersim.schedules.errors import ConfigError
 from clustersim.schedules.output_files import check_outputs, write_text_atomic
+from clustersim.schedules.profile import Profile
 
 from ..serving import POLICIES, Limits, load_trace, simulate_serving, synthetic
 from ..serving.metrics import SLO_KEYS
@@ -84,6 +85,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "measured ceiling x the attainment factor)")
     c.add_argument("--memory-efficiency", type=fraction,
                    help="fraction of the HBM bandwidth reached (default: likewise)")
+    c.add_argument("--profile", metavar="PATH",
+                   help="a `clustersim calibrate --serving` profile: FLOP and byte rates and "
+                        "a per-layer step overhead fitted to real prefill and decode steps "
+                        "replace the device's (the profile's device stands for the "
+                        "topology's GPUs)")
     w = p.add_argument_group("workload and scheduler")
     d = WORKLOAD_DEFAULTS
     w.add_argument("--input-len", type=positive_int,
@@ -153,7 +159,8 @@ def _requests(args: argparse.Namespace) -> list:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    check_outputs({"--json": args.json, "--html": args.html}, {"--trace": args.trace})
+    check_outputs({"--json": args.json, "--html": args.html},
+                  {"--trace": args.trace, "--profile": args.profile})
     if args.model is None and not any(getattr(args, f, None) is not None
                                       for f in SERVE_MODEL_FIELDS):
         args.model = DEFAULT_MODEL
@@ -169,6 +176,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                    gpu_memory_utilization=args.gpu_memory_utilization,
                    compute_efficiency=args.compute_efficiency,
                    memory_efficiency=args.memory_efficiency,
+                   profile=Profile.load(args.profile) if args.profile else None,
                    slo=dict(args.goodput) if args.goodput else None)
     if args.search_layouts or args.compare:
         return _layouts(args, model, requests, options)

@@ -26,10 +26,12 @@ import simpy
 
 from clustersim.schedules.errors import ConfigError
 from clustersim.schedules.model import ModelSpec
+from clustersim.schedules.profile import Profile
 from clustersim.topologies import get_device, gpu_nodes, load_topology
 
 from ..collectives import run_collective
 from ..flows import FlowNetwork
+from .calibration import fit_serving
 from .engine import POLICIES, Limits, ServingRun, serve
 from .kv_cache import GPU_MEMORY_UTILIZATION, KvCapacity, activation_reserve, kv_capacity
 from .metrics import SLO_KEYS, metrics
@@ -113,13 +115,15 @@ def simulate_serving(model: ModelSpec, topology: str | nx.DiGraph,
                      compute_efficiency: float | None = None,
                      memory_efficiency: float | None = None,
                      slo: Mapping[str, float] | None = None,
-                     prefill_replicas: int = 0, ep: int = 1) -> ServingResult:
+                     prefill_replicas: int = 0, ep: int = 1,
+                     profile: Profile | None = None) -> ServingResult:
     """Serve `requests` with `dp` replicas of `model` at tensor parallelism `tp` on
     `topology` (module docstring); `slo`: {'ttft' | 'tpot' | 'e2el': ms} for
     request_goodput; `prefill_replicas`: with batching='disaggregated', how many of the dp
     replicas prefill (the others decode); `ep`: expert-parallel GPUs (a multiple of tp,
     ep/tp replicas per group; vLLM's --enable-expert-parallel is ep = tp x dp); raises
-    ConfigError naming the bad setting."""
+    `profile`: a calibration profile with serving steps, whose fitted rates replace the
+    device's (sim.serving.calibration); raises ConfigError naming the bad setting."""
     for name, value in (("tensor_parallel_size", tp), ("dp", dp), ("pipeline_parallel_size",
                                                                      pp), ("sp", sp),
                         ("ep", ep)):
@@ -153,6 +157,16 @@ def simulate_serving(model: ModelSpec, topology: str | nx.DiGraph,
             raise ConfigError(f"goodput: an SLO is one of {', '.join(SLO_KEYS)} with a limit "
                               f"> 0 ms, got {key}:{limit!r}")
     act = _choice("dtype", dtype, DTYPES)
+    measured = None
+    if profile is not None:
+        given = [name for name, value in (("quantization", quantization),
+                                          ("compute_efficiency", compute_efficiency),
+                                          ("memory_efficiency", memory_efficiency)) if value]
+        if given:
+            raise ConfigError(f"the profile's measured rates price the steps: "
+                              f"{', '.join(given)} would change nothing (or measure fp8)")
+        rates = fit_serving(profile, model, act)
+        measured = (rates.flops_per_s, rates.bytes_per_s, rates.overhead)
     kv = _choice("kv_cache_dtype", kv_cache_dtype, KV_DTYPES)
     graph = load_topology(topology) if not isinstance(topology, nx.DiGraph) else topology
     gpus = gpu_nodes(graph)
@@ -186,7 +200,8 @@ def simulate_serving(model: ModelSpec, topology: str | nx.DiGraph,
         moe = sum(model.is_moe_layer(i) for i in range(first_layer, first_layer + layers))
         costs.append(step_cost(model, device, tp, act, quantization, kv, collective,
                                compute_efficiency, memory_efficiency, layers, stage == 0,
-                               stage == pp - 1, moe, sp, sp_collective, ep, ep_collective))
+                               stage == pp - 1, moe, sp, sp_collective, ep, ep_collective,
+                               measured))
     reserve = activation_reserve(model, tp, limits.max_num_batched_tokens,
                                  limits.max_num_seqs, costs[0].activation_bytes)
     capacity = min((kv_capacity(device.memory_bytes, c.weight_bytes_per_gpu(), reserve,
@@ -209,6 +224,12 @@ def simulate_serving(model: ModelSpec, topology: str | nx.DiGraph,
              f"{limits.max_num_batched_tokens} tokens; vLLM profiles it)",
              "not modelled: host scheduling and sampling time, kernel launch gaps, "
              "embedding and elementwise kernels"]
+    if profile is not None:
+        notes.append(f"compute from the profile's serving steps ({profile.device}): "
+                     f"{rates.flops_per_s / 1e12:.3g} TFLOP/s, {rates.bytes_per_s / 1e9:.3g} "
+                     f"GB/s, {rates.overhead * 1e6:.3g} us per layer per step, fitted "
+                     f"(worst point {rates.worst_error():.0%} off; "
+                     f"`clustersim calibrate --serving` prints each)")
     if ep > 1:
         notes.append(f"assumed: tokens routed uniformly over the {model.num_experts} experts "
                      f"(an expert-parallel GPU's load is the mean; real routers are skewed)")

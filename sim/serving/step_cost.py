@@ -52,7 +52,9 @@ all-gathers the layer's outputs (T x h) in place of the MLP's all-reduce.
 
 The achievable fractions are sim.cost's: the device's measured matmul and HBM ceilings
 times ATTAINMENT (derived from a training layer; assumed to hold for inference), or the
-explicit efficiencies.
+explicit efficiencies; or, from a calibration profile, the FLOP and byte rates and a fixed
+time per layer per step (kernel launches) fitted to real prefill and decode steps
+(sim.serving.calibration), the overhead also charged to the output layer.
 """
 from __future__ import annotations
 
@@ -250,13 +252,16 @@ def step_cost(model: ModelSpec, device: DeviceSpec, tp: int, dtype: str,
               memory_efficiency: float | None = None, layers: int | None = None,
               first: bool = True, last: bool = True, moe_layers: int | None = None,
               sp: int = 1, sp_collective: CollectiveTime | None = None, ep: int = 1,
-              ep_collective: CollectiveTime | None = None) -> StepCost:
+              ep_collective: CollectiveTime | None = None,
+              measured: tuple[float, float, float] | None = None) -> StepCost:
     """The StepCost of `model` on `device` (module docstring). `dtype`: 'bf16' or 'fp16'
     (activations, and weights unless `quantization` = 'fp8': 1-byte weights, GEMMs at
     the device's fp8 peak); `kv_cache_dtype` 'auto' (the dtype) or 'fp8'; `layers`,
     `first`, `last`, `moe_layers`: a pipeline stage's share (default: the whole model);
     `sp`, `sp_collective`: sequence parallelism and its group's collective time; `ep`,
-    `ep_collective`: expert parallelism and its group's."""
+    `ep_collective`: expert parallelism and its group's; `measured`: (FLOP/s, bytes/s,
+    overhead s per layer) fitted to a profile (sim.serving.calibration), in place of the
+    device's rates."""
     if model.num_attention_heads % tp:
         raise ConfigError(f"--tensor-parallel-size {tp} must divide the model's "
                           f"{model.num_attention_heads} attention heads")
@@ -264,11 +269,16 @@ def step_cost(model: ModelSpec, device: DeviceSpec, tp: int, dtype: str,
     gemm_dtype = "fp8" if quantization == "fp8" else dtype
     weight = 1 if quantization == "fp8" else activation
     kv = 1 if kv_cache_dtype == "fp8" else activation
-    flops = device.peak(gemm_dtype) * compute_fraction(device, gemm_dtype, compute_efficiency)
-    hbm = device.hbm_bandwidth * memory_fraction(device, memory_efficiency)
+    if measured is not None:
+        flops, hbm, overhead = measured
+    else:
+        flops = device.peak(gemm_dtype) * compute_fraction(device, gemm_dtype,
+                                                           compute_efficiency)
+        hbm, overhead = device.hbm_bandwidth * memory_fraction(device, memory_efficiency), 0.0
     per_layer = kv_bytes_per_token(model, kv, tp) / model.num_layers
     return StepCost(model, tp, flops, hbm, weight, activation, per_layer,
                     collective if tp > 1 else None,
                     model.num_layers if layers is None else layers, first, last,
                     model.num_moe_layers if moe_layers is None else moe_layers, sp,
-                    sp_collective if sp > 1 else None, ep, ep_collective if ep > 1 else None)
+                    sp_collective if sp > 1 else None, ep, ep_collective if ep > 1 else None,
+                    overhead)

@@ -56,8 +56,8 @@ gemm_shapes); sim.gemm_table interpolates it for the roofline's GEMM kernels. `a
 backward at the model's attention shapes (q: batch x heads x seq x head_dim; k, v with
 kv_heads). `serving` (optional; `ServingTimes`) holds one layer's real prefill and decode
 steps with a KV cache and the output layer's sampling step (sim.serving.calibration fits
-the serving roofline's rates to them). Profiles without them stay valid. Their dimensions are integers 1 to
-`schedules.limits.MAX_DIMENSION` (1e9), kv_heads divides heads, every time is finite,
+the serving roofline's rates to them). Profiles without them stay valid. Their
+dimensions are integers 1 to `schedules.limits.MAX_DIMENSION` (1e9), kv_heads divides heads, every time is finite,
 > 0 and <= MAX_OP_SECONDS, no shape appears twice, and each has at least one point.
 
 Limits on reading (`Profile.load`): a UTF-8 JSON file of at most MAX_PROFILE_BYTES

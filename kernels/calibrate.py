@@ -24,6 +24,11 @@ What is measured (medians over `repeats` after `warmup` untimed runs):
   model's attention per rank at those tp degrees). Medians over rounds, each round
   timing every shape once (microbench.measure_gemms), in the same processes as the
   compute; stored as the profile's `gemm` and `attention` (sim.gemm_table reads them).
+- serving steps (with `serving`): kernels.serving_steps's real inference of one layer with
+  a KV cache, a prompt's prefill at `serving_points`' token counts and a decode step of B
+  sequences after c cached tokens at its (B, c), and the output layer sampling S rows; in
+  the model's dtype, medians over the measuring ranks' samples like the compute; stored as
+  the profile's `serving` (sim.serving.calibration fits the serving rates to them).
 - P2P: ping-pong between ranks 0 and 1 with `dist.isend`/`dist.irecv` (as the executor);
   one-way time = half the round trip timed on rank 0 (no cross-process clock needed).
 - collectives: each op over the first n ranks for every n in `group_sizes`, started
@@ -60,7 +65,7 @@ import torch.distributed as dist
 from clustersim.schedules.errors import ConfigError
 from clustersim.schedules.model import ModelSpec
 from clustersim.schedules.profile import (COLLECTIVE_OPS, PROFILED_KINDS, AlphaBeta,
-                                          AttentionTimes, GemmTimes, Profile)
+                                          AttentionTimes, GemmTimes, Profile, ServingTimes)
 from clustersim.user_files import is_finite_number
 
 from .errors import KernelsError
@@ -72,6 +77,7 @@ from .microbench import (OPTIMIZER_PARAMS, PARTS, BenchPlan, attention_shapes,
                          measure_gemms, measure_optimizer, measure_p2p)
 from .preflight import check_local_ranks
 from .rendezvous import join_group
+from .serving_steps import measure_serving
 from .worker import backstop_timeout
 
 Progress = Callable[[int, int, str], None]
@@ -111,6 +117,10 @@ def _rank_main(rank: int, plan: BenchPlan, results: Any, link: Any) -> None:
         if measures:
             payload["gemm"] = measure_gemms(plan, device, step)
             payload["attention"] = measure_attention(plan, device, step)
+            if plan.serving_points:
+                payload["serving"] = measure_serving(plan.model, device, *plan.serving_points,
+                                                     plan.warmup, plan.repeats, plan.seed,
+                                                     step)
         dist.barrier()
         if plan.nproc >= 2:
             payload["p2p"] = measure_p2p(plan, rank, device, step)
@@ -220,15 +230,42 @@ def _median_attention(payloads: dict[int, dict], model: ModelSpec) -> AttentionT
         for shape in shapes[0]))
 
 
+def serving_points(model: ModelSpec) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...],
+                                              tuple[int, ...]]:
+    """The serving steps `calibrate(serving=True)` measures, from the model's sequence
+    length s: prompts of s/8, s/2 and s tokens; decodes of 1, 8 and 32 sequences after s/2
+    and s cached tokens (small batches memory-bound, larger ones nearer compute-bound on
+    a GPU: both regimes for the fit); the output layer for 1 and 32 rows."""
+    s = model.seq_length
+    contexts = sorted({max(1, s // 2), s})
+    return (tuple(sorted({max(1, s // 8), max(1, s // 2), s})),
+            tuple((b, c) for b in (1, 8, 32) for c in contexts), (1, 32))
+
+
+def _median_serving(payloads: dict[int, dict], model: ModelSpec) -> ServingTimes | None:
+    """Median seconds per serving point over the samples of every measuring rank."""
+    runs = [p["serving"] for p in payloads.values() if p.get("serving")]
+    if not runs:
+        return None
+
+    def medians(kind: str) -> list:
+        return [[*(key if isinstance(key, tuple) else (key,)),
+                 max(SMALLEST_SECONDS, statistics.median(t for run in runs
+                                                         for t in run[kind][key]))]
+                for key in runs[0][kind]]
+    return ServingTimes(model.dtype, medians("prefill"), medians("decode"), medians("head"))
+
+
 def calibrate(model: ModelSpec, device: str = "cpu", repeats: int = 7, warmup: int = 2,
               p2p_sizes: Sequence[int] | None = None,
               collective_sizes: Sequence[int] | None = None,
               group_sizes: Sequence[int] = (2,), collectives: Sequence[str] = ("all_reduce",),
               concurrent: bool | None = None, seed: int = 0, timeout: float = 600.0,
-              progress: Progress | None = None) -> dict[str, Any]:
+              progress: Progress | None = None, serving: bool = False) -> dict[str, Any]:
     """Run the micro-benchmarks and return the profile as JSON-ready data
-    (schedules.profile format). `concurrent` (default: on CPU) runs the compute
-    benchmarks in every rank process at once. `timeout`: seconds without a finished
+    (schedules.profile format); `serving`: also the serving steps (serving_points).
+    `concurrent` (default: on CPU) runs the compute benchmarks in every rank process at
+    once. `timeout`: seconds without a finished
     benchmark step before the calibration fails. Raises KernelsError if a rank fails,
     ConfigError on bad input (before any process starts)."""
     if device not in ("cpu", "cuda"):
@@ -269,7 +306,8 @@ def calibrate(model: ModelSpec, device: str = "cpu", repeats: int = 7, warmup: i
                  tuple(collective_sizes or default_collective_sizes(model)),
                  tuple(group_sizes), tuple(collectives), concurrent, seed, float(timeout),
                  nproc, 0,  # port: _launch's store
-                 gemm_shapes(model), attention_shapes(model))
+                 gemm_shapes(model), attention_shapes(model),
+                 serving_points(model) if serving else ())
     started = time.perf_counter()
     payloads = _launch(plan, progress)
     rank0 = payloads[0]
@@ -288,6 +326,7 @@ def calibrate(model: ModelSpec, device: str = "cpu", repeats: int = 7, warmup: i
                f"= half the isend/irecv round trip on rank 0; optimizer = FlatAdam.step "
                f"on {OPTIMIZER_PARAMS} fp32 parameters; GEMM table = torch.matmul, "
                f"attention = causal scaled_dot_product_attention, in {model.dtype}; "
+               f"{'serving = kernels.serving_steps; ' if serving else ''}"
                f"{nproc} rank processes, "
                f"{'gloo' if device == 'cpu' else 'nccl'}; "
                f"{time.perf_counter() - started:.1f} s",
@@ -298,5 +337,6 @@ def calibrate(model: ModelSpec, device: str = "cpu", repeats: int = 7, warmup: i
         compute=_median_compute(payloads), p2p=p2p,
         optimizer_seconds_per_param=_median_optimizer(payloads),
         gemm=gemm, attention=_median_attention(payloads, model),
+        serving=_median_serving(payloads, model),
         collectives={op: f for op, f in fits.items() if f}, notes=tuple(notes))
     return profile.to_dict()

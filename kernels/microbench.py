@@ -63,6 +63,7 @@ class BenchPlan:
     port: int  # the launcher's loopback TCPStore (kernels.rendezvous)
     gemm_shapes: tuple[tuple[int, int, int], ...] = ()  # (M, N, K): gemm_shapes(model)
     attention_shapes: tuple[tuple[int, int, int, int, int], ...] = ()  # attention_shapes
+    serving_points: tuple = ()  # () or (prefill tokens, decode (batch, context), head rows)
 
     @property
     def compute_steps(self) -> int:
@@ -74,7 +75,8 @@ class BenchPlan:
         groups = [n for n in self.group_sizes if 2 <= n <= self.nproc]
         rounds = self.warmup + self.repeats  # the optimizer's, and the tables' (one each)
         tables = rounds * (bool(self.gemm_shapes) + bool(self.attention_shapes))
-        return self.compute_steps + rounds + tables + p2p + len(groups) * len(
+        serving = sum(map(len, self.serving_points))  # one step per measured point
+        return self.compute_steps + rounds + tables + serving + p2p + len(groups) * len(
             self.collectives) * len(self.collective_sizes)
 
 

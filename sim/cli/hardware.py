@@ -17,6 +17,7 @@ from typing import Any
 from clustersim.schedules.errors import ClustersimError, ConfigError
 from clustersim.schedules.output_files import check_outputs, write_output, write_text_atomic
 from clustersim.schedules.plan import resolve
+from clustersim.schedules.profile import Profile
 from clustersim.topologies import DeviceSpec, TopologyError, get_device
 
 from ..report import format_summary
@@ -92,6 +93,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     cal.add_argument("--warmup", type=int, default=2, help="untimed warm-up runs (default 2)")
     cal.add_argument("--ranks", type=int, default=2,
                      help="rank processes for the P2P and collective sweeps (default 2)")
+    cal.add_argument("--serving", action="store_true",
+                     help="also measure one layer's real prefill and decode steps with a KV "
+                          "cache and the output layer's sampling (the profile's serving "
+                          "section, for `clustersim serve --profile`; bf16 or fp16 models)")
     cal.add_argument("--collectives", default="all_reduce",
                      help="comma-separated: all_reduce, all_gather, reduce_scatter, broadcast, "
                           "all_to_all (default all_reduce)")
@@ -132,6 +137,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                         if c.strip())
     if args.ranks < 2:
         raise ConfigError(f"--ranks must be >= 2 (P2P needs two ranks), got {args.ranks}")
+    if args.serving and model.dtype not in ("bf16", "fp16"):
+        raise ConfigError(f"--serving measures the steps `clustersim serve` prices, in bf16 "
+                          f"or fp16: --dtype {model.dtype} is not served")
     calibrate = _kernels("calibrate")
     _kernels("preflight").check_local_ranks(args.ranks, f"--ranks={args.ranks}")
     if args.device == "cpu":
@@ -141,7 +149,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     profile = calibrate.calibrate(model, device=args.device, repeats=args.repeats,
                                   warmup=args.warmup, group_sizes=(args.ranks,),
                                   collectives=collectives,
-                                  progress=ProgressBar(f"calibrate {args.device}"))
+                                  progress=ProgressBar(f"calibrate {args.device}"),
+                                  serving=args.serving)
     for note in profile.get("notes", ()):
         if "one GPU" in note:
             _note(f"note: {note}")
@@ -153,8 +162,24 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
           f"W {format_seconds(layer['W'])}; optimizer step "
           f"{profile['optimizer_seconds_per_param'] * 1e9:.3g} ns/parameter; P2P alpha "
           f"{format_seconds(profile['p2p']['alpha'])}, {_bandwidth(profile['p2p']['beta'])}")
+    if args.serving:
+        print(_serving_fit(Profile.from_dict(profile), model))
     print(written)
     return 0
+
+
+def _serving_fit(profile: Profile, model) -> str:
+    """The serving rates fitted to the measured steps, and each point against them."""
+    from ..serving.calibration import fit_serving
+    rates = fit_serving(profile, model, profile.serving.dtype)
+    lines = [f"serving steps, fitted (sim.serving.calibration): "
+             f"{rates.flops_per_s / 1e12:.3g} TFLOP/s, {rates.bytes_per_s / 1e9:.3g} GB/s, "
+             f"{format_seconds(rates.overhead)} per layer per step; worst point "
+             f"{rates.worst_error():.1%} off",
+             f"  {'point':<32} {'measured':>10} {'fitted':>10} {'error':>8}"]
+    lines += [f"  {label:<32} {format_seconds(measured):>10} {format_seconds(model_s):>10} "
+              f"{model_s / measured - 1:>+8.1%}" for label, measured, model_s in rates.residuals]
+    return "\n".join(lines)
 
 
 def _datasheet(device: str) -> DeviceSpec | None:

@@ -19,9 +19,10 @@ from .arg_types import checked_number, fraction, positive_int
 from .flags import DEFAULT_TOPOLOGY, MODEL_FLAGS, model_from_args
 
 SERVE_MODEL_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
-                      "num_query_groups", "vocab_size", "swiglu",
+                      "num_query_groups", "vocab_size", "seq_length", "swiglu",
                       "untie_embeddings_and_output_weights", "add_bias_linear")
-"""`simulate`'s model flags that shape a served model (the rest are training's)."""
+"""`simulate`'s model flags that shape a served model (the rest are training's);
+--seq-length is the model's context (vLLM's max_model_len: the default token budget)."""
 DEFAULT_MODEL = "llama3-8b"
 WORKLOAD_DEFAULTS = {"input_len": 1024, "output_len": 128, "num_prompts": 1000,
                      "request_rate": math.inf, "seed": 0}

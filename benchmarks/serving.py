@@ -17,7 +17,8 @@ parallelism lowers latency at a communication cost that grows off NVLink (Llama 
 one DGX H100 at tp 2, 4, 8 and across two on an NDR fat tree at tp 16); pipeline
 parallelism raises throughput but not a lone request's latency; and the batching
 policies' TTFT / ITL trade-off on the same GPUs; sequence parallelism speeds up prefill,
-not decode.
+not decode; expert parallelism fits an MoE model that data parallelism alone cannot, at
+the price of its all-to-alls.
 
     python benchmarks/serving.py
 Writes benchmarks/results/serving.md and .json.
@@ -129,6 +130,29 @@ def claims() -> list[str]:
         lines.append(f"| {sp} | {m['mean_ttft_ms']:.1f} | "
                      f"{base['mean_ttft_ms'] / m['mean_ttft_ms']:.2f} | "
                      f"{m['mean_tpot_ms']:.2f} | {base['mean_tpot_ms'] / m['mean_tpot_ms']:.2f} |")
+    mix = get_model("mixtral-8x7b")
+    lines += ["", "Expert parallelism (Mixtral 8x7B, bf16, one DGX H100, 8 GPUs; 1000 "
+              "requests of 1024 + 128 tokens at once): experts split over the TP group, or "
+              "whole experts over ep GPUs whose replicas step together, paying two "
+              "all-to-alls per MoE layer:", "",
+              "| layout | weights per GPU (GB) | output tok/s | mean TPOT (ms) | "
+              "communication share of the busiest replica's step time (TP collectives, "
+              "EP all-to-alls) |",
+              "|---|---:|---:|---:|---:|"]
+    for tp, dp, ep in ((1, 8, 1), (8, 1, 1), (2, 4, 1), (2, 4, 8), (1, 8, 8)):
+        label = f"tp {tp} x dp {dp}" + (f", ep {ep}" if ep > 1 else "")
+        try:
+            r = simulate_serving(mix, "dgx-h100", synthetic(1000, 1024, 128), tp=tp, dp=dp,
+                                 ep=ep)
+        except ConfigError as err:
+            lines.append(f"| {label} | refused: {err} | | | |")
+            continue
+        log = max(r.run.step_log, key=lambda steps: sum(x.end - x.start for x in steps))
+        busy = sum(x.end - x.start for x in log)
+        communication = sum(x.communication for x in log)
+        lines.append(f"| {label} | {r.capacity.weights / 1e9:.1f} | "
+                     f"{r.metrics['output_throughput']:,.0f} | "
+                     f"{r.metrics['mean_tpot_ms']:.2f} | {communication / busy:.1%} |")
     return lines
 
 

@@ -170,6 +170,35 @@ def test_preemption_recomputes_and_every_request_completes():
         assert r.metrics["kv_cache_usage_max"] <= 1.0
 
 
+def test_swap_preemption_moves_blocks_over_pcie_and_recomputes_nothing():
+    """The same squeeze with swap preemption: every prompt is prefilled exactly once (no
+    recompute), each swapped block goes out and comes back (an even count), and the
+    copies' time is blocks x a block's bytes / (PCIe Gen5 x16, 64 GB/s x NCCL's 0.75) -
+    at tp 1 the steps' only communication."""
+    reqs = synthetic(64, 1000, 400)
+    swap = simulate_serving(L7, "dgx-h100", reqs, gpu_memory_utilization=0.25,
+                            preemption_mode="swap")
+    recompute = simulate_serving(L7, "dgx-h100", reqs, gpu_memory_utilization=0.25)
+    prefilled = [sum(x.prompt_tokens for x in r.run.step_log[0]) for r in (swap, recompute)]
+    assert prefilled[0] == 64 * 1000 < prefilled[1]
+    assert swap.metrics["preemptions"] > 0 and swap.run.swapped_blocks % 2 == 0
+    block = 16 * kv_bytes_per_token(L7, 2)
+    copies = sum(x.communication for x in swap.run.step_log[0])
+    assert copies == pytest.approx(swap.run.swapped_blocks * block / (64e9 * 0.75),
+                                   rel=1e-9)
+    assert all(len(s.token_times) == 400 for s in swap.run.served)
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(preemption_mode="swap", batching="chunked-prefill"), "continuous scheduler"),
+    (dict(preemption_mode="evict"), "recompute or swap"),
+    (dict(preemption_mode="swap", swap_space_gib=0), "swap_space"),
+])
+def test_swap_refusals(kwargs, words):
+    with pytest.raises(ConfigError, match=words):
+        simulate_serving(L7, "dgx-h100", synthetic(2, 64, 2), **kwargs)
+
+
 def test_data_parallel_replicas_scale_throughput_not_latency():
     """Two replicas each serve half the requests (in turn), in the time one replica serves
     that half: throughput about doubles; one request's latency alone does not change (the
@@ -282,6 +311,7 @@ def test_cli_prints_the_summary_and_writes_vllms_keys(tmp_path):
     (["--trace", "missing.csv", "--num-prompts", "2"], "--num-prompts would change nothing"),
     (["--trace", "missing.csv", "--input-len", "1024"], "--input-len would change nothing"),
     (["--seed", "3", "--num-prompts", "2"], "--seed draws the Poisson arrivals"),
+    (["--swap-space", "8", "--num-prompts", "2"], "--swap-space sizes swap preemption"),
     (["--micro-batch-size", "2"], "unrecognized arguments"),
 ])
 def test_cli_errors_are_one_line(args, words, tmp_path):

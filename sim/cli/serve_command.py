@@ -13,7 +13,8 @@ from clustersim.schedules.errors import ConfigError
 from clustersim.schedules.output_files import check_outputs, write_text_atomic
 from clustersim.schedules.profile import Profile
 
-from ..serving import POLICIES, Limits, load_trace, simulate_serving, synthetic
+from ..serving import (POLICIES, SWAP_SPACE_GIB, Limits, load_trace, simulate_serving,
+                       synthetic)
 from ..serving.metrics import SLO_KEYS
 from .arg_types import checked_number, fraction, positive_int
 from .flags import DEFAULT_TOPOLOGY, MODEL_FLAGS, model_from_args
@@ -31,6 +32,7 @@ WORKLOAD_DEFAULTS = {"input_len": 1024, "output_len": 128, "num_prompts": 1000,
 
 _rate = checked_number(float, lambda v: v > 0, "a rate > 0 requests/s (inf: all at once)")
 _limit_ms = checked_number(float, lambda v: 0 < v < math.inf, "a limit > 0 ms")
+_gib = checked_number(float, lambda v: 0 < v < math.inf, "a size > 0 GiB")
 
 
 def _slo(text: str) -> tuple[str, float]:
@@ -123,6 +125,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     w.add_argument("--max-num-batched-tokens", type=positive_int,
                    help="new tokens per step (default: max(model context, 2048), vLLM's "
                         "without chunked prefill; 2048 with it)")
+    w.add_argument("--preemption-mode", choices=["recompute", "swap"], default="recompute",
+                   help="when KV blocks run out: recompute the preempted sequence's prompt "
+                        "(default; vLLM V1's only mode) or swap its blocks to host memory "
+                        "over PCIe and back (vLLM V0's; continuous batching)")
+    w.add_argument("--swap-space", type=_gib, metavar="GIB",
+                   help="with --preemption-mode swap: host memory per GPU for swapped KV "
+                        "blocks, GiB (vLLM's default 4)")
     w.add_argument("--goodput", nargs="+", type=_slo, metavar="KEY:MS",
                    help="service-level objectives for request_goodput, vLLM's spelling: "
                         "ttft:MS tpot:MS e2el:MS (any of them)")
@@ -165,6 +174,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.model is None and not any(getattr(args, f, None) is not None
                                       for f in SERVE_MODEL_FIELDS):
         args.model = DEFAULT_MODEL
+    if args.swap_space is not None and args.preemption_mode != "swap":
+        raise ConfigError("--swap-space sizes swap preemption's host memory: without "
+                          "--preemption-mode swap it would change nothing")
     model = model_from_args(args)
     requests = _requests(args)
     limits = Limits(args.max_num_seqs,
@@ -178,7 +190,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
                    compute_efficiency=args.compute_efficiency,
                    memory_efficiency=args.memory_efficiency,
                    profile=Profile.load(args.profile) if args.profile else None,
-                   slo=dict(args.goodput) if args.goodput else None)
+                   slo=dict(args.goodput) if args.goodput else None,
+                   preemption_mode=args.preemption_mode,
+                   swap_space_gib=args.swap_space or SWAP_SPACE_GIB)
     if args.search_layouts or args.compare:
         return _layouts(args, model, requests, options)
     result = simulate_serving(model, args.topology, requests, tp=args.tp, dp=args.dp,
@@ -287,7 +301,9 @@ def summary(result, name: str, args: argparse.Namespace) -> str:
               f"({cap.blocks * cap.block_bytes / 1e9:.1f} GB; weights "
               f"{cap.weights / 1e9:.1f} GB of {cap.usable / 1e9:.1f} GB usable)",
               f"{'Usage mean / max:':<40}{m['kv_cache_usage_mean']:.1%} / "
-              f"{m['kv_cache_usage_max']:.1%}; preemptions {m['preemptions']}",
+              f"{m['kv_cache_usage_max']:.1%}; preemptions {m['preemptions']}"
+              + (f" ({result.run.swapped_blocks:,} blocks swapped out and in)"
+                 if args.preemption_mode == "swap" else ""),
               "=" * 66]
     lines += [f"note: {note}" for note in result.notes]
     return "\n".join(lines)

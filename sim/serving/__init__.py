@@ -17,6 +17,7 @@ the reason: expert parallelism with pipeline or sequence parallelism or disaggre
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -31,18 +32,21 @@ from clustersim.topologies import get_device, gpu_nodes, load_topology
 
 from ..collectives import run_collective
 from ..flows import FlowNetwork
+from ..link_capacity import PCIE_EFFICIENCY
+from ..offload import pcie_rate
 from .calibration import fit_serving
-from .engine import POLICIES, Limits, ServingRun, serve
+from .engine import POLICIES, Limits, ServingRun, Swap, serve
 from .kv_cache import GPU_MEMORY_UTILIZATION, KvCapacity, activation_reserve, kv_capacity
 from .metrics import SLO_KEYS, metrics
 from .step_cost import StepCost, step_cost
 from .workload import Request, load_trace, synthetic
 
 __all__ = ["simulate_serving", "ServingResult", "Limits", "Request", "synthetic",
-           "load_trace", "POLICIES"]
+           "load_trace", "POLICIES", "SWAP_SPACE_GIB"]
 
 DTYPES = {"auto": "bf16", "bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16",
           "float16": "fp16", "half": "fp16"}
+SWAP_SPACE_GIB = 4  # vLLM's default --swap-space, GiB of host memory per GPU
 KV_DTYPES = {"auto": "auto", "fp8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8"}
 
 
@@ -116,14 +120,17 @@ def simulate_serving(model: ModelSpec, topology: str | nx.DiGraph,
                      memory_efficiency: float | None = None,
                      slo: Mapping[str, float] | None = None,
                      prefill_replicas: int = 0, ep: int = 1,
-                     profile: Profile | None = None) -> ServingResult:
+                     profile: Profile | None = None, preemption_mode: str = "recompute",
+                     swap_space_gib: float = SWAP_SPACE_GIB) -> ServingResult:
     """Serve `requests` with `dp` replicas of `model` at tensor parallelism `tp` on
     `topology` (module docstring); `slo`: {'ttft' | 'tpot' | 'e2el': ms} for
     request_goodput; `prefill_replicas`: with batching='disaggregated', how many of the dp
     replicas prefill (the others decode); `ep`: expert-parallel GPUs (a multiple of tp,
     ep/tp replicas per group; vLLM's --enable-expert-parallel is ep = tp x dp); raises
     `profile`: a calibration profile with serving steps, whose fitted rates replace the
-    device's (sim.serving.calibration); raises ConfigError naming the bad setting."""
+    device's (sim.serving.calibration); `preemption_mode` 'recompute' or 'swap' (vLLM V0's,
+    with `swap_space_gib` GiB of host memory per GPU; continuous batching only); raises
+    ConfigError naming the bad setting."""
     for name, value in (("tensor_parallel_size", tp), ("dp", dp), ("pipeline_parallel_size",
                                                                      pp), ("sp", sp),
                         ("ep", ep)):
@@ -142,6 +149,14 @@ def simulate_serving(model: ModelSpec, topology: str | nx.DiGraph,
                           f"other replicas decode), got {prefill_replicas}")
     if ep > 1:
         _check_expert_parallel(model, ep, tp, dp, pp, sp, batching)
+    if preemption_mode not in ("recompute", "swap"):
+        raise ConfigError(f"preemption_mode must be recompute or swap, got "
+                          f"{preemption_mode!r}")
+    if preemption_mode == "swap" and batching != "continuous":
+        raise ConfigError(f"swap preemption is vLLM V0's continuous scheduler's; {batching} "
+                          f"batching preempts by recompute or not at all")
+    if not (isinstance(swap_space_gib, (int, float)) and 0 < swap_space_gib < math.inf):
+        raise ConfigError(f"swap_space must be a number of GiB > 0, got {swap_space_gib!r}")
     if quantization not in (None, "fp8"):
         raise ConfigError(f"quantization must be fp8 or none, got {quantization!r}")
     if not 0 < gpu_memory_utilization <= 1:
@@ -218,8 +233,12 @@ def simulate_serving(model: ModelSpec, topology: str | nx.DiGraph,
         return network.seconds("p2p", (gpu(src), gpu(dst)),
                                tokens * costs[0].kv_bytes_per_token())
 
+    swap = None
+    if preemption_mode == "swap":  # each GPU copies its share over its own PCIe link
+        swap = Swap(math.floor(swap_space_gib * 2 ** 30 / capacity.block_bytes),
+                    capacity.block_bytes / (pcie_rate(device.name) * PCIE_EFFICIENCY))
     run = serve(requests, costs, capacity.blocks, dp, batching, limits, stage_send,
-                prefill_replicas, kv_transfer)
+                prefill_replicas, kv_transfer, swap)
     notes = [f"assumed: activation reserve {reserve / 1e9:.2f} GB per GPU (one forward of "
              f"{limits.max_num_batched_tokens} tokens; vLLM profiles it)",
              "not modelled: host scheduling and sampling time, kernel launch gaps, "
@@ -230,6 +249,11 @@ def simulate_serving(model: ModelSpec, topology: str | nx.DiGraph,
                      f"GB/s, {rates.overhead * 1e6:.3g} us per layer per step, fitted "
                      f"(worst point {rates.worst_error():.0%} off; "
                      f"`clustersim calibrate --serving` prints each)")
+    if swap is not None:
+        notes.append(f"assumed: swap copies over each GPU's own PCIe x16 link at "
+                     f"{capacity.block_bytes / swap.seconds_per_block / 1e9:.3g} GB/s (its "
+                     f"rate x NCCL's PCIe efficiency {PCIE_EFFICIENCY}), {swap.blocks:,} "
+                     f"blocks of host swap space per GPU")
     if ep > 1:
         notes.append(f"assumed: tokens routed uniformly over the {model.num_experts} experts "
                      f"(an expert-parallel GPU's load is the mean; real routers are skewed)")

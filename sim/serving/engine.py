@@ -16,7 +16,11 @@ Policies (each scheduler's):
   step runs every running sequence. A decoding sequence that needs a block when none is
   free preempts the most recently admitted one (vLLM's recompute preemption: its blocks
   are freed and it waits again, at the head of the queue, to prefill its prompt and the
-  tokens it had made).
+  tokens it had made). With `Swap` (vLLM V0's --preemption-mode swap) a preempted
+  sequence's blocks are copied to the host's swap space instead, while it has room, and
+  copied back before any new prompt is admitted, as soon as its blocks are free, to
+  decode on without a prefill; each copy takes its blocks x Swap.seconds_per_block (every
+  GPU over its own PCIe link, in parallel) and is charged to the replica's next step.
 - 'chunked-prefill' (Sarathi-Serve; vLLM's V1 scheduler): every step spends a budget of
   `max_num_batched_tokens` new tokens, first one per decoding sequence, then on the
   prompts in admission order, a prompt longer than what is left fed in chunks over
@@ -105,18 +109,29 @@ class Step:
 class ServingRun:
     """What a run produced: every request's record, the KV usage samples per replica
     [(time, fraction of blocks in use)], the in-system samples [(time, count)], the
-    total blocks per replica, and each replica's steps."""
+    total blocks per replica, each replica's steps, and the KV blocks swap preemption
+    copied either way."""
 
     served: list[Served]
     kv_usage: list[list[tuple[float, float]]]
     in_system: list[tuple[float, int]]
     blocks: int
     step_log: list[list[Step]]
+    swapped_blocks: int = 0  # blocks copied to or from the host (swap preemption)
 
     @property
     def steps(self) -> list[int]:
         """Steps (batches through every stage) each replica ran."""
         return [sum(1 for step in log if step.stage == 0) for log in self.step_log]
+
+
+@dataclass(frozen=True)
+class Swap:
+    """Swap preemption's host space per GPU, in KV blocks, and the seconds one block's
+    copy takes either way."""
+
+    blocks: int
+    seconds_per_block: float
 
 
 @dataclass(frozen=True)
@@ -140,9 +155,10 @@ class _ExpertGroup:
         self.wakeup = None
         env.process(self._steps())
 
-    def submit(self, batch) -> simpy.Event:
+    def submit(self, batch, copies: float = 0.0) -> simpy.Event:
+        """`copies`: the replica's swap seconds, added to its own part of the step."""
         done = self.env.event()
-        self.pending.append((batch, done))
+        self.pending.append((batch, copies, done))
         if self.wakeup is not None and not self.wakeup.triggered:
             self.wakeup.succeed()
         return done
@@ -155,12 +171,13 @@ class _ExpertGroup:
                 yield self.wakeup
             yield env.timeout(0)  # the members submitting at this instant join
             members, self.pending = self.pending, []
-            parts = [self.cost.parts(batch) for batch, _ in members]
+            parts = [(compute, communication + copies) for (compute, communication), (
+                _, copies, _) in zip((self.cost.parts(b) for b, _, _ in members), members)]
             experts, exchange = self.cost.expert_parallel_parts(
-                [sum(q for q, _ in batch) for batch, _ in members])
+                [sum(q for q, _ in batch) for batch, _, _ in members])
             start = env.now
             yield env.timeout(max(map(sum, parts)) + experts + exchange)
-            for (_, done), (_, communication) in zip(members, parts):
+            for (_, _, done), (_, communication) in zip(members, parts):
                 done.succeed((start, env.now, communication + exchange))
 
 
@@ -172,7 +189,7 @@ class _Replica:
     def __init__(self, env, index: int, total: int, costs: Sequence[StepCost],
                  blocks: int, limits: Limits, run: ServingRun, note,
                  p2p: Callable[[int, float], float] | None,
-                 group: _ExpertGroup | None = None):
+                 group: _ExpertGroup | None = None, swap: Swap | None = None):
         self.env, self.index, self.total, self.costs = env, index, total, costs
         self.queue: deque = deque()
         self.pool, self.limits, self.run, self.note, self.p2p = (BlockPool(blocks), limits,
@@ -180,6 +197,9 @@ class _Replica:
         self.stages = [simpy.Resource(env, capacity=1) for _ in costs]
         self.finished = self.taken = 0  # taken: requests static batches took
         self.group = group
+        self.swap, self.swapped = swap, deque()  # swapped: sequences in host memory
+        self.swap_free = swap.blocks if swap else 0
+        self.copy_seconds = 0.0  # swap copies to charge to the next step
         self._waiters: list = []
 
     def wait(self):
@@ -196,8 +216,9 @@ class _Replica:
         """Run `batch` = [(new tokens, cached tokens)] through every stage (a generator)."""
         env, tokens = self.env, sum(q for q, _ in batch)
         decodes = StepCost.split(batch)[0]
+        copies, self.copy_seconds = self.copy_seconds, 0.0
         if self.group is not None:  # one stage, stepping with its expert-parallel group
-            start, end, communication = yield self.group.submit(batch)
+            start, end, communication = yield self.group.submit(batch, copies)
             self.run.step_log[self.index].append(Step(start, end, tokens - decodes, decodes,
                                                       communication))
             self.run.kv_usage[self.index].append((env.now, self.pool.used_fraction))
@@ -206,6 +227,7 @@ class _Replica:
             with resource.request() as turn:
                 yield turn
                 compute, communication = cost.parts(batch)
+                communication += copies if stage == 0 else 0.0
                 start = env.now
                 yield env.timeout(compute + communication)
             self.run.step_log[self.index].append(Step(start, env.now, tokens - decodes,
@@ -236,13 +258,18 @@ class _Replica:
 def serve(requests: Sequence[Request], costs: Sequence[StepCost], blocks: int, dp: int = 1,
           policy: str = "continuous", limits: Limits = Limits(),
           p2p: Callable[[int, float], float] | None = None, prefill_replicas: int = 0,
-          kv_transfer: Callable[[int, int, int], float] | None = None) -> ServingRun:
+          kv_transfer: Callable[[int, int, int], float] | None = None,
+          swap: Swap | None = None) -> ServingRun:
     """Run `requests` through `dp` replicas of `len(costs)` pipeline stages (the cost of
     each stage's share of a step) and `blocks` KV blocks each (module docstring); `p2p`:
     (stage, new tokens) -> seconds to send a step's activations to the next stage;
     disaggregated: `prefill_replicas` of the dp prefill, `kv_transfer`: (from replica, to
     replica, cached tokens) -> seconds to move a sequence's KV cache. With expert
-    parallelism (costs[0].ep > 1) groups of ep / tp consecutive replicas step together."""
+    parallelism (costs[0].ep > 1) groups of ep / tp consecutive replicas step together.
+    `swap`: swap preemption (continuous batching only), else recompute."""
+    if swap is not None and policy != "continuous":
+        raise ConfigError(f"swap preemption is vLLM V0's continuous scheduler's; {policy} "
+                          f"batching preempts by recompute or not at all")
     if policy not in POLICIES:
         raise ConfigError(f"batching must be one of {', '.join(POLICIES)}, got {policy!r}")
     if len(costs) > 1 and p2p is None:
@@ -275,7 +302,7 @@ def serve(requests: Sequence[Request], costs: Sequence[StepCost], blocks: int, d
     groups = [_ExpertGroup(env, costs[0]) if expert_parallel else None
               for _ in range(dp // ep_group)]
     replicas = [_Replica(env, i, home.count(i), costs, blocks, limits, run, note, p2p,
-                         groups[i // ep_group]) for i in range(dp)]
+                         groups[i // ep_group], swap) for i in range(dp)]
 
     def arrivals():
         for record in served:
@@ -362,11 +389,29 @@ def _admit_prompts(r: _Replica, seats: int) -> list[_Sequence]:
     return admitted
 
 
+def _swap_in(r: _Replica, running: list[_Sequence]) -> None:
+    """Swapped sequences back to the GPU, first out first in, while their blocks are free
+    and seats are left."""
+    while r.swapped and len(running) < r.limits.max_num_seqs \
+            and r.pool.take(r.swapped[0].blocks):
+        seq = r.swapped.popleft()
+        r.swap_free += seq.blocks
+        _copy(r, seq.blocks)
+        running.append(seq)
+
+
+def _copy(r: _Replica, blocks: int) -> None:
+    r.copy_seconds += blocks * r.swap.seconds_per_block
+    r.run.swapped_blocks += blocks
+
+
 def _continuous(r: _Replica):
     running: list[_Sequence] = []
     pool = r.pool
     while r.finished < r.total:
-        admitted = _admit_prompts(r, r.limits.max_num_seqs - len(running))
+        _swap_in(r, running)
+        seats = 0 if r.swapped else r.limits.max_num_seqs - len(running)
+        admitted = _admit_prompts(r, seats)
         if admitted:
             yield from r.step([(s.tokens, 0) for s in admitted])
             running += admitted
@@ -443,11 +488,17 @@ def _grow(pool: BlockPool, seq: _Sequence, tokens: int) -> bool:
 
 
 def _preempt(seq: _Sequence, running: list, r: _Replica) -> None:
-    """Recompute preemption: free `seq`'s blocks and queue it first again."""
+    """Free `seq`'s blocks: swap them to the host when swapping and there is room, else
+    recompute preemption (queue it first again, to prefill anew)."""
     running.remove(seq)
     r.pool.give(seq.blocks)
-    seq.blocks = seq.cached = 0
     seq.served.preemptions += 1
+    if r.swap is not None and seq.blocks <= r.swap_free:
+        r.swap_free -= seq.blocks
+        _copy(r, seq.blocks)
+        r.swapped.append(seq)
+        return
+    seq.blocks = seq.cached = 0
     r.queue.appendleft(seq)
     r.wake()
 

@@ -95,7 +95,8 @@ class _Sequence:
 @dataclass(frozen=True)
 class Step:
     """One engine step of one pipeline stage of a replica: when, its prompt tokens and
-    decoding sequences, and how many of its seconds were communication (TP, SP)."""
+    decoding sequences, and how many of its seconds were communication (TP and SP
+    collectives, EP all-to-alls, swap copies)."""
 
     start: float
     end: float

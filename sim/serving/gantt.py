@@ -7,9 +7,8 @@ stage of a replica when that would draw more than MAX_BARS bars (the label says 
 step is a prefill (it feeds only prompt tokens), a decode (one token per sequence) or mixed
 (chunked prefill: both), drawn as its compute, followed by its communication: the step's
 TP and SP collectives and EP all-to-alls, which run between its layers, and swap
-preemption's KV copies, drawn together at the step's end so
-that their share shows. Hover a bar for the step's
-prompt tokens, decoding sequences and seconds.
+preemption's KV copies, drawn together at the step's end so that their share shows. Hover
+a bar for the step's prompt tokens, decoding sequences and seconds.
 """
 from __future__ import annotations
 

@@ -569,8 +569,8 @@ def test_cli_compare(tmp_path):
     for args, says in ((["--compare", "tp=2", "--dp", "2"], "--dp would change nothing"),
                        (["--compare", "tp=2", "--search-layouts", "2"], "give one"),
                        (["--compare", "tq=2"], "KEY one of"),
-                       (["--search-layouts", "2", "--batching", "disaggregated"],
-                        "does not search prefill/decode splits")):
+                       (["--search-layouts", "1", "--batching", "disaggregated"],
+                        "needs at least 2 replicas")):
         bad = clustersim("serve", "--num-prompts", "2", *args)
         assert bad.returncode == 2 and says in bad.stderr, bad.stderr
 
@@ -658,3 +658,21 @@ def test_cli_expert_parallel(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "tp 1 x pp 1 x sp 1 x dp 8 x ep 8" in out.stdout
     assert "routed uniformly over the 8 experts" in out.stdout
+
+
+def test_disaggregated_search_tries_every_prefill_split():
+    """4 GPUs, disaggregated: every layout of dp >= 2 replicas once per prefill count 1 to
+    dp - 1 (dp 4: 3 splits, dp 2: 1), each a plain simulate_serving of it."""
+    from clustersim.sim.serving.search import layouts, search
+    found = layouts(L7, 4, 8, disaggregated=True)
+    assert all(1 <= x.prefill < x.dp for x in found)
+    assert [x.prefill for x in found if (x.tp, x.pp, x.sp) == (1, 1, 1)] == [1, 2, 3]
+    assert [x.prefill for x in found if (x.tp, x.pp, x.sp) == (2, 1, 1)] == [1]
+    reqs = synthetic(20, 256, 8, 4.0, seed=2)
+    ranked = search(L7, "dgx-h100", reqs, 4, batching="disaggregated")
+    assert len(ranked) == len(found)
+    best = next(c for c in ranked if c.result is not None)
+    again = simulate_serving(L7, "dgx-h100", reqs, tp=best.layout.tp, pp=best.layout.pp,
+                             sp=best.layout.sp, dp=best.layout.dp,
+                             prefill_replicas=best.layout.prefill, batching="disaggregated")
+    assert again.metrics == best.result.metrics

@@ -44,7 +44,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Enumerate tp, pp, dp, cp, ep, virtual stages, micro-batch size, ZeRO "
                     "stage, recompute, sequence parallelism and schedule; drop what the "
                     "checks or the memory model refuse; bound the rest from below and "
-                    "simulate event by event only those that can still win.")
+                    "simulate event by event only those that can still win. (Serving "
+                    "layouts under latency SLOs: `clustersim serve --search-layouts N "
+                    "--goodput ttft:MS tpot:MS`.)")
     p.add_argument("--model", required=True, help="model preset (`clustersim models`)")
     p.add_argument("--gpus", type=_int_list, required=True, metavar="N[,N...]",
                    help="GPUs of the job; several counts (256,512,1024) search each, and "

@@ -9,13 +9,15 @@ in memory, the heads do not split) is kept with its reason.
 Layouts: tp a power of two up to the GPUs of one host that divides the attention heads,
 pp and sp powers of two (pp up to 8 and the layer count, sp up to 4), dp = N / (tp pp sp)
 a whole number; for an MoE model, each layout without pp or sp also with its experts over
-all N GPUs (ep = tp x dp, vLLM's --enable-expert-parallel) where N divides the experts.
+all N GPUs (ep = tp x dp, vLLM's --enable-expert-parallel) where N divides the experts;
+with disaggregated batching, each layout of dp >= 2 replicas (no EP) with every split
+of them into 1 to dp - 1 prefill replicas and the rest decoding.
 Each is one simulate_serving run (sim.serving); no bound prunes them.
 """
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import networkx as nx
 
@@ -90,8 +92,13 @@ def _powers(limit: int) -> list[int]:
     return [1 << i for i in range(limit.bit_length()) if 1 << i <= limit]
 
 
-def layouts(model: ModelSpec, gpus: int, gpus_per_host: int) -> list[Layout]:
-    """Every layout of `gpus` GPUs (module docstring)."""
+def layouts(model: ModelSpec, gpus: int, gpus_per_host: int,
+            disaggregated: bool = False) -> list[Layout]:
+    """Every layout of `gpus` GPUs (module docstring); `disaggregated`: each layout of dp
+    >= 2 replicas once per number of prefill replicas, 1 to dp - 1."""
+    if disaggregated:
+        return [replace(x, prefill=k) for x in layouts(model, gpus, gpus_per_host)
+                if x.ep == 1 for k in range(1, x.dp)]
     found = []
     for tp in _powers(gpus_per_host):
         if model.num_attention_heads % tp:
@@ -115,12 +122,12 @@ def search(model: ModelSpec, topology: str | nx.DiGraph, requests: Sequence[Requ
     if not 1 <= gpus <= len(nodes):
         raise ConfigError(f"--search-layouts must be from 1 to the topology's {len(nodes)} "
                           f"GPUs, got {gpus}")
-    if options.get("batching") == "disaggregated":
-        raise ConfigError("--search-layouts does not search prefill/decode splits: compare "
-                          "disaggregated layouts with --compare 'tp=..,dp=..,prefill=..'")
     per_host = sum(1 for g in nodes if graph.nodes[g]["host"] == graph.nodes[nodes[0]]["host"])
-    candidates = compare(model, graph, requests, layouts(model, gpus, per_host), slo,
-                         **options)
+    found = layouts(model, gpus, per_host, options.get("batching") == "disaggregated")
+    if not found:
+        raise ConfigError(f"no layout of {gpus} GPUs to search (disaggregated serving needs "
+                          f"at least 2 replicas)")
+    candidates = compare(model, graph, requests, found, slo, **options)
     return sorted(candidates, key=lambda c: rank_key(c, bool(slo)))
 
 

@@ -22,6 +22,7 @@ Units: bytes/s per direction.
 from __future__ import annotations
 
 import weakref
+from functools import lru_cache
 
 import networkx as nx
 import numpy as np
@@ -59,6 +60,11 @@ def nvlink_efficiency(compute_capability: tuple[int, int] | None) -> float:
     return NVLINK_GBPS_PER_LINK[key] / NVLINK_LINE_GBPS_PER_LINK[key]
 
 
+@lru_cache(maxsize=None)
+def _device_nvlink_efficiency(device: str) -> float:
+    return nvlink_efficiency(get_device(device).compute_capability)
+
+
 def link_efficiency(graph: nx.DiGraph, u: str, v: str) -> float:
     """Achievable / line rate of edge (u, v) (module docstring)."""
     kind = graph.edges[u, v]["kind"]
@@ -68,7 +74,7 @@ def link_efficiency(graph: nx.DiGraph, u: str, v: str) -> float:
             gpu = next((n for n, t in graph.nodes(data="type") if t == "gpu"), None)
         if gpu is None:
             return 1.0
-        return nvlink_efficiency(get_device(graph.nodes[gpu]["device"]).compute_capability)
+        return _device_nvlink_efficiency(graph.nodes[gpu]["device"])
     if kind == "pcie":
         return PCIE_EFFICIENCY
     if kind in ("ib", "roce"):

@@ -151,7 +151,8 @@ def topology_from_dict(spec: Any, default_name: str = "topology") -> nx.DiGraph:
     graph = _from_builder(spec, name) if has_builder else _from_lists(spec, name)
     if "description" in spec:
         graph.graph["description"] = spec["description"]
-    validate_topology(graph)
+    if not has_builder:  # a builder returns a validated graph (topologies.graph)
+        validate_topology(graph)
     return graph
 
 

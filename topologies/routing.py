@@ -53,6 +53,8 @@ def routes(graph: nx.DiGraph, src: str, dst: str, limit: int | None = None) -> l
         raise TopologyError(f"routes: limit must be a positive integer or None, got {limit!r}")
     if src == dst:
         return [[src]]
+    if graph.has_edge(src, dst):  # the one fewest-hop path, through no other node
+        return [[src, dst]]
     found = _equal_cost_paths(graph, src, dst, gpu_transit=False)
     if not found:
         found = _equal_cost_paths(graph, src, dst, gpu_transit=True)

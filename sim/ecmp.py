@@ -16,7 +16,8 @@ compose keep their full routes (`_PairRoutes`), as sim.flows did for every pair.
 A collective phase asks for all its flows at once (`choose_many`): consecutive flows
 through one switch pair's middles (a GPU's flows to the GPUs of one leaf) are chosen in
 one numpy step, exactly as one at a time (`_choose_run` says why), and a pair keeps only
-its turn (`turns`), not an object (an all-to-all of 1,024 GPUs has a million pairs).
+its turn (`turns`), not an object, when the phase has more than KEEP_PAIRS flows (an
+all-to-all of 1,024 GPUs has a million pairs).
 """
 from __future__ import annotations
 
@@ -27,6 +28,12 @@ import networkx as nx
 import numpy as np
 
 from clustersim.topologies.route_sets import Composed, route_sets
+
+
+KEEP_PAIRS = 1 << 16
+"""A phase of at most this many flows keeps its pairs' parts (a collective run again, as a
+job's data-parallel all-reduces are, finds them kept); a larger one (an all-to-all of
+1,024 GPUs has a million pairs) keeps only their turns."""
 
 
 class _PairRoutes:
@@ -104,8 +111,9 @@ class EcmpRoutes:
         chosen: list[tuple[int, ...]] = []
         run: list = []  # [(pair, prefix ids, suffix ids)] through `run_middles`
         run_middles = None
+        keep = len(pairs) <= KEEP_PAIRS
         for src, dst in pairs:
-            found = self._pairs.get((src, dst)) or self._pair(src, dst, keep=False)
+            found = self._pairs.get((src, dst)) or self._pair(src, dst, keep)
             prefix, middles, suffix = found
             if middles is not run_middles:
                 if run:

@@ -1,7 +1,8 @@
 """Serving an LLM on the simulated cluster (issue 21): requests (`workload`), the KV cache
-(`kv_cache`), the time of one engine step (`step_cost`), replicas and their batching
-policy on SimPy (`engine`), and vLLM's metrics (`metrics`). `simulate_serving` ties them
-together from names, as `clustersim serve` does.
+(`kv_cache`), the time of one engine step (`step_cost`; its rates fitted to measured
+steps by `calibration`), replicas and their batching policy on SimPy (`engine`), and
+vLLM's metrics (`metrics`); `search` runs layouts side by side. `simulate_serving` ties
+them together from names, as `clustersim serve` does.
 
 Modelled: data-parallel replicas of `sp` sequence-parallel shards of `pp` pipeline stages
 of a tensor-parallel group each, on the topology's GPUs in order (replica r, shard j,
@@ -11,7 +12,8 @@ with optional fp8 weights (`quantization='fp8'`) and fp8 KV cache; MoE models wi
 experts sharded over the TP group, or with expert parallelism over `ep` GPUs (ep/tp
 consecutive replicas stepping together, their all-to-alls priced on the first group's
 GPUs); static, continuous, chunked-prefill and disaggregated (prefill and decode
-replicas, the KV cache moved between them on the flow network) batching. Refused with
+replicas, the KV cache moved between them on the flow network) batching; recompute or
+swap preemption (KV blocks over each GPU's PCIe link to host memory). Refused with
 the reason: expert parallelism with pipeline or sequence parallelism or disaggregation
 (not modelled).
 """

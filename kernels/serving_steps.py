@@ -5,7 +5,9 @@ KV cache, and the output layer sampling; what `clustersim calibrate --serving` m
 
 - `KVCache(spec, sequences, max_tokens, device)`: one layer's K and V, each (sequences,
   kv heads, max_tokens, head dim) in the model dtype, allocated once; `lengths[i]`: the
-  tokens sequence i has cached (host-side bookkeeping, as a serving scheduler keeps).
+  tokens sequence i has cached (host-side bookkeeping, as a serving scheduler keeps),
+  mirrored on the device (`positions`, kept by device ops: a step copies nothing from
+  the host, so a CUDA timing queues it whole); `set_length` sets both.
 - `prefill(layer, x, cache)`: prompts x (b, T, h) of sequences 0..b-1 with empty caches,
   through a kernels.layers.TransformerLayer's own modules: Q, K, V (RoPE at positions
   0..T-1 when the model has it), K and V written to the cache, its causal core attention,
@@ -43,6 +45,12 @@ class KVCache:
         self.k = torch.zeros(shape, dtype=torch_dtype(spec), device=device)
         self.v = torch.zeros_like(self.k)
         self.lengths = [0] * sequences
+        self.positions = torch.zeros(sequences, dtype=torch.long, device=device)
+
+    def set_length(self, first: int, count: int, tokens: int) -> None:
+        """Sequences first .. first + count - 1 hold `tokens` cached tokens."""
+        self.lengths[first:first + count] = [tokens] * count
+        self.positions[first:first + count].fill_(tokens)
 
     @property
     def max_tokens(self) -> int:
@@ -91,7 +99,7 @@ def prefill(layer: TransformerLayer, x: torch.Tensor, cache: KVCache) -> torch.T
     q, k, v = _qkv(layer, layer.input_norm(x), positions)
     cache.k[:b, :, :length] = k
     cache.v[:b, :, :length] = v
-    cache.lengths[:b] = [length] * b
+    cache.set_length(0, b, length)
     return _finish(layer, x, layer.attention.core(q, k, v))
 
 
@@ -103,12 +111,13 @@ def decode(layer: TransformerLayer, x: torch.Tensor, cache: KVCache) -> torch.Te
         raise ValueError(f"decode takes (B, 1, h) for B <= {len(cache.lengths)} sequences "
                          f"with room in the cache, got {tuple(x.shape)} at lengths "
                          f"up to {max(lengths)} of {cache.max_tokens}")
-    where = torch.tensor(lengths, device=x.device)
+    where = cache.positions[:count].clone()
     q, k, v = _qkv(layer, layer.input_norm(x), where[:, None])
     rows = torch.arange(count, device=x.device)
     cache.k[rows, :, where] = k[:, :, 0]
     cache.v[rows, :, where] = v[:, :, 0]
     cache.lengths[:count] = [n + 1 for n in lengths]
+    cache.positions[:count] += 1
     keys = max(lengths) + 1
     k, v = cache.k[:count, :, :keys], cache.v[:count, :, :keys]
     attn = layer.attention
@@ -176,7 +185,7 @@ def measure_serving(model: ModelSpec, device: torch.device, prefill_tokens: Sequ
             x = torch.randn(batch, 1, h, generator=gen).to(device, dtype)
 
             def one_decode() -> torch.Tensor:
-                cache.lengths[:batch] = [context] * batch
+                cache.set_length(0, batch, context)
                 return decode(layer, x, cache)
             out["decode"][(batch, context)] = timed(one_decode)
             step(f"decode {batch} x {context}")

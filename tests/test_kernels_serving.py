@@ -71,12 +71,13 @@ def test_a_batch_of_different_contexts_decodes_as_each_alone():
     for i, p in enumerate(prompts):  # each sequence's own prompt into its row
         alone = KVCache(LLAMA, 1, 16, CPU)
         prefill(layer, p, alone)
-        cache.k[i], cache.v[i], cache.lengths[i] = alone.k[0], alone.v[0], alone.lengths[0]
+        cache.k[i], cache.v[i] = alone.k[0], alone.v[0]
+        cache.set_length(i, 1, alone.lengths[0])
     out = decode(layer, torch.cat(nexts), cache)
     for i, (p, n) in enumerate(zip(prompts, nexts)):
         reference = layer(torch.cat([p, n], dim=1))[:, -1:]
         torch.testing.assert_close(out[i:i + 1], reference)
-    assert cache.lengths == [4, 10, 6]
+    assert cache.lengths == [4, 10, 6] == cache.positions.tolist()
 
 
 @torch.no_grad()

@@ -174,12 +174,16 @@ class Norm(nn.Module):
         return F.layer_norm(x, x.shape[-1:], self.weight, self.bias, NORM_EPS)
 
 
-def rotary(x: torch.Tensor) -> torch.Tensor:
+def rotary(x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
     """Rotary position embedding (Su et al. 2021; Megatron's rotate-half form) of
-    `x` shaped (b, heads, s, d), base 10000."""
+    `x` shaped (b, heads, s, d), base 10000, at positions 0..s-1, or at the integer
+    `positions` (b, s) of each token (a KV-cache step: kernels.serving_steps)."""
     d, s = x.shape[-1], x.shape[-2]
     inv_freq = 1.0 / ROPE_BASE ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)
-    angles = torch.outer(torch.arange(s, device=x.device, dtype=torch.float32), inv_freq)
+    if positions is None:
+        angles = torch.outer(torch.arange(s, device=x.device, dtype=torch.float32), inv_freq)
+    else:  # (b, 1, s, d/2): the same angles for every head
+        angles = (positions.to(torch.float32)[..., None] * inv_freq)[:, None]
     angles = torch.cat((angles, angles), dim=-1)
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
     x1, x2 = x.chunk(2, dim=-1)

@@ -128,7 +128,7 @@ def simulate_serving(model: ModelSpec, topology: str | nx.DiGraph,
     `topology` (module docstring); `slo`: {'ttft' | 'tpot' | 'e2el': ms} for
     request_goodput; `prefill_replicas`: with batching='disaggregated', how many of the dp
     replicas prefill (the others decode); `ep`: expert-parallel GPUs (a multiple of tp,
-    ep/tp replicas per group; vLLM's --enable-expert-parallel is ep = tp x dp); raises
+    ep/tp replicas per group; vLLM's --enable-expert-parallel is ep = tp x dp);
     `profile`: a calibration profile with serving steps, whose fitted rates replace the
     device's (sim.serving.calibration); `preemption_mode` 'recompute' or 'swap' (vLLM V0's,
     with `swap_space_gib` GiB of host memory per GPU; continuous batching only); raises
@@ -154,9 +154,6 @@ def simulate_serving(model: ModelSpec, topology: str | nx.DiGraph,
     if preemption_mode not in ("recompute", "swap"):
         raise ConfigError(f"preemption_mode must be recompute or swap, got "
                           f"{preemption_mode!r}")
-    if preemption_mode == "swap" and batching != "continuous":
-        raise ConfigError(f"swap preemption is vLLM V0's continuous scheduler's; {batching} "
-                          f"batching preempts by recompute or not at all")
     if not (isinstance(swap_space_gib, (int, float)) and 0 < swap_space_gib < math.inf):
         raise ConfigError(f"swap_space must be a number of GiB > 0, got {swap_space_gib!r}")
     if quantization not in (None, "fp8"):

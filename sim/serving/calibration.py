@@ -78,8 +78,8 @@ def _layer_cost(model: ModelSpec, dtype: str) -> StepCost:
     return StepCost(model, 1, 1.0, 1.0, element, element, per_layer, None, 1)
 
 
-def _modelled(work, flops_per_s, bytes_per_s: float, overhead: float):
-    """overhead + each kernel group's roofline; `flops_per_s` may be an array."""
+def _modelled(work, flops_per_s, bytes_per_s, overhead: float):
+    """overhead + each kernel group's roofline; the rates (and work) may be arrays."""
     return overhead + sum(np.maximum(f / flops_per_s, b / bytes_per_s) for f, b in work)
 
 
@@ -93,7 +93,7 @@ def _search(work: list, seconds: np.ndarray) -> tuple[float, float, float]:
     for _ in range(ZOOMS + 1):
         log_f, log_b = np.meshgrid(*axes, indexing="ij")
         f_rate, b_rate = 10.0 ** log_f[..., None], 10.0 ** log_b[..., None]
-        roofline = sum(np.maximum(f / f_rate, b / b_rate) for f, b in zip(flops, nbytes))
+        roofline = _modelled(list(zip(flops, nbytes)), f_rate, b_rate, 0.0)
         overhead = np.maximum(0.0, ((seconds - roofline) * weight).sum(-1) / weight.sum())
         error = (((roofline + overhead[..., None] - seconds) / seconds) ** 2).sum(-1)
         i, j = np.unravel_index(np.argmin(error), error.shape)

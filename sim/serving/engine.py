@@ -152,7 +152,7 @@ class _ExpertGroup:
 
     def __init__(self, env: simpy.Environment, cost: StepCost):
         self.env, self.cost = env, cost
-        self.pending: list = []  # [(batch, event)] for the next step
+        self.pending: list = []  # [(batch, copy seconds, event)] for the next step
         self.wakeup = None
         env.process(self._steps())
 
@@ -172,8 +172,10 @@ class _ExpertGroup:
                 yield self.wakeup
             yield env.timeout(0)  # the members submitting at this instant join
             members, self.pending = self.pending, []
-            parts = [(compute, communication + copies) for (compute, communication), (
-                _, copies, _) in zip((self.cost.parts(b) for b, _, _ in members), members)]
+            parts = []  # each member's (compute, communication and swap copies)
+            for batch, copies, _ in members:
+                compute, communication = self.cost.parts(batch)
+                parts.append((compute, communication + copies))
             experts, exchange = self.cost.expert_parallel_parts(
                 [sum(q for q, _ in batch) for batch, _, _ in members])
             start = env.now

@@ -312,6 +312,8 @@ def test_cli_prints_the_summary_and_writes_vllms_keys(tmp_path):
     (["--trace", "missing.csv", "--input-len", "1024"], "--input-len would change nothing"),
     (["--seed", "3", "--num-prompts", "2"], "--seed draws the Poisson arrivals"),
     (["--swap-space", "8", "--num-prompts", "2"], "--swap-space sizes swap preemption"),
+    (["--model", "llama2-7b", "--seq-length", "1024", "--max-num-batched-tokens", "4096"],
+     "--seq-length (the context) sets the default token budget only"),
     (["--micro-batch-size", "2"], "unrecognized arguments"),
 ])
 def test_cli_errors_are_one_line(args, words, tmp_path):

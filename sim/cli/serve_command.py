@@ -177,6 +177,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.swap_space is not None and args.preemption_mode != "swap":
         raise ConfigError("--swap-space sizes swap preemption's host memory: without "
                           "--preemption-mode swap it would change nothing")
+    if args.model is not None and args.seq_length is not None and (
+            args.max_num_batched_tokens or args.batching == "chunked-prefill"):
+        raise ConfigError("--seq-length (the context) sets the default token budget only: "
+                          "with --max-num-batched-tokens or chunked-prefill batching it "
+                          "would change nothing")
     model = model_from_args(args)
     requests = _requests(args)
     limits = Limits(args.max_num_seqs,

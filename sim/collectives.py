@@ -5,7 +5,7 @@ Units: bytes, seconds, bytes/s (`algbw`, `busbw`; printed as GB/s = 1e9 bytes/s,
 nccl-tests does). Sizes and bus-bandwidth factors follow nccl-tests doc/PERFORMANCE.md;
 see sim.collective_algorithms for what S means per op and for the algorithms.
 
-Running: each phase starts its flows together through `FlowNetwork.start_flows` after
+Running: each phase starts its flows together through `FlowNetwork.start` after
 `steps * alpha`, alpha being the largest route latency among the phase's flows, so an
 uncontended phase takes steps*alpha + bytes/bandwidth, and contention comes from the
 flows sharing links (with each other and with any other traffic on the network).
@@ -282,9 +282,9 @@ def run_collective(env: simpy.Environment, network: FlowNetwork,
             return
         phase = phases[index]
         links = network.paths_links([(src, dst) for src, dst, _ in phase.flows])
-        flows = list(zip(links, [nbytes for _, _, nbytes in phase.flows]))
-        alpha = max((network.route_latency(links) for links, _ in flows), default=0.0)
-        network.start_flows(flows, delay=phase.wait(alpha)).callbacks.append(
+        batch = network.batch(list(zip(links, [nbytes for _, _, nbytes in phase.flows])))
+        alpha = network.longest_latency(batch)
+        network.start(batch, delay=phase.wait(alpha)).callbacks.append(
             lambda _event: start_phase(index + 1))
 
     start_phase(0)

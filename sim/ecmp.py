@@ -14,18 +14,18 @@ routes, and the round robin starts at the pair's own turn as before. Pairs that 
 compose keep their full routes (`_PairRoutes`), as sim.flows did for every pair.
 
 A collective phase asks for all its flows at once (`choose_many`): consecutive flows
-through one switch pair's middles (a GPU's flows to the GPUs of one leaf) are chosen in
-one numpy step, exactly as one at a time (`_choose_run` says why), and a pair keeps only
-its turn (`turns`), not an object, when the phase has more than KEEP_PAIRS flows (an
-all-to-all of 1,024 GPUs has a million pairs).
+through one switch pair's middles (a GPU's flows to the GPUs of one leaf) are chosen
+from one reading of the counts, exactly as one at a time (`_choose_run` says why), and
+a pair keeps only its turn (`turns`), not an object, when the phase has more than
+KEEP_PAIRS flows (an all-to-all of 1,024 GPUs has a million pairs).
 """
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Hashable, Sequence
 from operator import add, itemgetter
 
 import networkx as nx
-import numpy as np
 
 from clustersim.topologies.route_sets import Composed, route_sets
 
@@ -69,12 +69,18 @@ class _PairRoutes:
     def least_index(self, routed: list[int], start: int) -> int:
         """Index of the least-loaded route, ties to the first from `start` (n > 1)."""
         n = len(self.paths)
+        loads = self.loads(routed)
+        rotated = loads[start:] + loads[:start]
+        return (start + rotated.index(min(rotated))) % n
+
+    def loads(self, routed: list[int]) -> list[int]:
+        """Each route's count summed over its varying links (n > 1)."""
+        n = len(self.paths)
         values = self._varying(routed)
         loads = list(values[:n])
         for c in range(1, self.columns):
             loads = list(map(add, loads, values[c * n:(c + 1) * n]))
-        rotated = loads[start:] + loads[:start]
-        return (start + rotated.index(min(rotated))) % n
+        return loads
 
 
 class EcmpRoutes:
@@ -90,13 +96,15 @@ class EcmpRoutes:
         self._pairs: dict[tuple[Hashable, Hashable], tuple] = {}  # pair -> `_pair`
         self._links: dict[tuple, tuple[int, ...]] = {}  # node path -> its link ids
         self._middles: dict[int, tuple] = {}  # id(RouteSets' middles) -> (them, routes)
+        self._fronts: dict[tuple, tuple] = {}  # `_pair`: (prefix ids, middles) by source
+        self._backs: dict[tuple, tuple[int, ...]] = {}  # and suffix ids by destination
         self._end_links: set[int] = set()  # link ids of every prefix and suffix so far
         self._middle_links: set[int] = set()  # and of every middle
         self._apart = True  # no link in both: a middle's choices never see an end's count
 
     def choose(self, src: Hashable, dst: Hashable) -> tuple[int, ...]:
         """Link ids of the route the next flow from src to dst takes; it is counted on
-        them until `release`d."""
+        them until released (`release_counts`)."""
         pair = (src, dst)
         found = self._pairs.get(pair)
         if found is None:
@@ -129,12 +137,15 @@ class EcmpRoutes:
         return chosen
 
     def release(self, links: Sequence[int]) -> None:
-        """A flow on `links` finished (floor at 0: links given to the network directly
-        were never counted)."""
+        """A flow on `links` (a route: no link twice) finished."""
+        self.release_counts(links, [1] * len(links))
+
+    def release_counts(self, links: Sequence[int], counts: Sequence[int]) -> None:
+        """counts[i] flows on links[i] finished (floor at 0: links given to the network
+        directly were never counted)."""
         routed = self.routed
-        for link in links:
-            if routed[link]:
-                routed[link] -= 1
+        for link, count in zip(links, counts):
+            routed[link] = max(routed[link] - count, 0)
 
     # --- one pair at a time ------------------------------------------------------------------
     def _take(self, pair, prefix: tuple[int, ...], middles: _PairRoutes,
@@ -159,22 +170,23 @@ class EcmpRoutes:
         would make them. Exact: while the run lasts only its own choices change the
         counts its choice reads (its pairs' prefixes and suffixes share no link with any
         middle, `_apart`), and a choice adds `columns` to the chosen route's load and
-        nothing to the others'; so the k-th choice takes the k-th smallest of the
-        'slots' (load of route i + j x columns, i's place in round-robin order from the
-        turn), j >= 0: the least-loaded route, ties to the first from the turn, as
-        `least_index`. Pairs at different turns, or ends sharing links with middles,
-        are taken one at a time."""
+        nothing to the others'; so the choices are those of a heap of (route load, place
+        in round-robin order from the turn) whose least entry is taken and put back
+        `columns` heavier: the least-loaded route, ties to the first from the turn, as
+        `least_index`, without reading the counts again. Pairs at different turns, or
+        ends sharing links with middles, are taken one at a time."""
         n, width = len(middles.paths), middles.columns
         turns = [self.turns.get(pair, 0) for pair, _, _ in run]
         start = turns[0] % n
         if not self._apart or len(run) == 1 or any(t % n != start for t in turns):
             return [self._take(pair, prefix, middles, suffix) for pair, prefix, suffix in run]
-        m = len(run)
-        loads = np.asarray(middles.varying_counts(self.routed), dtype=np.int64)
-        loads = loads.reshape(width, n).sum(axis=0)
-        place = (np.arange(n) - start) % n
-        slots = (loads[:, None] + width * np.arange(m)[None, :]) * n + place[:, None]
-        picks = ((np.sort(slots, axis=None)[:m] % n + start) % n).tolist()
+        heap = [(load, (i - start) % n, i) for i, load in enumerate(middles.loads(self.routed))]
+        heapq.heapify(heap)
+        picks = []
+        for _ in run:
+            load, place, pick = heap[0]
+            picks.append(pick)
+            heapq.heapreplace(heap, (load + width, place, pick))
         chosen, paths, routed, self_turns = [], middles.paths, self.routed, self.turns
         for (pair, prefix, suffix), pick, turn in zip(run, picks, turns):
             self_turns[pair] = turn + 1
@@ -186,19 +198,38 @@ class EcmpRoutes:
 
     # --- a pair's parts --------------------------------------------------------------------------
     def _pair(self, src, dst, keep: bool = True) -> tuple:
-        """(prefix ids, middles as `_PairRoutes`, suffix ids) of a pair; a pair that does
-        not compose (or has several prefixes or suffixes) has its whole routes as the
-        middles and empty ends, and is kept (`keep=False` still keeps those)."""
+        """(prefix ids, middles as `_PairRoutes`, suffix ids) of a pair (kept unless
+        `keep` is False). The prefix and middles are a function of the source and the
+        destination's funnel node, widest width and hops; the suffix of the destination
+        and the source's (topologies.route_sets: `joined`): both are cached per those,
+        so a million pairs compose from a few thousand parts."""
+        ends = self.sets.ends(src, dst)
+        if ends is not None:
+            head, tail = ends
+            front_key = (src, tail.node, tail.widest, tail.hops)
+            back_key = (dst, head.node, head.widest, head.hops)
+            front, back = self._fronts.get(front_key), self._backs.get(back_key)
+            if front is None or back is None:
+                composed = self.sets.compose_parts(src, dst)
+                if composed is not None and len(composed[0]) == 1 == len(composed[2]):
+                    prefixes, middles, suffixes = composed
+                    front = self._fronts[front_key] = (self._end_ids(prefixes[0]),
+                                                       self._middles_of(middles))
+                    back = self._backs[back_key] = self._end_ids(suffixes[0])
+            if front is not None and back is not None:
+                hit = (front[0], front[1], back)
+                if keep:
+                    self._pairs[(src, dst)] = hit
+                return hit
+        return self._whole(src, dst)
+
+    def _whole(self, src, dst) -> tuple:
+        """A pair that does not compose (or has several prefixes or suffixes): its whole
+        routes as the middles, empty ends; always kept."""
         composed = self.sets.compose_parts(src, dst)
-        if composed is None or len(composed[0]) > 1 or len(composed[2]) > 1:
-            found = Composed(*composed).paths() if composed else self.sets.routes(src, dst)
-            routes = [self._ids(tuple(p)) for p in (found if self.ecmp else found[:1])]
-            hit = self._pairs[(src, dst)] = ((), _PairRoutes(routes), ())
-            return hit
-        prefixes, middles, suffixes = composed
-        hit = (self._end_ids(prefixes[0]), self._middles_of(middles), self._end_ids(suffixes[0]))
-        if keep:
-            self._pairs[(src, dst)] = hit
+        found = Composed(*composed).paths() if composed else self.sets.routes(src, dst)
+        routes = [self._ids(tuple(p)) for p in (found if self.ecmp else found[:1])]
+        hit = self._pairs[(src, dst)] = ((), _PairRoutes(routes), ())
         return hit
 
     def _middles_of(self, middles: tuple) -> _PairRoutes:

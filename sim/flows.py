@@ -15,11 +15,15 @@ routes composed per switch pair and cached (topologies.route_sets), the load sum
 only the links that not all of the pair's routes share (a shared link adds the same
 count to every route, so it cannot change the choice).
 
-Bookkeeping: only the *component* of flows linked to a change through shared links is
-re-rated (pipeline P2P flows rarely share links, so most changes touch one flow). Each
-flow's finish time sits in one heap; one SimPy timer fires at the earliest and completes
-every flow due then, so a collective's flows that end together cost one event (past a few
-hundred, the due entries are taken by one scan and a sort, the order popping gives).
+Bookkeeping: flows started together (a collective phase's, or one transfer) are one
+`FlowBatch`, their routes and bytes held in numpy arrays (a 1,024-GPU all-to-all phase has
+a million flows: one object, not a million). Each link knows the batches with live flows
+on it; a change re-rates only the *component* of batches linked to it through shared links
+(pipeline P2P transfers rarely share links, so most changes touch one flow), a batch
+whole: its flows that share no link with the change form components of their own, whose
+max-min rates are the same (sim.maxmin: up to its 1e-9 level tolerance). Each batch sits
+in one heap at its earliest flow finish; one SimPy timer fires at the earliest and ends
+every flow due then, so a collective's flows that end together cost one event.
 """
 from __future__ import annotations
 
@@ -27,55 +31,19 @@ import heapq
 import itertools
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 
 import networkx as nx
+import numpy as np
 import simpy
 
 from .ecmp import EcmpRoutes, _PairRoutes
+from .flow_batch import Ended, FlowBatch, OneFlow, flow_batch
 from .link_capacity import achievable_capacities
-from .maxmin import max_min_rates
+from .maxmin import max_min_entries
 
-__all__ = ["Flow", "FlowNetwork", "_PairRoutes"]  # _PairRoutes: tests/test_flows.py
+__all__ = ["FlowNetwork", "_PairRoutes"]  # _PairRoutes: tests/test_flows.py
 
-_EPS_BYTES = 1e-6  # remaining bytes below this count as delivered (float rounding)
-_POPS_BEFORE_SCAN = 256  # due flows popped one by one before the rest are taken at once
-
-
-class _Batch:
-    """Flows started together (`start_flows`); `done` fires when `left` reaches 0. Its
-    event sits where the old design's per-flow events put it: a lone flow's is the flow's
-    own (succeeded as it finishes); a larger batch's is succeeded by a relay event
-    scheduled as its last flow finishes, as that flow's own event with its countdown
-    callback was, so SimPy processes events in the same order as before with one event
-    per batch instead of one per flow (a 1,024-GPU all-to-all has a million flows)."""
-
-    __slots__ = ("left", "size", "done")
-
-    def __init__(self, size: int, done: simpy.Event):
-        self.left = self.size = size
-        self.done = done
-
-
-@dataclass(eq=False, slots=True)
-class Flow:
-    """One flow: `remaining` bytes as of time `last`, moving at `rate` bytes/s."""
-
-    links: tuple[int, ...]
-    remaining: float
-    batch: _Batch
-    rate: float = 0.0
-    last: float = 0.0
-    version: int = 0
-    nbytes: float = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.nbytes = self.remaining
-
-    def advance(self, now: float) -> None:
-        self.remaining = max(self.remaining - self.rate * (now - self.last), 0.0)
-        self.last = now
-
+Batch = FlowBatch | OneFlow
 
 class FlowNetwork:
     """The transfer seam with contention: max-min fair flows on the topology's links."""
@@ -84,20 +52,20 @@ class FlowNetwork:
         self.env, self.graph, self.ecmp = env, graph, ecmp
         self.link_index = {edge: i for i, edge in enumerate(graph.edges)}
         # achievable bytes/s of each link, same order (sim.link_capacity)
-        self._capacity_array = achievable_capacities(graph)  # for max_min_rates
+        self._capacity_array = achievable_capacities(graph)  # for max_min_entries
         self.capacity = self._capacity_array.tolist()
         self.latency = [lat for _, _, lat in graph.edges(data="latency")]
-        self.flows_on: dict[int, set[Flow]] = defaultdict(set)
+        self._latency_array = np.asarray(self.latency, dtype=float)
+        self.flows_on: dict[int, set[Batch]] = defaultdict(set)  # batches with live flows
         self._ecmp = EcmpRoutes(graph, self.link_index, ecmp)
-        self._heap: list[tuple[float, int, int, Flow]] = []
+        self._heap: list[tuple[float, int, int, Batch]] = []
         self._order = itertools.count()
         self._timer_generation = 0
         self._timer_at = float("inf")
         self.completed_flows = 0
-        # a list while someone records the flows started (sim.shared_fabric: whose they
-        # are): (time they join, after the delay; the Flows); a finished Flow's `last` is
-        # when it finished
-        self.flow_log: list[tuple[float, list[Flow]]] | None = None
+        # a list while someone records the flows started (sim.shared_links: whose they
+        # are): (time they join, after the delay; their FlowBatch)
+        self.flow_log: list[tuple[float, Batch]] | None = None
 
     # --- routing -------------------------------------------------------------------------
     def path_links(self, src: str, dst: str) -> tuple[int, ...]:
@@ -119,46 +87,61 @@ class FlowNetwork:
         links = self.path_links(src, dst) if src != dst else ()
         return self.start_flows([(links, nbytes)], delay=self.route_latency(links))
 
-    def start_flows(self, flows: Sequence[tuple[tuple[int, ...], float]],
+    def start_flows(self, flows: Sequence[tuple[Sequence[int], float]],
                     delay: float = 0.0) -> simpy.Event:
-        """Start several flows together after `delay` seconds; the returned event fires
-        when all of them have delivered their bytes (a collective phase uses this)."""
-        batch = _Batch(len(flows), self.env.event())
-        pending = [Flow(links, float(nbytes), batch) for links, nbytes in flows]
+        """Start several flows ((link ids, bytes) each) together after `delay` seconds;
+        the returned event fires when all of them have delivered their bytes."""
+        return self.start(self.batch(flows), delay)
+
+    def batch(self, flows: Sequence[tuple[Sequence[int], float]]) -> Batch:
+        """Flows ((link ids, bytes) each) to `start` together (sim.flow_batch)."""
+        return flow_batch(flows, self.env.event(), len(self.capacity))
+
+    def start(self, batch: Batch, delay: float = 0.0) -> simpy.Event:
+        """Start `batch` after `delay` seconds; its event (fired when every flow has
+        delivered its bytes)."""
         if self.flow_log is not None:
-            self.flow_log.append((self.env.now + delay, pending))
-        done = batch.done
-        if not pending:
-            done.succeed()
+            self.flow_log.append((self.env.now + delay, batch))
+        if not batch.size:
+            batch.done.succeed()
         elif delay > 0:
-            self.env.timeout(delay).callbacks.append(lambda _e: self._add(pending))
+            self.env.timeout(delay).callbacks.append(lambda _e: self._add(batch))
         else:
-            self._add(pending)
-        return done
+            self._add(batch)
+        return batch.done
+
+    def longest_latency(self, batch: Batch) -> float:
+        """The largest route latency (s, sum of per-hop latencies) of `batch`'s flows."""
+        return batch.longest_route(self._latency_array)
 
     # --- rates -----------------------------------------------------------------------------
-    def _add(self, flows: list[Flow]) -> None:
-        now, live = self.env.now, []
-        for flow in flows:
-            flow.last = now
-            if not flow.links or flow.remaining <= _EPS_BYTES:
-                self._unroute(flow)
-                self._finished(flow.batch)
-                continue
-            for link in flow.links:
-                self.flows_on[link].add(flow)
-            live.append(flow)
-        if live:
-            self._rerate({link for flow in live for link in flow.links})
-
-    def _unroute(self, flow: Flow) -> None:
-        self._ecmp.release(flow.links)
-
-    def _finished(self, batch: _Batch) -> None:
-        """One flow of `batch` has delivered its bytes (_Batch: the event order)."""
-        batch.left -= 1
+    def _add(self, batch: Batch) -> None:
+        now = batch.last = self.env.now
+        flows_on = self.flows_on
+        for link in batch.on_links:
+            flows_on[link].add(batch)
+        self._release(batch, batch.end_empty(now))  # nothing to send, or no link: delivered
         if batch.left:
+            self._rerate(set(batch.on_links))
+
+    def _release(self, batch: Batch, ended: Ended) -> None:
+        """Flows of `batch` have ended: their links are released (ECMP's counts, the
+        batch's place on the links it left) and the batch counts them (_finished)."""
+        if not ended.count:
             return
+        self._ecmp.release_counts(ended.links, ended.counts)
+        flows_on = self.flows_on
+        for link in ended.vacated:
+            flows_on[link].discard(batch)
+        self.completed_flows += ended.count
+        if not batch.left:
+            self._finished(batch)
+
+    def _finished(self, batch: FlowBatch) -> None:
+        """The last flow of `batch` has delivered its bytes. A lone flow's event is
+        succeeded at once; a larger batch's by a relay event scheduled now, as the old
+        design's last per-flow event with its countdown callback was, so that SimPy
+        processes events in the same order."""
         if batch.size == 1:
             batch.done.succeed()
             return
@@ -166,44 +149,45 @@ class FlowNetwork:
         relay.callbacks.append(lambda _event: batch.done.succeed())
         relay.succeed()
 
-    def _component(self, seed_links: set[int]) -> list[Flow]:
-        """Flows connected to `seed_links` through shared links (breadth-first, a layer
-        of links and then of flows at a time, so the set operations run in C)."""
+    def _component(self, seed_links: set[int]) -> list[Batch]:
+        """Batches connected to `seed_links` through shared links (breadth-first, a layer
+        of links and then of batches at a time, so the set operations run in C)."""
         flows_on = self.flows_on
         seen_links = set(seed_links)
-        flows = set().union(*[flows_on[l] for l in seed_links])
-        frontier = flows
+        batches = set().union(*[flows_on[l] for l in seed_links])
+        frontier = batches
         while frontier:
-            links = {l for flow in frontier for l in flow.links} - seen_links
+            links = set().union(*[b.on_links.keys() for b in frontier]) - seen_links
             if not links:
                 break
             seen_links |= links
-            frontier = set().union(*[flows_on[l] for l in links]) - flows
-            flows |= frontier
-        return list(flows)
+            frontier = set().union(*[flows_on[l] for l in links]) - batches
+            batches |= frontier
+        return list(batches)
 
     def _rerate(self, seed_links: set[int]) -> None:
-        flows = self._component(seed_links)
-        if not flows:  # the freed links carry nothing else: other flows' finishes still pend
+        batches = self._component(seed_links)
+        if not batches:  # the freed links carry nothing else: other flows' finishes still pend
             self._arm_timer()
             return
-        now = self.env.now
-        if len(flows) == 1:
-            rates = [float(min(self.capacity[l] for l in flows[0].links))]
+        now, heap, order = self.env.now, self._heap, self._order
+        if len(batches) == 1 and batches[0].left == 1:
+            batches[0].set_rates(batches[0].lone_rate(self.capacity), now)
         else:
-            rates = max_min_rates([f.links for f in flows], self._capacity_array)
-        order, heap = self._order, self._heap
-        for flow, rate in zip(flows, rates if isinstance(rates, list) else rates.tolist()):
-            left = flow.remaining - flow.rate * (now - flow.last)  # Flow.advance, inlined
-            flow.remaining = max(left, 0.0)
-            flow.last, flow.rate = now, rate
-            flow.version += 1
-            heapq.heappush(heap, (now + flow.remaining / rate, next(order), flow.version, flow))
+            offsets = np.cumsum([0] + [b.size for b in batches]).tolist()
+            entries = [b.entries() for b in batches]
+            flow_of = np.concatenate([f + o for (f, _), o in zip(entries, offsets)])
+            ids = np.concatenate([i for _, i in entries])
+            rates = max_min_entries(flow_of, ids, offsets[-1], self._capacity_array)
+            for batch, start in zip(batches, offsets):
+                batch.set_rates(rates[start:start + batch.size], now)
+        for batch in batches:
+            heapq.heappush(heap, (batch.next_finish(), next(order), batch.version, batch))
         self._arm_timer()
 
     def _arm_timer(self) -> None:
         while self._heap and self._heap[0][2] != self._heap[0][3].version:
-            heapq.heappop(self._heap)  # stale entry: the flow was re-rated since
+            heapq.heappop(self._heap)  # stale entry: the batch was re-rated since
         if not self._heap:
             return
         at = self._heap[0][0]
@@ -218,47 +202,36 @@ class FlowNetwork:
         if generation != self._timer_generation:
             return
         self._timer_at = float("inf")
-        now, finished = self.env.now, []
+        now = self.env.now
         due = now * (1 + 1e-12) + 1e-15
-        heap, pops = self._heap, 0
+        heap, freed, waiting = self._heap, set(), []
         while heap and (heap[0][0] <= due or heap[0][2] != heap[0][3].version):
-            _, _, version, flow = heapq.heappop(heap)
-            if version == flow.version:
-                finished.append(flow)
-            pops += 1
-            if pops == _POPS_BEFORE_SCAN and heap and heap[0][0] <= due:
-                finished += self._take_due(due)
-                break
-        freed: set[int] = set()
-        flows_on, release = self.flows_on, self._ecmp.release
-        for flow in finished:
-            flow.advance(now)
-            flow.version += 1
-            for link in flow.links:
-                flows_on[link].discard(flow)
-            release(flow.links)
-            freed.update(flow.links)
-            self._finished(flow.batch)
-        self.completed_flows += len(finished)
+            _, _, version, batch = heapq.heappop(heap)
+            if version != batch.version:
+                continue
+            ended = batch.end_due(due, now)
+            freed.update(ended.links)
+            self._release(batch, ended)
+            if batch.left:
+                waiting.append(batch)
+        for batch in waiting:  # its other flows' finishes (stale once it is re-rated)
+            heapq.heappush(heap, (batch.next_finish(), next(self._order), batch.version,
+                                  batch))
         if freed:
             self._rerate(freed)
         else:
             self._arm_timer()
 
-    def _take_due(self, due: float) -> list[Flow]:
-        """The current flows of the heap's entries due by `due`, in the order popping them
-        would give (entries are unique by (finish, order), so sorting them is that
-        order), and the heap without them: one scan and a sort instead of a pop each,
-        when a collective's many flows end at once."""
-        heap = self._heap
-        taken = [entry for entry in heap if entry[0] <= due]
-        self._heap = [entry for entry in heap if entry[0] > due]
-        heapq.heapify(self._heap)
-        taken.sort()  # by (finish, order): unique, so the flows are never compared
-        return [flow for _, _, version, flow in taken if version == flow.version]
-
     # --- observation (tests, reports) --------------------------------------------------------
     def link_load(self) -> dict[int, float]:
         """Current total rate (bytes/s) on every link that carries a flow."""
-        return {link: sum(f.rate for f in flows)
-                for link, flows in self.flows_on.items() if flows}
+        load: dict[int, float] = defaultdict(float)
+        for batch in set().union(*self.flows_on.values()):
+            for link, rate in batch.live_link_rates():
+                load[link] += rate
+        return dict(load)
+
+    def rates_on(self, link: int) -> list[float]:
+        """The current rates (bytes/s) of the live flows crossing `link`."""
+        return [rate for batch in self.flows_on.get(link, ())
+                for on, rate in batch.live_link_rates() if on == link]

@@ -23,11 +23,19 @@ def max_min_rates(flow_links: Sequence[Sequence[int]], capacity: Sequence[float]
     of a large topology's links costs a conversion per call)."""
     n_flows = len(flow_links)
     lengths = np.fromiter(map(len, flow_links), dtype=np.int64, count=n_flows)
-    flow_of = np.repeat(np.arange(n_flows), lengths)
     link_ids = np.fromiter(chain.from_iterable(flow_links), dtype=np.int64,
                            count=int(lengths.sum()))
-    used, link_of = np.unique(link_ids, return_inverse=True)
-    free = np.asarray(capacity, dtype=float)[used]  # fancy indexing copies
+    return max_min_entries(np.repeat(np.arange(n_flows), lengths), link_ids, n_flows,
+                           np.asarray(capacity, dtype=float))
+
+
+def max_min_entries(flow_of: np.ndarray, link_ids: np.ndarray, n_flows: int,
+                    capacity: np.ndarray) -> np.ndarray:
+    """`max_min_rates` of flows given as (flow, link) entries: entry k says flow
+    `flow_of[k]` crosses link `link_ids[k]`; every flow in range(n_flows) that has an
+    entry gets its rate (others 0). `capacity`: a float array over all link ids."""
+    used, link_of = used_links(link_ids, len(capacity))
+    free = capacity[used]  # fancy indexing copies
     rates = np.zeros(n_flows)
     # Only the entries of flows not yet frozen are kept (dropped as their flows freeze):
     # the same counts and sums as masking all entries each round, in less work.
@@ -44,3 +52,17 @@ def max_min_rates(flow_links: Sequence[Sequence[int]], capacity: Sequence[float]
         free -= level * np.bincount(link_of[leaving], minlength=len(used))
         flow_of, link_of = flow_of[~leaving], link_of[~leaving]
     return rates
+
+
+def used_links(link_ids: np.ndarray, n_links: int) -> tuple[np.ndarray, np.ndarray]:
+    """(the distinct ids in `link_ids`, ascending; each entry's index among them): as
+    `np.unique(link_ids, return_inverse=True)`, by a table over all `n_links` ids instead
+    of a sort when the entries outnumber a tenth of the links (a million flows' routes)."""
+    if link_ids.size * 10 < n_links:
+        return np.unique(link_ids, return_inverse=True)
+    present = np.zeros(n_links, dtype=bool)
+    present[link_ids] = True
+    used = np.flatnonzero(present)
+    index = np.empty(n_links, dtype=np.int64)
+    index[used] = np.arange(used.size)
+    return used, index[link_ids]

@@ -3,8 +3,8 @@ flows a shared-fabric replay simulated (sim.shared_fabric).
 
 Each job's flows are logged as they start (`JobFlows`, a job's view of the one
 sim.flows.FlowNetwork all jobs share: FlowNetwork.flow_log), with the time each joins the
-network (after its route latency); a finished flow's `last` is when it delivered its last
-byte. A flow occupies every link of its route from join to finish. Per directed link:
+network (after its route latency) and the time it delivered its last byte. A flow
+occupies every link of its route from join to finish. Per directed link:
 the bytes each job's flows carried over it, the seconds it carried any flow (`busy_s`)
 and the seconds it carried flows of two or more jobs at once (`contended_s`: when, under
 max-min sharing, each job had only part of it).
@@ -13,15 +13,15 @@ Units: bytes, seconds, bytes/s.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import groupby
 
 import simpy
 
-from .flows import Flow, FlowNetwork
+from .flows import Batch, FlowNetwork
 
-FlowLog = list[tuple[float, list[Flow]]]  # (join time, the flows started together)
+FlowLog = list[tuple[float, Batch]]  # (join time, the flows started together)
 
 
 class JobFlows:
@@ -41,11 +41,10 @@ class JobFlows:
         finally:
             self._network.flow_log = None
 
-    def start_flows(self, flows: Sequence[tuple[tuple[int, ...], float]],
-                    delay: float = 0.0) -> simpy.Event:
+    def start(self, batch: Batch, delay: float = 0.0) -> simpy.Event:
         self._network.flow_log = self.log
         try:
-            return self._network.start_flows(flows, delay)
+            return self._network.start(batch, delay)
         finally:
             self._network.flow_log = None
 
@@ -74,11 +73,11 @@ def shared_links(network: FlowNetwork, logs: Mapping[str, FlowLog]) -> list[Shar
     on_link: dict[int, list[tuple[float, float, str]]] = defaultdict(list)
     sent: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for job, log in logs.items():
-        for joined, flows in log:
-            for flow in flows:
-                for link in flow.links:
-                    on_link[link].append((joined, flow.last, job))
-                    sent[link][job] += flow.nbytes
+        for joined, batch in log:
+            for links, nbytes, ended in batch.routes():
+                for link in links:
+                    on_link[link].append((joined, ended, job))
+                    sent[link][job] += nbytes
     edges = list(network.graph.edges(data=True))  # FlowNetwork's link order
     found = []
     for link, per_job in sent.items():

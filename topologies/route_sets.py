@@ -28,7 +28,7 @@ tests/test_fast_network.py checks the composed sets against routes() on the pres
 
 Cached for the life of the object: each GPU's two funnels (with their search's back
 pointers), each (f, b, bottleneck) middle and each join of two funnels' nodes, widths and
-hops (`_join`), and the routes of each pair that does not compose. `route_sets(graph)`
+hops (`joined`), and the routes of each pair that does not compose. `route_sets(graph)`
 keeps one RouteSets per graph object (the flow networks and the alpha-beta estimate of a
 graph share it) and starts a new one when the graph's node or edge count has changed;
 like the per-pair caches it replaces, it assumes links keep their bandwidths.
@@ -139,7 +139,23 @@ class RouteSets:
         """`compose` as a plain (prefixes, middles, suffixes), for callers asking for
         many pairs. What depends on more than the two funnels' nodes and widths (the
         pair's own exclusions: GPUs met in a funnel, overlapping regions) is checked per
-        pair; the rest once per (f, b, widths, hops) (`_join`)."""
+        pair (`ends`); the rest once per (f, b, widths, hops) (`joined`)."""
+        ends = self.ends(src, dst)
+        if ends is None:
+            return None
+        head, tail = ends
+        joined = self.joined(head, tail)
+        if joined is None:
+            return None
+        best, middle = joined
+        prefixes, suffixes = head.at_least(best), tail.at_least(best)
+        if len(prefixes) * len(middle) * len(suffixes) > MAX_EQUAL_COST_PATHS:
+            return None
+        return prefixes, middle, suffixes
+
+    def ends(self, src, dst) -> tuple[Funnel, Funnel] | None:
+        """(src's forward funnel, dst's backward funnel) when the pair's own exclusions
+        allow composing its routes from them (module docstring), else None."""
         head, tail = self._forward.get(src), self._backward.get(dst)
         if head is None or tail is None:
             if src == dst or src not in self.graph or dst not in self.graph:
@@ -149,23 +165,22 @@ class RouteSets:
                 return None
         if dst in head.near or src in tail.near:
             return None
-        f, b = head.node, tail.node
-        if f == b:
+        f = head.node
+        if f == tail.node:
             if head.region & tail.region != {f}:
                 return None
         elif not head.region.isdisjoint(tail.region):
             return None
-        key = (f, b, head.widest, tail.widest, head.hops, tail.hops)
+        return head, tail
+
+    def joined(self, head: Funnel, tail: Funnel) -> tuple[float, tuple[Path, ...]] | None:
+        """(bottleneck, middles) joining two funnels, or None; a function of their
+        nodes, widest widths and hops (cached per those)."""
+        key = (head.node, tail.node, head.widest, tail.widest, head.hops, tail.hops)
         joined = self._joins.get(key, False)
         if joined is False:
             joined = self._joins[key] = self._join(*key)
-        if joined is None:
-            return None
-        best, middle = joined
-        prefixes, suffixes = head.at_least(best), tail.at_least(best)
-        if len(prefixes) * len(middle) * len(suffixes) > MAX_EQUAL_COST_PATHS:
-            return None
-        return prefixes, middle, suffixes
+        return joined
 
     def _join(self, f, b, head_widest: float, tail_widest: float, head_hops: int,
               tail_hops: int) -> tuple[float, tuple[Path, ...]] | None:

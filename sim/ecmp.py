@@ -206,11 +206,10 @@ class EcmpRoutes:
         ends = self.sets.ends(src, dst)
         if ends is not None:
             head, tail = ends
-            front_key = (src, tail.node, tail.widest, tail.hops)
-            back_key = (dst, head.node, head.widest, head.hops)
+            front_key, back_key = (src, tail.shape), (dst, head.shape)
             front, back = self._fronts.get(front_key), self._backs.get(back_key)
             if front is None or back is None:
-                composed = self.sets.compose_parts(src, dst)
+                composed = self.sets.compose_ends(head, tail)
                 if composed is not None and len(composed[0]) == 1 == len(composed[2]):
                     prefixes, middles, suffixes = composed
                     front = self._fronts[front_key] = (self._end_ids(prefixes[0]),

@@ -23,7 +23,6 @@ from typing import NamedTuple
 import numpy as np
 import simpy
 
-from .maxmin import used_links
 
 EPS_BYTES = 1e-6  # remaining bytes below this count as delivered (float rounding)
 Routes = Iterator[tuple[tuple[int, ...], float, float]]
@@ -154,9 +153,15 @@ class FlowBatch:
         return zip(self.live_ids.tolist(), self.rate[self.live_flow_of].tolist())
 
     def _link_counts(self, ids: np.ndarray) -> tuple[list[int], list[int]]:
-        """The distinct link ids among route entries `ids` and how many entries each has."""
-        used, index = used_links(ids, self.n_links)
-        return used.tolist(), np.bincount(index, minlength=used.size).tolist()
+        """The distinct link ids among route entries `ids` (ascending) and how many entries
+        each has: by a sort, or by a count over all link ids when the entries outnumber
+        a tenth of them."""
+        if ids.size * 10 < self.n_links:
+            used, counts = np.unique(ids, return_counts=True)
+            return used.tolist(), counts.tolist()
+        counts = np.bincount(ids, minlength=self.n_links)
+        used = np.flatnonzero(counts)
+        return used.tolist(), counts[used].tolist()
 
 
 class OneFlow:

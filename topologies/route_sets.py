@@ -67,7 +67,8 @@ class Funnel:
     """Where every route out of (into) a GPU narrows to one node: `node`, `hops` links
     from the GPU; `chains` the fewest-hop paths between them (GPU first when forward, GPU
     last when backward), sorted, with their bottleneck `widths` (bytes/s); `region` the
-    nodes searched, `near` the GPUs met within `hops`."""
+    nodes searched, `near` the GPUs met within `hops`; `widest` its widest chain's width
+    and `shape` (node, widest, hops): what a join with another funnel depends on."""
 
     node: Hashable
     hops: int
@@ -77,13 +78,12 @@ class Funnel:
     widths: tuple[float, ...]
     back: dict = field(default_factory=dict, compare=False, repr=False)
     near_back: dict = field(default_factory=dict, compare=False, repr=False)
-
-    @property
-    def widest(self) -> float:
-        return self._widest
+    widest: float = field(init=False, compare=False)
+    shape: tuple = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_widest", max(self.widths))
+        object.__setattr__(self, "widest", max(self.widths))
+        object.__setattr__(self, "shape", (self.node, self.widest, self.hops))
         object.__setattr__(self, "_narrowest", min(self.widths))
 
     def at_least(self, floor: float) -> tuple[Path, ...]:
@@ -116,7 +116,7 @@ class RouteSets:
         self._widest: dict = {}
         self._middles: dict = {}
         self._listed: dict = {}  # (src, dst) -> routes() of a pair that does not compose
-        self._joins: dict = {}  # (f, b, widths, hops) -> `_join`
+        self._joins: dict = {}  # (head shape, tail shape) -> `joined`
 
     def routes(self, src, dst) -> list[list]:
         """Exactly `topologies.routing.routes(graph, src, dst)` (a new list)."""
@@ -141,9 +141,10 @@ class RouteSets:
         pair's own exclusions: GPUs met in a funnel, overlapping regions) is checked per
         pair (`ends`); the rest once per (f, b, widths, hops) (`joined`)."""
         ends = self.ends(src, dst)
-        if ends is None:
-            return None
-        head, tail = ends
+        return None if ends is None else self.compose_ends(*ends)
+
+    def compose_ends(self, head: Funnel, tail: Funnel) -> tuple[tuple, tuple, tuple] | None:
+        """`compose_parts` of a pair whose `ends` are (head, tail)."""
         joined = self.joined(head, tail)
         if joined is None:
             return None
@@ -176,10 +177,11 @@ class RouteSets:
     def joined(self, head: Funnel, tail: Funnel) -> tuple[float, tuple[Path, ...]] | None:
         """(bottleneck, middles) joining two funnels, or None; a function of their
         nodes, widest widths and hops (cached per those)."""
-        key = (head.node, tail.node, head.widest, tail.widest, head.hops, tail.hops)
+        key = (head.shape, tail.shape)
         joined = self._joins.get(key, False)
         if joined is False:
-            joined = self._joins[key] = self._join(*key)
+            joined = self._joins[key] = self._join(head.node, tail.node, head.widest,
+                                                   tail.widest, head.hops, tail.hops)
         return joined
 
     def _join(self, f, b, head_widest: float, tail_widest: float, head_hops: int,

@@ -145,7 +145,8 @@ class EcmpRoutes:
         directly were never counted)."""
         routed = self.routed
         for link, count in zip(links, counts):
-            routed[link] = max(routed[link] - count, 0)
+            left = routed[link] - count
+            routed[link] = left if left > 0 else 0
 
     # --- one pair at a time ------------------------------------------------------------------
     def _take(self, pair, prefix: tuple[int, ...], middles: _PairRoutes,

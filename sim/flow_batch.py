@@ -1,18 +1,18 @@
-"""The state of flows started together (sim.flows.FlowNetwork.start_flows): their routes,
-bytes, rates and ends, as one object per start, not one per flow.
+"""The state of flows started together (sim.flows.FlowNetwork.start): a `Coflow` whose event
+fires when its last flow has ended, its flows held in parts of one of two forms with one
+interface (the network reads and changes them only through the methods below):
 
-Two forms with one interface, chosen by `flow_batch`: `FlowBatch` holds many flows in
-numpy arrays (a 1,024-GPU all-to-all phase has a million: one object, vectorised
-updates), `OneFlow` holds a lone transfer's in plain Python values (a pipeline's P2P
-sends, where numpy's per-call cost would dominate). The network reads and changes them
-only through the methods below.
+- `FlowBatch`: many flows in numpy arrays (a 1,024-GPU all-to-all phase has a million:
+  one object, vectorised updates), for a start of at least ARRAY_FLOWS flows;
+- `OneFlow`: one flow in plain Python values, for smaller starts (a pipeline's P2P send, a
+  data-parallel ring of a few GPUs), where numpy's per-call cost would dominate and
+  re-rating is per flow.
 
-A batch's live flows are always re-rated together, so they share one `last` (s): flow
-state is `remaining` bytes as of `last`, moving at `rate` bytes/s, ending at
-last + remaining / rate. `on_links` counts the live flows on each link; `version`
-counts re-ratings (FlowNetwork's heap entries of an older one are stale); `done` fires
-when the last flow has ended. Units: bytes, seconds, bytes/s; links are the flow
-network's link ids.
+A part's live flows are always re-rated together, so they share one `last` (s): flow state
+is `remaining` bytes as of `last`, moving at `rate` bytes/s, ending at
+last + remaining / rate. `on_links` counts the part's live flows on each link; `version`
+counts re-ratings (FlowNetwork's heap entries of an older one are stale). Units: bytes,
+seconds, bytes/s; links are the flow network's link ids.
 """
 from __future__ import annotations
 
@@ -30,35 +30,67 @@ Routes = Iterator[tuple[tuple[int, ...], float, float]]
 
 class Ended(NamedTuple):
     """Flows that ended: how many, the links they used (with how many of them used
-    each) and the links the batch no longer has a live flow on."""
+    each) and the links the part no longer has a live flow on."""
 
     count: int
-    links: list[int]
-    counts: list[int]
-    vacated: list[int]
+    links: Sequence[int]
+    counts: Sequence[int]
+    vacated: Sequence[int]
 
 
-NONE_ENDED = Ended(0, [], [], [])
+NONE_ENDED = Ended(0, (), (), ())
 
 
-def flow_batch(flows: Sequence[tuple[Sequence[int], float]], done: simpy.Event,
-               n_links: int) -> FlowBatch | OneFlow:
-    """The batch of `flows` ((link ids, bytes) each; `n_links` link ids in all)."""
-    if len(flows) == 1:
-        return OneFlow(*flows[0], done)
-    return FlowBatch(flows, done, n_links)
+class Entries:
+    """Route entries of several batches gathered for one max-min solve (sim.maxmin):
+    lone flows' as plain lists, many flows' as arrays, joined once by `arrays`."""
+
+    def __init__(self) -> None:
+        self.flows: list[int] = []
+        self.links: list[int] = []
+        self.flow_arrays: list[np.ndarray] = []
+        self.link_arrays: list[np.ndarray] = []
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """(flow index, link id) of every entry gathered."""
+        return (np.concatenate([np.array(self.flows, dtype=np.int64), *self.flow_arrays]),
+                np.concatenate([np.array(self.links, dtype=np.int64), *self.link_arrays]))
+
+
+ARRAY_FLOWS = 256
+"""A start of at least this many flows is one FlowBatch; a smaller one is a OneFlow each."""
+
+
+class Coflow:
+    """Flows started together: its `parts`, `size` flows of which `left` have not ended;
+    `done` fires when the last has (FlowNetwork._finished: the event order)."""
+
+    __slots__ = ("parts", "size", "left", "done")
+
+    def __init__(self, flows: Sequence[tuple[Sequence[int], float]], done: simpy.Event,
+                 n_links: int):
+        self.size = self.left = len(flows)
+        self.done = done
+        self.parts: list[FlowBatch | OneFlow] = (
+            [FlowBatch(flows, self, n_links)] if len(flows) >= ARRAY_FLOWS
+            else [OneFlow(links, nbytes, self) for links, nbytes in flows])
+
+    def routes(self) -> Routes:
+        """(link ids, bytes, end time) of each flow (sim.shared_links)."""
+        for part in self.parts:
+            yield from part.routes()
 
 
 class FlowBatch:
-    """Many flows in arrays: flow i has `nbytes[i]`, `remaining[i]`, `rate[i]`, `ended[i]`
+    """Many flows of a coflow in arrays: flow i has `nbytes[i]`, `remaining[i]`, `rate[i]`, `ended[i]`
     (s; nan while alive); its route is the (flow, link) entries k with `flow_of[k]` == i,
     link `ids[k]`, in route order (`live_*`: the live flows' entries only)."""
 
-    __slots__ = ("size", "left", "done", "last", "version", "on_links", "n_links", "flow_of",
-                 "ids", "nbytes", "remaining", "rate", "ended", "alive", "live_flow_of",
-                 "live_ids")
+    __slots__ = ("size", "left", "coflow", "last", "version", "on_links", "n_links",
+                 "flow_of", "ids", "nbytes", "remaining", "rate", "ended", "alive",
+                 "live_flow_of", "live_ids")
 
-    def __init__(self, flows: Sequence[tuple[Sequence[int], float]], done: simpy.Event,
+    def __init__(self, flows: Sequence[tuple[Sequence[int], float]], coflow: Coflow,
                  n_links: int):
         n = self.size = self.left = len(flows)
         routes = [links for links, _ in flows]
@@ -71,7 +103,7 @@ class FlowBatch:
         self.rate = np.zeros(n)
         self.ended = np.full(n, np.nan)
         self.alive = np.ones(n, dtype=bool)
-        self.done, self.last, self.version, self.n_links = done, 0.0, 0, n_links
+        self.coflow, self.last, self.version, self.n_links = coflow, 0.0, 0, n_links
         self.live_flow_of, self.live_ids = self.flow_of, self.ids
         links, counts = self._link_counts(self.ids)
         self.on_links = dict(zip(links, counts))
@@ -107,19 +139,21 @@ class FlowBatch:
         self.left -= count
         return Ended(count, links, counts, vacated)
 
-    def entries(self) -> tuple[np.ndarray, np.ndarray]:
-        """(flow index, link id) of every live flow's route entries."""
-        return self.live_flow_of, self.live_ids
+    def gather(self, offset: int, entries: Entries) -> None:
+        """Add every live flow's route entries to `entries`, flow i as `offset` + i."""
+        entries.flow_arrays.append(self.live_flow_of + offset)
+        entries.link_arrays.append(self.live_ids)
 
     def lone_rate(self, capacity: list[float]) -> float:
         """The rate of the only live flow when no other flow shares its links."""
         return min(map(capacity.__getitem__, self.live_ids.tolist()))
 
-    def longest_route(self, latency: np.ndarray) -> float:
-        """The largest sum of `latency` (per link) over a flow's route (0 if none)."""
+    def longest_route(self, latency: list[float], latency_array: np.ndarray) -> float:
+        """The largest sum of per-link latency (s; given as a list and as an array) over a
+        flow's route, in route order (0 if no flow has a link)."""
         if not self.ids.size:
             return 0.0
-        return float(np.bincount(self.flow_of, weights=latency[self.ids]).max())
+        return float(np.bincount(self.flow_of, weights=latency_array[self.ids]).max())
 
     def set_rates(self, rates: float | np.ndarray, now: float) -> None:
         """Advance the live flows to `now` and give them `rates` (one for all, or an
@@ -165,17 +199,16 @@ class FlowBatch:
 
 
 class OneFlow:
-    """A lone flow (a P2P transfer): FlowBatch's interface on plain values; `links` its
-    route."""
+    """One flow of a coflow: FlowBatch's interface on plain values; `links` its route."""
 
-    __slots__ = ("left", "done", "last", "version", "on_links", "links", "nbytes",
+    __slots__ = ("left", "coflow", "last", "version", "on_links", "links", "nbytes",
                  "remaining", "rate", "ended")
     size = 1
 
-    def __init__(self, links: Sequence[int], nbytes: float, done: simpy.Event):
+    def __init__(self, links: Sequence[int], nbytes: float, coflow: Coflow):
         self.links, self.nbytes = tuple(links), float(nbytes)
         self.remaining, self.rate, self.ended = self.nbytes, 0.0, float("nan")
-        self.left, self.done, self.last, self.version = 1, done, 0.0, 0
+        self.left, self.coflow, self.last, self.version = 1, coflow, 0.0, 0
         self.on_links = dict.fromkeys(self.links, 1)
 
     def end_empty(self, now: float) -> Ended:
@@ -187,17 +220,18 @@ class OneFlow:
 
     def _end(self, now: float) -> Ended:
         self.left, self.remaining, self.ended, self.on_links = 0, 0.0, now, {}
-        links = list(self.links)
-        return Ended(1, links, [1] * len(links), links)
+        return Ended(1, self.links, (1,) * len(self.links), self.links)
 
-    def entries(self) -> tuple[np.ndarray, np.ndarray]:
-        return np.zeros(len(self.links), dtype=np.int64), np.array(self.links, dtype=np.int64)
+    def gather(self, offset: int, entries: Entries) -> None:
+        if self.left:
+            entries.flows += [offset] * len(self.links)
+            entries.links += self.links
 
     def lone_rate(self, capacity: list[float]) -> float:
         return min(map(capacity.__getitem__, self.links))
 
-    def longest_route(self, latency: np.ndarray) -> float:
-        return float(sum(latency[list(self.links)].tolist())) if self.links else 0.0
+    def longest_route(self, latency: list[float], latency_array: np.ndarray) -> float:
+        return sum(map(latency.__getitem__, self.links)) if self.links else 0.0
 
     def set_rates(self, rates: float | np.ndarray, now: float) -> None:
         self.remaining = max(self.remaining - self.rate * (now - self.last), 0.0)

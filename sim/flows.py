@@ -16,14 +16,16 @@ only the links that not all of the pair's routes share (a shared link adds the s
 count to every route, so it cannot change the choice).
 
 Bookkeeping: flows started together (a collective phase's, or one transfer) are one
-`FlowBatch`, their routes and bytes held in numpy arrays (a 1,024-GPU all-to-all phase has
-a million flows: one object, not a million). Each link knows the batches with live flows
-on it; a change re-rates only the *component* of batches linked to it through shared links
-(pipeline P2P transfers rarely share links, so most changes touch one flow), a batch
-whole: its flows that share no link with the change form components of their own, whose
-max-min rates are the same (sim.maxmin: up to its 1e-9 level tolerance). Each batch sits
-in one heap at its earliest flow finish; one SimPy timer fires at the earliest and ends
-every flow due then, so a collective's flows that end together cost one event.
+`Coflow` (sim.flow_batch), whose event fires when its last flow ends; a large one keeps
+its flows in one `FlowBatch` of numpy arrays (a 1,024-GPU all-to-all phase has a million
+flows: one object, not a million), a small one a `OneFlow` each. Each link knows the parts
+with live flows on it; a change re-rates only the *component* of parts linked to it
+through shared links (pipeline P2P transfers rarely share links, so most changes touch
+one flow), a FlowBatch whole: its flows that share no link with the change form
+components of their own, whose max-min rates are the same (sim.maxmin: up to its 1e-9
+level tolerance). Each part sits in one heap at its earliest flow finish; one SimPy timer
+fires at the earliest and ends every flow due then, so a collective's flows that end
+together cost one event.
 """
 from __future__ import annotations
 
@@ -37,13 +39,13 @@ import numpy as np
 import simpy
 
 from .ecmp import EcmpRoutes, _PairRoutes
-from .flow_batch import Ended, FlowBatch, OneFlow, flow_batch
+from .flow_batch import Coflow, Ended, Entries, FlowBatch, OneFlow
 from .link_capacity import achievable_capacities
 from .maxmin import max_min_entries
 
 __all__ = ["FlowNetwork", "_PairRoutes"]  # _PairRoutes: tests/test_flows.py
 
-Batch = FlowBatch | OneFlow
+Part = FlowBatch | OneFlow
 
 class FlowNetwork:
     """The transfer seam with contention: max-min fair flows on the topology's links."""
@@ -56,16 +58,16 @@ class FlowNetwork:
         self.capacity = self._capacity_array.tolist()
         self.latency = [lat for _, _, lat in graph.edges(data="latency")]
         self._latency_array = np.asarray(self.latency, dtype=float)
-        self.flows_on: dict[int, set[Batch]] = defaultdict(set)  # batches with live flows
+        self.flows_on: dict[int, set[Part]] = defaultdict(set)  # parts with live flows
         self._ecmp = EcmpRoutes(graph, self.link_index, ecmp)
-        self._heap: list[tuple[float, int, int, Batch]] = []
+        self._heap: list[tuple[float, int, int, Part]] = []
         self._order = itertools.count()
         self._timer_generation = 0
         self._timer_at = float("inf")
         self.completed_flows = 0
         # a list while someone records the flows started (sim.shared_links: whose they
-        # are): (time they join, after the delay; their FlowBatch)
-        self.flow_log: list[tuple[float, Batch]] | None = None
+        # are): (time they join, after the delay; their Coflow)
+        self.flow_log: list[tuple[float, Part]] | None = None
 
     # --- routing -------------------------------------------------------------------------
     def path_links(self, src: str, dst: str) -> tuple[int, ...]:
@@ -91,103 +93,110 @@ class FlowNetwork:
                     delay: float = 0.0) -> simpy.Event:
         """Start several flows ((link ids, bytes) each) together after `delay` seconds;
         the returned event fires when all of them have delivered their bytes."""
-        return self.start(self.batch(flows), delay)
+        return self.start(self.coflow(flows), delay)
 
-    def batch(self, flows: Sequence[tuple[Sequence[int], float]]) -> Batch:
+    def coflow(self, flows: Sequence[tuple[Sequence[int], float]]) -> Coflow:
         """Flows ((link ids, bytes) each) to `start` together (sim.flow_batch)."""
-        return flow_batch(flows, self.env.event(), len(self.capacity))
+        return Coflow(flows, self.env.event(), len(self.capacity))
 
-    def start(self, batch: Batch, delay: float = 0.0) -> simpy.Event:
-        """Start `batch` after `delay` seconds; its event (fired when every flow has
+    def start(self, coflow: Coflow, delay: float = 0.0) -> simpy.Event:
+        """Start `coflow` after `delay` seconds; its event (fired when every flow has
         delivered its bytes)."""
         if self.flow_log is not None:
-            self.flow_log.append((self.env.now + delay, batch))
-        if not batch.size:
-            batch.done.succeed()
+            self.flow_log.append((self.env.now + delay, coflow))
+        if not coflow.size:
+            coflow.done.succeed()
         elif delay > 0:
-            self.env.timeout(delay).callbacks.append(lambda _e: self._add(batch))
+            self.env.timeout(delay).callbacks.append(lambda _e: self._add(coflow))
         else:
-            self._add(batch)
-        return batch.done
+            self._add(coflow)
+        return coflow.done
 
-    def longest_latency(self, batch: Batch) -> float:
-        """The largest route latency (s, sum of per-hop latencies) of `batch`'s flows."""
-        return batch.longest_route(self._latency_array)
+    def longest_latency(self, coflow: Coflow) -> float:
+        """The largest route latency (s, sum of per-hop latencies) of `coflow`'s flows."""
+        return max((part.longest_route(self.latency, self._latency_array)
+                    for part in coflow.parts), default=0.0)
 
     # --- rates -----------------------------------------------------------------------------
-    def _add(self, batch: Batch) -> None:
-        now = batch.last = self.env.now
-        flows_on = self.flows_on
-        for link in batch.on_links:
-            flows_on[link].add(batch)
-        self._release(batch, batch.end_empty(now))  # nothing to send, or no link: delivered
-        if batch.left:
-            self._rerate(set(batch.on_links))
+    def _add(self, coflow: Coflow) -> None:
+        now, flows_on, seeds = self.env.now, self.flows_on, set()
+        for part in coflow.parts:
+            part.last = now
+            for link in part.on_links:
+                flows_on[link].add(part)
+            self._release(part, part.end_empty(now))  # nothing to send, or no link: delivered
+            seeds.update(part.on_links)
+        if seeds:
+            self._rerate(seeds)
 
-    def _release(self, batch: Batch, ended: Ended) -> None:
-        """Flows of `batch` have ended: their links are released (ECMP's counts, the
-        batch's place on the links it left) and the batch counts them (_finished)."""
+    def _release(self, part: Part, ended: Ended) -> None:
+        """Flows of `part` have ended: their links are released (ECMP's counts, the part's
+        place on the links it left) and its coflow counts them (_finished)."""
         if not ended.count:
             return
         self._ecmp.release_counts(ended.links, ended.counts)
         flows_on = self.flows_on
         for link in ended.vacated:
-            flows_on[link].discard(batch)
+            flows_on[link].discard(part)
         self.completed_flows += ended.count
-        if not batch.left:
-            self._finished(batch)
+        coflow = part.coflow
+        coflow.left -= ended.count
+        if not coflow.left:
+            self._finished(coflow)
 
-    def _finished(self, batch: FlowBatch) -> None:
-        """The last flow of `batch` has delivered its bytes. A lone flow's event is
-        succeeded at once; a larger batch's by a relay event scheduled now, as the old
+    def _finished(self, coflow: Coflow) -> None:
+        """The last flow of `coflow` has delivered its bytes. A lone flow's event is
+        succeeded at once; a larger coflow's by a relay event scheduled now, as the old
         design's last per-flow event with its countdown callback was, so that SimPy
         processes events in the same order."""
-        if batch.size == 1:
-            batch.done.succeed()
+        if coflow.size == 1:
+            coflow.done.succeed()
             return
         relay = self.env.event()
-        relay.callbacks.append(lambda _event: batch.done.succeed())
+        relay.callbacks.append(lambda _event: coflow.done.succeed())
         relay.succeed()
 
-    def _component(self, seed_links: set[int]) -> list[Batch]:
+    def _component(self, seed_links: set[int]) -> list[Part]:
         """Batches connected to `seed_links` through shared links (breadth-first, a layer
-        of links and then of batches at a time, so the set operations run in C)."""
+        of links and then of parts at a time, so the set operations run in C)."""
         flows_on = self.flows_on
         seen_links = set(seed_links)
-        batches = set().union(*[flows_on[l] for l in seed_links])
-        frontier = batches
+        parts = set().union(*[flows_on[l] for l in seed_links])
+        frontier = parts
         while frontier:
             links = set().union(*[b.on_links.keys() for b in frontier]) - seen_links
             if not links:
                 break
             seen_links |= links
-            frontier = set().union(*[flows_on[l] for l in links]) - batches
-            batches |= frontier
-        return list(batches)
+            frontier = set().union(*[flows_on[l] for l in links]) - parts
+            parts |= frontier
+        return list(parts)
 
     def _rerate(self, seed_links: set[int]) -> None:
-        batches = self._component(seed_links)
-        if not batches:  # the freed links carry nothing else: other flows' finishes still pend
+        parts = self._component(seed_links)
+        if not parts:  # the freed links carry nothing else: other flows' finishes still pend
             self._arm_timer()
             return
         now, heap, order = self.env.now, self._heap, self._order
-        if len(batches) == 1 and batches[0].left == 1:
-            batches[0].set_rates(batches[0].lone_rate(self.capacity), now)
+        if len(parts) == 1 and parts[0].left == 1:
+            parts[0].set_rates(parts[0].lone_rate(self.capacity), now)
         else:
-            offsets = np.cumsum([0] + [b.size for b in batches]).tolist()
-            entries = [b.entries() for b in batches]
-            flow_of = np.concatenate([f + o for (f, _), o in zip(entries, offsets)])
-            ids = np.concatenate([i for _, i in entries])
-            rates = max_min_entries(flow_of, ids, offsets[-1], self._capacity_array)
-            for batch, start in zip(batches, offsets):
-                batch.set_rates(rates[start:start + batch.size], now)
-        for batch in batches:
-            heapq.heappush(heap, (batch.next_finish(), next(order), batch.version, batch))
+            offsets = list(itertools.accumulate([b.size for b in parts], initial=0))
+            entries = Entries()
+            for part, offset in zip(parts, offsets):
+                part.gather(offset, entries)
+            rates = max_min_entries(*entries.arrays(), offsets[-1], self._capacity_array)
+            listed = rates.tolist()
+            for part, start in zip(parts, offsets):
+                part.set_rates(listed[start] if part.size == 1
+                               else rates[start:start + part.size], now)
+        for part in parts:
+            heapq.heappush(heap, (part.next_finish(), next(order), part.version, part))
         self._arm_timer()
 
     def _arm_timer(self) -> None:
         while self._heap and self._heap[0][2] != self._heap[0][3].version:
-            heapq.heappop(self._heap)  # stale entry: the batch was re-rated since
+            heapq.heappop(self._heap)  # stale entry: the part was re-rated since
         if not self._heap:
             return
         at = self._heap[0][0]
@@ -206,17 +215,17 @@ class FlowNetwork:
         due = now * (1 + 1e-12) + 1e-15
         heap, freed, waiting = self._heap, set(), []
         while heap and (heap[0][0] <= due or heap[0][2] != heap[0][3].version):
-            _, _, version, batch = heapq.heappop(heap)
-            if version != batch.version:
+            _, _, version, part = heapq.heappop(heap)
+            if version != part.version:
                 continue
-            ended = batch.end_due(due, now)
+            ended = part.end_due(due, now)
             freed.update(ended.links)
-            self._release(batch, ended)
-            if batch.left:
-                waiting.append(batch)
-        for batch in waiting:  # its other flows' finishes (stale once it is re-rated)
-            heapq.heappush(heap, (batch.next_finish(), next(self._order), batch.version,
-                                  batch))
+            self._release(part, ended)
+            if part.left:
+                waiting.append(part)
+        for part in waiting:  # its other flows' finishes (stale once it is re-rated)
+            heapq.heappush(heap, (part.next_finish(), next(self._order), part.version,
+                                  part))
         if freed:
             self._rerate(freed)
         else:
@@ -226,12 +235,12 @@ class FlowNetwork:
     def link_load(self) -> dict[int, float]:
         """Current total rate (bytes/s) on every link that carries a flow."""
         load: dict[int, float] = defaultdict(float)
-        for batch in set().union(*self.flows_on.values()):
-            for link, rate in batch.live_link_rates():
+        for part in set().union(*self.flows_on.values()):
+            for link, rate in part.live_link_rates():
                 load[link] += rate
         return dict(load)
 
     def rates_on(self, link: int) -> list[float]:
         """The current rates (bytes/s) of the live flows crossing `link`."""
-        return [rate for batch in self.flows_on.get(link, ())
-                for on, rate in batch.live_link_rates() if on == link]
+        return [rate for part in self.flows_on.get(link, ())
+                for on, rate in part.live_link_rates() if on == link]

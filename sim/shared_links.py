@@ -19,9 +19,10 @@ from itertools import groupby
 
 import simpy
 
-from .flows import Batch, FlowNetwork
+from .flow_batch import Coflow
+from .flows import FlowNetwork
 
-FlowLog = list[tuple[float, Batch]]  # (join time, the flows started together)
+FlowLog = list[tuple[float, Coflow]]  # (join time, the flows started together)
 
 
 class JobFlows:
@@ -41,10 +42,10 @@ class JobFlows:
         finally:
             self._network.flow_log = None
 
-    def start(self, batch: Batch, delay: float = 0.0) -> simpy.Event:
+    def start(self, coflow: Coflow, delay: float = 0.0) -> simpy.Event:
         self._network.flow_log = self.log
         try:
-            return self._network.start(batch, delay)
+            return self._network.start(coflow, delay)
         finally:
             self._network.flow_log = None
 
@@ -73,8 +74,8 @@ def shared_links(network: FlowNetwork, logs: Mapping[str, FlowLog]) -> list[Shar
     on_link: dict[int, list[tuple[float, float, str]]] = defaultdict(list)
     sent: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for job, log in logs.items():
-        for joined, batch in log:
-            for links, nbytes, ended in batch.routes():
+        for joined, coflow in log:
+            for links, nbytes, ended in coflow.routes():
                 for link in links:
                     on_link[link].append((joined, ended, job))
                     sent[link][job] += nbytes

@@ -69,10 +69,11 @@ def test_decode_step_is_weights_plus_kv_over_hbm():
 
 
 def test_prefill_is_its_flops_over_the_peak():
-    """A 4096-token prompt: GEMMs 2 x tokens x layer parameters and causal attention
+    """A 4095-token prompt (with its one output token, Llama 2's whole 4096-token
+    context): GEMMs 2 x tokens x layer parameters and causal attention
     4 x d x heads x q(q+1)/2 per layer run at the achievable matmul FLOP/s; the output layer
     (one sampled token) reads its weights. TTFT of a request arriving at 0 = that."""
-    q = 4096
+    q = 4095
     r = one_request_run(q, 1)
     d, heads = L7.hidden_size // L7.num_attention_heads, L7.num_attention_heads
     per_layer = 2 * q * L7.layer_param_count() + 4 * d * heads * q * (q + 1) / 2
@@ -132,15 +133,15 @@ def test_static_batch_decodes_until_its_longest_output():
 
 
 def test_chunked_prefill_feeds_a_long_prompt_over_several_steps():
-    """A 4096-token prompt under a 1024-token budget: four chunks (the prompt's cached
-    tokens growing 0, 1024, 2048, 3072), the first token after the fourth; a prompt that
-    fits runs as one prefill, as under continuous batching."""
-    r = simulate_serving(L7, "dgx-h100", synthetic(1, 4096, 3), batching="chunked-prefill",
+    """A 3072-token prompt under a 1024-token budget: three chunks (the prompt's cached
+    tokens growing 0, 1024, 2048), the first token after the third; a prompt that fits
+    runs as one prefill, as under continuous batching."""
+    r = simulate_serving(L7, "dgx-h100", synthetic(1, 3072, 3), batching="chunked-prefill",
                          limits=Limits(max_num_batched_tokens=1024))
     cost = r.cost
-    chunks = sum(cost.time([(1024, c)]) for c in (0, 1024, 2048, 3072))
+    chunks = sum(cost.time([(1024, c)]) for c in (0, 1024, 2048))
     assert r.metrics["mean_ttft_ms"] / 1e3 == pytest.approx(chunks, rel=1e-12)
-    assert sum(r.run.steps) == 4 + 2
+    assert sum(r.run.steps) == 3 + 2
     same = [simulate_serving(L7, "dgx-h100", synthetic(1, 500, 20), batching=b)
             .metrics["mean_e2el_ms"] for b in ("continuous", "chunked-prefill")]
     assert same[0] == pytest.approx(same[1], rel=1e-12)
@@ -230,6 +231,18 @@ def test_refusals_name_the_setting(kwargs, words):
         simulate_serving(L7, "dgx-h100", synthetic(2, 1024, 8), **kwargs)
 
 
+def test_a_request_must_fit_the_model_context():
+    """vLLM's max_model_len (Llama 2's 4096-token context): a prompt and output that fill
+    the context are served, one token more is refused, as vLLM's server refuses it."""
+    context = L7.seq_length
+    assert context == 4096
+    served = simulate_serving(L7, "dgx-h100", synthetic(1, context - 16, 16))
+    assert served.metrics["completed"] == 1
+    with pytest.raises(ConfigError, match=f"request 0: {context - 16} prompt \\+ 17 output "
+                                          f"tokens exceed the model's context of {context}"):
+        simulate_serving(L7, "dgx-h100", synthetic(1, context - 16, 17))
+
+
 def test_moe_decode_reads_the_experts_its_tokens_reach():
     """Mixtral 8x7B, tp 2: a decode step of one sequence reads every layer's attention and
     router weights and k = 2 of its 8 experts (1 - (1 - 2/8)^1 = 1/4 of them), memory-bound;
@@ -312,8 +325,8 @@ def test_cli_prints_the_summary_and_writes_vllms_keys(tmp_path):
     (["--trace", "missing.csv", "--input-len", "1024"], "--input-len would change nothing"),
     (["--seed", "3", "--num-prompts", "2"], "--seed draws the Poisson arrivals"),
     (["--swap-space", "8", "--num-prompts", "2"], "--swap-space sizes swap preemption"),
-    (["--model", "llama2-7b", "--seq-length", "1024", "--max-num-batched-tokens", "4096"],
-     "--seq-length (the context) sets the default token budget only"),
+    (["--model", "llama2-7b", "--seq-length", "1024", "--num-prompts", "2"],
+     "request 0: 1024 prompt + 128 output tokens exceed the model's context of 1024"),
     (["--micro-batch-size", "2"], "unrecognized arguments"),
 ])
 def test_cli_errors_are_one_line(args, words, tmp_path):
@@ -463,12 +476,12 @@ def test_disaggregated_refusals(kwargs, words):
 
 
 def test_sequence_parallel_prefill_splits_its_prompt_not_decodes_weights():
-    """sp 2 (two shards, each with all the weights): a compute-bound 8000-token prefill
+    """sp 2 (two shards, each with all the weights): a compute-bound 4000-token prefill
     runs half its GEMM and attention FLOPs per GPU plus a per-layer all-gather of the
     prompt's K and V; a decode step still reads all the weights (its token is not split),
     half the KV cache, plus a per-layer all-reduce of its attention output. So prefill
     speeds up about 2x, decode hardly."""
-    q = 8000
+    q = 4000
     one = simulate_serving(L7, "dgx-h100", synthetic(1, q, 2))
     two = simulate_serving(L7, "dgx-h100", synthetic(1, q, 2), sp=2)
     d, heads = L7.hidden_size // L7.num_attention_heads, L7.num_attention_heads

@@ -23,7 +23,8 @@ SERVE_MODEL_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_atten
                       "num_query_groups", "vocab_size", "seq_length", "swiglu",
                       "untie_embeddings_and_output_weights", "add_bias_linear")
 """`simulate`'s model flags that shape a served model (the rest are training's);
---seq-length is the model's context (vLLM's max_model_len: the default token budget)."""
+--seq-length is the model's context (vLLM's max_model_len: the longest request, prompt and
+output, it serves, and the default token budget)."""
 DEFAULT_MODEL = "llama3-8b"
 WORKLOAD_DEFAULTS = {"input_len": 1024, "output_len": 128, "num_prompts": 1000,
                      "request_rate": math.inf, "seed": 0}
@@ -177,11 +178,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.swap_space is not None and args.preemption_mode != "swap":
         raise ConfigError("--swap-space sizes swap preemption's host memory: without "
                           "--preemption-mode swap it would change nothing")
-    if args.model is not None and args.seq_length is not None and (
-            args.max_num_batched_tokens or args.batching == "chunked-prefill"):
-        raise ConfigError("--seq-length (the context) sets the default token budget only: "
-                          "with --max-num-batched-tokens or chunked-prefill batching it "
-                          "would change nothing")
     model = model_from_args(args)
     requests = _requests(args)
     limits = Limits(args.max_num_seqs,

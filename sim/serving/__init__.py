@@ -131,8 +131,10 @@ def simulate_serving(model: ModelSpec, topology: str | nx.DiGraph,
     ep/tp replicas per group; vLLM's --enable-expert-parallel is ep = tp x dp);
     `profile`: a calibration profile with serving steps, whose fitted rates replace the
     device's (sim.serving.calibration); `preemption_mode` 'recompute' or 'swap' (vLLM V0's,
-    with `swap_space_gib` GiB of host memory per GPU; continuous batching only); raises
-    ConfigError naming the bad setting."""
+    with `swap_space_gib` GiB of host memory per GPU; continuous batching only). A request
+    whose prompt and output exceed the model's context (`seq_length`, vLLM's
+    max_model_len) is refused, as vLLM's server does; raises ConfigError naming the bad
+    setting."""
     for name, value in (("tensor_parallel_size", tp), ("dp", dp), ("pipeline_parallel_size",
                                                                      pp), ("sp", sp),
                         ("ep", ep)):
@@ -170,6 +172,13 @@ def simulate_serving(model: ModelSpec, topology: str | nx.DiGraph,
         if key not in SLO_KEYS or not (isinstance(limit, (int, float)) and limit > 0):
             raise ConfigError(f"goodput: an SLO is one of {', '.join(SLO_KEYS)} with a limit "
                               f"> 0 ms, got {key}:{limit!r}")
+    longest = max(requests, key=lambda r: r.input_tokens + r.output_tokens, default=None)
+    if longest and longest.input_tokens + longest.output_tokens > model.seq_length:
+        raise ConfigError(
+            f"request {longest.index}: {longest.input_tokens} prompt + "
+            f"{longest.output_tokens} output tokens exceed the model's context of "
+            f"{model.seq_length} tokens (seq_length, vLLM's max_model_len, which refuses "
+            f"such a request); give a longer --seq-length if the model has one")
     act = _choice("dtype", dtype, DTYPES)
     measured = None
     if profile is not None:

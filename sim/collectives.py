@@ -282,7 +282,7 @@ def run_collective(env: simpy.Environment, network: FlowNetwork,
             return
         phase = phases[index]
         links = network.paths_links([(src, dst) for src, dst, _ in phase.flows])
-        coflow = network.coflow(list(zip(links, [nbytes for _, _, nbytes in phase.flows])))
+        coflow = network.coflow(links, [nbytes for _, _, nbytes in phase.flows])
         alpha = network.longest_latency(coflow)
         network.start(coflow, delay=phase.wait(alpha)).callbacks.append(
             lambda _event: start_phase(index + 1))

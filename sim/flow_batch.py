@@ -67,13 +67,13 @@ class Coflow:
 
     __slots__ = ("parts", "size", "left", "done")
 
-    def __init__(self, flows: Sequence[tuple[Sequence[int], float]], done: simpy.Event,
-                 n_links: int):
-        self.size = self.left = len(flows)
+    def __init__(self, routes: Sequence[Sequence[int]], sizes: Sequence[float],
+                 done: simpy.Event, n_links: int):
+        self.size = self.left = len(routes)
         self.done = done
         self.parts: list[FlowBatch | OneFlow] = (
-            [FlowBatch(flows, self, n_links)] if len(flows) >= ARRAY_FLOWS
-            else [OneFlow(links, nbytes, self) for links, nbytes in flows])
+            [FlowBatch(routes, sizes, self, n_links)] if len(routes) >= ARRAY_FLOWS
+            else [OneFlow(links, nbytes, self) for links, nbytes in zip(routes, sizes)])
 
     def routes(self) -> Routes:
         """(link ids, bytes, end time) of each flow (sim.shared_links)."""
@@ -90,15 +90,14 @@ class FlowBatch:
                  "flow_of", "ids", "nbytes", "remaining", "rate", "ended", "alive",
                  "live_flow_of", "live_ids")
 
-    def __init__(self, flows: Sequence[tuple[Sequence[int], float]], coflow: Coflow,
-                 n_links: int):
-        n = self.size = self.left = len(flows)
-        routes = [links for links, _ in flows]
+    def __init__(self, routes: Sequence[Sequence[int]], sizes: Sequence[float],
+                 coflow: Coflow, n_links: int):
+        n = self.size = self.left = len(routes)
         lengths = np.fromiter(map(len, routes), dtype=np.int64, count=n)
         self.ids = np.fromiter(chain.from_iterable(routes), dtype=np.int64,
                                count=int(lengths.sum()))
         self.flow_of = np.repeat(np.arange(n), lengths)
-        self.nbytes = np.fromiter((nbytes for _, nbytes in flows), dtype=float, count=n)
+        self.nbytes = np.fromiter(sizes, dtype=float, count=n)
         self.remaining = self.nbytes.copy()
         self.rate = np.zeros(n)
         self.ended = np.full(n, np.nan)

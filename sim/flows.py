@@ -87,17 +87,18 @@ class FlowNetwork:
     def transfer(self, src: str, dst: str, nbytes: float) -> simpy.Event:
         """Event that fires when `nbytes` sent now from src have arrived at dst."""
         links = self.path_links(src, dst) if src != dst else ()
-        return self.start_flows([(links, nbytes)], delay=self.route_latency(links))
+        return self.start(self.coflow([links], [nbytes]), delay=self.route_latency(links))
 
     def start_flows(self, flows: Sequence[tuple[Sequence[int], float]],
                     delay: float = 0.0) -> simpy.Event:
         """Start several flows ((link ids, bytes) each) together after `delay` seconds;
         the returned event fires when all of them have delivered their bytes."""
-        return self.start(self.coflow(flows), delay)
+        return self.start(self.coflow([links for links, _ in flows],
+                                      [nbytes for _, nbytes in flows]), delay)
 
-    def coflow(self, flows: Sequence[tuple[Sequence[int], float]]) -> Coflow:
-        """Flows ((link ids, bytes) each) to `start` together (sim.flow_batch)."""
-        return Coflow(flows, self.env.event(), len(self.capacity))
+    def coflow(self, routes: Sequence[Sequence[int]], sizes: Sequence[float]) -> Coflow:
+        """Flows (route i: link ids, sizes[i] bytes) to `start` together (sim.flow_batch)."""
+        return Coflow(routes, sizes, self.env.event(), len(self.capacity))
 
     def start(self, coflow: Coflow, delay: float = 0.0) -> simpy.Event:
         """Start `coflow` after `delay` seconds; its event (fired when every flow has

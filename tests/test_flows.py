@@ -4,8 +4,9 @@ import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from clustersim.sim.flow_batch import ARRAY_FLOWS, FlowBatch, OneFlow
 from clustersim.sim.flows import FlowNetwork, _PairRoutes
-from clustersim.topologies import single_node
+from clustersim.topologies import gpu_nodes, load_topology, single_node
 
 BW, LAT = 100e9, 1e-6  # bytes/s per direction, seconds per hop
 S = 1e9
@@ -85,3 +86,34 @@ def test_route_choice_is_the_least_loaded_in_round_robin_order(instance):
         order = [paths[(turn + i) % n] for i in range(n)]
         expected = min(order, key=lambda path: sum(routed[l] for l in path))  # first minimum
         assert pair.least_loaded(routed) == expected
+
+
+def test_a_large_coflow_ends_each_flow_as_lone_flows_would():
+    """ARRAY_FLOWS or more flows started together are one FlowBatch of numpy arrays; the
+    same flows on the same routes, started at the same instant one by one, are OneFlows of
+    plain values. Max-min rates do not depend on how the flows are held: every flow ends
+    at the same time both ways, and no link ever carries more than its capacity."""
+    graph = load_topology("dgx-h100-x16-ndr")
+    gpus = gpu_nodes(graph)
+    pairs = [(gpus[i], gpus[(i + step) % len(gpus)]) for step in (37, 71) for i in range(128)]
+    sizes = [1e8 * (1 + i % 5) for i in range(len(pairs))]
+    assert len(pairs) >= ARRAY_FLOWS
+
+    def run(together: bool) -> list[float]:
+        env = simpy.Environment()
+        net = FlowNetwork(env, graph)
+        routes = net.paths_links(pairs)
+        groups = ([net.coflow(routes, sizes)] if together
+                  else [net.coflow([r], [s]) for r, s in zip(routes, sizes)])
+        kinds = {type(part) for coflow in groups for part in coflow.parts}
+        assert kinds == {FlowBatch if together else OneFlow}
+        for coflow in groups:
+            net.start(coflow)
+        capacity, peak = net.capacity, 0.0
+        while env.peek() < float("inf"):
+            env.step()
+            peak = max([peak] + [load / capacity[l] for l, load in net.link_load().items()])
+        assert peak <= 1 + 1e-9 and net.completed_flows == len(pairs)
+        return [ended for coflow in groups for _, _, ended in coflow.routes()]
+
+    assert run(True) == pytest.approx(run(False), rel=1e-9)

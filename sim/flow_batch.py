@@ -61,19 +61,37 @@ ARRAY_FLOWS = 256
 """A start of at least this many flows is one FlowBatch; a smaller one is a OneFlow each."""
 
 
-class Coflow:
-    """Flows started together: its `parts`, `size` flows of which `left` have not ended;
-    `done` fires when the last has (FlowNetwork._finished: the event order)."""
+class Countdown:
+    """A coflow's `size` flows, `left` of them not ended yet; `done` fires when none is
+    (FlowNetwork._finished: the event order). Its parts hold this, not the coflow, so
+    that nothing refers in a cycle (the CLI runs with the cyclic collector off)."""
 
-    __slots__ = ("parts", "size", "left", "done")
+    __slots__ = ("size", "left", "done")
+
+    def __init__(self, size: int, done: simpy.Event):
+        self.size = self.left = size
+        self.done = done
+
+
+class Coflow:
+    """Flows started together: its `parts` and their `countdown` (`size`, `done`)."""
+
+    __slots__ = ("parts", "countdown")
 
     def __init__(self, routes: Sequence[Sequence[int]], sizes: Sequence[float],
                  done: simpy.Event, n_links: int):
-        self.size = self.left = len(routes)
-        self.done = done
+        countdown = self.countdown = Countdown(len(routes), done)
         self.parts: list[FlowBatch | OneFlow] = (
-            [FlowBatch(routes, sizes, self, n_links)] if len(routes) >= ARRAY_FLOWS
-            else [OneFlow(links, nbytes, self) for links, nbytes in zip(routes, sizes)])
+            [FlowBatch(routes, sizes, countdown, n_links)] if len(routes) >= ARRAY_FLOWS
+            else [OneFlow(links, nbytes, countdown) for links, nbytes in zip(routes, sizes)])
+
+    @property
+    def size(self) -> int:
+        return self.countdown.size
+
+    @property
+    def done(self) -> simpy.Event:
+        return self.countdown.done
 
     def routes(self) -> Routes:
         """(link ids, bytes, end time) of each flow (sim.shared_links)."""
@@ -86,12 +104,12 @@ class FlowBatch:
     (s; nan while alive); its route is the (flow, link) entries k with `flow_of[k]` == i,
     link `ids[k]`, in route order (`live_*`: the live flows' entries only)."""
 
-    __slots__ = ("size", "left", "coflow", "last", "version", "on_links", "n_links",
+    __slots__ = ("size", "left", "countdown", "last", "version", "on_links", "n_links",
                  "flow_of", "ids", "nbytes", "remaining", "rate", "ended", "alive",
                  "live_flow_of", "live_ids")
 
     def __init__(self, routes: Sequence[Sequence[int]], sizes: Sequence[float],
-                 coflow: Coflow, n_links: int):
+                 countdown: Countdown, n_links: int):
         n = self.size = self.left = len(routes)
         lengths = np.fromiter(map(len, routes), dtype=np.int64, count=n)
         self.ids = np.fromiter(chain.from_iterable(routes), dtype=np.int64,
@@ -102,7 +120,7 @@ class FlowBatch:
         self.rate = np.zeros(n)
         self.ended = np.full(n, np.nan)
         self.alive = np.ones(n, dtype=bool)
-        self.coflow, self.last, self.version, self.n_links = coflow, 0.0, 0, n_links
+        self.countdown, self.last, self.version, self.n_links = countdown, 0.0, 0, n_links
         self.live_flow_of, self.live_ids = self.flow_of, self.ids
         links, counts = self._link_counts(self.ids)
         self.on_links = dict(zip(links, counts))
@@ -200,14 +218,14 @@ class FlowBatch:
 class OneFlow:
     """One flow of a coflow: FlowBatch's interface on plain values; `links` its route."""
 
-    __slots__ = ("left", "coflow", "last", "version", "on_links", "links", "nbytes",
+    __slots__ = ("left", "countdown", "last", "version", "on_links", "links", "nbytes",
                  "remaining", "rate", "ended")
     size = 1
 
-    def __init__(self, links: Sequence[int], nbytes: float, coflow: Coflow):
+    def __init__(self, links: Sequence[int], nbytes: float, countdown: Countdown):
         self.links, self.nbytes = tuple(links), float(nbytes)
         self.remaining, self.rate, self.ended = self.nbytes, 0.0, float("nan")
-        self.left, self.coflow, self.last, self.version = 1, coflow, 0.0, 0
+        self.left, self.countdown, self.last, self.version = 1, countdown, 0.0, 0
         self.on_links = dict.fromkeys(self.links, 1)
 
     def end_empty(self, now: float) -> Ended:

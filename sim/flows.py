@@ -39,7 +39,7 @@ import numpy as np
 import simpy
 
 from .ecmp import EcmpRoutes, _PairRoutes
-from .flow_batch import Coflow, Ended, Entries, FlowBatch, OneFlow
+from .flow_batch import Coflow, Countdown, Ended, Entries, FlowBatch, OneFlow
 from .link_capacity import achievable_capacities
 from .maxmin import max_min_entries
 
@@ -132,7 +132,7 @@ class FlowNetwork:
 
     def _release(self, part: Part, ended: Ended) -> None:
         """Flows of `part` have ended: their links are released (ECMP's counts, the part's
-        place on the links it left) and its coflow counts them (_finished)."""
+        place on the links it left) and its coflow's countdown counts them (_finished)."""
         if not ended.count:
             return
         self._ecmp.release_counts(ended.links, ended.counts)
@@ -140,21 +140,22 @@ class FlowNetwork:
         for link in ended.vacated:
             flows_on[link].discard(part)
         self.completed_flows += ended.count
-        coflow = part.coflow
-        coflow.left -= ended.count
-        if not coflow.left:
-            self._finished(coflow)
+        countdown = part.countdown
+        countdown.left -= ended.count
+        if not countdown.left:
+            self._finished(countdown)
 
-    def _finished(self, coflow: Coflow) -> None:
-        """The last flow of `coflow` has delivered its bytes. A lone flow's event is
+    def _finished(self, countdown: Countdown) -> None:
+        """The last flow of a coflow has delivered its bytes. A lone flow's event is
         succeeded at once; a larger coflow's by a relay event scheduled now, as the old
         design's last per-flow event with its countdown callback was, so that SimPy
         processes events in the same order."""
-        if coflow.size == 1:
-            coflow.done.succeed()
+        done = countdown.done
+        if countdown.size == 1:
+            done.succeed()
             return
         relay = self.env.event()
-        relay.callbacks.append(lambda _event: coflow.done.succeed())
+        relay.callbacks.append(lambda _event: done.succeed())
         relay.succeed()
 
     def _component(self, seed_links: set[int]) -> list[Part]:
@@ -187,7 +188,7 @@ class FlowNetwork:
             for part, offset in zip(parts, offsets):
                 part.gather(offset, entries)
             rates = max_min_entries(*entries.arrays(), offsets[-1], self._capacity_array)
-            listed = rates.tolist()
+            listed = rates.tolist() if len(parts) > 1 else []  # for the OneFlows
             for part, start in zip(parts, offsets):
                 part.set_rates(listed[start] if part.size == 1
                                else rates[start:start + part.size], now)

@@ -13,8 +13,11 @@ them). Every simulated answer is printed next to its time. The old commit of the
 (f07ec0a) is timed side by side in benchmarks/engine_speed.py, not here.
 
     python benchmarks/issue19_targets.py [--skip pp512,...]
+    python benchmarks/issue19_targets.py --against COMMIT [--skip ...]
 
-Writes benchmarks/results/issue19_targets.json and .md.
+Writes benchmarks/results/issue19_targets.json and .md; with --against, each workload runs
+on this tree and then on a git worktree of COMMIT (made under /tmp), one after the other,
+and the speed-ups and whether the answers are equal go to issue19_speedups.json and .md.
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ from environment import environment
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 RAW, PAGE = RESULTS / "issue19_targets.json", RESULTS / "issue19_targets.md"
+SPEEDUPS_RAW, SPEEDUPS = RESULTS / "issue19_speedups.json", RESULTS / "issue19_speedups.md"
 
 GPT3 = ("simulate --model gpt3-175b --topology dgx-h100-x128-ndr-ft --tp 8 --pp 16 --vpp 2 "
         "--schedule interleaved-1f1b --dp 8 --global-batch-size 1536 --recompute selective "
@@ -109,15 +113,64 @@ def render(data: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_speedups(data: dict) -> str:
+    old = data["commit"][:7]
+    lines = ["# Issue 19's workloads: this tree against " + old, "",
+             f"Each workload run on this tree and then on {old} (`python "
+             f"benchmarks/issue19_targets.py --against {old}`), one fresh process each, one "
+             "after the other in one run: the ratio of their wall times is the speed-up "
+             "(these machines are noisy: a ratio measured in one run is the figure to "
+             "read).", "",
+             f"| workload | this tree wall (s) | {old} wall (s) | speed-up | this tree RSS (MB) "
+             f"| {old} RSS (MB) | answers |", "|---|---:|---:|---:|---:|---:|---|"]
+    for name, pair in data["runs"].items():
+        new, was = pair["new"], pair["old"]
+        same = "identical" if new["answer"] == was["answer"] else (
+            f"differ: {new['answer']} vs {was['answer']}")
+        lines.append(f"| {name} | {new['wall_s']:.2f} | {was['wall_s']:.2f} | "
+                     f"{was['wall_s'] / new['wall_s']:.2f}x | {new['rss_mb']:,.0f} | "
+                     f"{was['rss_mb']:,.0f} | {same} |")
+    lines += ["", "Environment:", ""]
+    lines += [f"- {k}: {v}" for k, v in data["environment"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def against(commit: str, skip: set[str]) -> int:
+    """--against (module docstring)."""
+    sha = subprocess.run(["git", "-C", str(ROOT), "rev-parse", commit], check=True,
+                         capture_output=True, text=True).stdout.strip()
+    tree = Path(tempfile.gettempdir()) / f"issue19_{sha[:12]}"
+    if not (tree / ".git").exists():
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree),
+                        sha], check=True, capture_output=True)
+    data = {"environment": environment(), "commit": sha, "runs": {}}
+    with tempfile.TemporaryDirectory() as new_dir, tempfile.TemporaryDirectory() as old_dir:
+        (Path(new_dir) / "clustersim").symlink_to(ROOT)
+        (Path(old_dir) / "clustersim").symlink_to(tree)
+        for name, (command, *_) in WORKLOADS.items():
+            if name not in skip:
+                data["runs"][name] = {"new": run(command, Path(new_dir)),
+                                      "old": run(command, Path(old_dir))}
+                print(name, data["runs"][name], flush=True)
+    SPEEDUPS_RAW.write_text(json.dumps(data, indent=1) + "\n")
+    SPEEDUPS.write_text(render_speedups(data))
+    print(render_speedups(data))
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--skip", default="", help="workloads to leave out, comma-separated")
+    parser.add_argument("--against", metavar="COMMIT",
+                        help="also run each workload on COMMIT, side by side (docstring)")
     parser.add_argument("--render", action="store_true")
     args = parser.parse_args()
     if args.render:
         PAGE.write_text(render(json.loads(RAW.read_text())))
         return 0
     skip = set(filter(None, args.skip.split(",")))
+    if args.against:
+        return against(args.against, skip)
     data = {"environment": environment(), "runs": {}}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

@@ -10,9 +10,10 @@ interface (the network reads and changes them only through the methods below):
 
 A part's live flows are always re-rated together, so they share one `last` (s): flow state
 is `remaining` bytes as of `last`, moving at `rate` bytes/s, ending at
-last + remaining / rate. `on_links` counts the part's live flows on each link; `version`
-counts re-ratings (FlowNetwork's heap entries of an older one are stale). Units: bytes,
-seconds, bytes/s; links are the flow network's link ids.
+last + remaining / rate. `on_links` holds the links the part's live flows are on (a
+FlowBatch's: with how many of them are on each); `version` counts re-ratings
+(FlowNetwork's heap entries of an older one are stale). Units: bytes, seconds, bytes/s;
+links are the flow network's link ids.
 """
 from __future__ import annotations
 
@@ -223,10 +224,10 @@ class OneFlow:
     size = 1
 
     def __init__(self, links: Sequence[int], nbytes: float, countdown: Countdown):
-        self.links, self.nbytes = tuple(links), float(nbytes)
+        self.links = self.on_links = tuple(links)
+        self.nbytes = float(nbytes)
         self.remaining, self.rate, self.ended = self.nbytes, 0.0, float("nan")
         self.left, self.countdown, self.last, self.version = 1, countdown, 0.0, 0
-        self.on_links = dict.fromkeys(self.links, 1)
 
     def end_empty(self, now: float) -> Ended:
         empty = not self.links or self.remaining <= EPS_BYTES
@@ -236,7 +237,7 @@ class OneFlow:
         return self._end(now) if self.left and self.next_finish() <= due else NONE_ENDED
 
     def _end(self, now: float) -> Ended:
-        self.left, self.remaining, self.ended, self.on_links = 0, 0.0, now, {}
+        self.left, self.remaining, self.ended, self.on_links = 0, 0.0, now, ()
         return Ended(1, self.links, (1,) * len(self.links), self.links)
 
     def gather(self, offset: int, entries: Entries) -> None:

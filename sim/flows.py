@@ -166,7 +166,7 @@ class FlowNetwork:
         parts = set().union(*[flows_on[l] for l in seed_links])
         frontier = parts
         while frontier:
-            links = set().union(*[b.on_links.keys() for b in frontier]) - seen_links
+            links = set().union(*[b.on_links for b in frontier]) - seen_links
             if not links:
                 break
             seen_links |= links

@@ -53,10 +53,6 @@ class _PairRoutes:
         # route's load and nothing to any other's: EcmpRoutes._choose_run)
         self.apart = len({l for row in varying for l in row}) == len(paths) * self.columns
 
-    def varying_counts(self, routed: list[int]) -> tuple[int, ...]:
-        """The counts on the routes' varying links, column by column (c * n + i)."""
-        return self._varying(routed)
-
     def least_loaded(self, routed: list[int]) -> tuple[int, ...]:
         """The route whose links carry the fewest of `routed`, first in round-robin order
         from this pair's turn (which advances by one per call)."""
@@ -204,7 +200,7 @@ class EcmpRoutes:
         destination's funnel node, widest width and hops; the suffix of the destination
         and the source's (topologies.route_sets: `joined`): both are cached per those,
         so a million pairs compose from a few thousand parts."""
-        ends = self.sets.ends(src, dst)
+        ends, composed = self.sets.ends(src, dst), None
         if ends is not None:
             head, tail = ends
             front_key, back_key = (src, tail.shape), (dst, head.shape)
@@ -221,12 +217,11 @@ class EcmpRoutes:
                 if keep:
                     self._pairs[(src, dst)] = hit
                 return hit
-        return self._whole(src, dst)
+        return self._whole(src, dst, composed)
 
-    def _whole(self, src, dst) -> tuple:
-        """A pair that does not compose (or has several prefixes or suffixes): its whole
-        routes as the middles, empty ends; always kept."""
-        composed = self.sets.compose_parts(src, dst)
+    def _whole(self, src, dst, composed: tuple | None) -> tuple:
+        """A pair that does not compose (`composed` None), or composes with several
+        prefixes or suffixes: its whole routes as the middles, empty ends; always kept."""
         found = Composed(*composed).paths() if composed else self.sets.routes(src, dst)
         routes = [self._ids(tuple(p)) for p in (found if self.ecmp else found[:1])]
         hit = self._pairs[(src, dst)] = ((), _PairRoutes(routes), ())

@@ -24,6 +24,8 @@ from typing import NamedTuple
 import numpy as np
 import simpy
 
+from .maxmin import link_counts
+
 
 EPS_BYTES = 1e-6  # remaining bytes below this count as delivered (float rounding)
 Routes = Iterator[tuple[tuple[int, ...], float, float]]
@@ -43,7 +45,7 @@ NONE_ENDED = Ended(0, (), (), ())
 
 
 class Entries:
-    """Route entries of several batches gathered for one max-min solve (sim.maxmin):
+    """Route entries of several parts gathered for one max-min solve (sim.maxmin):
     lone flows' as plain lists, many flows' as arrays, joined once by `arrays`."""
 
     def __init__(self) -> None:
@@ -101,8 +103,8 @@ class Coflow:
 
 
 class FlowBatch:
-    """Many flows of a coflow in arrays: flow i has `nbytes[i]`, `remaining[i]`, `rate[i]`, `ended[i]`
-    (s; nan while alive); its route is the (flow, link) entries k with `flow_of[k]` == i,
+    """Many flows of a coflow in arrays: flow i has `nbytes[i]`, `remaining[i]`, `rate[i]`,
+    `ended[i]` (s; nan while alive); its route is the (flow, link) entries k with `flow_of[k]` == i,
     link `ids[k]`, in route order (`live_*`: the live flows' entries only)."""
 
     __slots__ = ("size", "left", "countdown", "last", "version", "on_links", "n_links",
@@ -123,7 +125,7 @@ class FlowBatch:
         self.alive = np.ones(n, dtype=bool)
         self.countdown, self.last, self.version, self.n_links = countdown, 0.0, 0, n_links
         self.live_flow_of, self.live_ids = self.flow_of, self.ids
-        links, counts = self._link_counts(self.ids)
+        links, counts = link_counts(self.ids, self.n_links)
         self.on_links = dict(zip(links, counts))
 
     def end_empty(self, now: float) -> Ended:
@@ -143,7 +145,7 @@ class FlowBatch:
         self.remaining[ending] = 0.0
         self.ended[ending] = now
         leaving = ending[self.live_flow_of]
-        links, counts = self._link_counts(self.live_ids[leaving])
+        links, counts = link_counts(self.live_ids[leaving], self.n_links)
         keep = ~leaving
         self.live_flow_of, self.live_ids = self.live_flow_of[keep], self.live_ids[keep]
         on_links, vacated = self.on_links, []
@@ -204,17 +206,6 @@ class FlowBatch:
         """(link, rate) of every live flow on every link of its route."""
         return zip(self.live_ids.tolist(), self.rate[self.live_flow_of].tolist())
 
-    def _link_counts(self, ids: np.ndarray) -> tuple[list[int], list[int]]:
-        """The distinct link ids among route entries `ids` (ascending) and how many entries
-        each has: by a sort, or by a count over all link ids when the entries outnumber
-        a tenth of them."""
-        if ids.size * 10 < self.n_links:
-            used, counts = np.unique(ids, return_counts=True)
-            return used.tolist(), counts.tolist()
-        counts = np.bincount(ids, minlength=self.n_links)
-        used = np.flatnonzero(counts)
-        return used.tolist(), counts[used].tolist()
-
 
 class OneFlow:
     """One flow of a coflow: FlowBatch's interface on plain values; `links` its route."""
@@ -251,9 +242,9 @@ class OneFlow:
     def longest_route(self, latency: list[float], latency_array: np.ndarray) -> float:
         return sum(map(latency.__getitem__, self.links)) if self.links else 0.0
 
-    def set_rates(self, rates: float | np.ndarray, now: float) -> None:
+    def set_rates(self, rates: float, now: float) -> None:
         self.remaining = max(self.remaining - self.rate * (now - self.last), 0.0)
-        self.rate = rates if isinstance(rates, float) else float(rates[0])
+        self.rate = rates
         self.last = now
         self.version += 1
 

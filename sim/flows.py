@@ -159,7 +159,7 @@ class FlowNetwork:
         relay.succeed()
 
     def _component(self, seed_links: set[int]) -> list[Part]:
-        """Batches connected to `seed_links` through shared links (breadth-first, a layer
+        """Parts connected to `seed_links` through shared links (breadth-first, a layer
         of links and then of parts at a time, so the set operations run in C)."""
         flows_on = self.flows_on
         seen_links = set(seed_links)
@@ -188,7 +188,7 @@ class FlowNetwork:
             for part, offset in zip(parts, offsets):
                 part.gather(offset, entries)
             rates = max_min_entries(*entries.arrays(), offsets[-1], self._capacity_array)
-            listed = rates.tolist() if len(parts) > 1 else []  # for the OneFlows
+            listed = rates.tolist() if len(parts) > 1 else []  # a OneFlow's rate: a float
             for part, start in zip(parts, offsets):
                 part.set_rates(listed[start] if part.size == 1
                                else rates[start:start + part.size], now)

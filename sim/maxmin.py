@@ -54,11 +54,17 @@ def max_min_entries(flow_of: np.ndarray, link_ids: np.ndarray, n_flows: int,
     return rates
 
 
+def _by_sort(link_ids: np.ndarray, n_links: int) -> bool:
+    """Whether to find the distinct ids among `link_ids` by a sort rather than by a table
+    over all `n_links` ids: when the entries are fewer than a tenth of the links (a
+    million flows' routes are not)."""
+    return link_ids.size * 10 < n_links
+
+
 def used_links(link_ids: np.ndarray, n_links: int) -> tuple[np.ndarray, np.ndarray]:
     """(the distinct ids in `link_ids`, ascending; each entry's index among them): as
-    `np.unique(link_ids, return_inverse=True)`, by a table over all `n_links` ids instead
-    of a sort when the entries outnumber a tenth of the links (a million flows' routes)."""
-    if link_ids.size * 10 < n_links:
+    `np.unique(link_ids, return_inverse=True)` (`_by_sort` says how)."""
+    if _by_sort(link_ids, n_links):
         return np.unique(link_ids, return_inverse=True)
     present = np.zeros(n_links, dtype=bool)
     present[link_ids] = True
@@ -66,3 +72,14 @@ def used_links(link_ids: np.ndarray, n_links: int) -> tuple[np.ndarray, np.ndarr
     index = np.empty(n_links, dtype=np.int64)
     index[used] = np.arange(used.size)
     return used, index[link_ids]
+
+
+def link_counts(link_ids: np.ndarray, n_links: int) -> tuple[list[int], list[int]]:
+    """(the distinct ids in `link_ids`, ascending; how many entries each has), as lists
+    (`_by_sort` says how)."""
+    if _by_sort(link_ids, n_links):
+        used, counts = np.unique(link_ids, return_counts=True)
+        return used.tolist(), counts.tolist()
+    counts = np.bincount(link_ids, minlength=n_links)
+    used = np.flatnonzero(counts)
+    return used.tolist(), counts[used].tolist()

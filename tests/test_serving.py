@@ -327,6 +327,8 @@ def test_cli_prints_the_summary_and_writes_vllms_keys(tmp_path):
     (["--swap-space", "8", "--num-prompts", "2"], "--swap-space sizes swap preemption"),
     (["--model", "llama2-7b", "--seq-length", "1024", "--num-prompts", "2"],
      "request 0: 1024 prompt + 128 output tokens exceed the model's context of 1024"),
+    (["--model", "llama2-7b", "--seq-length", "1024", "--num-prompts", "2", "--compare",
+      "tp=1", "tp=2"], "request 0: 1024 prompt + 128 output tokens exceed"),
     (["--micro-batch-size", "2"], "unrecognized arguments"),
 ])
 def test_cli_errors_are_one_line(args, words, tmp_path):

@@ -41,7 +41,7 @@ from .engine import POLICIES, Limits, ServingRun, Swap, serve
 from .kv_cache import GPU_MEMORY_UTILIZATION, KvCapacity, activation_reserve, kv_capacity
 from .metrics import SLO_KEYS, metrics
 from .step_cost import StepCost, step_cost
-from .workload import Request, load_trace, synthetic
+from .workload import Request, check_context, load_trace, synthetic
 
 __all__ = ["simulate_serving", "ServingResult", "Limits", "Request", "synthetic",
            "load_trace", "POLICIES", "SWAP_SPACE_GIB"]
@@ -172,13 +172,7 @@ def simulate_serving(model: ModelSpec, topology: str | nx.DiGraph,
         if key not in SLO_KEYS or not (isinstance(limit, (int, float)) and limit > 0):
             raise ConfigError(f"goodput: an SLO is one of {', '.join(SLO_KEYS)} with a limit "
                               f"> 0 ms, got {key}:{limit!r}")
-    longest = max(requests, key=lambda r: r.input_tokens + r.output_tokens, default=None)
-    if longest and longest.input_tokens + longest.output_tokens > model.seq_length:
-        raise ConfigError(
-            f"request {longest.index}: {longest.input_tokens} prompt + "
-            f"{longest.output_tokens} output tokens exceed the model's context of "
-            f"{model.seq_length} tokens (seq_length, vLLM's max_model_len, which refuses "
-            f"such a request); give a longer --seq-length if the model has one")
+    check_context(requests, model.seq_length)
     act = _choice("dtype", dtype, DTYPES)
     measured = None
     if profile is not None:

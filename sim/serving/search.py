@@ -26,7 +26,7 @@ from clustersim.schedules.model import ModelSpec
 from clustersim.topologies import gpu_nodes, load_topology
 
 from . import ServingResult, simulate_serving
-from .workload import Request
+from .workload import Request, check_context
 
 MAX_PP, MAX_SP = 8, 4
 
@@ -134,7 +134,9 @@ def search(model: ModelSpec, topology: str | nx.DiGraph, requests: Sequence[Requ
 def compare(model: ModelSpec, topology: str | nx.DiGraph, requests: Sequence[Request],
             given: Sequence[Layout], slo: Mapping[str, float] | None = None,
             **options) -> list[Candidate]:
-    """The candidate of each layout, in the given order (options: as `search`'s)."""
+    """The candidate of each layout, in the given order (options: as `search`'s); requests
+    longer than the model's context are refused once, not per layout."""
+    check_context(requests, model.seq_length)
     graph = load_topology(topology) if not isinstance(topology, nx.DiGraph) else topology
     candidates = []
     for layout in given:

@@ -7,6 +7,7 @@
 - `load_trace`: one request per row of a CSV (header `arrival_time,input_tokens,
   output_tokens`) or JSONL file (objects with those keys); arrival times in seconds,
   non-decreasing. A bad row is one ConfigError naming the file, the row and the field.
+- `check_context`: refuses a request longer than the model's context.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import csv
 import json
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +35,18 @@ class Request:
     arrival: float
     input_tokens: int
     output_tokens: int
+
+
+def check_context(requests: Sequence[Request], context: int) -> None:
+    """Refuse a request whose prompt and output exceed the model's `context` (seq_length,
+    vLLM's max_model_len), as vLLM's server refuses it; ConfigError naming the request."""
+    longest = max(requests, key=lambda r: r.input_tokens + r.output_tokens, default=None)
+    if longest and longest.input_tokens + longest.output_tokens > context:
+        raise ConfigError(
+            f"request {longest.index}: {longest.input_tokens} prompt + "
+            f"{longest.output_tokens} output tokens exceed the model's context of "
+            f"{context} tokens (seq_length, vLLM's max_model_len, which refuses such a "
+            f"request); give a longer --seq-length if the model has one")
 
 
 def _check_count(name: str, value: object, low: int = 1) -> int:

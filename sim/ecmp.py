@@ -110,14 +110,14 @@ class EcmpRoutes:
     def choose_many(self, pairs: Sequence[tuple[Hashable, Hashable]]) -> list[tuple[int, ...]]:
         """`[self.choose(s, d) for s, d in pairs]`, the same choices and counts, with
         each run of consecutive pairs through one switch pair's middles (e.g. one GPU's
-        flows to the GPUs of one leaf) chosen in one numpy step (`_choose_run`) and no
-        per-pair object kept beyond its turn."""
+        flows to the GPUs of one leaf) chosen from one reading of the counts
+        (`_choose_run`) and no per-pair object kept beyond its turn."""
         chosen: list[tuple[int, ...]] = []
         run: list = []  # [(pair, prefix ids, suffix ids)] through `run_middles`
         run_middles = None
-        keep = len(pairs) <= KEEP_PAIRS
-        for src, dst in pairs:
-            found = self._pairs.get((src, dst)) or self._pair(src, dst, keep)
+        keep, kept = len(pairs) <= KEEP_PAIRS, self._pairs.get
+        for pair in pairs:
+            found = kept(pair) or self._pair(*pair, keep)
             prefix, middles, suffix = found
             if middles is not run_middles:
                 if run:
@@ -125,9 +125,9 @@ class EcmpRoutes:
                     run = []
                 run_middles = middles if len(middles.paths) > 1 and middles.apart else None
             if run_middles is None:
-                chosen.append(self._take((src, dst), *found))
+                chosen.append(self._take(pair, *found))
             else:
-                run.append(((src, dst), prefix, suffix))
+                run.append((pair, prefix, suffix))
         if run:
             chosen += self._choose_run(run_middles, run)
         return chosen
@@ -172,10 +172,15 @@ class EcmpRoutes:
         `columns` heavier: the least-loaded route, ties to the first from the turn, as
         `least_index`, without reading the counts again. Pairs at different turns, or
         ends sharing links with middles, are taken one at a time."""
+        if len(run) == 1:
+            pair, prefix, suffix = run[0]
+            return [self._take(pair, prefix, middles, suffix)]
         n, width = len(middles.paths), middles.columns
-        turns = [self.turns.get(pair, 0) for pair, _, _ in run]
+        turns_of = self.turns.get
+        turns = [turns_of(pair, 0) for pair, _, _ in run]
         start = turns[0] % n
-        if not self._apart or len(run) == 1 or any(t % n != start for t in turns):
+        if not self._apart or (turns.count(turns[0]) != len(turns) and any(
+                t % n != start for t in turns)):
             return [self._take(pair, prefix, middles, suffix) for pair, prefix, suffix in run]
         heap = [(load, (i - start) % n, i) for i, load in enumerate(middles.loads(self.routed))]
         heapq.heapify(heap)
@@ -203,7 +208,7 @@ class EcmpRoutes:
         ends, composed = self.sets.ends(src, dst), None
         if ends is not None:
             head, tail = ends
-            front_key, back_key = (src, tail.shape), (dst, head.shape)
+            front_key, back_key = (src, tail.shape), (dst, head.shape)  # shapes: ints
             front, back = self._fronts.get(front_key), self._backs.get(back_key)
             if front is None or back is None:
                 composed = self.sets.compose_ends(head, tail)

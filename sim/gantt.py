@@ -162,7 +162,7 @@ def _add_spans(fig: go.Figure, timeline: Timeline, row: int, shown: set[str],
                 "hover": [hover_text(s, origin, gpus.get(s.rank)) for s in spans],
                 "text": [str(s.op) for s in spans] if labelled else None}, segments, shown)
         if groups:
-            busy = np.array([sum(s.duration for s in g.spans) for g in groups])
+            busy = np.array([g.busy for g in groups])
             start = np.array([g.start for g in groups]) - origin
             end = np.array([g.end for g in groups]) - origin
             _draw(fig, row, key, {
@@ -186,16 +186,19 @@ def _add_spans(fig: go.Figure, timeline: Timeline, row: int, shown: set[str],
 
 
 def _shade_alternate_ranks(fig: go.Figure, rows: list[tuple[int, str]], row: int) -> None:
-    """Grey band behind every other rank's rows, so a rank's lanes read as one block."""
+    """Grey band behind every other rank's rows, so a rank's lanes read as one block (the
+    shapes `fig.add_hrect` draws, added at once: plotly checks every shape on each add)."""
     first: dict[int, int] = {}
     last: dict[int, int] = {}
     for i, (rank, _) in enumerate(rows):
         first.setdefault(rank, i)
         last[rank] = i
-    for n, rank in enumerate(first):
-        if n % 2:
-            fig.add_hrect(y0=first[rank] - 0.5, y1=last[rank] + 0.5, fillcolor="#EEF0F4",
-                          line_width=0, layer="below", row=row, col=1)
+    axes = fig.get_subplot(row, 1)
+    x, y = (axis.plotly_name.replace("axis", "") for axis in (axes.xaxis, axes.yaxis))
+    bands = [dict(type="rect", xref=f"{x} domain", x0=0, x1=1, yref=y, y0=first[rank] - 0.5,
+                  y1=last[rank] + 0.5, fillcolor="#EEF0F4", line=dict(width=0), layer="below")
+             for n, rank in enumerate(first) if n % 2]
+    fig.update_layout(shapes=[*fig.layout.shapes, *bands])
 
 
 def _style(fig: go.Figure, nrows: int, height: int, title: str,

@@ -47,11 +47,10 @@ def group_hover(group: SpanGroup, origin: float = 0.0, gpus: RankGpus | None = N
     """A bar of several spans: how many ops of each kind, their summed time, the bar's
     extent and how busy the ops keep it, and where each op is."""
     place = _place(group.rank, group.lane, gpus)
-    counts = group.op_counts()
-    kinds = " · ".join(f"{kind} ×{counts[kind]}: {format_seconds(t)}"
-                       for kind, t in group.op_time().items())
+    kinds = " · ".join(f"{kind} ×{count}: {format_seconds(t)}"
+                       for kind, (count, t) in group.op_tally().items())
     extent = group.end - group.start
-    busy = sum(s.duration for s in group.spans)
+    busy = group.busy
     return "<br>".join([
         f"<b>{len(group.spans)} ops in one bar</b> · {place[0]}", *place[1:],
         f"{kinds} (op time summed)",

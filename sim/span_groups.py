@@ -15,8 +15,10 @@ at most a budget; a Timeline with at most `budget` spans is not aggregated (R = 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
+from operator import attrgetter
 
 import numpy as np
 
@@ -28,7 +30,12 @@ MIN_PX = 1 / 16  # finest resolution tried
 LADDER_STEP = 2 ** 0.5
 
 
-@dataclass(frozen=True, slots=True)
+def kind_of(span: Span) -> str:
+    """A span's op kind (its value): SpanGroup's default key."""
+    return span.op.kind.value
+
+
+@dataclass(frozen=True)
 class SpanGroup:
     """Consecutive spans of one row drawn as one bar (one span: drawn as itself)."""
 
@@ -47,18 +54,29 @@ class SpanGroup:
     def lane(self) -> str:
         return self.spans[0].lane
 
-    def op_time(self, key=lambda s: s.op.kind.value) -> dict[str, float]:
-        """Summed span durations (s) per `key` (the op kind by default), largest first."""
-        total: dict[str, float] = defaultdict(float)
-        for s in self.spans:
-            total[key(s)] += s.duration
-        return dict(sorted(total.items(), key=lambda kv: -kv[1]))
+    @cached_property
+    def busy(self) -> float:
+        """Summed span durations (s): how long its ops keep the bar busy."""
+        return sum(s.end - s.start for s in self.spans)
 
-    def op_counts(self, key=lambda s: s.op.kind.value) -> dict[str, int]:
-        counts: dict[str, int] = defaultdict(int)
+    def op_tally(self, key: Callable[[Span], str] = kind_of) -> dict[str, tuple[int, float]]:
+        """Spans and their summed durations (s) per `key` (the op kind by default), in one
+        pass; largest time first."""
+        tally: dict[str, list] = {}
         for s in self.spans:
-            counts[key(s)] += 1
-        return dict(counts)
+            entry = tally.get(k := key(s))
+            if entry is None:
+                entry = tally[k] = [0, 0.0]
+            entry[0] += 1
+            entry[1] += s.end - s.start
+        return {k: (n, t) for k, (n, t) in sorted(tally.items(), key=lambda kv: -kv[1][1])}
+
+    def op_time(self, key: Callable[[Span], str] = kind_of) -> dict[str, float]:
+        """Summed span durations (s) per `key` (the op kind by default), largest first."""
+        return {k: t for k, (_, t) in self.op_tally(key).items()}
+
+    def op_counts(self, key: Callable[[Span], str] = kind_of) -> dict[str, int]:
+        return {k: n for k, (n, _) in self.op_tally(key).items()}
 
 
 class Row:
@@ -67,11 +85,12 @@ class Row:
 
     def __init__(self, spans: list[Span], categories: list[str]):
         self.spans, self.categories = spans, categories
-        self.durations = [s.end - s.start for s in spans]
-        self.start = np.fromiter((s.start for s in spans), float, len(spans))
-        self.end = np.fromiter((s.end for s in spans), float, len(spans))
+        self.start = np.array([s.start for s in spans], float)
+        self.end = np.array([s.end for s in spans], float)
+        self.duration = self.end - self.start  # the doubles of each span's end - start
+        self.durations = self.duration.tolist()
         codes = {c: i for i, c in enumerate(dict.fromkeys(categories))}
-        self.codes = np.fromiter((codes[c] for c in categories), int, len(spans))
+        self.codes = np.array([codes[c] for c in categories], int)
         # each span ends no earlier than the one before it: a group's latest end is then
         # its last span's end, and whether a span joins depends on it and its predecessor
         self.monotone = bool(np.all(self.end[1:] >= self.end[:-1]))
@@ -83,8 +102,7 @@ class Row:
         shorter too (module docstring)."""
         if not self.monotone or not self.spans:
             return self._bounds_in_turn(resolution)
-        duration = self.end - self.start  # the same doubles as self.durations
-        short = duration < resolution
+        short = self.duration < resolution
         joins = (short[1:] & short[:-1] & (self.codes[1:] == self.codes[:-1])
                  & (self.start[1:] - self.end[:-1] < resolution))
         firsts = np.flatnonzero(~joins) + 1
@@ -127,7 +145,7 @@ def _rows(spans: Iterable[Span]) -> list[Row]:
             cat = categories[key] = span_category(s)
         return cat
 
-    ordered = [sorted(row, key=lambda s: (s.start, s.end)) for row in rows.values()]
+    ordered = [sorted(row, key=attrgetter("start", "end")) for row in rows.values()]
     return [Row(row, [category_of(s) for s in row]) for row in ordered]
 
 

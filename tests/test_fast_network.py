@@ -335,10 +335,10 @@ def test_route_shares_are_the_per_route_loop_bit_for_bit(preset):
                                           ("dgx-superpod-h100-4su", 40),
                                           ("llama3-24k-roce", 48), ("pcie-a100", 8)])
 def test_choose_many_is_the_per_pair_rule_flow_by_flow(preset, ranks):
-    """EcmpRoutes.choose_many (runs through one switch pair chosen in one numpy step) makes
-    the choices the per-pair rule makes one flow at a time, over thousands of flows: an
-    all-to-all's order (runs of a GPU's flows to one leaf), the same again (every turn
-    1), a strided group mixed with single `choose` calls, and releases between phases."""
+    """EcmpRoutes.choose_many (runs through one switch pair chosen from one reading of the
+    counts) makes the choices the per-pair rule makes one flow at a time, over thousands of
+    flows: an all-to-all's order (runs of a GPU's flows to one leaf), the same again (every
+    turn 1), a strided group mixed with single `choose` calls, and releases between phases."""
     graph = topology(preset)
     index = {e: i for i, e in enumerate(graph.edges)}
     fast, rule = EcmpRoutes(graph, index), pair_rule(graph, index)

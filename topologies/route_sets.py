@@ -67,8 +67,10 @@ class Funnel:
     """Where every route out of (into) a GPU narrows to one node: `node`, `hops` links
     from the GPU; `chains` the fewest-hop paths between them (GPU first when forward, GPU
     last when backward), sorted, with their bottleneck `widths` (bytes/s); `region` the
-    nodes searched, `near` the GPUs met within `hops`; `widest` its widest chain's width
-    and `shape` (node, widest, hops): what a join with another funnel depends on."""
+    nodes searched, `near` the GPUs met within `hops`; `widest` its widest chain's width;
+    `shape` an int naming (node, widest, hops) within its RouteSets (equal triples, equal
+    ints): what a join with another funnel depends on, an int because millions of pairs
+    look it up."""
 
     node: Hashable
     hops: int
@@ -76,14 +78,13 @@ class Funnel:
     near: frozenset
     chains: tuple[Path, ...]
     widths: tuple[float, ...]
+    shape: int
     back: dict = field(default_factory=dict, compare=False, repr=False)
     near_back: dict = field(default_factory=dict, compare=False, repr=False)
     widest: float = field(init=False, compare=False)
-    shape: tuple = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "widest", max(self.widths))
-        object.__setattr__(self, "shape", (self.node, self.widest, self.hops))
         object.__setattr__(self, "_narrowest", min(self.widths))
 
     def at_least(self, floor: float) -> tuple[Path, ...]:
@@ -117,6 +118,7 @@ class RouteSets:
         self._middles: dict = {}
         self._listed: dict = {}  # (src, dst) -> routes() of a pair that does not compose
         self._joins: dict = {}  # (head shape, tail shape) -> `joined`
+        self._shapes: dict = {}  # (node, widest, hops) -> its int (Funnel.shape)
 
     def routes(self, src, dst) -> list[list]:
         """Exactly `topologies.routing.routes(graph, src, dst)` (a new list)."""
@@ -176,7 +178,7 @@ class RouteSets:
 
     def joined(self, head: Funnel, tail: Funnel) -> tuple[float, tuple[Path, ...]] | None:
         """(bottleneck, middles) joining two funnels, or None; a function of their
-        nodes, widest widths and hops (cached per those)."""
+        nodes, widest widths and hops (cached per those: their `shape`s)."""
         key = (head.shape, tail.shape)
         joined = self._joins.get(key, False)
         if joined is False:
@@ -247,8 +249,9 @@ class RouteSets:
             return None
         succ = self.graph._succ
         widths = tuple(min(succ[a][b]["bandwidth"] for a, b in zip(p, p[1:])) for p in paths)
-        return Funnel(node, hops, frozenset(dist), frozenset(near), paths, widths, back,
-                      {gpu: met[1] for gpu, met in near.items()})
+        shape = self._shapes.setdefault((node, max(widths), hops), len(self._shapes))
+        return Funnel(node, hops, frozenset(dist), frozenset(near), paths, widths, shape,
+                      back, {gpu: met[1] for gpu, met in near.items()})
 
     def _near_routes(self, src, dst) -> list[list] | None:
         """routes(src, dst) for a GPU met in src's funnel search (two GPUs of one host),

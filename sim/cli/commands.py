@@ -30,8 +30,6 @@ from ..report import format_summary, format_table
 from ..resilience import plan_checkpoints
 from ..simulate import simulate, simulate_schedule
 from ..cluster import cluster_facts
-from ..kineto import is_kineto_trace, read_kineto
-from ..timeline_compare import compare_timelines, format_comparison
 from .config_files import add_config_flags
 from .replay_flags import add_replay_flags, faulted_topology, replaying_from_args
 from .resilience_flags import add_resilience_flags, resilience_from_args
@@ -312,6 +310,9 @@ def cmd_compare_schedules(args: argparse.Namespace) -> int:
 
 
 def cmd_compare_timelines(args: argparse.Namespace) -> int:
+    from ..kineto import is_kineto_trace, read_kineto  # here: only `compare A B` reads them
+    from ..timeline_compare import compare_timelines, format_comparison
+
     if len(args.timelines) != 2:
         raise ConfigError(f"compare takes two Timeline JSON or PyTorch profiler trace files "
                           f"(A B), got {len(args.timelines)}: {' '.join(args.timelines)}")

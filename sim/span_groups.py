@@ -75,9 +75,6 @@ class SpanGroup:
         """Summed span durations (s) per `key` (the op kind by default), largest first."""
         return {k: t for k, (_, t) in self.op_tally(key).items()}
 
-    def op_counts(self, key: Callable[[Span], str] = kind_of) -> dict[str, int]:
-        return {k: n for k, (n, _) in self.op_tally(key).items()}
-
 
 class Row:
     """One (rank, lane) row: its spans by (start, end), their durations and categories,

@@ -26,6 +26,25 @@ def test_simulate_defaults_write_gantt(tmp_path):
     assert "1f1b" in out.stdout and "bubble fraction" in out.stdout
 
 
+def test_each_command_is_in_its_module_and_a_command_line_imports_only_it():
+    """sim.cli.MODULES names, for every command `clustersim --help` lists, the module that
+    runs it; running `collective` imports neither the planner, serving nor plotting."""
+    import importlib
+
+    from clustersim.sim.cli import MODULES, build_parser
+    listed = build_parser()._subparsers._group_actions[0].choices
+    assert set(listed) == set(MODULES)
+    for command, module in MODULES.items():
+        assert command in importlib.import_module(f"clustersim.sim.cli.{module}").COMMANDS
+    probe = ("import sys; from clustersim.sim.cli import main; "
+             "code = main(['collective', 'all-reduce', '--size', '1M', '--ranks', '8']); "
+             "print(code, sorted(m for m in sys.modules if m.startswith(('clustersim.sim.planner',"
+             " 'clustersim.sim.serving', 'plotly', 'pandas'))))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         cwd=ROOT, timeout=120)
+    assert out.stdout.splitlines()[-1] == "0 []", out.stdout + out.stderr
+
+
 def test_the_program_leaves_fast_with_every_output_whole(tmp_path):
     """`clustersim simulate` ends its process right after flushing (sim.cli.LEAVE_FAST):
     every file it wrote is complete, its stdout is all there, its exit code is kept, and an

@@ -1,7 +1,10 @@
 """The `clustersim` command line: simulate, show, compare, memory, collective, plan, jobs,
 sweep, serve; calibrate and run on hardware (sim.cli.commands, .hardware, .memory_report,
 .collective_report, .plan_command, .jobs_command, .sweep_command, .serve_command; the flags
-and the fields they set: sim.cli.flags).
+and the fields they set: sim.cli.flags). A command line imports only its command's module
+(`MODULES`): the others pull in the planner, serving and plotting, about half of the
+start-up time of a `collective` run; `clustersim --help` and an unknown command build
+them all.
 
 Every error a user can cause ends in one `clustersim: error: ...` line (a deadlock adds
 its rank x step report) and a non-zero exit, never a traceback. A value the user gave that
@@ -12,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import importlib
 import logging
 import os
 import re
@@ -23,8 +27,7 @@ from clustersim.topologies import TopologyError
 
 from .. import progress
 from ..gc_pause import gc_paused
-from . import (collective_report, commands, config_files, hardware, jobs_command,
-               memory_report, plan_command, serve_command, sweep_command)
+from . import config_files
 
 EXIT_USAGE, EXIT_DEADLOCK, EXIT_INTERRUPTED = 2, 3, 130  # 130: 128 + SIGINT, as shells do
 MAX_ECHO = 200  # characters of one word (a value echoed back) in an error line
@@ -49,27 +52,31 @@ class _Parser(argparse.ArgumentParser):
                               f"(see {self.prog} --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+MODULES = {"simulate": "commands", "show": "commands", "compare": "commands",
+           "models": "commands", "topologies": "commands", "calibrate": "hardware", "run": "hardware", "memory": "memory_report",
+           "collective": "collective_report", "plan": "plan_command", "jobs": "jobs_command",
+           "sweep": "sweep_command", "serve": "serve_command"}
+"""Each command's module in sim.cli, in `clustersim --help`'s order: it adds the command's
+parser (`add_parser`, or `add_parsers` for several) and runs it (its `COMMANDS`)."""
+
+
+def _module(name: str):
+    return importlib.import_module(f"{__name__}.{name}")
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, or only of `command`'s module when it names one."""
     parser = _Parser(
         prog="clustersim",
         description="Discrete-event simulator of distributed LLM training and serving.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     parser.add_argument("--version", action="version", version=f"clustersim {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    commands.add_parsers(sub)
-    hardware.add_parsers(sub)
-    memory_report.add_parser(sub)
-    collective_report.add_parser(sub)
-    plan_command.add_parser(sub)
-    jobs_command.add_parser(sub)
-    sweep_command.add_parser(sub)
-    serve_command.add_parser(sub)
+    names = [MODULES[command]] if command in MODULES else dict.fromkeys(MODULES.values())
+    for name in names:
+        module = _module(name)
+        (module.add_parser if hasattr(module, "add_parser") else module.add_parsers)(sub)
     return parser
-
-
-COMMANDS = {**commands.COMMANDS, **hardware.COMMANDS, **memory_report.COMMANDS,
-            **collective_report.COMMANDS, **plan_command.COMMANDS, **jobs_command.COMMANDS,
-            **sweep_command.COMMANDS, **serve_command.COMMANDS}
 
 
 SIMULATING = ("simulate", "compare", "show", "collective", "memory", "plan", "jobs", "serve")
@@ -93,9 +100,10 @@ def command() -> None:
 def main(argv: list[str] | None = None, leave: bool = False) -> int:
     """Run one command line; its exit code. `leave`: a LEAVE_FAST command ends the process
     once its output is flushed, instead of returning (`command`)."""
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(next((word for word in argv if not word.startswith("-")), None))
     try:
-        argv, notes = config_files.expand(list(sys.argv[1:] if argv is None else argv), parser)
+        argv, notes = config_files.expand(argv, parser)
     except ClustersimError as err:
         print(f"clustersim: error: {shorten(str(err))}", file=sys.stderr)
         return EXIT_USAGE
@@ -108,7 +116,7 @@ def main(argv: list[str] | None = None, leave: bool = False) -> int:
     try:
         with progress.reporting(), (gc_paused() if args.command in SIMULATING and not leaving
                                     else contextlib.nullcontext()):
-            code = COMMANDS[args.command](args)
+            code = _module(MODULES[args.command]).COMMANDS[args.command](args)
         for note in notes:  # what the config files set aside; after the run, so that an
             print(f"clustersim: note: {shorten(note)}", file=sys.stderr)  # error stays one line
         if leaving:

@@ -186,16 +186,19 @@ def input_paths(args: argparse.Namespace) -> dict[str, str | None]:
             "--topology": topology if topology and Path(topology).exists() else None}
 
 
+def _write_html(timeline: Timeline, path, trace_path: str | None) -> None:
+    from ..html_report import write_report  # here: plotly only when a page is written
+    write_report(timeline, path, trace_path=trace_path)
+
+
 def write_outputs(timeline: Timeline, args: argparse.Namespace, plan: Plan | None = None
                   ) -> None:
     """Gantt HTML, and the trace, metrics and Timeline JSON files the flags ask for, each
     written atomically (schedules.output_files); the Chakra traces (`plan`: the run's,
     needed for a custom schedule; else rebuilt from the Timeline's meta)."""
-    from ..html_report import write_report
     from ..trace import write_trace
 
-    writers = {"--output": lambda path: write_report(timeline, path,
-                                                     trace_path=args.trace_json),
+    writers = {"--output": lambda path: _write_html(timeline, path, args.trace_json),
                "--trace-json": lambda path: write_trace(timeline, path),
                "--metrics-json": _json_writer(timeline.metrics()),
                "--timeline-json": timeline.save}

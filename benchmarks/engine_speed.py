@@ -206,6 +206,12 @@ def _agree(a: dict | None, b: dict | None) -> str:
         f"DIFFER: {a['iteration_time_s']!r} vs {b['iteration_time_s']!r}")
 
 
+def _measured(part: dict) -> list[str]:
+    """Which tree was `new` in a section, and when (`--only` keeps the other section)."""
+    found = part.get("measured")
+    return ["", f"Measured {found['date']}, new = {found['new']}."] if found else []
+
+
 def render(data: dict) -> str:
     env, vs = data["environment"], data["versions"]
     lines = ["# Engine speed (issue 19)", "",
@@ -221,7 +227,7 @@ def render(data: dict) -> str:
         g = data["gpt3"]["rows"]
         new = g["new"]
         lines += ["## 1. GPT-3 175B on 1,024 GPUs, the README's command", "",
-                  f"`{data['gpt3']['command']}`", ""]
+                  f"`{data['gpt3']['command']}`", *_measured(data["gpt3"]), ""]
         lines += _table(
             ["version", "wall (s)", "runs (s)", "loads", "CPU (s)", "peak RSS (MB)",
              "iteration time (s)", "bubble fraction", "largest peak memory (B)",
@@ -232,12 +238,14 @@ def render(data: dict) -> str:
               f"{r['bubble_fraction']:.6f}", f"{r['peak_memory_bytes_max']:,}",
               f"{r['wall_s'] / new['wall_s']:.2f}x"] for name, r in g.items()])
         lines += ["", f"Answers of {START} and this tree: {_agree(g[START], new)}. "
-                  f"f07ec0a's answer differs because the model changed between the two "
-                  f"commits (e.g. issue 16's kernel ceilings), not because of the engine.",
-                  ""]
+                  f"An old commit's answer differs where the model changed since it "
+                  f"(f07ec0a: e.g. issue 16's kernel ceilings; {START}: issue 22's NCCL "
+                  f"collectives), not because of the engine: each speed-up is checked to "
+                  f"change no answer of the commit before it.", ""]
     if "deep" in data:
         lines += ["## 2. Deep pipeline: 1F1B, pp P, 4 P micro-batches", "",
-                  f"`{data['deep']['command']}` (P = 32; likewise for each P).", "",
+                  f"`{data['deep']['command']}` (P = 32; likewise for each P).",
+                  *_measured(data["deep"]), "",
                   "With `--no-html` (the issue's command):", ""]
         rows = []
         for r in data["deep"]["rows"]:
@@ -313,6 +321,10 @@ def main() -> int:
         print(f"wrote {PAGE}")
         return 0
     saved = json.loads(RAW.read_text()) if args.only and RAW.exists() else {}
+    for part in ("gpt3", "deep"):  # a kept section keeps the tree and date it measured
+        if part in saved and "measured" not in saved[part]:
+            saved[part]["measured"] = {"new": saved["versions"]["new"]["commit"],
+                                       "date": saved["environment"]["date"]}
     data = {**saved, "environment": environment()}
     began = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
@@ -321,11 +333,13 @@ def main() -> int:
         data["versions"] = {k: {"commit": v["commit"], "tree": v["tree"]}
                             for k, v in vs.items()}
         parts = args.only or ["gpt3", "deep"]
+        measured = {"new": vs["new"]["commit"], "date": data["environment"]["date"]}
         if "gpt3" in parts:
-            data["gpt3"] = measure_gpt3(vs, work, args.repeat)
+            data["gpt3"] = {**measure_gpt3(vs, work, args.repeat), "measured": measured}
         if "deep" in parts:
             sizes = tuple(int(x) for x in args.deep.split(","))
-            data["deep"] = measure_deep(vs, work, sizes, args.start_max, args.old_max)
+            data["deep"] = {**measure_deep(vs, work, sizes, args.start_max, args.old_max),
+                            "measured": measured}
     data["benchmark_wall_s"] = time.perf_counter() - began
     RESULTS.mkdir(parents=True, exist_ok=True)
     RAW.write_text(json.dumps(data, indent=1) + "\n")

@@ -2,8 +2,8 @@
 sweep, serve; calibrate and run on hardware (sim.cli.commands, .hardware, .memory_report,
 .collective_report, .plan_command, .jobs_command, .sweep_command, .serve_command; the flags
 and the fields they set: sim.cli.flags). A command line imports only its command's module
-(`MODULES`): the others pull in the planner, serving and plotting, about half of the
-start-up time of a `collective` run; `clustersim --help` and an unknown command build
+(`MODULES`): the others pull in the planner, serving and plotting, about a third of
+the start-up time of a `collective` run; `clustersim --help` and an unknown command build
 them all.
 
 Every error a user can cause ends in one `clustersim: error: ...` line (a deadlock adds
@@ -53,9 +53,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 MODULES = {"simulate": "commands", "show": "commands", "compare": "commands",
-           "models": "commands", "topologies": "commands", "calibrate": "hardware", "run": "hardware", "memory": "memory_report",
-           "collective": "collective_report", "plan": "plan_command", "jobs": "jobs_command",
-           "sweep": "sweep_command", "serve": "serve_command"}
+           "models": "commands", "topologies": "commands", "calibrate": "hardware",
+           "run": "hardware", "memory": "memory_report", "collective": "collective_report",
+           "plan": "plan_command", "jobs": "jobs_command", "sweep": "sweep_command",
+           "serve": "serve_command"}
 """Each command's module in sim.cli, in `clustersim --help`'s order: it adds the command's
 parser (`add_parser`, or `add_parsers` for several) and runs it (its `COMMANDS`)."""
 

@@ -31,6 +31,7 @@ algorithm").
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -153,6 +154,13 @@ def _split_protocol(algorithm: str | None, protocol: str | None
     return algorithm, parse_protocol(protocol)
 
 
+KEPT_FLOWS = 1 << 20
+"""Flows of the phases `collective_phases` keeps per graph (a replay runs the same
+collectives over and over); past it the kept ones are dropped, so a sweep of large
+collectives does not hold them all."""
+_KEPT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # graph -> [flows, {key: hit}]
+
+
 def collective_phases(op: str | Collective | OpKind | Op, gpus: Sequence[str], nbytes: float,
                       graph: nx.DiGraph, algorithm: str | None = None,
                       protocol: str | None = None) -> tuple[str, list[Phase]]:
@@ -160,8 +168,28 @@ def collective_phases(op: str | Collective | OpKind | Op, gpus: Sequence[str], n
     (in ring order). On CUDA GPUs NCCL's algorithms run as NCCL chooses and runs them
     (sim.nccl_collectives; the name is then 'algorithm/protocol'), restricted to
     `algorithm` / `protocol` where given; elsewhere, and for hierarchical and direct,
-    `algorithm=None` picks the fastest alpha-beta estimate (module docstring)."""
+    `algorithm=None` picks the fastest alpha-beta estimate (module docstring). A function
+    of its arguments and the graph's links, so kept per graph object (up to KEPT_FLOWS
+    flows; like sim.route_shares, it assumes links keep their bandwidths): callers read
+    the phases, never change them."""
     coll = parse_collective(op)
+    key = (coll, tuple(gpus), nbytes, algorithm, protocol)
+    kept = _KEPT.setdefault(graph, [0, {}])
+    hit = kept[1].get(key)
+    if hit is None:
+        hit = _collective_phases(coll, gpus, nbytes, graph, algorithm, protocol)
+        flows = sum(len(phase.flows) for phase in hit[1])
+        if kept[0] + flows > KEPT_FLOWS:
+            kept[:] = [0, {}]
+        if flows <= KEPT_FLOWS:
+            kept[0] += flows
+            kept[1][key] = hit
+    return hit
+
+
+def _collective_phases(coll: Collective, gpus: Sequence[str], nbytes: float,
+                       graph: nx.DiGraph, algorithm: str | None,
+                       protocol: str | None) -> tuple[str, list[Phase]]:
     if nbytes < 0:
         raise ConfigError(f"nbytes must be >= 0, got {nbytes}")
     algorithm, protocol = _split_protocol(algorithm, protocol)

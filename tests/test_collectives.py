@@ -466,3 +466,23 @@ def test_cli_errors_are_one_line_exit_2(args, words):
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("clustersim: error:") and words in lines[0]
+
+
+def test_kept_phases_are_the_computed_ones_and_bounded(monkeypatch):
+    """collective_phases keeps what it computed per graph (a replay asks again and again):
+    a second call returns the kept result, which equals a fresh computation on a copy of
+    the graph; the flows kept never exceed KEPT_FLOWS, however many sizes are asked."""
+    from clustersim.sim import collectives
+    graph = load_topology("dgx-h100-x16-ndr")
+    gpus = gpu_nodes(graph)[:16]
+    monkeypatch.setattr(collectives, "KEPT_FLOWS", 300)
+    for size in SIZES * 2:
+        for op in ("all-reduce", "all-gather", "all-to-all"):
+            got = collective_phases(op, gpus, size, graph)
+            assert collective_phases(op, gpus, size, graph) is got
+            fresh = collective_phases(op, gpus, size, graph.copy())
+            assert got[0] == fresh[0] and [(p.steps, p.flows, p.latency) for p in got[1]] == [
+                (p.steps, p.flows, p.latency) for p in fresh[1]]
+            kept_flows, kept = collectives._KEPT[graph]
+            assert kept_flows <= 300 and kept_flows == sum(
+                len(p.flows) for _, phases in kept.values() for p in phases)

@@ -41,7 +41,7 @@ def check_context(requests: Sequence[Request], context: int) -> None:
     """Refuse a request whose prompt and output exceed the model's `context` (seq_length,
     vLLM's max_model_len), as vLLM's server refuses it; ConfigError naming the request."""
     longest = max(requests, key=lambda r: r.input_tokens + r.output_tokens, default=None)
-    if longest and longest.input_tokens + longest.output_tokens > context:
+    if longest is not None and longest.input_tokens + longest.output_tokens > context:
         raise ConfigError(
             f"request {longest.index}: {longest.input_tokens} prompt + "
             f"{longest.output_tokens} output tokens exceed the model's context of "

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from .errors import ConfigError, ScheduleFormatError
+from .frozen import fast_init
 from .names import PP
 
 
@@ -87,6 +88,7 @@ _KIND_ALTERNATION = "|".join(sorted((k.value for k in OpKind), key=len, reverse=
 _ACTION_RE = re.compile(rf"^(\d+)({_KIND_ALTERNATION})(\d*)(?:\.(\d+))?$")
 
 
+@fast_init  # schedules.frozen: made by the million in a replay
 @dataclass(frozen=True, slots=True)
 class Op:
     """One action of one rank.

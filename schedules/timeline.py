@@ -51,6 +51,7 @@ from typing import Any
 from clustersim.user_files import is_finite_number, parse_json, read_text, short_repr
 
 from .errors import ConfigError, ScheduleFormatError
+from .frozen import fast_init
 from .names import COMPUTE_LANE
 from .ops import Op, parse_op
 from .output_files import write_text_atomic
@@ -69,6 +70,7 @@ def span_category(span: Span) -> str:
     return category(span.lane, span.op)
 
 
+@fast_init  # schedules.frozen: made by the million in a replay
 @dataclass(frozen=True, slots=True)
 class Span:
     """One op's execution on one rank's lane, in seconds. `info` holds extras for display
@@ -134,6 +136,7 @@ class Span:
         return Span(_rank(where, d["rank"]), lane, op, start, end, info)
 
 
+@fast_init  # schedules.frozen: made by the million in a replay
 @dataclass(frozen=True, slots=True)
 class MemorySample:
     """Bytes allocated on `rank` from `time` on (a step function)."""

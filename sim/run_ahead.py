@@ -133,13 +133,7 @@ class RunAhead:
         stage_ranks, count, chains = (self.schedule.stage_ranks,
                                       self.schedule.num_microbatches, self.chains)
         partner, local, completes = contract.partner, contract.local, contract.completes
-        if self.foreign is None:
-            contracts, program_of = self._foreign_of
-            schedule = self.schedule
-            foreign = foreign_keys(schedule.programs, contracts, schedule.stage_ranks,
-                                   schedule.num_microbatches, self.chains)
-            self.foreign = [foreign[p] for p in program_of]
-        fixed, foreign = self.fixed, self.foreign[rank]
+        fixed, foreign = self.fixed, None  # self.foreign[rank], read once a run needs it
         t = self.env.now
         ends: dict[int, float] = {}  # index -> end, ops of this run
         keys: dict[Key, float] = {}  # keys this run completes -> when
@@ -163,6 +157,8 @@ class RunAhead:
             made = produces(op)
             if completes and j in completes:
                 made += completes[j]
+            if foreign is None:
+                foreign = self._foreign(rank)
             if foreign and any(k in foreign for k in made):
                 break
             start = ready
@@ -193,6 +189,18 @@ class RunAhead:
             for key in made:
                 keys[key] = end
         return self._ran(run, t)
+
+    def _foreign(self, rank: int) -> frozenset[Key]:
+        """`foreign_keys` of the rank's program, computed for every program the first time
+        a run gets as far as asking (a deep pipeline's runs stop earlier: each compute op
+        waits for a transfer still running, so it never pays for this walk of every op)."""
+        if self.foreign is None:
+            contracts, program_of = self._foreign_of
+            schedule = self.schedule
+            foreign = foreign_keys(schedule.programs, contracts, schedule.stage_ranks,
+                                   schedule.num_microbatches, self.chains)
+            self.foreign = [foreign[p] for p in program_of]
+        return self.foreign[rank]
 
     @staticmethod
     def _ran(run: list[Timed], t: float) -> tuple[list[Timed], float] | None:

@@ -98,7 +98,7 @@ COARSE = (
     ("clustersim.topologies", "load_topology", "topology load"),
     ("clustersim.sim.cli.commands", "simulate_schedule",
      "simulate: rest (warnings, steady window, throughput)"),
-    ("clustersim.sim.simulate", "_checked_plan", "plan (resolve, checks)"),
+    ("clustersim.sim.simulate", "checked_plan", "plan (resolve, checks)"),
     ("clustersim.schedules.plan:Plan", "build_schedule", "schedule build"),
     ("clustersim.sim.simulate", "lower", "lowering (P2P, DP, costs, TP collectives)"),
     ("clustersim.sim.cost_model:RooflineCostModel", "compute_time", "cost model set-up"),
@@ -116,15 +116,17 @@ COARSE = (
     ("clustersim.sim.collectives", "sweep_collective", "collective: engine and the rest"),
     ("clustersim.sim.collectives", "collective_phases", "collective: algorithm phases"),
 )
-ROUTES_FLOWS = "route finding for flows (routes() from sim.flows.path_links)"
-ROUTES_ESTIMATE = ("route finding for the algorithm choice (routes() from "
+ROUTES_FLOWS = ("route finding for flows (a pair's parts, sim.ecmp.EcmpRoutes._pair: "
+                "topologies.route_sets)")
+ROUTES_ESTIMATE = ("route finding for the algorithm choice (sim.route_shares, from "
                    "sim.collective_algorithms.estimate_time)")
 FINE = (
-    ("clustersim.sim.flows", "routes", ROUTES_FLOWS),
-    ("clustersim.sim.collective_algorithms", "routes", ROUTES_ESTIMATE),
+    ("clustersim.sim.ecmp:EcmpRoutes", "_pair", ROUTES_FLOWS),
+    ("clustersim.sim.collective_algorithms", "route_shares", ROUTES_ESTIMATE),
     ("clustersim.sim.flows:FlowNetwork", "path_links", "route choice (path_links)"),
+    ("clustersim.sim.flows:FlowNetwork", "paths_links", "route choice (path_links)"),
     ("clustersim.sim.collectives", "estimate_time", "alpha-beta estimate"),
-    ("clustersim.sim.flows", "max_min_rates", "max-min rates (sim.maxmin)"),
+    ("clustersim.sim.flows", "max_min_entries", "max-min rates (sim.maxmin)"),
     ("clustersim.sim.flows:FlowNetwork", "_component", "flow component search"),
 )
 OTHER = "CLI: rest (argument parsing, checks, printing)"

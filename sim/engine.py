@@ -80,6 +80,14 @@ class MemoryModel:
 _start, _rank = attrgetter("start"), attrgetter("rank")  # the Timeline's span order
 
 
+def _mask(n: int, indices) -> bytes:
+    """n bytes, 1 at `indices`, 0 elsewhere."""
+    mask = bytearray(n)
+    for index in indices:
+        mask[index] = 1
+    return bytes(mask)
+
+
 @dataclass(frozen=True)
 class ReplayRanks:
     """What each replayed rank is, when they are not simply the schedule's pipeline ranks
@@ -151,7 +159,7 @@ class Replay(RunAhead):
                     if memory and memory.gathered else None)
         self.releases = None if releases is None else [releases[p] for p in which]
         self.held = [{g for gs in r.values() for g in gs} for r in self.releases or ()]
-        ends = [self._activation_ends(p) if memory else (set(), set())
+        ends = [self._activation_ends(p) if memory else (b"", b"")
                 for p in schedule.programs]
         self.activation_ends = [ends[p] for p in which]
         self.handlers = self._dispatch_table()
@@ -189,9 +197,10 @@ class Replay(RunAhead):
             ev = self.local_events[(rank, index)] = self.env.event()
         return ev
 
-    def _activation_ends(self, program: Sequence[Op]) -> tuple[set[int], set[int]]:
-        """Indices of the ops that allocate (first forward group of (s,m)) and release
-        (last backward group: B, or W after I) a microbatch's activations."""
+    def _activation_ends(self, program: Sequence[Op]) -> tuple[bytes, bytes]:
+        """Per op of `program`, 1 where it allocates (the first forward group of (s,m)),
+        and 1 where it releases (the last backward group: B, or W after I) a microbatch's
+        activations: a byte per op, not a set of indices (a deep pipeline has millions)."""
         first: dict[tuple, int] = {}
         last: dict[tuple, int] = {}
         f, b, i, w, split = OpKind.F, OpKind.B, OpKind.I, OpKind.W, self.split_backward
@@ -201,7 +210,7 @@ class Replay(RunAhead):
                 first.setdefault((op.stage, op.microbatch), index)
             elif kind is b or kind is w or (kind is i and (op.stage, op.microbatch) not in split):
                 last[(op.stage, op.microbatch)] = index
-        return set(first.values()), set(last.values())
+        return _mask(len(program), first.values()), _mask(len(program), last.values())
 
     def _allocate(self, rank: int, nbytes: int, at: float | None = None) -> None:
         """`nbytes` more held by `rank` from `at` (default now) on."""
@@ -283,7 +292,7 @@ class Replay(RunAhead):
 
     def _compute_starts(self, rank: int, index: int, op: Op) -> float:
         """A compute op starts now: its activations are allocated; its seconds."""
-        if self.memory and index in self.activation_ends[rank][0]:
+        if self.memory and self.activation_ends[rank][0][index]:
             self._allocate(rank, self.memory.activations[op.stage])
         return self._compute_seconds(rank, op)
 
@@ -297,7 +306,7 @@ class Replay(RunAhead):
                       info: Mapping | None) -> None:
         """A compute op ends now: its span, the memory it frees, the keys it satisfies."""
         self.spans.append(Span(rank, COMPUTE_LANE, op, start, self.env.now, info))
-        if self.memory and index in self.activation_ends[rank][1]:
+        if self.memory and self.activation_ends[rank][1][index]:
             self._allocate(rank, -self.memory.activations[op.stage])
         if self.releases is not None:
             for gather in self.releases[rank].get(index, ()):

@@ -221,9 +221,9 @@ class RunAhead:
             starts, ends = self.activation_ends[rank]
             for timed in run:
                 if timed.lane == COMPUTE_LANE:
-                    if timed.index in starts:
+                    if starts[timed.index]:
                         self._allocate(rank, memory.activations[timed.op.stage], timed.start)
-                    if timed.index in ends:
+                    if ends[timed.index]:
                         self._allocate(rank, -memory.activations[timed.op.stage], timed.end)
         early = sorted((x for x in run if x.end <= resume), key=_end)
         late = [x for x in run if x.end > resume]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 
 from .errors import ConfigError
 from .ops import P2P_KINDS, Op, OpKind, action_texts
@@ -83,8 +84,8 @@ class Schedule:
         return self.stage_ranks[stage]
 
     def ops(self) -> Iterator[Op]:
-        for program in self.programs:
-            yield from program
+        """Every op, program by program (a C-level chain: deep pipelines scan millions)."""
+        return chain.from_iterable(self.programs)
 
     def compute_only(self) -> Schedule:
         """The same schedule with communication ops removed."""

@@ -67,14 +67,18 @@ def _device_nvlink_efficiency(device: str) -> float:
 
 def link_efficiency(graph: nx.DiGraph, u: str, v: str) -> float:
     """Achievable / line rate of edge (u, v) (module docstring)."""
-    kind = graph.edges[u, v]["kind"]
+    return _efficiency(graph, u, v, graph.adj[u][v]["kind"])
+
+
+def _efficiency(graph: nx.DiGraph, u: str, v: str, kind: str) -> float:
+    """`link_efficiency` of edge (u, v), whose kind is `kind`."""
     if kind == "nvlink":
-        gpu = next((x for x in (u, v) if graph.nodes[x].get("type") == "gpu"), None)
-        if gpu is None:  # a link between two switches: the graph's first GPU's NVLink
-            gpu = next((n for n, t in graph.nodes(data="type") if t == "gpu"), None)
+        nodes = graph._node  # a plain dict: this runs once per edge of a 250k-edge fabric
+        gpu = u if nodes[u].get("type") == "gpu" else v if nodes[v].get("type") == "gpu" \
+            else _first_gpu(graph)  # a link between two switches: the first GPU's NVLink
         if gpu is None:
             return 1.0
-        return _device_nvlink_efficiency(graph.nodes[gpu]["device"])
+        return _device_nvlink_efficiency(nodes[gpu]["device"])
     if kind == "pcie":
         return PCIE_EFFICIENCY
     if kind in ("ib", "roce"):
@@ -82,13 +86,17 @@ def link_efficiency(graph: nx.DiGraph, u: str, v: str) -> float:
     return 1.0
 
 
+def _first_gpu(graph: nx.DiGraph) -> str | None:
+    return next((n for n, t in graph.nodes(data="type") if t == "gpu"), None)
+
+
 def achievable_capacities(graph: nx.DiGraph) -> np.ndarray:
     """Achievable bytes/s per direction of every edge, in `graph.edges` order; computed
     once per graph object (a graph changed afterwards keeps its old figures)."""
     hit = _BY_GRAPH.get(graph)
     if hit is None:
-        hit = np.fromiter((bw * link_efficiency(graph, u, v)
-                           for u, v, bw in graph.edges(data="bandwidth")),
+        hit = np.fromiter((attrs["bandwidth"] * _efficiency(graph, u, v, attrs["kind"])
+                           for u, v, attrs in graph.edges(data=True)),
                           dtype=float, count=graph.number_of_edges())
         _BY_GRAPH[graph] = hit
     return hit

@@ -81,7 +81,7 @@ from clustersim.user_files import is_finite_number, short_repr
 
 from .errors import TopologyError
 from .graph import BUILDERS, MAX_GPUS, check_gpu_count, validate_topology
-from .nodes import add_host, add_link, get_node_kind
+from .nodes import add_host, add_parts, get_node_kind, link_attrs
 
 
 MAX_LEAF_SPINE_LINKS = 2 * MAX_GPUS  # leaves x spines (module docstring)
@@ -142,14 +142,15 @@ def fat_tree(
     if in_network_reduction:
         graph.graph["in_network_reduction"] = True
     leaves: dict[str, int] = {}
+    nodes, links, port = [], [], link_attrs(net.bandwidth, network_latency, net.kind)
     for h, nics in enumerate(hosts):
         leaf = f"leaf{h // nodes_per_leaf}"
         if leaf not in leaves:
-            graph.add_node(leaf, type="switch", tier="leaf")
+            nodes.append((leaf, {"type": "switch", "tier": "leaf"}))
             leaves[leaf] = 0
-        for nic in nics:
-            add_link(graph, nic, leaf, net.bandwidth, network_latency, net.kind)
+        links += [(nic, leaf, port) for nic in nics]
         leaves[leaf] += len(nics)
+    add_parts(graph, nodes, links)
     _add_spines(graph, "fat_tree", leaves, num_spines, oversubscription, net, network_latency)
     validate_topology(graph)
     return graph
@@ -177,15 +178,18 @@ def rail_optimized(
     per_group = nodes_per_group or num_nodes
     grouped = num_nodes > per_group
     leaves: dict[str, int] = {}
+    nodes, links, port = [], [], link_attrs(net.bandwidth, network_latency, net.kind)
     for h, nics in enumerate(hosts):
         group = h // per_group
         for rail, nic in enumerate(nics):
             switch = f"rail{rail}.{group}" if grouped else f"rail{rail}"
             if switch not in leaves:
-                graph.add_node(switch, type="switch", tier="leaf", rail=rail, group=group)
+                nodes.append((switch, {"type": "switch", "tier": "leaf", "rail": rail,
+                                       "group": group}))
                 leaves[switch] = 0
-            add_link(graph, nic, switch, net.bandwidth, network_latency, net.kind)
+            links.append((nic, switch, port))
             leaves[switch] += 1
+    add_parts(graph, nodes, links)
     _add_spines(graph, "rail_optimized", leaves, num_spines, oversubscription, net, network_latency)
     validate_topology(graph)
     return graph
@@ -267,12 +271,11 @@ def _add_spines(graph, builder, leaves: dict[str, int], num_spines, r, net: Netw
         num_spines = math.ceil(max(leaves.values()) / r)
     _positive_int(builder, "num_spines", num_spines)
     spines = [f"spine{k}" for k in range(num_spines)]
-    for spine in spines:
-        graph.add_node(spine, type="switch", tier="spine")
+    links = []
     for leaf, downlinks in leaves.items():
-        uplink = downlinks * net.bandwidth / r / num_spines
-        for spine in spines:
-            add_link(graph, leaf, spine, uplink, latency, net.kind)
+        uplink = link_attrs(downlinks * net.bandwidth / r / num_spines, latency, net.kind)
+        links += [(leaf, spine, uplink) for spine in spines]
+    add_parts(graph, [(spine, {"type": "switch", "tier": "spine"}) for spine in spines], links)
 
 
 def fat_tree_3tier(
@@ -312,33 +315,31 @@ def fat_tree_3tier(
                       f"{plan.pods}pod{suffix}"),
         num_nodes=num_nodes, gpus_per_node=kind.num_gpus, fabric="rail" if rails else "fat-tree")
     hosts = _add_hosts(graph, kind, num_nodes, (nvlink_latency, pcie_latency))
-    leaves: list[tuple[str, int]] = []  # (leaf, pod)
+    leaves: dict[str, int] = {}  # leaf -> pod
+    nodes, links, port = [], [], link_attrs(net.bandwidth, network_latency, net.kind)
     for h, nics in enumerate(hosts):
         pod, group = h // nodes_per_pod, h // nodes_per_leaf
         for rail, nic in enumerate(nics):
             leaf = f"rail{rail}.{group}" if rails else f"leaf{group}"
-            if leaf not in graph:
+            if leaf not in leaves:
                 extra = {"rail": rail, "group": group} if rails else {}
-                graph.add_node(leaf, type="switch", tier="leaf", pod=pod, **extra)
-                leaves.append((leaf, pod))
-            add_link(graph, nic, leaf, net.bandwidth, network_latency, net.kind)
+                nodes.append((leaf, {"type": "switch", "tier": "leaf", "pod": pod, **extra}))
+                leaves[leaf] = pod
+            links.append((nic, leaf, port))
+    spines = [[f"spine{pod}.{j}" for j in range(plan.spines)] for pod in range(plan.pods)]
     if len(leaves) > 1:
-        for pod in range(plan.pods):
-            for j in range(plan.spines):
-                graph.add_node(f"spine{pod}.{j}", type="switch", tier="spine", pod=pod, plane=j)
-        for leaf, pod in leaves:
-            for j in range(plan.spines):
-                add_link(graph, leaf, f"spine{pod}.{j}", plan.leaf_spine_bandwidth,
-                         network_latency, net.kind)
+        nodes += [(spine, {"type": "switch", "tier": "spine", "pod": pod, "plane": j})
+                  for pod, row in enumerate(spines) for j, spine in enumerate(row)]
+        up = link_attrs(plan.leaf_spine_bandwidth, network_latency, net.kind)
+        links += [(leaf, spine, up) for leaf, pod in leaves.items() for spine in spines[pod]]
     if plan.pods > 1:
-        for j in range(plan.spines):
-            for c in range(plan.cores_per_plane):
-                graph.add_node(f"core{j}.{c}", type="switch", tier="core", plane=j)
-        for pod in range(plan.pods):
-            for j in range(plan.spines):
-                for c in range(plan.cores_per_plane):
-                    add_link(graph, f"spine{pod}.{j}", f"core{j}.{c}",
-                             plan.spine_core_bandwidth, network_latency, net.kind)
+        cores = [[f"core{j}.{c}" for c in range(plan.cores_per_plane)] for j in range(plan.spines)]
+        nodes += [(core, {"type": "switch", "tier": "core", "plane": j})
+                  for j, row in enumerate(cores) for core in row]
+        up = link_attrs(plan.spine_core_bandwidth, network_latency, net.kind)
+        links += [(spine, core, up) for row in spines for j, spine in enumerate(row)
+                  for core in cores[j]]
+    add_parts(graph, nodes, links)
     validate_topology(graph)
     return graph
 

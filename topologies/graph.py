@@ -99,8 +99,9 @@ FABRICS = ("fat-tree", "rail")
 
 def gpu_nodes(graph: nx.DiGraph) -> list[str]:
     """GPU node ids ordered by their global `index`."""
-    gpus = [n for n, a in graph.nodes(data=True) if a.get("type") == "gpu"]
-    return sorted(gpus, key=lambda n: graph.nodes[n]["index"])
+    nodes = graph._node
+    return sorted((n for n, a in nodes.items() if a.get("type") == "gpu"),
+                  key=lambda n: nodes[n]["index"])
 
 
 def device_of(graph: nx.DiGraph, gpu: str) -> DeviceSpec:
@@ -148,11 +149,12 @@ def validate_topology(graph: nx.DiGraph) -> None:
 
 def _validate_nodes(graph: nx.DiGraph, where: str) -> None:
     num_nodes, per_node = graph.graph["num_nodes"], graph.graph["gpus_per_node"]
+    nodes = graph._node
     check_gpu_count(f"{where}: gpu nodes",
-                    sum(1 for _, attrs in graph.nodes(data=True) if attrs.get("type") == "gpu"))
+                    sum(1 for attrs in nodes.values() if attrs.get("type") == "gpu"))
     by_index: dict[int, str] = {}
     per_host: dict[int, int] = {}
-    for node, attrs in graph.nodes(data=True):
+    for node, attrs in nodes.items():
         kind = attrs.get("type")
         if kind not in NODE_TYPES:
             raise TopologyError(f"node {short_repr(node)}: type must be one of {', '.join(NODE_TYPES)}, got {short_repr(kind)}")
@@ -195,11 +197,12 @@ def _validate_edges(graph: nx.DiGraph) -> None:
     # The common case (float bandwidth and latency, str kind) is checked inline: the same
     # verdict as `_check_edge`, which gives the message of the first edge that fails.
     inf = math.inf
-    for u, v, attrs in ((u, v, a) for u, nbrs in graph._succ.items() for v, a in nbrs.items()):
-        bw, lat, kind = attrs.get("bandwidth"), attrs.get("latency"), attrs.get("kind")
-        if not (type(bw) is float and 0 < bw < inf and type(lat) is float and 0 <= lat < inf
-                and type(kind) is str and kind):
-            _check_edge(u, v, bw, lat, kind)
+    for u, nbrs in graph._succ.items():
+        for v, attrs in nbrs.items():
+            bw, lat, kind = attrs.get("bandwidth"), attrs.get("latency"), attrs.get("kind")
+            if not (type(bw) is float and 0 < bw < inf and type(lat) is float and 0 <= lat < inf
+                    and type(kind) is str and kind):
+                _check_edge(u, v, bw, lat, kind)
 
 
 def _check_edge(u, v, bw, lat, kind) -> None:

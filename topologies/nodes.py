@@ -124,6 +124,40 @@ def add_link(graph: nx.DiGraph, a: str, b: str, bandwidth: float, latency: float
     graph.add_edge(b, a, bandwidth=bandwidth, latency=latency, kind=kind)
 
 
+def link_attrs(bandwidth: float, latency: float, kind: str) -> dict:
+    """The edge attributes of a link, as `add_link` sets them (one dict may serve many links)."""
+    return {"bandwidth": bandwidth, "latency": latency, "kind": kind}
+
+
+def add_parts(graph: nx.DiGraph, nodes: list, links: list) -> None:
+    """Add `nodes` ((id, attrs)) to `graph`, then `links` ((a, b, attrs), ends already added)
+    in order, each as edges a->b and b->a: the graph `graph.add_node` and `add_link` make.
+
+    A plain DiGraph's dicts are written directly (as those methods do), without networkx's
+    per-call overhead, which is most of the time a large cluster takes to build.
+    """
+    if type(graph) is not nx.DiGraph:
+        for node, attrs in nodes:
+            graph.add_node(node, **attrs)
+        for a, b, attrs in links:
+            add_link(graph, a, b, **attrs)
+        return
+    succ, pred, node_attrs = graph._succ, graph._pred, graph._node
+    for node, attrs in nodes:
+        if node in node_attrs:  # an existing node or edge: updated, as networkx does
+            graph.add_node(node, **attrs)
+        else:
+            succ[node], pred[node], node_attrs[node] = {}, {}, dict(attrs)
+    for a, b, attrs in links:
+        if b in succ[a] or a in succ[b]:
+            add_link(graph, a, b, **attrs)
+        else:
+            succ[a][b] = pred[b][a] = dict(attrs)
+            succ[b][a] = pred[a][b] = dict(attrs)
+    if cache := getattr(graph, "__networkx_cache__", None):  # as networkx's mutators do
+        cache.clear()
+
+
 def add_host(
     graph: nx.DiGraph,
     kind: str | NodeKind,
@@ -140,40 +174,41 @@ def add_host(
     """
     spec = kind if isinstance(kind, NodeKind) else get_node_kind(kind)
     device = canonical_device_name(spec.device)
-    cpu = f"host{host}"
-    graph.add_node(cpu, type="host", host=host)
-    gpus = [f"gpu{first_gpu_index + i}" for i in range(spec.num_gpus)]
-    for i, gpu in enumerate(gpus):
-        graph.add_node(gpu, type="gpu", device=device, index=first_gpu_index + i, host=host)
     nvlink = get_device(device).nvlink_bandwidth
+    cpu = f"host{host}"
+    gpus = [f"gpu{first_gpu_index + i}" for i in range(spec.num_gpus)]
+    nodes = [(cpu, {"type": "host", "host": host})]
+    nodes += [(gpu, {"type": "gpu", "device": device, "index": first_gpu_index + i, "host": host})
+              for i, gpu in enumerate(gpus)]
+    links: list[tuple[str, str, dict]] = []
+    fabric = link_attrs(nvlink, nvlink_latency, spec.link_kind)
+    to_cpu = link_attrs(spec.host_link, pcie_latency, spec.host_link_kind)
+    pcie = link_attrs(spec.pcie_bandwidth, pcie_latency, "pcie")
     if spec.gpu_switch == "nvswitch":
         nvswitch = f"nvswitch{host}"
-        graph.add_node(nvswitch, type="switch", host=host)
+        nodes.append((nvswitch, {"type": "switch", "host": host}))
         for gpu in gpus:
-            add_link(graph, gpu, nvswitch, nvlink, nvlink_latency, spec.link_kind)
-            add_link(graph, gpu, cpu, spec.host_link, pcie_latency, spec.host_link_kind)
+            links += ((gpu, nvswitch, fabric), (gpu, cpu, to_cpu))
     elif spec.gpu_switch == "mesh":
-        per_link = nvlink / (spec.num_gpus - 1)
+        mesh = link_attrs(nvlink / (spec.num_gpus - 1), nvlink_latency, spec.link_kind)
         for i, gpu in enumerate(gpus):
-            for other in gpus[i + 1:]:
-                add_link(graph, gpu, other, per_link, nvlink_latency, spec.link_kind)
-            add_link(graph, gpu, cpu, spec.host_link, pcie_latency, spec.host_link_kind)
+            links += [(gpu, other, mesh) for other in gpus[i + 1:]]
+            links.append((gpu, cpu, to_cpu))
     else:
         per_switch = spec.gpus_per_pcie_switch
         for k in range(0, spec.num_gpus, per_switch):
             switch = f"pcie{host}.{k // per_switch}"
-            graph.add_node(switch, type="switch", host=host)
-            add_link(graph, switch, cpu, spec.pcie_bandwidth, pcie_latency, "pcie")
-            for gpu in gpus[k:k + per_switch]:
-                add_link(graph, gpu, switch, spec.pcie_bandwidth, pcie_latency, "pcie")
+            nodes.append((switch, {"type": "switch", "host": host}))
+            links.append((switch, cpu, pcie))
+            links += [(gpu, switch, pcie) for gpu in gpus[k:k + per_switch]]
         if spec.nvlink_pairs:
-            for a, b in zip(gpus[::2], gpus[1::2]):
-                add_link(graph, a, b, nvlink, nvlink_latency, spec.link_kind)
+            links += [(a, b, fabric) for a, b in zip(gpus[::2], gpus[1::2])]
     if nics:
         for i, gpu in enumerate(gpus):
             nic = f"nic{first_gpu_index + i}"
-            graph.add_node(nic, type="nic", host=host)
-            add_link(graph, gpu, nic, spec.pcie_bandwidth, pcie_latency, "pcie")
+            nodes.append((nic, {"type": "nic", "host": host}))
+            links.append((gpu, nic, pcie))
+    add_parts(graph, nodes, links)
     return gpus
 
 

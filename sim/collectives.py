@@ -304,19 +304,24 @@ def run_collective(env: simpy.Environment, network: FlowNetwork,
             spans.extend(record.spans)
         done.succeed(record)
 
-    def start_phase(index: int) -> None:
-        if index == len(phases):
-            finish()
-            return
-        phase = phases[index]
-        links = network.paths_links([(src, dst) for src, dst, _ in phase.flows])
-        coflow = network.coflow(links, [nbytes for _, _, nbytes in phase.flows])
-        alpha = network.longest_latency(coflow)
-        network.start(coflow, delay=phase.wait(alpha)).callbacks.append(
-            lambda _event: start_phase(index + 1))
-
-    start_phase(0)
+    _start_phase(network, phases, 0, finish)
     return done
+
+
+def _start_phase(network: FlowNetwork, phases: Sequence[Phase], index: int,
+                 finish: Callable[[], None]) -> None:
+    """Start phase `index` of a collective's `phases`, the next one when it ends, and
+    `finish()` after the last. A module function: a closure naming itself would be a
+    reference cycle, kept with its phases until the run ends (sim.engine.when_processed)."""
+    if index == len(phases):
+        finish()
+        return
+    phase = phases[index]
+    links = network.paths_links([(src, dst) for src, dst, _ in phase.flows])
+    coflow = network.coflow(links, [nbytes for _, _, nbytes in phase.flows])
+    alpha = network.longest_latency(coflow)
+    network.start(coflow, delay=phase.wait(alpha)).callbacks.append(
+        lambda _event: _start_phase(network, phases, index + 1, finish))
 
 
 def _member_spans(record: CollectiveRun, schedule_op: Op | None, lane: str,

@@ -61,7 +61,7 @@ from .lane_turn import LaneTurn
 from .network import Network
 from .progress import CHECK_EVERY, Progress
 from .run_ahead import RunAhead
-from .span_info import SendInfo, received_from
+from .span_info import SendInfo, WaitedInfo, received_from
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,30 @@ class MemoryModel:
 
 
 _start, _rank = attrgetter("start"), attrgetter("rank")  # the Timeline's span order
+
+
+def when_processed(pending: list[simpy.Event], then: Callable[[], None]) -> None:
+    """Call `then()` once every event of `pending` (emptied, last first) is processed: now
+    if all are, else from the callbacks of the first one still pending, in turn. A
+    module function, so that no callback refers to itself: the CLI runs with the cyclic
+    garbage collector off, and a closure that names itself would keep all it holds (a
+    full replay's posts: a million) until the run ends."""
+    while pending:
+        event = pending.pop()
+        if not event.processed:
+            event.callbacks.append(lambda _event: when_processed(pending, then))
+            return
+    then()
+
+
+def _copy_after(network: Network, src: str, dst: str, nbytes: float, left: int,
+                done: simpy.Event) -> None:
+    """`left` more back-to-back transfers of `nbytes` from src to dst, then `done`."""
+    if not left:
+        done.succeed()
+        return
+    network.transfer(src, dst, nbytes).callbacks.append(
+        lambda _event: _copy_after(network, src, dst, nbytes, left - 1, done))
 
 
 def _mask(n: int, indices) -> bytes:
@@ -412,12 +436,7 @@ class Replay(RunAhead):
                 self.lane_posts[key] = seq + 1
                 meeting = (together, lane, seq)
 
-        def start(_event: simpy.Event | None = None) -> None:
-            while pending:
-                ev = pending.pop()
-                if not ev.processed:
-                    ev.callbacks.append(start)
-                    return
+        def start() -> None:
             posts = None  # the full replay: when each member posted the collective
             if op.group == PP_COPIES:  # both replayed copies meet: one collective for both
                 replica = self.replica[rank]
@@ -443,14 +462,14 @@ class Replay(RunAhead):
             def finish(event: simpy.Event) -> None:
                 for r in slowing:
                     self._slowing(r, -1)
-                info = event.value if isinstance(event.value, dict) else None
+                info = shared = event.value if isinstance(event.value, dict) else None
                 last = (max(posts, key=posts.get) if posts and
                         max(posts.values()) > min(posts.values()) else None)
                 for r, i, member, on, member_turn in members:
                     if self.slowdown[r] and slows_compute(member):
                         self.unfinished_slowing[r] -= 1
                     if posts:  # who the members waited for (sim.waits)
-                        info = {**(info or {}), "waited_s": begin - posts[r], "last": last}
+                        info = WaitedInfo(shared, begin - posts[r], last)
                     self.spans.append(Span(r, on, member, begin, self.env.now, info))
                     if self.releases is not None and i in self.held[r]:
                         self._allocate(r, self._gathered(r, i))
@@ -459,7 +478,7 @@ class Replay(RunAhead):
 
             running.callbacks.append(finish)
 
-        start()
+        when_processed(pending, start)
 
     def _lane_and_runner(self, rank: int, op: Op) -> tuple[str, Callable[[], simpy.Event]]:
         if op.kind.is_collective:
@@ -481,15 +500,8 @@ class Replay(RunAhead):
         latencies, as a collective of count k pays k alphas)."""
         if op.count == 1:
             return self.network.transfer(src, dst, op.nbytes)
-        done, size = self.env.event(), op.nbytes / op.count
-
-        def copy(left: int) -> None:
-            if not left:
-                done.succeed()
-                return
-            self.network.transfer(src, dst, size).callbacks.append(lambda _e: copy(left - 1))
-
-        copy(op.count)
+        done = self.env.event()
+        _copy_after(self.network, src, dst, op.nbytes / op.count, op.count, done)
         return done
 
     def run(self) -> Timeline:

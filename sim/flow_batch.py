@@ -109,7 +109,7 @@ class FlowBatch:
 
     __slots__ = ("size", "left", "countdown", "last", "version", "on_links", "n_links",
                  "flow_of", "ids", "nbytes", "remaining", "rate", "ended", "alive",
-                 "live_flow_of", "live_ids")
+                 "live_flow_of", "live_ids", "seq")
 
     def __init__(self, routes: Sequence[Sequence[int]], sizes: Sequence[float],
                  countdown: Countdown, n_links: int):
@@ -211,7 +211,7 @@ class OneFlow:
     """One flow of a coflow: FlowBatch's interface on plain values; `links` its route."""
 
     __slots__ = ("left", "countdown", "last", "version", "on_links", "links", "nbytes",
-                 "remaining", "rate", "ended")
+                 "remaining", "rate", "ended", "seq")
     size = 1
 
     def __init__(self, links: Sequence[int], nbytes: float, countdown: Countdown):

@@ -33,6 +33,7 @@ import heapq
 import itertools
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from operator import attrgetter
 
 import networkx as nx
 import numpy as np
@@ -46,6 +47,7 @@ from .maxmin import max_min_entries
 __all__ = ["FlowNetwork", "_PairRoutes"]  # _PairRoutes: tests/test_flows.py
 
 Part = FlowBatch | OneFlow
+_seq = attrgetter("seq")
 
 class FlowNetwork:
     """The transfer seam with contention: max-min fair flows on the topology's links."""
@@ -62,6 +64,7 @@ class FlowNetwork:
         self._ecmp = EcmpRoutes(graph, self.link_index, ecmp)
         self._heap: list[tuple[float, int, int, Part]] = []
         self._order = itertools.count()
+        self._started = itertools.count()  # a part's `seq`: the order parts were added
         self._timer_generation = 0
         self._timer_at = float("inf")
         self.completed_flows = 0
@@ -122,7 +125,7 @@ class FlowNetwork:
     def _add(self, coflow: Coflow) -> None:
         now, flows_on, seeds = self.env.now, self.flows_on, set()
         for part in coflow.parts:
-            part.last = now
+            part.last, part.seq = now, next(self._started)
             for link in part.on_links:
                 flows_on[link].add(part)
             self._release(part, part.end_empty(now))  # nothing to send, or no link: delivered
@@ -160,7 +163,10 @@ class FlowNetwork:
 
     def _component(self, seed_links: set[int]) -> list[Part]:
         """Parts connected to `seed_links` through shared links (breadth-first, a layer
-        of links and then of parts at a time, so the set operations run in C)."""
+        of links and then of parts at a time, so the set operations run in C), in the
+        order they were added: a set of parts iterates in the order of their memory
+        addresses, which would let the layout of the heap order ties between flows that
+        end at the same time (and the max-min solver's sums)."""
         flows_on = self.flows_on
         seen_links = set(seed_links)
         parts = set().union(*[flows_on[l] for l in seed_links])
@@ -172,7 +178,7 @@ class FlowNetwork:
             seen_links |= links
             frontier = set().union(*[flows_on[l] for l in links]) - parts
             parts |= frontier
-        return list(parts)
+        return sorted(parts, key=_seq) if len(parts) > 1 else list(parts)
 
     def _rerate(self, seed_links: set[int]) -> None:
         parts = self._component(seed_links)

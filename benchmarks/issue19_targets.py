@@ -153,12 +153,13 @@ def render_speedups(data: dict) -> str:
 
 
 def _tree() -> str:
-    """This tree's commit (7 hex digits), `+changes` when it differs from it."""
+    """This tree's commit (7 hex digits), `+changes` when its files (results aside)
+    differ from it."""
     git = ["git", "-C", str(ROOT)]
     sha = subprocess.run([*git, "rev-parse", "--short=7", "HEAD"], capture_output=True,
                          text=True).stdout.strip()
-    dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no", "--", ".",
+                            ":!benchmarks/results"], capture_output=True, text=True).stdout.strip()
     return sha + ("+changes" if dirty else "")
 
 

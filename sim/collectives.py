@@ -179,9 +179,9 @@ def collective_phases(op: str | Collective | OpKind | Op, gpus: Sequence[str], n
     if hit is None:
         hit = _collective_phases(coll, gpus, nbytes, graph, algorithm, protocol)
         flows = sum(len(phase.flows) for phase in hit[1])
-        if kept[0] + flows > KEPT_FLOWS:
-            kept[:] = [0, {}]
-        if flows <= KEPT_FLOWS:
+        if flows <= KEPT_FLOWS:  # one too large to keep leaves the others kept
+            if kept[0] + flows > KEPT_FLOWS:
+                kept[:] = [0, {}]
             kept[0] += flows
             kept[1][key] = hit
     return hit

@@ -486,3 +486,7 @@ def test_kept_phases_are_the_computed_ones_and_bounded(monkeypatch):
             kept_flows, kept = collectives._KEPT[graph]
             assert kept_flows <= 300 and kept_flows == sum(
                 len(p.flows) for _, phases in kept.values() for p in phases)
+    before = dict(collectives._KEPT[graph][1])
+    big = collective_phases("all-to-all", gpu_nodes(graph)[:32], SIZES[0], graph)
+    assert sum(len(p.flows) for p in big[1]) > 300  # too large to keep: the others stay
+    assert collectives._KEPT[graph][1] == before

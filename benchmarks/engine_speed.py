@@ -43,7 +43,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from environment import environment
+from environment import environment, uncommitted
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -103,16 +103,11 @@ def versions(work: Path) -> dict[str, dict]:
         (link / "clustersim").symlink_to(tree)
         out[name] = {"module": "clustersim", "path": str(link), "tree": str(tree),
                      "commit": git("rev-parse", "HEAD", cwd=tree)}
-    out["new"]["commit"] += dirty()
+    out["new"]["commit"] += uncommitted(ROOT)
     old = worktree(OLD)
     out[OLD] = {"module": "sim", "path": str(old), "tree": str(old),
                 "commit": git("rev-parse", "HEAD", cwd=old)}
     return out
-
-
-def dirty() -> str:
-    changed = git("status", "--porcelain", "--untracked-files=no")
-    return " + uncommitted changes" if changed else ""
 
 
 # --- one run -----------------------------------------------------------------------------

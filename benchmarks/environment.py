@@ -4,7 +4,9 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+import subprocess
 from importlib import metadata
+from pathlib import Path
 
 
 def _version(package: str) -> str:
@@ -12,6 +14,22 @@ def _version(package: str) -> str:
         return metadata.version(package)
     except metadata.PackageNotFoundError:
         return "not installed"
+
+
+def uncommitted(tree: Path) -> str:
+    """' + uncommitted changes' when `tree`'s tracked files differ from its commit
+    (benchmarks/results aside: a benchmark rewrites its own results), else ''."""
+    changed = subprocess.run(["git", "-C", str(tree), "status", "--porcelain",
+                              "--untracked-files=no", "--", ".", ":!benchmarks/results"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    return " + uncommitted changes" if changed else ""
+
+
+def tree_version(tree: Path) -> str:
+    """`tree`'s short commit, and whether its code has uncommitted changes."""
+    commit = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    return commit + uncommitted(tree)
 
 
 def _cpu_model() -> str:

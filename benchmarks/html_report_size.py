@@ -36,7 +36,7 @@ from pathlib import Path
 
 import plotly.offline
 
-from environment import environment
+from environment import environment, tree_version
 from run_cli import ROOT, clustersim, command
 
 sys.path.insert(0, str(ROOT / "tests"))
@@ -62,18 +62,6 @@ print(time.perf_counter() - began)
 """
 TIMER = ("<script>window.addEventListener('load', () => document.body.setAttribute("
          "'data-load-ms', performance.now().toFixed(1)));</script>")
-
-
-def _git(tree: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(tree), *args], capture_output=True, text=True,
-                          check=True).stdout.strip()
-
-
-def describe_tree(tree: Path) -> str:
-    """Short commit, and '+ uncommitted changes' when the tree has them."""
-    dirty = _git(tree, "status", "--porcelain", "--untracked-files=no")
-    return _git(tree, "rev-parse", "--short", "HEAD") + (" + uncommitted changes" if dirty
-                                                        else "")
 
 
 def write_page(name: str, tree: Path, timeline: Path, page: Path, work: Path) -> float:
@@ -132,7 +120,7 @@ def measure(work: Path, old_tree: Path, repeat: int) -> dict:
     for name, page in pages.items():
         runs = loads[name]
         result["pages"][name] = {
-            "code": describe_tree(trees[name]), "bytes": page.stat().st_size,
+            "code": tree_version(trees[name]), "bytes": page.stat().st_size,
             "bytes_beyond_plotly_js": page.stat().st_size - plotly_js,
             "write_s": write_s[name],
             "load_s": statistics.median(r["load_s"] for r in runs),

@@ -37,7 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from environment import environment
+from environment import environment, tree_version
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -152,17 +152,6 @@ def render_speedups(data: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _tree() -> str:
-    """This tree's commit (7 hex digits), `+changes` when its files (results aside)
-    differ from it."""
-    git = ["git", "-C", str(ROOT)]
-    sha = subprocess.run([*git, "rev-parse", "--short=7", "HEAD"], capture_output=True,
-                         text=True).stdout.strip()
-    dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no", "--", ".",
-                            ":!benchmarks/results"], capture_output=True, text=True).stdout.strip()
-    return sha + ("+changes" if dirty else "")
-
-
 def every(runs: dict | list[dict]) -> list[dict]:
     """A side's runs (older files hold one run per side, not a list)."""
     return runs if isinstance(runs, list) else [runs]
@@ -218,7 +207,7 @@ def main() -> int:
         return against(args.against, skip, args.rounds)
     data = {"environment": environment(), "runs": {}}
     kept = json.loads(RAW.read_text()) if RAW.exists() else {"runs": {}}
-    stamp = {"date": data["environment"]["date"], "tree": _tree()}
+    stamp = {"date": data["environment"]["date"], "tree": tree_version(ROOT)}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         (work / "clustersim").symlink_to(ROOT)

@@ -120,8 +120,9 @@ def get_node_kind(name: str) -> NodeKind:
 
 
 def add_link(graph: nx.DiGraph, a: str, b: str, bandwidth: float, latency: float, kind: str) -> None:
-    graph.add_edge(a, b, bandwidth=bandwidth, latency=latency, kind=kind)
-    graph.add_edge(b, a, bandwidth=bandwidth, latency=latency, kind=kind)
+    attrs = link_attrs(bandwidth, latency, kind)
+    graph.add_edge(a, b, **attrs)
+    graph.add_edge(b, a, **attrs)
 
 
 def link_attrs(bandwidth: float, latency: float, kind: str) -> dict:

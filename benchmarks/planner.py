@@ -14,7 +14,8 @@ Each planner run has a wall-clock limit (a forked child, fidelity.run_in_child);
 over it is reported as such, never dropped.
 
     python benchmarks/planner.py                      # both parts
-    python benchmarks/planner.py --rows 1.7B,3.6B     # a subset (labels)
+    python benchmarks/planner.py --rows 1.7B,3.6B     # a subset (labels); the other rows
+                                                      # are kept from planner.json
     python benchmarks/planner.py --only-175b
 """
 from __future__ import annotations
@@ -27,7 +28,7 @@ import time
 from pathlib import Path
 
 import fidelity_data as fd
-from environment import environment
+from environment import environment, tree_version
 from fidelity import run_in_child
 from clustersim.schedules.model_presets import get_model
 from clustersim.sim.planner import run_plan
@@ -58,45 +59,74 @@ def authors_space(run: fd.PublishedRun) -> SearchSpace:
                        max_vpp=max(4, run.virtual_stages))
 
 
-def _ranked(run: fd.PublishedRun, space: SearchSpace | None, published_s: float,
-            layout: Layout, topology) -> dict:
-    """The planner's exact top 5 in `space` (None: all of it) and the published layout's
-    rank among them (None: not in the top 5)."""
+def _searched(run: fd.PublishedRun, space: SearchSpace | None, topology) -> dict:
+    """The planner's exact top 5 for the run in `space` (None: all of it), its funnel."""
     result, commands = run_plan(run.model, run.gpus, topology, run.global_batch_size, top=5,
                                 space=space)
     top = [{**candidate_row(c), "command": cmd, "layout": c.layout.describe()}
            for c, cmd in zip(result.candidates[:5], commands)]
-    faster = sum(c["iteration_time"] < published_s for c in top)
-    in_top = any(c["layout"] == layout.describe() for c in top)
     return {"funnel": {"enumerated": result.enumerated, "fit_in_memory": result.fit_in_memory,
                        "bounded_out": result.bounded_out, "simulated": result.simulated,
                        "seconds": result.seconds},
-            "top": top, "published_rank": faster + 1 if faster < 5 or in_top else None}
+            "top": top}
 
 
-def plan_row(run: fd.PublishedRun) -> dict:
-    """The planner's top 5 for the run, in its whole space and in the authors' space
-    (authors_space), and the published layout simulated and ranked in each."""
+def _ranked(searched: dict, published_s: float, layout: Layout) -> dict:
+    """`searched` with the published layout's rank among its top 5 (None: not in it)."""
+    top = searched["top"]
+    faster = sum(c["iteration_time"] < published_s for c in top)
+    in_top = any(c["layout"] == layout.describe() for c in top)
+    return {**searched, "published_rank": faster + 1 if faster < 5 or in_top else None}
+
+
+def search_key(run: fd.PublishedRun) -> tuple:
+    """What the planner's whole-space search of a run depends on: rows that differ only
+    in their published layout (K22 Table 5's full and selective recompute) share it."""
+    return run.model, run.gpus, run.global_batch_size
+
+
+def plan_row(run: fd.PublishedRun, whole: dict | None = None) -> dict:
+    """The planner's top 5 for the run, in its whole space (`whole`: that search, already
+    run for a row with the same `search_key`) and in the authors' space (authors_space),
+    and the published layout simulated and ranked in each."""
     topology = load_topology(TOPOLOGY)
     layout = published_layout(run)
     model = get_model(run.model, micro_batch_size=run.micro_batch_size)
     seconds = simulate(model, layout.parallel(run.global_batch_size), topology).iteration_time
-    return {**_ranked(run, None, seconds, layout, topology),
-            "authors": _ranked(run, authors_space(run), seconds, layout, topology),
+    whole = whole or _searched(run, None, topology)
+    authors = _searched(run, authors_space(run), topology)
+    return {**_ranked(whole, seconds, layout), "authors": _ranked(authors, seconds, layout),
             "published_layout": layout.describe(), "published_simulated_s": seconds}
 
 
-def part_one(runs, limit_s: float) -> list[dict]:
-    rows = []
-    for run in runs:
-        kind, value, wall = run_in_child(plan_row, (run,), limit_s)
+def part_one(runs, limit_s: float, saved: list[dict] | None = None) -> list[dict]:
+    """One row per published run: planned for the runs in `runs`, the others taken from
+    `saved` (the rows of an earlier planner.json, in fd.PUBLISHED_RUNS order), each with
+    the date and tree it was measured on."""
+    rows, stamp, searches = [], _stamp(), {}
+    for index, run in enumerate(fd.PUBLISHED_RUNS):
+        if run not in runs:
+            if saved and len(saved) == len(fd.PUBLISHED_RUNS) and \
+                    (saved[index]["source"], saved[index]["label"]) == (run.source, run.label):
+                rows.append(saved[index])
+            continue
+        whole = searches.get(search_key(run))
+        kind, value, wall = run_in_child(plan_row, (run, whole), limit_s)
         row = {"source": run.source, "label": run.label, "model": run.model, "gpus": run.gpus,
                "global_batch_size": run.global_batch_size, "status": kind, "wall_s": wall,
-               "published_iteration_s": fd.implied_iteration_time_s(run)}
+               "published_iteration_s": fd.implied_iteration_time_s(run), **stamp,
+               "shared_search": whole is not None}
         row.update(value if kind == "ok" else {"reason": value})
+        if kind == "ok":
+            searches[search_key(run)] = {k: value[k] for k in ("funnel", "top")}
         rows.append(row)
         print(run.source, run.label, kind, f"{wall:.0f} s", flush=True)
     return rows
+
+
+def _stamp() -> dict:
+    """When and on which tree a row is measured."""
+    return {"measured": environment()["date"], "tree": tree_version(Path(__file__).parents[1])}
 
 
 def part_two(limit_s: float) -> dict:
@@ -125,13 +155,16 @@ def render(data: dict) -> str:
              "| source | model | GPUs | batch | planner best | its time (s) | published "
              "layout | its simulated time (s) | rank in planner top 5 | best in the authors' "
              "space | its time (s) | rank there | funnel (enum / fit / bounded out / "
-             "simulated) | wall (s) |",
-             "|---|---|---:|---:|---|---:|---|---:|---:|---|---:|---:|---|---:|"]
+             "simulated) | wall (s) | measured |",
+             "|---|---|---:|---:|---|---:|---|---:|---:|---|---:|---:|---|---:|---|"]
     for r in data["rows"]:
+        measured = " ".join(filter(None, (r.get("measured"), r.get("tree"))))
+        wall = f"{r['wall_s']:.0f}" + (" (whole-space search shared with the row above)"
+                                       if r.get("shared_search") else "")
         if r["status"] != "ok":
             lines.append(f"| {r['source']} | {r['label']} | {r['gpus']} | "
                          f"{r['global_batch_size']} | {r['status']}: {r['reason']} | | | | | "
-                         f"| | | | {r['wall_s']:.0f} |")
+                         f"| | | | {wall} | {measured} |")
             continue
         best, f = r["top"][0], r["funnel"]
         rank = r["published_rank"] or "> 5"
@@ -145,7 +178,7 @@ def render(data: dict) -> str:
                      f"{own['layout']} | {own['iteration_time']:.3f} | "
                      f"{authors['published_rank'] or '> 5'} | "
                      f"{f['enumerated']:,} / {f['fit_in_memory']:,} / {f['bounded_out']:,} / "
-                     f"{f['simulated']:,} | {r['wall_s']:.0f} |")
+                     f"{f['simulated']:,} | {wall} | {measured} |")
     done = [r for r in data["rows"] if r["status"] == "ok"]
     if done:
         faster = sum(r["top"][0]["iteration_time"] <= r["published_simulated_s"] for r in done)
@@ -158,6 +191,8 @@ def render(data: dict) -> str:
     s = data.get("search_175b")
     if s:
         lines += ["", "## GPT-3 175B on 1,024 GPUs of selene-a100, global batch 1536", ""]
+        if s.get("measured"):
+            lines.append(f"Measured {s['measured']} (not re-run with the rows above).\n")
         if s["status"] == "ok":
             secs = s["seconds"]
             lines += [f"- enumerated {s['enumerated']:,}; fit in memory {s['fit_in_memory']:,};"
@@ -187,11 +222,19 @@ def main() -> int:
     runs = fd.PUBLISHED_RUNS
     if args.rows:
         runs = tuple(r for r in runs if r.label in set(args.rows.split(",")))
+    raw = args.output.with_suffix(".json")
+    saved = json.loads(raw.read_text()) if raw.exists() else {}
+    for row in saved.get("rows", ()):  # rows from before per-row stamps: the file's date
+        row.setdefault("measured", saved["environment"]["date"])
     data = {"environment": environment(),
             "command": "python " + " ".join(["benchmarks/planner.py", *sys.argv[1:]]),
-            "rows": [] if args.only_175b else part_one(runs, args.row_limit_s)}
+            "rows": [] if args.only_175b else part_one(runs, args.row_limit_s,
+                                                       saved.get("rows"))}
     if not args.skip_175b:
         data["search_175b"] = part_two(args.row_limit_s)
+    elif "search_175b" in saved:  # not run: the saved search, with its date
+        data["search_175b"] = {"measured": saved["environment"]["date"],
+                               **saved["search_175b"]}
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.with_suffix(".json").write_text(json.dumps(data, indent=1))
     args.output.with_suffix(".md").write_text(render(data))

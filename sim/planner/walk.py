@@ -101,7 +101,7 @@ def contract_bound(lowered: Schedule, plan: Plan, topology: nx.DiGraph,
                  default=0.0)
     heads = [s.first_start for s in ranks]
     return max(walked, overlap_bound(lowered, plan, topology, compute_time, collectives,
-                                     heads))
+                                     heads, [s.local for s in ranks]))
 
 
 def _walk(lowered: Schedule, plan: Plan, compute_time: Callable[[Op], float],
@@ -196,11 +196,13 @@ def _walk(lowered: Schedule, plan: Plan, compute_time: Callable[[Op], float],
 def overlap_bound(lowered: Schedule, plan: Plan, topology: nx.DiGraph,
                   compute_time: Callable[[Op], float],
                   collectives: CollectiveTimes | None = None,
-                  heads: list[float | None] | None = None) -> float:
+                  heads: list[float | None] | None = None,
+                  waits: list[list[tuple[int, ...]]] | None = None) -> float:
     """The overlap bound of the module docstring: the largest over the replayed ranks of
     h + a + W + G + c * max(0, D - G - W_o - h - a); 0.0 for an asynchronous schedule
     (its replay reports a steady-state window). `heads[r]`: a lower bound of when rank
-    r's first op on the compute stream starts (the contract walk's; default 0)."""
+    r's first op on the compute stream starts (the contract walk's; default 0);
+    `waits[r]`: local_waits of program r, where the caller has it already."""
     if lowered.asynchronous is not None:
         return 0.0
     collectives = collectives or CollectiveTimes(plan, topology)
@@ -211,7 +213,8 @@ def overlap_bound(lowered: Schedule, plan: Plan, topology: nx.DiGraph,
         head = (heads[r] if heads is not None else None) or 0.0
         best = max(best, rank_overlap_bound(
             list(program), slowdowns[r], head, compute_time,
-            lambda op, rank=rank: collectives.seconds(op, rank)))
+            lambda op, rank=rank: collectives.seconds(op, rank),
+            None if waits is None else waits[r]))
     return best
 
 
@@ -222,15 +225,16 @@ def p2p_bytes(op: Op, peer: Op) -> float:
 
 def rank_overlap_bound(program: list[Op], slowdown: float, head: float,
                         compute_time: Callable[[Op], float],
-                        seconds: Callable[[Op], float]) -> float:
+                        seconds: Callable[[Op], float],
+                        local: list[tuple[int, ...]] | None = None) -> float:
     """One rank's overlap bound (module docstring); `seconds(op)`: a collective's lower
-    bound (CollectiveTimes)."""
+    bound (CollectiveTimes); `local`: local_waits(program), if known."""
     stream = [i for i, op in enumerate(program) if runs_on_compute_stream(op)]
     if not stream:
         return 0.0
     work = sum(compute_time(program[i]) for i in stream)
     other = sum(compute_time(program[i]) for i in stream if program[i].kind not in WORK_KINDS)
-    local = local_waits(program)
+    local = local_waits(program) if local is None else local
 
     def duration(op: Op) -> float:
         if op.kind.is_collective:

@@ -300,6 +300,7 @@ def rank_memory(plan: Plan, *, in_flight: Sequence[int] | None = None,
     host_peaks = _held(plan, host_act, in_flight, schedule)[0] if any(host_act) else {}
     stashing = schedule_entry(plan.schedule).stashing if plan.registered else None
     weight_bytes = precision_bytes(plan.model.dtype)[0]
+    layer_bytes = _layer_bytes_without_recompute(plan)
     result = []
     for r in range(plan.pp):
         mine = plan.stages_of(r)
@@ -320,7 +321,7 @@ def rank_memory(plan: Plan, *, in_flight: Sequence[int] | None = None,
         result.append(RankMemory(
             pp_rank=r, params=params, activations=peaks.get(r, 0),
             frozen_params=sum(costs[s].frozen_param_count for s in mine),
-            recompute_working=working * _layer_bytes_without_recompute(plan),
+            recompute_working=working * layer_bytes,
             fp8_weights=_fp8_weight_bytes(plan, layers),
             stashed_weights=(stashing.versions_held(plan.pp, r) - 1) * weight_bytes * params
             if stashing else 0.0,

@@ -29,6 +29,7 @@ counts.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from functools import cached_property
 from typing import Any
 
 from .cluster_facts import ClusterFacts
@@ -108,7 +109,15 @@ class Plan:
 
     def stages_of(self, pipeline_rank: int) -> list[int]:
         """The virtual stages pipeline rank `pipeline_rank` holds, in stage order."""
-        return [s for s, r in enumerate(self.stage_ranks) if r == pipeline_rank]
+        return list(self._rank_stages.get(pipeline_rank, ()))
+
+    @cached_property
+    def _rank_stages(self) -> dict[int, tuple[int, ...]]:
+        """Pipeline rank -> its stages (stages_of), once per Plan."""
+        held: dict[int, list[int]] = {}
+        for s, r in enumerate(self.stage_ranks):
+            held.setdefault(r, []).append(s)
+        return {r: tuple(stages) for r, stages in held.items()}
 
     def chunk_parts(self, stage: int, chunk: int | None, groups: int) -> ChunkParts:
         """The layers, embedding and head a (stage, layer group) op runs, the stage split
@@ -135,7 +144,22 @@ class Plan:
         return self.parallel.world_size
 
     def group(self, axis: str, rank: int) -> list[int]:
-        """Global ranks of `rank`'s group along `axis` (GROUP_AXES), in axis order."""
+        """Global ranks of `rank`'s group along `axis` (GROUP_AXES), in axis order;
+        computed once per (axis, rank) and Plan (the replay and the planner's bounds ask
+        for the same groups again and again)."""
+        key = (axis, rank)
+        hit = self._groups.get(key) if type(rank) is int else None
+        if hit is None:
+            hit = tuple(self._group(axis, rank))
+            if type(rank) is int:
+                self._groups[key] = hit
+        return list(hit)
+
+    @cached_property
+    def _groups(self) -> dict[tuple[str, int], tuple[int, ...]]:
+        return {}
+
+    def _group(self, axis: str, rank: int) -> list[int]:
         if axis in (DP_SHARD, DP_REPLICATE):
             return group_ranks(self.parallel, axis, rank, self.dp_shard_size)
         if axis in TP_GRID_GROUPS:  # 2D, 2.5D, 3D tensor parallelism (schedules.tp_grid)
@@ -185,11 +209,12 @@ class Plan:
         return self.parallel.grad_replicas
 
     # --- what is replayed, and where ---------------------------------------------------
-    @property
+    @cached_property
     def replayed_ranks(self) -> tuple[int, ...]:
         """Global rank of each pipeline rank of replica 0 (tp = cp = dp = 0): the ranks
         the simulator replays op by op; every other rank runs the same program as the
-        replayed rank of its pipeline coordinate and is assumed to take the same time."""
+        replayed rank of its pipeline coordinate and is assumed to take the same time.
+        Computed once per Plan (the planner's bounds ask it per stage and op kind)."""
         return tuple(self.parallel.rank(pp=r) for r in range(self.pp))
 
     @property

@@ -270,20 +270,21 @@ class StageKernelCost:
     those leave (schedules.intra_layer.sm_margin_gemms); so do all the kernels of an op of
     DualPipe's overlapped pair while its expert all-to-alls hold PAIR_COMM_SMS
     (schedules.ep_comms.pair_hides_experts). Kernel times are cached per (kind, stage,
-    layer group, pair)."""
+    layer group, pair), and the kernels' sum once per (kind, pair, roofline, kernels):
+    stages with equal kernels on one roofline (a deep pipeline's middle stages, whose
+    rooflines sim.cost_model shares per device) share it."""
 
     def __init__(self, rooflines: Sequence[RooflineCost], plan: Plan):
         self._rooflines, self._plan = rooflines, plan
         self._seconds: dict[tuple, tuple[float, float]] = {}  # key -> (seconds, base FLOPs)
+        self._summed: dict[tuple, float] = {}  # (kind, pair, roofline id, kernels) -> s
 
-    def _kernels(self, op: Op) -> Iterable[Kernel] | None:
+    def _kernels(self, op: Op) -> tuple[Kernel, ...] | None:
         c = self._plan.costs_of(op.stage, op.chunk)
         if op.kind is OpKind.F:
             return c.forward_kernels
-        if op.kind is OpKind.B:
-            return c.backward_kernels
-        if op.kind in (OpKind.I, OpKind.W):
-            return [k.scaled(0.5) for k in c.backward_kernels]
+        if op.kind in (OpKind.B, OpKind.I, OpKind.W):
+            return c.backward_kernels  # I and W: half of each (_kernels_time)
         return None
 
     def __call__(self, op: Op) -> float:
@@ -295,15 +296,25 @@ class StageKernelCost:
             if kernels is None:
                 return roofline(op)
             base = work_costs(op.kind, self._plan.costs_of(op.stage, op.chunk))[0]
-            plan = self._plan
-            if op.overlapped and pair_hides_experts(plan.model, plan.parallel):
-                kernels = list(kernels)  # DualPipe's pair: every kernel on the SMs left
-                slowed, sms = frozenset(k.name for k in kernels), PAIR_COMM_SMS
-            else:
-                slowed = sm_margin_gemms(plan.parallel, plan.model, op.kind)
-                sms = TP_OVERLAP_COMM_SMS
-            hit = self._seconds[key] = (roofline.kernels_time(kernels, slowed, sms), base)
+            summed = (op.kind, op.overlapped, id(roofline), kernels)  # rooflines: held
+            seconds = self._summed.get(summed)
+            if seconds is None:
+                seconds = self._summed[summed] = self._kernels_time(op, kernels, roofline)
+            hit = self._seconds[key] = (seconds, base)
         seconds, base = hit
         if op.flops > base:  # imbalanced experts (class docstring)
             seconds += self._rooflines[op.stage].time(op.flops - base, 0.0)
         return seconds
+
+    def _kernels_time(self, op: Op, kernels: tuple[Kernel, ...],
+                      roofline: RooflineCost) -> float:
+        plan = self._plan
+        if op.kind in (OpKind.I, OpKind.W):
+            kernels = tuple(k.scaled(0.5) for k in kernels)
+        if op.overlapped and pair_hides_experts(plan.model, plan.parallel):
+            # DualPipe's pair: every kernel on the SMs left
+            slowed, sms = frozenset(k.name for k in kernels), PAIR_COMM_SMS
+        else:
+            slowed = sm_margin_gemms(plan.parallel, plan.model, op.kind)
+            sms = TP_OVERLAP_COMM_SMS
+        return roofline.kernels_time(kernels, slowed, sms)

@@ -1,6 +1,7 @@
 """Per-kernel costs of a layer: FLOPs sum to SC21's formulas, bytes follow the shapes, an op
 costs the sum of its kernels' rooflines. (That this predicts K22 Table 4's measured 22B
 layer experiments: tests/test_fidelity.py.)"""
+import dataclasses
 from dataclasses import replace
 
 import pytest
@@ -193,3 +194,18 @@ def test_measured_gemm_seconds_replace_the_gemms_compute_roofline_only():
     rest = [k for k in kernels if k.name != "fc1_gemm"]
     assert table.kernels_time(fc1) == pytest.approx(max(1e-3, plain.time(0.0, fc1[0].nbytes)))
     assert table.kernels_time(rest) == pytest.approx(plain.kernels_time(rest), rel=1e-12)
+
+
+def test_scaled_scales_the_work_and_keeps_every_other_field():
+    """Kernel.scaled builds its copy field by field (not dataclasses.replace): every
+    field is either scaled or kept, so a field added to Kernel must be added there too."""
+    gemm = lk.Kernel("fc1", 10.0, 4.0, work=12.0, gemm=(8.0, 16.0, 32.0))
+    flash = lk.Kernel("flash", 6.0, 2.0, attention=(4096.0, "forward", 3.0))
+    for kernel in (gemm, flash):
+        scaled = kernel.scaled(2.5)
+        expected = replace(
+            kernel, flops=kernel.flops * 2.5, nbytes=kernel.nbytes * 2.5,
+            work=None if kernel.work is None else kernel.work * 2.5)
+        assert scaled == expected
+    assert [f.name for f in dataclasses.fields(lk.Kernel)] == [
+        "name", "flops", "nbytes", "work", "gemm", "attention"]

@@ -67,10 +67,10 @@ def held_stages(shape: Shape) -> tuple[tuple[tuple[int, ...], list[tuple[int, ..
     return tuple(out)
 
 
-def peak_memory(plan: Plan) -> list[float]:
+def peak_memory(plan: Plan, parts: tuple | None = None) -> list[float]:
     """Device bytes of each pipeline rank at its peak: rank_memory's static terms plus
-    the held activations (module docstring)."""
-    static, device_bytes, held = _parts(plan)
+    the held activations (module docstring); `parts`: `_parts(plan)`, where known."""
+    static, device_bytes, held = parts or _parts(plan)
     return [m.total_bytes + max(sum(n * device_bytes[s] for n, s in zip(v, stages))
                                 for v in vectors)
             for m, (stages, vectors) in zip(static, held())]
@@ -81,7 +81,8 @@ def fits(plan: Plan, capacity: float) -> bool:
     deciding without the walk where the bracket does: a rank holds at least one
     microbatch of its largest stage (during that stage's forward) and at most all M
     microbatches of every stage it holds."""
-    static, device_bytes, held = _parts(plan)
+    parts = _parts(plan)
+    static, device_bytes, _ = parts
     m = plan.num_microbatches
     low = [s.total_bytes + max(device_bytes[x] for x in plan.stages_of(s.pp_rank))
            for s in static]
@@ -91,7 +92,7 @@ def fits(plan: Plan, capacity: float) -> bool:
         return False
     if max(high) <= capacity:
         return True
-    return max(peak_memory(plan)) <= capacity
+    return max(peak_memory(plan, parts)) <= capacity
 
 
 def _parts(plan: Plan):

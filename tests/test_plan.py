@@ -58,6 +58,22 @@ def test_groups_follow_the_rank_grid():
     assert plan.replayed_ranks == (0, 8) and plan.world_size == 16
 
 
+def test_cached_groups_and_stages_are_copies_and_refuse_bad_ranks_every_time():
+    """Plan keeps each group and each rank's stages once (the planner asks for them per
+    op): what it hands out is a copy, and a bad rank is refused on every call."""
+    plan = resolve(GPT, ParallelConfig(tp=2, dp=4, pp=2, vpp=2, schedule="interleaved-1f1b",
+                                       num_microbatches=4))
+    plan.group("dp", 0).append(99)
+    plan.stages_of(1).append(99)
+    assert plan.group("dp", 0) == [0, 2, 4, 6] and plan.stages_of(1) == [1, 3]
+    assert plan.stages_of(5) == []
+    for _ in range(2):
+        with pytest.raises(ConfigError, match="out of range"):
+            plan.group("dp", 16)
+    with pytest.raises(ConfigError, match="out of range"):
+        plan.group("dp", True)
+
+
 def test_the_shard_group_is_the_dp_ranks_on_one_node():
     """HSDP shards inside a node: with tp=2 on 8-GPU nodes a node holds 4 dp ranks."""
     parallel = ParallelConfig(tp=2, dp=8, fsdp="hybrid", num_microbatches=1)

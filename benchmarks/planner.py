@@ -16,14 +16,18 @@ over it is reported as such, never dropped.
     python benchmarks/planner.py                      # both parts
     python benchmarks/planner.py --rows 1.7B,3.6B     # a subset (labels); the other rows
                                                       # are kept from planner.json
-    python benchmarks/planner.py --only-175b
+    python benchmarks/planner.py --only-175b          # the saved rows are kept
+    python benchmarks/planner.py --only-175b --against COMMIT   # and COMMIT's search first
 """
 from __future__ import annotations
 
 import argparse
 import json
 import logging
+import os
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -37,6 +41,7 @@ from clustersim.sim.planner.space import Layout, SearchSpace
 from clustersim.sim.simulate import simulate
 from clustersim.topologies import load_topology
 
+ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).parent / "results"
 TOPOLOGY = fd.SELENE.topology
 
@@ -145,6 +150,44 @@ def part_two(limit_s: float) -> dict:
     return {"status": kind, "wall_s": wall, **(value if kind == "ok" else {"reason": value})}
 
 
+def against(commit: str, limit_s: float) -> dict:
+    """The 175B search of `commit`, by its own benchmarks/planner.py in a git worktree
+    (`--only-175b`), run just before this tree's part_two: {commit, old, new}."""
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        tree, link = work / "tree", work / "pkg" / "clustersim"
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree),
+                        commit], check=True, capture_output=True)
+        try:
+            link.parent.mkdir()
+            link.symlink_to(tree)  # the repository root is the package
+            subprocess.run([sys.executable, str(tree / "benchmarks" / "planner.py"),
+                            "--only-175b", "--row-limit-s", str(limit_s), "--output",
+                            str(work / "old")], check=True,
+                           env={**os.environ, "PYTHONPATH": str(link.parent)})
+            old = json.loads((work / "old.json").read_text())["search_175b"]
+            full = subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], check=True,
+                                  capture_output=True, text=True).stdout.strip()
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",
+                            str(tree)], check=True, capture_output=True)
+    return {"commit": full, "old": old, "new": part_two(limit_s)}
+
+
+def _side_by_side(pair: dict) -> list[str]:
+    """The lines of `against`'s result."""
+    old, new = pair["old"], pair["new"]
+    if "ok" != old["status"] or "ok" != new["status"]:
+        return [f"- side by side with {pair['commit'][:7]}: {old['status']} / {new['status']}"]
+    same = all(old[k] == new[k] for k in ("best", "best_s", "enumerated", "fit_in_memory",
+                                          "simulated"))
+    return [f"- side by side, one run (`--against {pair['commit'][:7]}`): "
+            f"{pair['commit'][:7]} {old['wall_s']:.0f} s (screening "
+            f"{old['seconds']['screen']:.0f} s), this tree {new['wall_s']:.0f} s (screening "
+            f"{new['seconds']['screen']:.0f} s): {old['wall_s'] / new['wall_s']:.2f}x; "
+            f"the same funnel and winner at the same time: {'yes' if same else 'NO'}"]
+
+
 def render(data: dict) -> str:
     env = "\n".join(f"- {k}: {v}" for k, v in data["environment"].items())
     lines = ["# Planner (issue 20): published layouts and a 175B search", "", env, "",
@@ -205,6 +248,8 @@ def render(data: dict) -> str:
                       "- rejected by reason: " + "; ".join(
                           f"{n:,} {why}" for why, n in s["rejected"].items()),
                       f"- best: {s['best']} at {s['best_s']:.3f} s: `{s['command']}`"]
+            if data.get("against"):
+                lines += _side_by_side(data["against"])
         else:
             lines.append(f"- {s['status']} after {s['wall_s']:.0f} s: {s['reason']}")
     return "\n".join(lines) + "\n"
@@ -217,6 +262,9 @@ def main() -> int:
     parser.add_argument("--only-175b", action="store_true")
     parser.add_argument("--skip-175b", action="store_true")
     parser.add_argument("--output", type=Path, default=RESULTS / "planner")
+    parser.add_argument("--against", metavar="COMMIT",
+                        help="run the 175B search of COMMIT first, then this tree's, and "
+                             "report both (the search of this tree is then that run's)")
     args = parser.parse_args()
     logging.getLogger("clustersim").setLevel(logging.ERROR)
     runs = fd.PUBLISHED_RUNS
@@ -228,13 +276,18 @@ def main() -> int:
         row.setdefault("measured", saved["environment"]["date"])
     data = {"environment": environment(),
             "command": "python " + " ".join(["benchmarks/planner.py", *sys.argv[1:]]),
-            "rows": [] if args.only_175b else part_one(runs, args.row_limit_s,
-                                                       saved.get("rows"))}
-    if not args.skip_175b:
+            "rows": saved.get("rows", []) if args.only_175b  # kept, with their dates
+            else part_one(runs, args.row_limit_s, saved.get("rows"))}
+    if args.against and not args.skip_175b:
+        data["against"] = against(args.against, args.row_limit_s)
+        data["search_175b"] = data["against"]["new"]
+    elif not args.skip_175b:
         data["search_175b"] = part_two(args.row_limit_s)
     elif "search_175b" in saved:  # not run: the saved search, with its date
         data["search_175b"] = {"measured": saved["environment"]["date"],
                                **saved["search_175b"]}
+        if "against" in saved:
+            data["against"] = saved["against"]
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.with_suffix(".json").write_text(json.dumps(data, indent=1))
     args.output.with_suffix(".md").write_text(render(data))

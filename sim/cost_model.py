@@ -102,12 +102,14 @@ class RooflineCostModel:
                               f"(give --use-flash-attn, or drop the flag)")
         measured = gemm_seconds_of(self.gemm_table)
         attention = attention_seconds_of(self.gemm_table)
-        by_device: dict[int, RooflineCost] = {}  # one per device: stages share it
-        rooflines = [by_device.get(id(d)) or by_device.setdefault(id(d), RooflineCost(
-                         d, plan.model.dtype, self.compute_efficiency, self.memory_efficiency,
-                         gemm_seconds=measured, attention_seconds=attention,
-                         attainment=self.attainment, attention_backend=self.attention_backend))
-                     for d in devices]
+        by_device: dict[int, RooflineCost] = {}  # one per device: its stages share it
+        for d in devices:
+            if id(d) not in by_device:
+                by_device[id(d)] = RooflineCost(
+                    d, plan.model.dtype, self.compute_efficiency, self.memory_efficiency,
+                    gemm_seconds=measured, attention_seconds=attention,
+                    attainment=self.attainment, attention_backend=self.attention_backend)
+        rooflines = [by_device[id(d)] for d in devices]
         return with_optimizer_steps(StageKernelCost(rooflines, plan), devices.__getitem__,
                                     partial(memory_fraction,
                                             memory_efficiency=self.memory_efficiency,

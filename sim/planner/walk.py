@@ -107,7 +107,12 @@ def contract_bound(lowered: Schedule, plan: Plan, topology: nx.DiGraph,
 def _walk(lowered: Schedule, plan: Plan, compute_time: Callable[[Op], float],
           collectives: CollectiveTimes) -> list[_Rank] | None:
     """The contract walk (module docstring): each rank's state at the end, None if the
-    walk is stuck (no registered schedule is)."""
+    walk is stuck (no registered schedule is). Ranks run from a ready queue, each until it
+    cannot move: one stuck on a key joins that key's waiting list and is queued again
+    when the key is done, one whose transfer its peer starts is queued again. The ends
+    do not depend on this order: each is a max of ends it waits for plus a duration, each
+    key an op waits for (a compute or P2P op's: schedules.contract.prerequisites) is
+    produced by one op, and each lane ends its ops in post order."""
     replayed = plan.replayed_ranks
     stage_ranks, chains = lowered.stage_ranks, lowered.stage_chains
     count = lowered.num_microbatches
@@ -115,16 +120,26 @@ def _walk(lowered: Schedule, plan: Plan, compute_time: Callable[[Op], float],
     devices = plan.devices if collectives.flows else [None] * len(ranks)
     done: dict[tuple, float] = {}
     p2p_posted: dict[tuple, tuple[int, int, float]] = {}
+    waiting: dict[tuple, list[int]] = {}  # key -> the ranks whose op at pc waits for it
+    queued, ready = [True] * len(ranks), deque(range(len(ranks)))
+
+    def wake(r: int) -> None:
+        if not queued[r]:
+            queued[r] = True
+            ready.append(r)
 
     def duration(r: int, op: Op) -> float:
         if op.kind.is_collective:
             return collectives.seconds(op, replayed[r])
         return 0.0 if op.kind.is_copy else compute_time(op)  # a host OPT_STEP: compute
 
-    def finish(state: _Rank, i: int, end: float) -> None:
-        state.ends[i] = end
-        for key in state.products[i]:
-            done.setdefault(key, end)
+    def finish(r: int, i: int, end: float) -> None:
+        ranks[r].ends[i] = end
+        for key in ranks[r].products[i]:
+            if key not in done:
+                done[key] = end
+                for waiter in waiting.pop(key, ()):
+                    wake(waiter)
 
     def settle(r: int, state: _Rank) -> bool:
         """End each lane's first posted ops whose waits have ended (the lane's previous
@@ -134,26 +149,31 @@ def _walk(lowered: Schedule, plan: Plan, compute_time: Callable[[Op], float],
             while queue:
                 i, posted = queue[0]
                 needs = [state.ends[j] for j in state.local[i]]
-                if any(e is None for e in needs):
+                if None in needs:
                     break
                 queue.popleft()
                 end = max([posted, state.lane_end.get(lane, 0.0), *needs]) + duration(
                     r, state.program[i])
                 state.lane_end[lane] = end
-                finish(state, i, end)
+                finish(r, i, end)
                 moved = True
         return moved
 
     def advance(r: int, state: _Rank) -> bool:
-        """Walk the program as far as the known ends allow."""
+        """Walk the program as far as the known ends allow; a keyed wait left unmet
+        puts the rank on that key's waiting list."""
         moved = False
         while state.pc < len(state.program):
             i, op = state.pc, state.program[state.pc]
-            keyed = [done.get(k) for k in prerequisites(op, stage_ranks, count, chains)]
+            keys = prerequisites(op, stage_ranks, count, chains)
+            keyed = [done.get(k) for k in keys]
+            if None in keyed:
+                waiting.setdefault(keys[keyed.index(None)], []).append(r)
+                break
             local = [state.ends[j] for j in state.local[i]]
             blocking = op.kind in P2P_KINDS or runs_on_compute_stream(op)
-            if any(e is None for e in keyed) or (blocking and any(e is None for e in local)):
-                break
+            if blocking and None in local:
+                break  # its own lane ops (settle) or a transfer (the peer wakes it)
             t = max([state.t, *keyed])
             if op.kind in P2P_KINDS:
                 state.t = max([t, *local])
@@ -165,14 +185,15 @@ def _walk(lowered: Schedule, plan: Plan, compute_time: Callable[[Op], float],
                     src, dst = (r, other) if op.kind in _SENDS else (other, r)
                     end = max(at, state.t) + collectives.transfer(
                         devices[src], devices[dst], p2p_bytes(op, ranks[other].program[j]))
-                    finish(state, i, end)
-                    finish(ranks[other], j, end)
+                    finish(r, i, end)
+                    finish(other, j, end)
+                    wake(other)
             elif blocking:
                 start = max([t, *local])
                 if state.first_start is None:
                     state.first_start = start
                 state.t = start + compute_time(op)
-                finish(state, i, state.t)
+                finish(r, i, state.t)
             else:
                 state.t = t
                 lane = (op.kind.is_collective, op.kind.is_copy, op.group)
@@ -181,13 +202,12 @@ def _walk(lowered: Schedule, plan: Plan, compute_time: Callable[[Op], float],
             moved = True
         return moved
 
-    moved = True
-    while moved:
-        moved = False
-        for r, state in enumerate(ranks):
-            moved |= settle(r, state)
-            moved |= advance(r, state)
-            moved |= settle(r, state)
+    while ready:  # a rank runs until it cannot move; what it ends wakes its waiters
+        r = ready.popleft()
+        queued[r] = False
+        state = ranks[r]
+        while settle(r, state) | advance(r, state) | settle(r, state):
+            pass
     if any(s.pc < len(s.program) or any(s.lanes.values()) for s in ranks):
         return None  # the walk is stuck (no registered schedule does this): no bound
     return ranks

@@ -18,6 +18,7 @@ over it is reported as such, never dropped.
                                                       # are kept from planner.json
     python benchmarks/planner.py --only-175b          # the saved rows are kept
     python benchmarks/planner.py --only-175b --against COMMIT   # and COMMIT's search first
+    python benchmarks/planner.py --only-175b --backends local,ray,dask  # the CLI on each
 """
 from __future__ import annotations
 
@@ -188,6 +189,66 @@ def _side_by_side(pair: dict) -> list[str]:
             f"the same funnel and winner at the same time: {'yes' if same else 'NO'}"]
 
 
+SEARCH_175B = ("plan", "--model", "gpt3-175b", "--gpus", "1024", "--topology", TOPOLOGY,
+               "--global-batch-size", "1536", "--top", "1")
+
+
+def on_backends(backends: list[str], limit_s: float) -> list[dict]:
+    """The 175B search through the CLI (`clustersim plan ... --backend B`, a fresh
+    process each, every core) on each backend: a local Ray or Dask cluster is started by
+    the CLI itself (sim.backends). {backend, status, wall_s, winner, time, funnel}."""
+    rows, stamp = [], _stamp()
+    for backend in backends:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "plan.json"
+            began = time.perf_counter()
+            try:
+                proc = subprocess.run([sys.executable, "-m", "clustersim", *SEARCH_175B,
+                                       "--backend", backend, "--json", str(out)],
+                                      capture_output=True, text=True, timeout=limit_s,
+                                      env={**os.environ, "RAY_ADDRESS": "",
+                                           "DASK_SCHEDULER_ADDRESS": ""})
+            except subprocess.TimeoutExpired:
+                rows.append({"backend": backend, "status": "skipped", **stamp,
+                             "wall_s": time.perf_counter() - began})
+                continue
+            wall = time.perf_counter() - began
+            if proc.returncode:
+                rows.append({"backend": backend, "status": "error", "wall_s": wall, **stamp,
+                             "reason": proc.stderr.strip().splitlines()[-1:]})
+                continue
+            found = json.loads(out.read_text())
+        best = found["candidates"][0]
+        rows.append({"backend": backend, "status": "ok", "wall_s": wall, **stamp,
+                     "winner": best["command"], "time": best["iteration_time"],
+                     "funnel": {k: found[k] for k in ("enumerated", "fit_in_memory",
+                                                      "bounded_out", "simulated")}})
+        print("175B on", backend, f"{wall:.0f} s", flush=True)
+    return rows
+
+
+def _backends_table(rows: list[dict]) -> list[str]:
+    lines = ["", "### The same search on each backend (`clustersim plan ... --backend B`)", "",
+             "| backend | wall (s) | winner | its time (s) | enumerated / fit / bounded out / "
+             "simulated | measured |", "|---|---:|---|---:|---|---|"]
+    for r in rows:
+        measured = f"{r['measured']} {r['tree']}"
+        if r["status"] != "ok":
+            lines.append(f"| {r['backend']} | {r['wall_s']:.0f} | {r['status']}: "
+                         f"{r.get('reason', 'past the limit')} | | | {measured} |")
+            continue
+        f = r["funnel"]
+        lines.append(f"| {r['backend']} | {r['wall_s']:.0f} | `{r['winner']}` | "
+                     f"{r['time']!r} | {f['enumerated']:,} / {f['fit_in_memory']:,} / "
+                     f"{f['bounded_out']:,} / {f['simulated']:,} | {measured} |")
+    done = [r for r in rows if r["status"] == "ok"]
+    if len(done) > 1:
+        same = len({(r["winner"], r["time"]) for r in done}) == 1
+        lines += ["", f"Identical winner and time on {', '.join(r['backend'] for r in done)}: "
+                  f"{'yes' if same else 'NO'}."]
+    return lines
+
+
 def render(data: dict) -> str:
     env = "\n".join(f"- {k}: {v}" for k, v in data["environment"].items())
     lines = ["# Planner (issue 20): published layouts and a 175B search", "", env, "",
@@ -250,6 +311,8 @@ def render(data: dict) -> str:
                       f"- best: {s['best']} at {s['best_s']:.3f} s: `{s['command']}`"]
             if data.get("against"):
                 lines += _side_by_side(data["against"])
+            if data.get("backends"):
+                lines += _backends_table(data["backends"])
         else:
             lines.append(f"- {s['status']} after {s['wall_s']:.0f} s: {s['reason']}")
     return "\n".join(lines) + "\n"
@@ -265,6 +328,9 @@ def main() -> int:
     parser.add_argument("--against", metavar="COMMIT",
                         help="run the 175B search of COMMIT first, then this tree's, and "
                              "report both (the search of this tree is then that run's)")
+    parser.add_argument("--backends", metavar="LIST",
+                        help="also run the 175B search through the CLI on each backend "
+                             "(e.g. local,ray,dask) and check that they agree")
     args = parser.parse_args()
     logging.getLogger("clustersim").setLevel(logging.ERROR)
     runs = fd.PUBLISHED_RUNS
@@ -283,7 +349,11 @@ def main() -> int:
         data["search_175b"] = data["against"]["new"]
     elif not args.skip_175b:
         data["search_175b"] = part_two(args.row_limit_s)
-    elif "search_175b" in saved:  # not run: the saved search, with its date
+    if args.backends and not args.skip_175b:
+        data["backends"] = on_backends(args.backends.split(","), args.row_limit_s)
+    elif "backends" in saved:
+        data["backends"] = saved["backends"]
+    if args.skip_175b and "search_175b" in saved:  # not run: the saved search, its date
         data["search_175b"] = {"measured": saved["environment"]["date"],
                                **saved["search_175b"]}
         if "against" in saved:

@@ -19,6 +19,7 @@ over it is reported as such, never dropped.
     python benchmarks/planner.py --only-175b          # the saved rows are kept
     python benchmarks/planner.py --only-175b --against COMMIT   # and COMMIT's search first
     python benchmarks/planner.py --only-175b --backends local,ray,dask  # the CLI on each
+    python benchmarks/planner.py --render             # the .md again from the .json
 """
 from __future__ import annotations
 
@@ -252,6 +253,9 @@ def _backends_table(rows: list[dict]) -> list[str]:
 def render(data: dict) -> str:
     env = "\n".join(f"- {k}: {v}" for k, v in data["environment"].items())
     lines = ["# Planner (issue 20): published layouts and a 175B search", "", env, "",
+             f"Produced by `{data['command']}` (method: its docstring); a row or search "
+             "not run by that command is kept from the file before, with the date (and "
+             "tree) it was measured on.", "",
              "## Published runs (selene-a100)", "",
              "Whole space: every layout the planner searches. Authors' space: what the "
              "run's authors chose from (benchmarks/planner.py `authors_space`: 1F1B and "
@@ -331,7 +335,13 @@ def main() -> int:
     parser.add_argument("--backends", metavar="LIST",
                         help="also run the 175B search through the CLI on each backend "
                              "(e.g. local,ray,dask) and check that they agree")
+    parser.add_argument("--render", action="store_true",
+                        help="only rewrite the .md from the saved .json")
     args = parser.parse_args()
+    if args.render:
+        data = json.loads(args.output.with_suffix(".json").read_text())
+        args.output.with_suffix(".md").write_text(render(data))
+        return 0
     logging.getLogger("clustersim").setLevel(logging.ERROR)
     runs = fd.PUBLISHED_RUNS
     if args.rows:

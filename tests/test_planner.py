@@ -217,3 +217,33 @@ def test_bad_flags_are_one_line_errors(flag, value, capsys):
 def test_more_gpus_than_the_topology_is_refused():
     with pytest.raises(ConfigError, match="gpus"):
         run_plan(MODEL, 16, TOPOLOGY, 32)
+
+
+def _replayed(seconds: float, bubble: float, exposed: float, recompute: float):
+    from clustersim.sim.planner.search import Candidate
+    return Candidate(None, None, 0.0, None, False, 2, {
+        "iteration_time": seconds, "bubble_fraction": bubble,
+        "exposed_comm_fraction": exposed, "recompute_overhead": recompute})
+
+
+def test_why_names_the_part_of_the_iteration_that_grew_most():
+    """The extra seconds against the fastest, split into bubble, exposed communication,
+    recompute and the model's own compute (they sum to the iteration): the part that
+    grew most is named, also when it is none of the three fractions printed beside it
+    (a layout whose kernels run slower, as cp 2 with mbs 4 once read 'most from
+    recompute' at +0% recompute)."""
+    from clustersim.sim.planner.report import time_parts, why
+    best = _replayed(10.0, 0.05, 0.05, 0.0)
+    for seconds, bubble, exposed, recompute in ((11.0, 0.1, 0.02, 0.25), (7.0, 0.3, 0.1, 1 / 3)):
+        parts = time_parts(_replayed(seconds, bubble, exposed, recompute).result)
+        assert sum(parts.values()) == pytest.approx(seconds)
+        assert parts["recompute"] == pytest.approx(
+            seconds * (1 - bubble - exposed) * recompute / (1 + recompute))
+    assert why(best, best).startswith("fastest: bubble 5.0%, exposed comm 5.0%")
+    assert why(_replayed(10.11, 0.05, 0.05, 0.0), best).startswith(
+        "+1.1% time, most from slower compute:")
+    assert "most from bubble" in why(_replayed(11.0, 0.13, 0.05, 0.0), best)
+    assert "most from exposed comm" in why(_replayed(11.0, 0.05, 0.13, 0.0), best)
+    # full recompute: a third more FLOPs, run at the same rate
+    assert "most from recompute" in why(_replayed(12.0, 0.05, 0.05, 1 / 3), best)
+    assert why(_replayed(10.0, 0.05, 0.05, 0.0), best).startswith("as fast as the first")

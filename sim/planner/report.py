@@ -6,7 +6,8 @@ Units as printed: iteration time in s, tokens/s, MFU in % of the device's dense 
 (sim.planner.bound). The `why` column states each candidate's bubble, exposed
 communication (Timeline.bubble_fraction, exposed_comm_fraction: means over pipeline
 ranks) and recompute (recomputed FLOPs / model FLOPs), and for every candidate but the
-first which of the three exceeds the first's most.
+first where its extra time comes from: of the four parts an iteration's seconds split
+into (`time_parts`, which sum to it), the one that grew most against the first's.
 """
 from __future__ import annotations
 
@@ -18,8 +19,6 @@ from .search import Candidate, SearchResult
 from .space import MEGATRON_ORDER, ZERO_NAMES
 
 GB = 1e9
-LOSSES = (("bubble_fraction", "bubble"), ("exposed_comm_fraction", "exposed comm"),
-          ("recompute_overhead", "recompute"))
 
 
 def simulate_command(candidate: Candidate, model: str, topology: str,
@@ -40,6 +39,21 @@ def simulate_command(candidate: Candidate, model: str, topology: str,
     return shlex.join(args)
 
 
+def time_parts(result: dict) -> dict[str, float]:
+    """A replay's iteration time T in seconds, split in four parts that sum to it (means
+    over pipeline ranks; Timeline.time_breakdown's categories partition each rank's T):
+    bubble T b and exposed communication T e; the rest, compute T (1 - b - e), split by
+    the recompute overhead r (recomputed FLOPs / model FLOPs, run at the same rate) into
+    recompute, its r / (1 + r), and the model's own FLOPs, 1 / (1 + r). Every layout of
+    one search trains the same model FLOPs per GPU, so more seconds in that last part
+    means slower compute (less efficient kernels, or work repeated across ranks)."""
+    t, b, e = result["iteration_time"], result["bubble_fraction"], result["exposed_comm_fraction"]
+    r = result["recompute_overhead"]
+    compute = t * (1 - b - e)
+    return {"bubble": t * b, "exposed comm": t * e, "recompute": compute * r / (1 + r),
+            "slower compute": compute / (1 + r)}
+
+
 def why(candidate: Candidate, best: Candidate) -> str:
     """The `why` column (module docstring)."""
     r = candidate.result
@@ -47,8 +61,11 @@ def why(candidate: Candidate, best: Candidate) -> str:
              f"recompute +{r['recompute_overhead']:.0%} FLOPs"]
     if candidate is best:
         return "fastest: " + ", ".join(parts)
-    field, name = max(LOSSES, key=lambda fn: r[fn[0]] - best.result[fn[0]])
     slower = r["iteration_time"] / best.result["iteration_time"] - 1
+    if slower <= 0:
+        return "as fast as the first: " + ", ".join(parts)
+    mine, first = time_parts(r), time_parts(best.result)
+    name = max(mine, key=lambda part: mine[part] - first[part])
     return f"+{slower:.1%} time, most from {name}: " + ", ".join(parts)
 
 

@@ -592,6 +592,27 @@ def test_cli_compare(tmp_path):
         assert bad.returncode == 2 and says in bad.stderr, bad.stderr
 
 
+
+def test_layout_table_says_when_throughput_follows_the_arrivals():
+    """With requests arriving over time, out tok/s of a layout that keeps up is the
+    arrival rate's, not its capacity: the table says so, with the offered rate (output
+    tokens over the arrivals' span); with every request at t = 0 it says nothing."""
+    from clustersim.sim.cli.serve_command import offered_load_note
+    spread = synthetic(40, 64, 8, 4.0, 0)
+    span = spread[-1].arrival - spread[0].arrival
+    note = offered_load_note(spread)[0]
+    assert f"arrive over {span:.2f} s, {40 * 8 / span:,.0f} output tok/s offered" in note
+    assert offered_load_note(synthetic(40, 64, 8)) == []
+    out = clustersim("serve", "--model", "llama2-7b", "--compare", "tp=1", "tp=2",
+                     "--num-prompts", "8", "--input-len", "64", "--output-len", "4",
+                     "--request-rate", "4")
+    assert out.returncode == 0 and "output tok/s offered" in out.stdout, out.stderr
+    goodput = clustersim("serve", "--model", "llama2-7b", "--compare", "tp=1", "--num-prompts",
+                         "8", "--input-len", "64", "--output-len", "4", "--request-rate", "4",
+                         "--goodput", "ttft:100")
+    assert goodput.returncode == 0 and "offered" not in goodput.stdout, goodput.stderr
+
+
 MIX = get_model("mixtral-8x7b")
 
 

@@ -259,6 +259,8 @@ def _layouts(args: argparse.Namespace, model, requests, options: dict) -> int:
     best = next((c for c in candidates if c.result is not None), None)
     if best and args.search_layouts:
         lines.append(f"simulate the best: clustersim serve ... {best.layout.flags()}")
+    if not goodput:
+        lines += offered_load_note(requests)
     print("\n".join(lines))
     if args.json:
         rows = [{**{k: getattr(c.layout, k) for k in layout_runs.LAYOUT_KEYS},
@@ -266,6 +268,22 @@ def _layouts(args: argparse.Namespace, model, requests, options: dict) -> int:
                 for c in candidates]
         write_text_atomic(args.json, json.dumps({"candidates": rows}, indent=1) + "\n")
     return 0
+
+
+def offered_load_note(requests) -> list[str]:
+    """A note under a table of output throughputs when the requests arrive over time:
+    output tok/s is the output tokens over the benchmark's duration (first arrival to
+    last completion, vLLM's), so a layout that keeps up with the arrivals serves near
+    the offered rate, and what separates such layouts is how long the last requests
+    take, not their capacity. [] when all arrive at once (--request-rate inf)."""
+    span = max(r.arrival for r in requests) - min(r.arrival for r in requests)
+    if span <= 0:
+        return []
+    offered = sum(r.output_tokens for r in requests) / span
+    return [f"note: the requests arrive over {span:.2f} s, {offered:,.0f} output tok/s "
+            f"offered: a layout that keeps up serves near that rate, and out tok/s then "
+            f"ranks how fast the last requests finish, not capacity (for capacity: "
+            f"--request-rate inf; for latency targets: --goodput)"]
 
 
 def layout_name(args: argparse.Namespace) -> str:

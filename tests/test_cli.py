@@ -266,6 +266,29 @@ def test_memory_breakdown_of_a_model_and_oom(tmp_path):
     assert offload["model_states_bytes"][0] == pytest.approx(4 * 7e9)
 
 
+
+@pytest.mark.parametrize("flags", [
+    ["--zero", "3", "--pp", "4", "--tp", "2"],  # FSDP with a pipeline: unsharded gradients
+    ["--zero", "1", "--pp", "2", "--recompute", "full"],
+])
+def test_memory_table_parts_sum_to_the_total(flags):
+    """Every byte of a rank's total is in a printed column: states, activ., recomp.,
+    buffers, gathered and (FSDP with a pipeline) unsh. grads add up to total, to the
+    table's rounding (a column once left FSDP's unsharded gradients out)."""
+    text = clustersim("memory", "--model", "llama3-8b", "--dp", "2", "--microbatches", "8",
+                      "--topology", "dgx-h100", *flags).stdout.splitlines()
+    header = text[2].split()
+    parts = ("states", "activ.", "recomp.", "buffers", "gathered", "unsh. grads")
+    columns = [c for c in re.split(r"\s{2,}", text[2].strip())]
+    for row in text[3:3 + 4]:
+        if not row.strip() or not row.strip()[0].isdigit():
+            break
+        cells = dict(zip(columns, re.split(r"\s{2,}", row.strip())))
+        shown = sum(float(cells[p]) for p in parts if p in cells)
+        assert shown == pytest.approx(float(cells["total"]), abs=0.01), (header, row)
+    assert ("unsh. grads" in columns) == ("3" in flags)
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--params", "7B", "--model", "gpt3-1.3b"], "--params is a bare parameter count: drop --model"),
     (["--params", "seven"], "'seven' is not a parameter count"),

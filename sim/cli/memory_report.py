@@ -147,13 +147,16 @@ def _grid(p: dict) -> str:
 
 def format_memory(data: dict) -> str:
     """The table; under fp8 with a column for TE's FP8 weight copies (in `states`), with
-    one for stashed weight versions (PipeDream, 2BW; in `states`) when any, under
-    NVMe offload one for the states on NVMe, and the run's notes."""
+    one for stashed weight versions (PipeDream, 2BW; in `states`) when any, one for
+    FSDP's unsharded gradients (with a pipeline) when any, under NVMe offload one for the
+    states on NVMe, and the run's notes. states, activ., recomp., buffers, gathered and
+    unsh. grads sum to total."""
     c, p = data["config"], data["config"]["parallel"]
     fp8 = c["dtype"] == "fp8"
     nvme = p["offload_device"] == "nvme"
     lora = any(r["frozen_params"] for r in data["ranks"])  # params: the adapters
     stash = any(r["stashed_weights"] for r in data["ranks"])  # PipeDream's versions
+    unsharded = any(r["unsharded_gradients"] for r in data["ranks"])  # FSDP with pp
     recompute = describe_recompute(p["recompute"], p["recompute_method"],
                                    p["recompute_num_layers"])
     lines = [f"{c['model']} ({c['dtype']}, Adam K={c['optimizer_bytes_per_param']} B/param): "
@@ -179,6 +182,7 @@ def format_memory(data: dict) -> str:
         ("recomp.", lambda r: _gb(r["recompute_working"]), True),
         ("buffers", lambda r: _gb(r["communication_buffers"]), True),
         ("gathered", lambda r: _gb(r["gathered_parameters"]), True),
+        ("unsh. grads", lambda r: _gb(r["unsharded_gradients"]), unsharded),
         ("total", lambda r: _gb(r["total_bytes"]), True),
         ("GiB", lambda r: f"{r['total_bytes'] / GIB:.2f}", True),
         ("host", lambda r: _gb(r["host"]), True), ("nvme", lambda r: _gb(r["nvme"]), nvme),

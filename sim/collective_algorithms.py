@@ -65,6 +65,16 @@ class Phase:
         return self.steps * alpha if self.latency is None else self.latency
 
 
+def paid_latency(phases: Sequence[Phase]) -> tuple[int, float | None]:
+    """What `phases` pay before their flows, as reported: the route-latency steps of the
+    phases that pay steps (Phase.wait), and the seconds of the latencies given to the
+    others (NCCL's model of the algorithm and protocol), None when no phase has one. A
+    phase with a given latency pays no steps, whatever its `steps` says."""
+    steps = sum(p.steps for p in phases if p.latency is None)
+    given = [p.latency for p in phases if p.latency is not None]
+    return steps, (sum(given) if given else None)
+
+
 # --- rings -----------------------------------------------------------------------------------
 def ring_flows(gpus: Sequence[str], nbytes: float) -> list[FlowSpec]:
     """Every rank sends `nbytes` to the next one in `gpus`, the last back to the first."""

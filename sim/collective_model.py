@@ -46,8 +46,9 @@ from clustersim.schedules.ops import Op
 from clustersim.schedules.plan import Plan
 from clustersim.topologies import device_of
 
-from .collective_algorithms import estimate_time
-from .collectives import collective_phases, parse_collective, run_collective
+from .collective_algorithms import estimate_time, paid_latency
+from .collectives import (collective_phases, latency_info, parse_collective, repeated,
+                          run_collective)
 from .cost import sm_sharing_slowdown
 from .flows import FlowNetwork
 
@@ -192,7 +193,8 @@ def collective_model(env: simpy.Environment, network: FlowNetwork, plan: Plan,
             algbw = op.nbytes / seconds if seconds > 0 else 0.0
             coll = parse_collective(op)
             info = {"collective": coll.value, "algorithm": name, "count": op.count,
-                    "steps": op.count * sum(p.steps for p in phases), "bytes": op.nbytes,
+                    **latency_info(*paid_latency(repeated(phases, op.count))),
+                    "bytes": op.nbytes,
                     "algbw_GBps": algbw / 1e9,
                     "busbw_GBps": algbw * coll.busbw_factor(len(devices)) / 1e9,
                     "model": "uncontended (intra-node)"}

@@ -46,7 +46,7 @@ from clustersim.schedules.timeline import Span, Timeline
 from clustersim.topologies import gpu_nodes, load_topology
 
 from . import collective_algorithms as algos
-from .collective_algorithms import Phase, estimate_lower_bound, estimate_time
+from .collective_algorithms import Phase, estimate_lower_bound, estimate_time, paid_latency
 from . import nccl_tuning as tuning
 from .flows import FlowNetwork
 from .nccl_collectives import TUNED, comm_shape, nccl_phases, parse_protocol
@@ -246,7 +246,8 @@ class CollectiveRun:
     collective: Collective
     algorithm: str
     nbytes: float
-    steps: int
+    steps: int  # route-latency steps paid; latency_s: NCCL's modelled latency (paid_latency)
+    latency_s: float | None
     flows: int
     start: float
     end: float = 0.0
@@ -281,7 +282,8 @@ def run_collective(env: simpy.Environment, network: FlowNetwork,
     force NCCL's choice (collective_phases). An Op with `count` k > 1 runs
     k back-to-back collectives of nbytes/k each (`repeated`). One Span per member, on rank
     `ranks[i]` (default: the GPU's global index), is appended to `spans` if given; its
-    `info` holds algorithm, steps, bytes, algbw_GBps and busbw_GBps."""
+    `info` holds algorithm, steps (and nccl_latency_us where NCCL's latency was paid:
+    latency_info), bytes, algbw_GBps and busbw_GBps."""
     coll = parse_collective(op)
     schedule_op = op if isinstance(op, Op) else None
     size = float(schedule_op.nbytes if nbytes is None and schedule_op else nbytes or 0)
@@ -289,7 +291,7 @@ def run_collective(env: simpy.Environment, network: FlowNetwork,
     name, phases = collective_phases(coll, gpus, size / count, network.graph, algorithm,
                                      protocol)
     phases = repeated(phases, count)
-    record = CollectiveRun(coll, name, size, sum(p.steps for p in phases),
+    record = CollectiveRun(coll, name, size, *paid_latency(phases),
                            sum(len(p.flows) for p in phases), env.now)
     done = env.event()
     lane = lane or (schedule_op.group if schedule_op and schedule_op.group else COLLECTIVE_LANE)
@@ -324,12 +326,20 @@ def _start_phase(network: FlowNetwork, phases: Sequence[Phase], index: int,
         lambda _event: _start_phase(network, phases, index + 1, finish))
 
 
+def latency_info(steps: int, latency_s: float | None) -> dict:
+    """A span's or a result's latency keys: 'steps' (route latencies paid), and
+    'nccl_latency_us' where NCCL's modelled latency was paid instead (paid_latency)."""
+    return {"steps": steps} if latency_s is None else {
+        "steps": steps, "nccl_latency_us": latency_s * 1e6}
+
+
 def _member_spans(record: CollectiveRun, schedule_op: Op | None, lane: str,
                   ranks: Sequence[int]) -> list[Span]:
     n, t = len(ranks), record.time_s
     algbw = record.nbytes / t if t > 0 else 0.0
     info = {"collective": record.collective.value, "algorithm": record.algorithm,
-            "steps": record.steps, "bytes": record.nbytes, "algbw_GBps": algbw / 1e9,
+            **latency_info(record.steps, record.latency_s), "bytes": record.nbytes,
+            "algbw_GBps": algbw / 1e9,
             "busbw_GBps": algbw * record.collective.busbw_factor(n) / 1e9}
     op = schedule_op or Op(_OP_KINDS[record.collective], 0, group=lane,
                            nbytes=int(record.nbytes))
@@ -343,7 +353,8 @@ def _member_spans(record: CollectiveRun, schedule_op: Op | None, lane: str,
 @dataclass
 class CollectiveResult:
     """One simulated collective: time (s), algbw and busbw (bytes/s), the algorithm and
-    its latency steps, the per-member Timeline and the number of flows simulated."""
+    the latency it paid (route-latency steps, or NCCL's modelled latency: paid_latency),
+    the per-member Timeline and the number of flows simulated."""
 
     collective: Collective
     nbytes: float
@@ -355,10 +366,12 @@ class CollectiveResult:
     steps: int
     timeline: Timeline
     flows: int
+    latency_s: float | None = None  # NCCL's modelled latency, where paid (paid_latency)
 
     def to_dict(self) -> dict:
         return {"op": self.collective.value, "size_bytes": self.nbytes, "ranks": self.ranks,
-                "algorithm": self.algorithm, "steps": self.steps, "time_s": self.time_s,
+                "algorithm": self.algorithm, **latency_info(self.steps, self.latency_s),
+                "time_s": self.time_s,
                 "time_us": self.time_s * 1e6, "algbw_GBps": self.algbw / 1e9,
                 "busbw_GBps": self.busbw / 1e9, "flows": self.flows}
 
@@ -404,5 +417,6 @@ def sweep_collective(op: str | Collective | OpKind, sizes: Sequence[float], rank
                 "topology": graph.graph.get("name"), "ranks": ranks, "nbytes": nbytes}
         results.append(CollectiveResult(
             coll, nbytes, ranks, t, algbw, algbw * coll.busbw_factor(ranks), run.algorithm,
-            run.steps, Timeline(run.spans, source="sim", meta=meta), run.flows))
+            run.steps, Timeline(run.spans, source="sim", meta=meta), run.flows,
+            run.latency_s))
     return results

@@ -490,3 +490,21 @@ def test_kept_phases_are_the_computed_ones_and_bounded(monkeypatch):
     big = collective_phases("all-to-all", gpu_nodes(graph)[:32], SIZES[0], graph)
     assert sum(len(p.flows) for p in big[1]) > 300  # too large to keep: the others stay
     assert collectives._KEPT[graph][1] == before
+
+
+def test_an_nccl_run_reports_the_latency_it_paid_not_ring_steps():
+    """Under NCCL's model a phase waits NCCL's latency of its algorithm and protocol, not
+    route-latency steps: the result reports that latency and no steps (a 16-GPU tree
+    all-reduce once printed a ring's 2(n-1) = 30 steps). An 8-byte all-reduce is all
+    latency: its time is the reported latency."""
+    topology = load_topology("dgx-h100-x16-ndr")
+    tiny = simulate_collective("all-reduce", 8, 16, topology)
+    row = tiny.to_dict()
+    assert tiny.algorithm.startswith("tree/") and row["steps"] == 0
+    assert row["nccl_latency_us"] == pytest.approx(row["time_us"], rel=1e-3)
+    ring = simulate_collective("all-reduce", 8, 16, topology, "ring").to_dict()
+    assert ring["steps"] == 0 and ring["nccl_latency_us"] > 0
+    out = subprocess.run([sys.executable, "-m", "clustersim", "collective", "all-reduce",
+                          "--size", "8", "--ranks", "16", "--topology", "dgx-h100-x16-ndr"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "(NCCL's model)" in out and "steps" not in out

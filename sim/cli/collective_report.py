@@ -135,9 +135,17 @@ def cmd_collective(args: argparse.Namespace) -> int:
         r = rows[0]
         print(f"{op.value} of {r['size_bytes']} B on {ranks} ranks of {r['topology']}: "
               f"{r['time_us']:.2f} us, algbw {r['algbw_GBps']:.2f} GB/s, busbw "
-              f"{r['busbw_GBps']:.2f} GB/s ({r['algorithm']}, {r['steps']} steps, "
+              f"{r['busbw_GBps']:.2f} GB/s ({r['algorithm']}, {_latency(r)}, "
               f"{r['flows']} flows)")
     return 0
+
+
+def _latency(row: dict) -> str:
+    """The latency a run paid: NCCL's modelled latency of its algorithm and protocol, or
+    the route-latency steps of a step-synchronous algorithm (sim.collectives)."""
+    if "nccl_latency_us" in row:
+        return f"latency {row['nccl_latency_us']:.1f} us (NCCL's model)"
+    return f"{row['steps']} steps"
 
 
 COMMANDS = {"collective": cmd_collective}

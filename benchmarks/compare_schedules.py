@@ -85,7 +85,7 @@ def main() -> int:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "compare_schedules.md").write_text(
         f"# Pipeline schedules: {MODEL} on {TOPOLOGY} (roofline costs)\n\n"
-        "Bubble = time a rank has nothing in flight (no compute, no communication) / "
+        "Bubble = time a rank has no op running (no compute, no communication) / "
         "iteration time, averaged over ranks (Timeline.bubble_fraction); ideal = "
         "(P-1)/(V*M+P-1) for equal stages and free communication. Peak in-flight = most "
         "(stage, microbatch) activations any rank holds. Plot: compare_schedules.html.\n\n"

@@ -201,7 +201,7 @@ def cell(text: str) -> str:
 def table(layout: dict) -> list[str]:
     cap = layout["cap_GB"]
     device = next((r["device_memory_GB"] for r in ran(layout["rows"])), float("nan"))
-    lines = [f"| schedule | iteration s | bubble | peak memory per rank GB | in-flight per rank "
+    lines = [f"| schedule | iteration s | bubble | peak memory per rank GB | in-flight (s,mb) per rank "
              f"| peak activations GB (max rank) | fits {device:.0f} GB | fits cap "
              f"{cap} GB |", "|---|---:|---:|---|---|---:|:---:|:---:|"]
     for r in layout["rows"]:
@@ -328,7 +328,7 @@ def notes(data: dict) -> list[str]:
     out.append("- zb-auto (uncapped) is built per run from the run's own simulated F/I/W costs; "
                "its search is then capped by the device memory left after model states, so it "
                "may hold more than 1F1B. The capped row rebuilds it under the cap.")
-    out.append("- Bubble = time a rank has nothing in flight / iteration time, averaged over "
+    out.append("- Bubble = time a rank has no op running / iteration time, averaged over "
                "pipeline ranks (Timeline.bubble_fraction); the optimizer step and "
                "data-parallel collectives are inside the iteration.")
     out.append("- Only the ranks of replica 0 are replayed (one per pipeline rank); the others "

@@ -22,7 +22,7 @@ the spans clipped to it; peaks of memory and in-flight microbatches are the run'
   'compute' while r's compute lane is busy; otherwise the first category, in
   EXPOSED_ORDER ('tp', 'cp', 'ep', 'pp', 'dp', 'other'), with a span of r in flight at
   that instant: that communication is EXPOSED (not overlapped by compute on that rank);
-  'bubble' when nothing of r runs at all (idle, waiting with nothing in flight). A
+  'bubble' when nothing of r runs at all (idle: no op of r in progress). A
   span's category is its op's group axis ('tp', 'cp', 'ep', with the expert-TP 'etp' as
   'ep': MoE-layer communication; 'pp' and every SEND/RECV;
   'dp', 'dp_cp', 'dp_shard', 'dp_replicate', 'edp' and DualPipe's 'pp_copies' are 'dp');
@@ -228,7 +228,7 @@ class Timeline:
         return {r: t - b for r, b in self.compute_busy().items()}
 
     def bubble_fractions(self) -> dict[int, float]:
-        """Per rank, the time with nothing in flight over the iteration time."""
+        """Per rank, the time with no op running over the iteration time."""
         return self._fractions(lambda row: row["bubble"])
 
     def exposed_comm_fractions(self) -> dict[int, float]:

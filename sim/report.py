@@ -26,13 +26,13 @@ def format_summary(timeline: Timeline) -> str:
              *([meta["replayed"]] if "replayed" in meta else []),
              *([summary_line(meta["steady_state"])] if "steady_state" in meta else []),
              f"iteration time {format_seconds(timeline.iteration_time)}, "
-             f"bubble fraction {metrics['bubble_fraction']:.4f} (nothing in flight), exposed "
+             f"bubble fraction {metrics['bubble_fraction']:.4f} (no op running), exposed "
              f"communication {metrics['exposed_comm_fraction']:.4f} (communication, no "
              f"compute)",
              *([format_throughput(meta["throughput"])] if "throughput" in meta else [])]
     per_rank = metrics["per_rank"]
     memory = timeline.peak_memory()
-    lines.append(_table(["rank", "compute", "idle", "bubble", "in-flight", "peak mem"], [
+    lines.append(_table(["rank", "compute", "idle", "bubble", "in-flight (s,mb)", "peak mem"], [
         [r, format_seconds(per_rank["compute_time"][str(r)]),
          format_seconds(per_rank["idle_time"][str(r)]),
          f"{per_rank['bubble_fraction'][str(r)]:.4f}",
@@ -66,7 +66,7 @@ def format_breakdown(breakdown: dict[str, dict[str, float]]) -> list[str]:
             for rank, row in sorted(breakdown.items(), key=lambda item: int(item[0]))]
     rows.append(["mean", *(format_seconds(total[c] / len(breakdown)) for c in shown)])
     return ["time breakdown: compute, exposed communication (not overlapped by compute), "
-            "bubble (nothing in flight)",
+            "bubble (no op running)",
             _table(["rank", *(KIND_NAMES.get(c, c) for c in shown)], rows)]
 
 
@@ -96,5 +96,5 @@ def format_table(rows: Sequence[dict]) -> str:
           "n/a" if row["mfu"] is None else f"{row['mfu']:.1%}",
           f"{row['peak_memory_GB']:.1f} GB", row["peak_in_flight"]] for row in rows],
         headers=["schedule", "iteration", "bubble", "tokens/s/GPU", "MFU", "peak mem",
-                 "in-flight per rank"], tablefmt="plain", disable_numparse=True,
+                 "in-flight (s,mb) per rank"], tablefmt="plain", disable_numparse=True,
         colalign=["left", *["right"] * 5, "left"])

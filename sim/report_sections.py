@@ -120,7 +120,7 @@ def headline_section(numbers: Mapping[str, Any]) -> str:
                   f"({escape(numbers['device'])})" if numbers["mfu"] is not None
                   else "no dense peak for this device and dtype")]
     rows += [("bubble", f"{numbers['bubble_fraction']:.1%}",
-              "mean over ranks of the iteration with nothing in flight"),
+              "mean over ranks of the iteration with no op running"),
              ("exposed communication", f"{numbers['exposed_comm_fraction']:.1%}",
               "mean over ranks of the iteration communicating with no compute")]
     rows += [(f"exposed {kind}", format_seconds(s), f"per rank (mean), {s / t:.1%} of the "

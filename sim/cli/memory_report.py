@@ -1,7 +1,8 @@
 """`clustersim memory`: each pipeline rank's memory for a configuration, without simulating.
 
 The numbers come from schedules.memory_model (ZeRO model states, Korthikanti activations
-per in-flight microbatch, communication buffers). Bytes in the JSON; the table prints
+per in-flight microbatch, communication buffers; `(s,mb)` counts the (stage, microbatch)
+activations held, a microbatch once per virtual stage). Bytes in the JSON; the table prints
 GB (1e9 bytes, as ZeRO's Table 1 and the GPU datasheets do) and the total in GiB (2^30,
 what `nvidia-smi` and torch report). With --topology or --device, ranks whose total
 exceeds the device memory are flagged OOM (and an FP8 recipe the device cannot run is
@@ -178,7 +179,7 @@ def format_memory(data: dict) -> str:
         ("optim", lambda r: _gb(r["optimizer_states"]), True),
         ("states", lambda r: _gb(r["model_states_bytes"]), True),
         ("activ.", lambda r: _gb(r["activations"]), True),
-        ("(mb)", lambda r: r["in_flight"], True),
+        ("(s,mb)", lambda r: r["in_flight"], True),
         ("recomp.", lambda r: _gb(r["recompute_working"]), True),
         ("buffers", lambda r: _gb(r["communication_buffers"]), True),
         ("gathered", lambda r: _gb(r["gathered_parameters"]), True),

@@ -77,9 +77,10 @@ def zb_h2(rank_stages: list[list[int]], microbatches: int) -> list[list[Op]]:
 SCHEDULES = [
     ScheduleEntry(
         "zb-h1", zb_h1, source=SOURCE,
-        summary="1F1B's order and peak memory with split backwards (I, W); rank r delays "
-                "its W's by r microbatches to fill the cool-down: a third of 1F1B's bubble "
-                "at F = I = W (closed form for M >= pp)",
+        summary="1F1B's order with split backwards (I, W); rank r delays its W's by r "
+                "microbatches to fill the cool-down: a third of 1F1B's bubble at F = I = W "
+                "(closed form for M >= pp); every rank holds up to pp microbatches, 1F1B's "
+                "most (rank 0's), so later ranks hold more than under 1F1B",
         aliases=("zbh1", "zero-bubble-h1")),
     ScheduleEntry(
         "zb-h2", zb_h2, source=SOURCE,

@@ -455,6 +455,25 @@ def test_cli_sweep_prints_the_nccl_tests_table():
     assert "busbw" in out.stdout and "Avg bus bandwidth" in out.stdout
 
 
+def test_sweep_count_is_the_one_nccl_tests_prints():
+    """nccl-tests' count column is its paramcount: the whole buffer for all-reduce, one
+    rank's part for all-gather and reduce-scatter ((count / 4n) x 4), one peer's for
+    all-to-all (count / n, down to 16 bytes' elements). 1 MiB of float on 8 ranks:
+    262144, 32768, 32768, 32768; of half on 8 ranks for all-to-all: 65536."""
+    from clustersim.sim.cli.collective_report import nccl_tests_count
+    mib = 1 << 20
+    assert nccl_tests_count("all-reduce", mib, 4, 8) == 262144
+    for op in ("all-gather", "reduce-scatter", "all-to-all"):
+        assert nccl_tests_count(op, mib, 4, 8) == 32768
+    assert nccl_tests_count("all-to-all", mib, 2, 8) == 65536
+    assert nccl_tests_count("all-gather", 100, 4, 8) == 0  # below one aligned element each
+    assert nccl_tests_count("all-to-all", 8 * 4 * 5, 4, 8) == 4  # 5 floats, to 4 (16 B)
+    out = clustersim("collective", "all-gather", "--sweep", "--min-size", "1M", "--max-size",
+                     "1M", "--ranks", "8", "--topology", "dgx-h100")
+    row = [line.split() for line in out.stdout.splitlines() if not line.startswith("#")][0]
+    assert row[:3] == ["1048576", "32768", "float"]
+
+
 @pytest.mark.parametrize("args, words", [
     (["all-sum", "--size", "1G"], "collective op must be one of"),
     (["all-reduce", "--size", "1Q"], "--size"),

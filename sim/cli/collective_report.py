@@ -4,7 +4,10 @@ nccl-tests' table. Times in µs, bandwidths in GB/s (1e9 bytes/s, as nccl-tests)
 Sizes: a number of bytes with an optional unit. K, M, G, T (any case, optionally with
 'i' + 'B': KiB, MiB, ...) are binary (2^10, 2^20, ...), as nccl-tests' `-b 8 -e 128M`;
 kB/KB, MB, GB, TB are decimal (1e3, 1e6, ...). So `1G` = 1073741824, `1GB` = 1e9.
-The sweep's `count` column is elements of `--dtype` (float by default, as nccl-tests).
+The sweep's `count` column is nccl-tests' count of `--dtype` elements (float by default):
+the whole buffer for all-reduce, broadcast, reduce and p2p; one rank's part for
+all-gather and reduce-scatter, and one peer's for all-to-all, rounded down as
+nccl-tests 2.13+ does (`nccl_tests_count`).
 """
 from __future__ import annotations
 
@@ -89,6 +92,18 @@ def sweep_sizes(min_size: int, max_size: int, factor: float) -> list[int]:
     return sizes
 
 
+def nccl_tests_count(op: str, nbytes: int, width: int, ranks: int) -> int:
+    """The count nccl-tests prints for a size of `nbytes` (its *GetCollByteCount's
+    paramcount): all-gather and reduce-scatter (count / (4 n)) x 4, all-to-all count / n
+    down to a multiple of 16 bytes' elements; the whole count otherwise."""
+    count = nbytes // width
+    if op in ("all-gather", "reduce-scatter"):
+        return count // (4 * ranks) * 4
+    if op == "all-to-all":
+        return count // ranks & -max(16 // width, 1)
+    return count
+
+
 def format_sweep(rows: list[dict], dtype: str) -> str:
     width = DTYPE_BYTES[dtype]
     lines = [f"#{'size':>12} {'count':>12} {'type':>8} {'algorithm':>13} {'time':>11} "
@@ -96,7 +111,8 @@ def format_sweep(rows: list[dict], dtype: str) -> str:
              f"#{'(B)':>12} {'(elements)':>12} {'':>8} {'':>13} {'(us)':>11} "
              f"{'(GB/s)':>8} {'(GB/s)':>8}"]
     for r in rows:
-        lines.append(f" {int(r['size_bytes']):>12} {int(r['size_bytes']) // width:>12} "
+        count = nccl_tests_count(r["op"], int(r["size_bytes"]), width, r["ranks"])
+        lines.append(f" {int(r['size_bytes']):>12} {count:>12} "
                      f"{dtype:>8} {r['algorithm']:>13} {r['time_us']:>11.2f} "
                      f"{r['algbw_GBps']:>8.2f} {r['busbw_GBps']:>8.2f}")
     mean = sum(r["busbw_GBps"] for r in rows) / len(rows)

@@ -1,10 +1,13 @@
 """Machine, versions and date stamped on every benchmark result."""
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import platform
 import subprocess
+import tempfile
+from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 
@@ -30,6 +33,27 @@ def tree_version(tree: Path) -> str:
     commit = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True, check=True).stdout.strip()
     return commit + uncommitted(tree)
+
+
+@contextlib.contextmanager
+def checked_out(tree: Path, commit: str) -> Iterator[tuple[str, Path, Path]]:
+    """`commit` of the repository at `tree` as a detached git worktree in a temporary
+    folder: (its full hash, the worktree, a folder for PYTHONPATH whose `clustersim` is
+    the worktree: the repository root is the package); removed on exit."""
+    sha = subprocess.run(["git", "-C", str(tree), "rev-parse", commit], check=True,
+                         capture_output=True, text=True).stdout.strip()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp) / "tree"
+        subprocess.run(["git", "-C", str(tree), "worktree", "add", "--detach", str(work), sha],
+                       check=True, capture_output=True)
+        try:
+            package = Path(tmp) / "pkg"
+            package.mkdir()
+            (package / "clustersim").symlink_to(work)
+            yield sha, work, package
+        finally:
+            subprocess.run(["git", "-C", str(tree), "worktree", "remove", "--force", str(work)],
+                           check=True, capture_output=True)
 
 
 def _cpu_model() -> str:

@@ -20,7 +20,7 @@ of `--repeat` runs (default 1), with every wall and when and on which tree it wa
 measured; a skipped workload keeps the row the file already holds, with its own date and
 tree (this machine's speed drifts by half over an hour, so a slow phase can be re-measured
 without re-running the long rows). With --against, each workload runs
-on this tree and then on a git worktree of COMMIT (made under /tmp), one after the other,
+on this tree and then on a git worktree of COMMIT (a temporary one), one after the other,
 N rounds in turn (default 1), and the speed-ups of the best (least) wall of each side and
 whether the answers are equal go to issue19_speedups_COMMIT.json and .md (COMMIT's first
 seven hex digits).
@@ -37,7 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from environment import environment, tree_version
+from environment import checked_out, environment, tree_version
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -164,22 +164,16 @@ def best(runs: dict | list[dict]) -> dict:
 
 def against(commit: str, skip: set[str], rounds: int = 1) -> int:
     """--against (module docstring)."""
-    sha = subprocess.run(["git", "-C", str(ROOT), "rev-parse", commit], check=True,
-                         capture_output=True, text=True).stdout.strip()
-    tree = Path(tempfile.gettempdir()) / f"issue19_{sha[:12]}"
-    if not (tree / ".git").exists():
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree),
-                        sha], check=True, capture_output=True)
-    data = {"environment": environment(), "commit": sha, "rounds": rounds, "runs": {}}
-    with tempfile.TemporaryDirectory() as new_dir, tempfile.TemporaryDirectory() as old_dir:
+    with checked_out(ROOT, commit) as (sha, _, old_dir), \
+            tempfile.TemporaryDirectory() as new_dir:
+        data = {"environment": environment(), "commit": sha, "rounds": rounds, "runs": {}}
         (Path(new_dir) / "clustersim").symlink_to(ROOT)
-        (Path(old_dir) / "clustersim").symlink_to(tree)
         for name, (command, *_) in WORKLOADS.items():
             if name not in skip:
                 pair = data["runs"][name] = {"new": [], "old": []}
                 for _ in range(rounds):
                     pair["new"].append(run(command, Path(new_dir)))
-                    pair["old"].append(run(command, Path(old_dir)))
+                    pair["old"].append(run(command, old_dir))
                     print(name, pair["new"][-1], pair["old"][-1], flush=True)
     named = RESULTS / f"issue19_speedups_{sha[:7]}"
     named.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
@@ -199,6 +193,12 @@ def main() -> int:
                         help="runs per workload (the least wall is reported)")
     parser.add_argument("--render", action="store_true")
     args = parser.parse_args()
+    if args.against and args.repeat != 1:
+        parser.error("--repeat counts runs of this tree alone; with --against give --rounds")
+    if args.rounds != 1 and not args.against:
+        parser.error("--rounds counts side-by-side rounds: it needs --against")
+    if args.render and (args.against or args.skip or args.repeat != 1):
+        parser.error("--render only rewrites the page from the saved JSON: it runs nothing")
     if args.render:
         PAGE.write_text(render(json.loads(RAW.read_text())))
         return 0

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 import fidelity_data as fd
-from environment import environment, tree_version
+from environment import checked_out, environment, tree_version
 from fidelity import run_in_child
 from clustersim.schedules.model_presets import get_model
 from clustersim.sim.planner import run_plan
@@ -133,7 +133,7 @@ def part_one(runs, limit_s: float, saved: list[dict] | None = None) -> list[dict
 
 def _stamp() -> dict:
     """When and on which tree a row is measured."""
-    return {"measured": environment()["date"], "tree": tree_version(Path(__file__).parents[1])}
+    return {"measured": environment()["date"], "tree": tree_version(ROOT)}
 
 
 def part_two(limit_s: float) -> dict:
@@ -155,24 +155,13 @@ def part_two(limit_s: float) -> dict:
 def against(commit: str, limit_s: float) -> dict:
     """The 175B search of `commit`, by its own benchmarks/planner.py in a git worktree
     (`--only-175b`), run just before this tree's part_two: {commit, old, new}."""
-    with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        tree, link = work / "tree", work / "pkg" / "clustersim"
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree),
-                        commit], check=True, capture_output=True)
-        try:
-            link.parent.mkdir()
-            link.symlink_to(tree)  # the repository root is the package
-            subprocess.run([sys.executable, str(tree / "benchmarks" / "planner.py"),
-                            "--only-175b", "--row-limit-s", str(limit_s), "--output",
-                            str(work / "old")], check=True,
-                           env={**os.environ, "PYTHONPATH": str(link.parent)})
-            old = json.loads((work / "old.json").read_text())["search_175b"]
-            full = subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], check=True,
-                                  capture_output=True, text=True).stdout.strip()
-        finally:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",
-                            str(tree)], check=True, capture_output=True)
+    with checked_out(ROOT, commit) as (full, tree, package), \
+            tempfile.TemporaryDirectory() as out:
+        subprocess.run([sys.executable, str(tree / "benchmarks" / "planner.py"),
+                        "--only-175b", "--row-limit-s", str(limit_s), "--output",
+                        str(Path(out) / "old")], check=True,
+                       env={**os.environ, "PYTHONPATH": str(package)})
+        old = json.loads((Path(out) / "old.json").read_text())["search_175b"]
     return {"commit": full, "old": old, "new": part_two(limit_s)}
 
 
@@ -338,6 +327,14 @@ def main() -> int:
     parser.add_argument("--render", action="store_true",
                         help="only rewrite the .md from the saved .json")
     args = parser.parse_args()
+    if args.skip_175b and (args.against or args.backends or args.only_175b):
+        parser.error("--against, --backends and --only-175b run the 175B search, which "
+                     "--skip-175b leaves out: give one or the other")
+    if args.rows and args.only_175b:
+        parser.error("--rows picks published rows, which --only-175b leaves out")
+    if args.render and (args.rows or args.only_175b or args.skip_175b or args.against
+                        or args.backends):
+        parser.error("--render only rewrites the page from the saved JSON: it runs nothing")
     if args.render:
         data = json.loads(args.output.with_suffix(".json").read_text())
         args.output.with_suffix(".md").write_text(render(data))

@@ -3,8 +3,8 @@ memory of `clustersim collective` at commit 13dc3f2 (before route sets were comp
 cached, benchmarks/results/engine_profile.md section 2) and on this checkout, with both
 simulated answers side by side (they must be equal: tests/test_fast_network.py).
 
-The old code runs from a git worktree (`git worktree add --detach /tmp/cs_old 13dc3f2`,
-made here if missing; it does not touch this checkout) through a `clustersim` symlink on
+The old code runs from a temporary detached git worktree (environment.checked_out; it
+does not touch this checkout, and is removed after) through a `clustersim` symlink on
 PYTHONPATH; the new one through a symlink to this checkout. Each command is one fresh
 process; wall time is measured around it and peak RSS is its ru_maxrss (os.wait4).
 The old 1,024-GPU all-to-all takes about 7 minutes and 5 GB: it runs only with --old-1024
@@ -25,13 +25,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from environment import environment  # noqa: E402
+from environment import checked_out, environment, tree_version  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 OLD_COMMIT = "13dc3f2"
-OLD_TREE = Path("/tmp/cs_old")
-LINKS = Path("/tmp/cs_speed_links")  # old/clustersim -> OLD_TREE, new/clustersim -> ROOT
 
 A2A = ["all-to-all", "--size", "1G", "--topology", "dgx-h100-x128-ndr-ft"]
 ALL_REDUCE = ["all-reduce", "--size", "1G", "--ranks", "16384", "--topology", "llama3-24k-roce"]
@@ -43,23 +41,10 @@ CASES = [  # (label, CLI arguments after `collective`, run the old code?)
 ]
 
 
-def prepare_trees() -> None:
-    if not OLD_TREE.exists():
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(OLD_TREE),
-                        OLD_COMMIT], check=True, capture_output=True)
-    for name, target in (("old", OLD_TREE), ("new", ROOT)):
-        link = LINKS / name / "clustersim"
-        link.parent.mkdir(parents=True, exist_ok=True)
-        if link.is_symlink() and Path(os.readlink(link)) != target:
-            link.unlink()
-        if not link.is_symlink():
-            link.symlink_to(target)
-
-
-def run_cli(code: str, args: list[str]) -> dict:
-    """One `python -m clustersim collective ARGS --json` of `code` ('old' or 'new'):
-    its answer, wall seconds and peak RSS (MB, the process's ru_maxrss)."""
-    env = {**os.environ, "PYTHONPATH": str(LINKS / code)}
+def run_cli(package: Path, args: list[str]) -> dict:
+    """One `python -m clustersim collective ARGS --json` of the `clustersim` in folder
+    `package`: its answer, wall seconds and peak RSS (MB, the process's ru_maxrss)."""
+    env = {**os.environ, "PYTHONPATH": str(package)}
     command = [sys.executable, "-m", "clustersim", "collective", *args, "--json"]
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         start = time.perf_counter()
@@ -70,7 +55,7 @@ def run_cli(code: str, args: list[str]) -> dict:
         out.seek(0)
         err.seek(0)
         if proc.returncode:
-            raise SystemExit(f"{code}: clustersim collective {' '.join(args)} failed:\n"
+            raise SystemExit(f"{package}: clustersim collective {' '.join(args)} failed:\n"
                              f"{err.read()}")
         answer = json.loads(out.read())
     return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime,
@@ -80,22 +65,19 @@ def run_cli(code: str, args: list[str]) -> dict:
 
 
 def measure(old_1024: bool) -> dict:
-    prepare_trees()
     rows = []
-    for label, args, with_old in CASES:
-        row = {"case": label, "command": "clustersim collective " + " ".join(args)}
-        if with_old or old_1024:
-            row["old"] = run_cli("old", args)
-        row["new"] = run_cli("new", args)
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-                            capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "sim",
-                            "topologies"], capture_output=True, text=True).stdout.strip()
+    with checked_out(ROOT, OLD_COMMIT) as (_, _, old), tempfile.TemporaryDirectory() as tmp:
+        new = Path(tmp)
+        (new / "clustersim").symlink_to(ROOT)
+        for label, args, with_old in CASES:
+            row = {"case": label, "command": "clustersim collective " + " ".join(args)}
+            if with_old or old_1024:
+                row["old"] = run_cli(old, args)
+            row["new"] = run_cli(new, args)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
     return {"rows": rows, "old_commit": OLD_COMMIT, "load_average": os.getloadavg(),
-            "new_commit": commit + (" + uncommitted changes in sim/, topologies/" if dirty else ""),
-            "environment": environment()}
+            "new_commit": tree_version(ROOT), "environment": environment()}
 
 
 def render(data: dict) -> str:

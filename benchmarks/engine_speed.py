@@ -20,9 +20,8 @@ Method: every run is a process of its own (`python -m sim` for f07ec0a, whose pa
 were top-level then; `python -m clustersim` for the others, each from a folder holding only
 a `clustersim` link to its tree, so nothing is installed from the old trees); wall time is
 taken around the process (interpreter start and imports included) and peak memory is its
-peak resident set (ru_maxrss of os.wait4; MB = 2^20 bytes). The old trees are git
-worktrees (`git worktree add /tmp/es_f07 f07ec0a`, `/tmp/es_13dc3f2 13dc3f2`), made
-when missing. The 1-minute load average is read before each run: the machine is shared,
+peak resident set (ru_maxrss of os.wait4; MB = 2^20 bytes). The old trees are
+temporary detached git worktrees (environment.checked_out), removed after. The 1-minute load average is read before each run: the machine is shared,
 and a run with another job on the CPUs is slower, so the versions alternate run by run.
 
 Writes benchmarks/results/engine_speed.json (raw) and .md (tables).
@@ -33,6 +32,7 @@ Writes benchmarks/results/engine_speed.json (raw) and .md (tables).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -43,14 +43,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from environment import environment, uncommitted
+from environment import checked_out, environment, uncommitted
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 RAW, PAGE = RESULTS / "engine_speed.json", RESULTS / "engine_speed.md"
 MB = 2 ** 20
 OLD, START = "f07ec0a", "13dc3f2"
-WORKTREES = {OLD: Path("/tmp/es_f07"), START: Path("/tmp/es_13dc3f2")}
 DEEP_PP = (32, 64, 128, 256, 512)
 FABRIC = "dgx-h100-x128-ndr-ft"
 
@@ -85,28 +84,18 @@ def git(*args: str, cwd: Path = ROOT) -> str:
                           check=True).stdout.strip()
 
 
-def worktree(commit: str) -> Path:
-    """A git worktree of `commit` (made when missing)."""
-    path = WORKTREES[commit]
-    if not (path / ".git").exists():
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path),
-                        commit], check=True, capture_output=True)
-    return path
-
-
-def versions(work: Path) -> dict[str, dict]:
-    """How to run each version: argv prefix and PYTHONPATH (module docstring)."""
-    out = {}
-    for name, tree in ((START, worktree(START)), ("new", ROOT)):
-        link = work / f"pkg-{name}"
-        link.mkdir()
-        (link / "clustersim").symlink_to(tree)
-        out[name] = {"module": "clustersim", "path": str(link), "tree": str(tree),
-                     "commit": git("rev-parse", "HEAD", cwd=tree)}
-    out["new"]["commit"] += uncommitted(ROOT)
-    old = worktree(OLD)
-    out[OLD] = {"module": "sim", "path": str(old), "tree": str(old),
-                "commit": git("rev-parse", "HEAD", cwd=old)}
+def versions(stack: contextlib.ExitStack) -> dict[str, dict]:
+    """How to run each version: argv prefix and PYTHONPATH (module docstring); the old
+    trees' worktrees live as long as `stack`."""
+    sha, tree, package = stack.enter_context(checked_out(ROOT, START))
+    out = {START: {"module": "clustersim", "path": str(package), "tree": str(tree),
+                   "commit": sha}}
+    link = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+    (link / "clustersim").symlink_to(ROOT)
+    out["new"] = {"module": "clustersim", "path": str(link), "tree": str(ROOT),
+                  "commit": git("rev-parse", "HEAD") + uncommitted(ROOT)}
+    sha, old, _ = stack.enter_context(checked_out(ROOT, OLD))
+    out[OLD] = {"module": "sim", "path": str(old), "tree": str(old), "commit": sha}
     return out
 
 
@@ -322,9 +311,9 @@ def main() -> int:
                                        "date": saved["environment"]["date"]}
     data = {**saved, "environment": environment()}
     began = time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         work = Path(tmp)
-        vs = versions(work)
+        vs = versions(stack)
         data["versions"] = {k: {"commit": v["commit"], "tree": v["tree"]}
                             for k, v in vs.items()}
         parts = args.only or ["gpt3", "deep"]

@@ -78,9 +78,10 @@ def nccl_model_busbw(point: dict, coll: Collective, ranks: int, chosen: str,
                      cache: dict) -> float | None:
     """GB/s by NCCL's own cost model (sim.nccl_tuning.time_us) for the pair the simulation
     ran, on the same communicator: what NCCL itself predicts, beside the flows' answer
-    (None for P2P and the alpha-beta algorithms, which NCCL's tuner does not cost)."""
-    if "/" not in chosen:
-        return None
+    (None for send/recv, all-to-all (direct) and the alpha-beta algorithms, which NCCL's
+    tuner does not cost)."""
+    if "/" not in chosen or chosen.startswith("direct/"):
+        return None  # direct: send/recv, which NCCL's tuner does not cost
     graph = topology(point, cache)
     algorithm, protocol = chosen.split("/")
     shape = as_configured(comm_shape(graph, gpu_nodes(graph)[:ranks]), algorithm)

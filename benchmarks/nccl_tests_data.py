@@ -17,7 +17,8 @@ and settings the sentence gives, reported apart from the rows (a looser referenc
 365-370" is taken at its middle, a sweep's result at its largest size).
 
 Collected 2026-11-28 (the stated figures and the all-to-all / reduce-scatter rows on a second
-pass the same day) from GitHub issue threads of NVIDIA/nccl and NVIDIA/nccl-tests, the
+pass the same day; the small all-to-all rows of DeepEP issue 303 on 2026-11-29) from GitHub
+issue threads of NVIDIA/nccl, NVIDIA/nccl-tests and deepseek-ai/DeepEP, the
 Azure/AI-benchmarking-guide result pages, CoreWeave's nccl-tests README, google/dranet's
 docs and two users' logs; two further documents whose repository could not be resolved are
 listed as excluded.
@@ -1460,6 +1461,72 @@ POINTS: list[dict] = [
             ' 4 ranks of one node'),
         url='https://github.com/NVIDIA/nccl/issues/2169',
         quote='524288000      32768000     float    none      -1  1174.14  446.53  334.90       0',
+        excluded=None,
+    ),
+    dict(
+        id='deepep303-1n-h20-a2a-128',
+        collective='all-to-all',
+        size_bytes=128,
+        busbw_GBps=0.01,
+        time_us=10.59,
+        nodes=1,
+        gpus_per_node=8,
+        node_kind='dgx-h100',
+        network=None,
+        algorithm=None,
+        in_place=False,
+        nccl_version=None,
+        settings=(
+            'alltoall_perf on 8x H20 of one node (NVLink 4 through NVSwitch, 900 GB/s per GPU '
+            'as H100 SXM: simulated on dgx-h100; at this size the time is latency, which '
+            'the GPUs\' compute does not enter); the count column is per peer, as '
+            'alltoall_perf prints it'),
+        url='https://github.com/deepseek-ai/DeepEP/issues/303',
+        quote='128             4     float    none      -1    10.59    0.01    0.01      0',
+        excluded=None,
+    ),
+    dict(
+        id='deepep303-1n-h20-a2a-1K',
+        collective='all-to-all',
+        size_bytes=1024,
+        busbw_GBps=0.08,
+        time_us=10.8,
+        nodes=1,
+        gpus_per_node=8,
+        node_kind='dgx-h100',
+        network=None,
+        algorithm=None,
+        in_place=False,
+        nccl_version=None,
+        settings=(
+            'alltoall_perf on 8x H20 of one node (NVLink 4 through NVSwitch, 900 GB/s per GPU '
+            'as H100 SXM: simulated on dgx-h100; at this size the time is latency, which '
+            'the GPUs\' compute does not enter); the count column is per peer, as '
+            'alltoall_perf prints it'),
+        url='https://github.com/deepseek-ai/DeepEP/issues/303',
+        quote='1024            32     float    none      -1    10.80    0.09    0.08      0',
+        excluded=None,
+    ),
+    dict(
+        id='deepep303-1n-h20-a2a-4K',
+        collective='all-to-all',
+        size_bytes=4096,
+        busbw_GBps=0.32,
+        time_us=11.13,
+        nodes=1,
+        gpus_per_node=8,
+        node_kind='dgx-h100',
+        network=None,
+        algorithm=None,
+        in_place=False,
+        nccl_version=None,
+        settings=(
+            'alltoall_perf on 8x H20 of one node (NVLink 4 through NVSwitch, 900 GB/s per GPU '
+            'as H100 SXM: simulated on dgx-h100; at this size the time is latency, which '
+            'the GPUs\' compute does not enter); the count column is per peer, as '
+            'alltoall_perf prints it'),
+        url='https://github.com/deepseek-ai/DeepEP/issues/303',
+        quote='4096           128     float    none      -1    11.13    0.37    0.32      0',
         excluded=None,
     ),
     dict(

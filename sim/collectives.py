@@ -12,8 +12,9 @@ flows sharing links (with each other and with any other traffic on the network).
 
 Default algorithm (`algorithm=None`): on CUDA GPUs, NCCL's own choice of algorithm and
 protocol, run as NCCL runs it (sim.nccl_collectives: one pipelined phase paying NCCL's
-latency once, its bytes scaled by the protocol's share of the links). Elsewhere (and
-for the what-if hierarchical and direct algorithms) the alpha-beta model: the applicable
+latency once, its bytes scaled by the protocol's share of the links; all-to-all and p2p
+run direct, as NCCL's send/recv, with the latency assumed for them: p2p_phases). Elsewhere
+(and for the what-if hierarchical algorithm) the alpha-beta model: the applicable
 algorithm with the smallest alpha-beta estimate, sum over phases of
     steps * alpha + max over links (bytes the phase puts on the link / link bandwidth),
 with each flow's bytes spread evenly over its equal-cost routes (ideal ECMP) and no other
@@ -49,7 +50,8 @@ from . import collective_algorithms as algos
 from .collective_algorithms import Phase, estimate_lower_bound, estimate_time, paid_latency
 from . import nccl_tuning as tuning
 from .flows import FlowNetwork
-from .nccl_collectives import TUNED, comm_shape, nccl_phases, parse_protocol
+from .nccl_collectives import (SEND_RECV, TUNED, comm_shape, nccl_phases, p2p_phases,
+                               parse_protocol)
 
 
 class Collective(str, Enum):
@@ -201,6 +203,10 @@ def _collective_phases(coll: Collective, gpus: Sequence[str], nbytes: float,
         shape = None  # a what-if NCCL never runs (a broadcast tree): the alpha-beta path
     if shape is not None:
         return nccl_phases(coll.value, gpus, nbytes, graph, shape, nccl, protocol)
+    if coll.value in SEND_RECV and protocol is None and len(gpus) > 1:
+        p2p_shape = comm_shape(graph, gpus)
+        if p2p_shape is not None:
+            return p2p_phases(coll.value, gpus, nbytes, p2p_shape)
     if protocol is not None:
         raise ConfigError(f"protocol={protocol!r} applies to NCCL's algorithms (ring, tree, "
                           f"nvls, nvls-tree, pat, collnet-chain) on CUDA GPUs, not to "

@@ -31,6 +31,9 @@ size-dependent correction; NVLS-tree and CollNet chain: on their switch legs onl
 `SWITCH_SHARE`). So an uncontended ring of size S on n GPUs takes
     latency + 2(n-1)/n x S / (B x efficiency)
 with B the achievable link bandwidth; flows share links with all other traffic.
+All-to-all and send/recv (`p2p_phases`), which NCCL runs as send/recv to each peer and
+does not cost in its tuner, run direct: one flow per peer pair, the protocol by NCCL's P2P
+LL threshold, the latency as assumed in sim.nccl_tuning.p2p_latency_us.
 PAT (all-gather and reduce-scatter with one GPU per node, NCCL's default there) runs as
 `pat`'s log-distance flows. CollNet chain (an all-reduce through InfiniBand SHARP, on
 topologies with `in_network_reduction`) runs only when asked for (`--algorithm
@@ -67,6 +70,7 @@ SWITCH_SHARE = ("nvls-tree", "collnet-chain")
 NVSwitch legs (its trees' NIC flows run at their own share), CollNet chain's legs to the
 SHARP switch (its NVLink chains run at theirs)."""
 TUNED = ("all-reduce", "all-gather", "reduce-scatter", "broadcast", "reduce")
+SEND_RECV = ("all-to-all", "p2p")  # what NCCL runs as send/recv: `p2p_phases`
 _SHAPES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # graph -> {gpus: shape}
 UNAVAILABLE = {
     "nvls": "NVLS needs SM90+ GPUs, at least 2 per host on an NVSwitch, and across hosts "
@@ -213,6 +217,20 @@ def nccl_phases(coll: str, gpus: Sequence[str], nbytes: float, graph: nx.DiGraph
     latency = tuning.latency_with_plateau_us(coll, algo, proto, nbytes, shape) * 1e-6
     phase = Phase(tuning.nsteps(coll, len(gpus)), flows, latency)
     return f"{algo}/{proto}", [phase]
+
+
+def p2p_phases(coll: str, gpus: Sequence[str], nbytes: float, shape: tuning.CommShape
+               ) -> tuple[str, list[Phase]]:
+    """('direct/protocol', phases) of NCCL's send/recv ('p2p': gpus[0] to gpus[1]) or
+    all-to-all (every GPU to every other, nbytes / n each) of `nbytes`: the direct flows in
+    one phase that waits NCCL's send/recv latency as assumed (tuning.p2p_latency_us), with
+    the protocol NCCL picks by the bytes per peer and its share of the links."""
+    per_peer = nbytes if coll == "p2p" else nbytes / len(gpus)
+    protocol = tuning.p2p_protocol(per_peer)
+    eff = tuning.P2P_EFFICIENCY[protocol]
+    flows = [(a, b, n / eff) for phase in algos.direct(coll, gpus, nbytes)
+             for a, b, n in phase.flows]
+    return f"direct/{protocol}", [Phase(1, flows, tuning.p2p_latency_us(protocol, shape) * 1e-6)]
 
 
 def _flows(coll: str, algorithm: str, gpus: Sequence[str], nbytes: float,

@@ -249,10 +249,9 @@ def latency_us(coll: str, algorithm: str, protocol: str, shape: CommShape) -> fl
     lat = BASE_LAT_US[algorithm][p]
     log_nodes = int(math.log2(nodes))
     if algorithm == "ring":
-        hw = HW_LAT_US[shape.intra if nodes == 1 else "net"]["ring"][p]
         steps = nsteps(coll, n)
         if coll in ("broadcast", "reduce"):
-            return lat + hw  # NCCL's "sameChannels" ring graphs
+            return one_hop_ring_us(protocol, shape)  # NCCL's "sameChannels" ring graphs
         overhead = 0.0
         if nodes > 1:
             overhead = NET_OVERHEAD_US[shape.cpu] * (3 if protocol == "Simple" else 1)
@@ -274,6 +273,42 @@ def latency_us(coll: str, algorithm: str, protocol: str, shape: CommShape) -> fl
         return lat + (log_nodes * (inter / 3.5) + n * 2.8
                       if coll in ("all-gather", "reduce-scatter") else 0.0)
     raise ValueError(algorithm)
+
+
+def one_hop_ring_us(protocol: str, shape: CommShape) -> float:
+    """NCCL's latency of a ring operation of one hop (its broadcast and reduce), us:
+    baseLat[ring][p] + hwLat[hw][ring][p], hw the intra-node link type on one node, the
+    network's on several."""
+    p = PROTOCOLS.index(protocol)
+    return (BASE_LAT_US["ring"][p]
+            + HW_LAT_US[shape.intra if shape.n_nodes == 1 else "net"]["ring"][p])
+
+
+# --- send/recv (and all-to-all, which NCCL runs as grouped send/recv) -------------------------
+P2P_LL_THRESHOLD = 16384
+"""Bytes per peer up to which NCCL sends with LL (NCCL_P2P_LL_THRESHOLD's default, NCCL
+2.30.7 src/enqueue.cc; Simple above it; send/recv never uses LL128)."""
+
+
+P2P_EFFICIENCY = {"LL": 0.5, "Simple": 1.0}
+"""The share of a link's bandwidth a send/recv's bytes get: LL writes 4 bytes of data
+with a 4-byte flag in each 8-byte line (the 0.5 of NCCL's ring LL bus bandwidth)."""
+
+
+def p2p_protocol(nbytes_per_peer: float) -> str:
+    """The protocol of NCCL's send/recv of `nbytes_per_peer` (P2P_LL_THRESHOLD)."""
+    return "LL" if nbytes_per_peer <= P2P_LL_THRESHOLD else "Simple"
+
+
+def p2p_latency_us(protocol: str, shape: CommShape) -> float:
+    """The latency charged to a send/recv (and to an all-to-all, its peers' send/recvs in
+    parallel), us. NCCL has no cost model of send/recv (its tuning tables leave Send/Recv
+    out: NCCL_NUM_FUNCTIONS, src/include/nccl_common.h); assumed here: its model's latency
+    of a one-hop ring operation of the same protocol (`one_hop_ring_us`): 7.2 us with LL
+    on NVLink, 11.8 us with Simple; 9.3 and 22.4 us across nodes. Measured (DeepEP issue
+    303, 8x H20 over NVLink, nccl-tests alltoall_perf): 10.6 us at 128 B, 11.1 us at 4
+    KiB (benchmarks/results/nccl_tests.md)."""
+    return one_hop_ring_us(protocol, shape)
 
 
 def tree_correction(protocol: str, nbytes: float, limit: int = 23) -> float:

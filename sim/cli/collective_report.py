@@ -157,10 +157,13 @@ def cmd_collective(args: argparse.Namespace) -> int:
 
 
 def _latency(row: dict) -> str:
-    """The latency a run paid: NCCL's modelled latency of its algorithm and protocol, or
-    the route-latency steps of a step-synchronous algorithm (sim.collectives)."""
+    """The latency a run paid: NCCL's modelled latency of its algorithm and protocol, the
+    latency assumed for its send/recv (direct: NCCL has no model of it), or the
+    route-latency steps of a step-synchronous algorithm (sim.collectives)."""
     if "nccl_latency_us" in row:
-        return f"latency {row['nccl_latency_us']:.1f} us (NCCL's model)"
+        source = ("assumed: NCCL's one-hop ring latency" if row["algorithm"].startswith(
+            "direct/") else "NCCL's model")
+        return f"latency {row['nccl_latency_us']:.1f} us ({source})"
     return f"{row['steps']} steps"
 
 

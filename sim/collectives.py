@@ -203,10 +203,10 @@ def _collective_phases(coll: Collective, gpus: Sequence[str], nbytes: float,
         shape = None  # a what-if NCCL never runs (a broadcast tree): the alpha-beta path
     if shape is not None:
         return nccl_phases(coll.value, gpus, nbytes, graph, shape, nccl, protocol)
-    if coll.value in SEND_RECV and protocol is None and len(gpus) > 1:
+    if coll.value in SEND_RECV and len(gpus) > 1:
         p2p_shape = comm_shape(graph, gpus)
         if p2p_shape is not None:
-            return p2p_phases(coll.value, gpus, nbytes, p2p_shape)
+            return p2p_phases(coll.value, gpus, nbytes, p2p_shape, protocol)
     if protocol is not None:
         raise ConfigError(f"protocol={protocol!r} applies to NCCL's algorithms (ring, tree, "
                           f"nvls, nvls-tree, pat, collnet-chain) on CUDA GPUs, not to "

@@ -219,14 +219,21 @@ def nccl_phases(coll: str, gpus: Sequence[str], nbytes: float, graph: nx.DiGraph
     return f"{algo}/{proto}", [phase]
 
 
-def p2p_phases(coll: str, gpus: Sequence[str], nbytes: float, shape: tuning.CommShape
-               ) -> tuple[str, list[Phase]]:
+def p2p_phases(coll: str, gpus: Sequence[str], nbytes: float, shape: tuning.CommShape,
+               protocol: str | None = None) -> tuple[str, list[Phase]]:
     """('direct/protocol', phases) of NCCL's send/recv ('p2p': gpus[0] to gpus[1]) or
     all-to-all (every GPU to every other, nbytes / n each) of `nbytes`: the direct flows in
     one phase that waits NCCL's send/recv latency as assumed (tuning.p2p_latency_us), with
-    the protocol NCCL picks by the bytes per peer and its share of the links."""
+    the protocol NCCL picks by the bytes per peer and its share of the links. `protocol`,
+    where given (a choice reported earlier), must be that one: NCCL_PROTO does not choose
+    send/recv's."""
     per_peer = nbytes if coll == "p2p" else nbytes / len(gpus)
-    protocol = tuning.p2p_protocol(per_peer)
+    picked = tuning.p2p_protocol(per_peer)
+    if protocol not in (None, picked):
+        raise ConfigError(f"protocol={protocol}: NCCL sends {coll} with {picked} at "
+                          f"{per_peer:g} bytes per peer (LL up to its P2P LL threshold of "
+                          f"{tuning.P2P_LL_THRESHOLD} bytes, Simple above); no other applies")
+    protocol = picked
     eff = tuning.P2P_EFFICIENCY[protocol]
     flows = [(a, b, n / eff) for phase in algos.direct(coll, gpus, nbytes)
              for a, b, n in phase.flows]

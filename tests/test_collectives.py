@@ -169,6 +169,20 @@ def test_nccl_all_to_all_and_p2p_on_one_nvswitch_node(n, per_peer, protocol, lat
                                        rel=1e-9)
 
 
+def test_a_reported_send_recv_choice_runs_again_and_other_protocols_are_refused():
+    """A replay hands the reported choice ('direct/Simple') back for the next run of the
+    same all-to-all (an expert-parallel group across nodes once failed on it); a protocol
+    NCCL would not pick for send/recv at that size is refused, naming the threshold."""
+    graph = load_topology("dgx-h100-x16-ndr")
+    gpus = gpu_nodes(graph)[:16]
+    name, phases = collective_phases("all-to-all", gpus, 1 << 26, graph)
+    assert name == "direct/Simple"
+    assert collective_phases("all-to-all", gpus, 1 << 26, graph, name)[1][0].latency == \
+        phases[0].latency
+    with pytest.raises(ConfigError, match="NCCL sends all-to-all with Simple at 4.194"):
+        collective_phases("all-to-all", gpus, 1 << 26, graph, "direct/LL")
+
+
 def test_all_to_all_latency_across_nodes_and_on_pcie():
     """Across nodes the hop is the network's (NCCL's hwLat NET ring: LL 2.7 us, Simple
     14.0); on a PCIe host without NVLink, PCI's (LL 1.0, Simple 5.7)."""

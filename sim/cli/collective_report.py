@@ -65,7 +65,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                        "(default: NCCL's own choice on CUDA GPUs, else the "
                                        "fastest alpha-beta estimate)")
     p.add_argument("--protocol", help="LL, LL128 or Simple: NCCL's protocol for NCCL's "
-                                      "algorithms (default: NCCL's own choice)")
+                                      "algorithms (default: NCCL's own choice; not for "
+                                      "all-to-all and p2p, whose NCCL picks by size)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--sweep", action="store_true", help="sweep sizes from --min-size to --max-size")
     p.add_argument("--min-size", default="8", help="sweep start (default 8)")
@@ -126,6 +127,10 @@ def cmd_collective(args: argparse.Namespace) -> int:
     from ..collectives import parse_collective, sweep_collective
 
     op = parse_collective(args.op)
+    if args.protocol and op.value in ("all-to-all", "p2p"):
+        raise ConfigError(f"--protocol: NCCL picks {op.value}'s protocol itself (send/recv: "
+                          f"LL up to 16 KiB per peer, Simple above; NCCL_PROTO does not "
+                          f"apply), so it would change nothing")
     dtype = args.dtype.strip().lower()
     if dtype not in DTYPE_BYTES:
         raise ConfigError(f"--dtype must be one of {', '.join(DTYPE_BYTES)}, got {args.dtype!r}")

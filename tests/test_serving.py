@@ -231,6 +231,24 @@ def test_refusals_name_the_setting(kwargs, words):
         simulate_serving(L7, "dgx-h100", synthetic(2, 1024, 8), **kwargs)
 
 
+@pytest.mark.parametrize("tp, kv_heads_per_gpu", [(4, 3), (12, 1), (8, None)])
+def test_tp_divides_the_kv_heads_or_is_a_multiple_of_them(tp, kv_heads_per_gpu):
+    """A model of 24 heads in 12 KV groups: tp 4 holds 3 KV heads per GPU, tp 12 one each;
+    tp 8 would need 1.5, which vLLM refuses (neither split evenly nor replicated), so it
+    is refused, not floored to 1 (a KV cache half the size it is). KV bytes per token per
+    GPU: 2 x layers x KV heads per GPU x head dim x bytes."""
+    model = get_model("llama3-8b", hidden_size=3072, num_attention_heads=24,
+                      num_query_groups=12, num_layers=4)
+    reqs = synthetic(2, 64, 4)
+    if kv_heads_per_gpu is None:
+        with pytest.raises(ConfigError, match="must divide the model's 12 KV heads or be a "
+                                              "multiple of them"):
+            simulate_serving(model, "dgx-h100-x16-ndr", reqs, tp=tp)
+        return
+    result = simulate_serving(model, "dgx-h100-x16-ndr", reqs, tp=tp)
+    assert result.capacity.block_bytes == 16 * 2 * 4 * kv_heads_per_gpu * 128 * 2
+
+
 def test_a_request_must_fit_the_model_context():
     """vLLM's max_model_len (Llama 2's 4096-token context): a prompt and output that fill
     the context are served, one token more is refused, as vLLM's server refuses it."""

@@ -26,7 +26,8 @@ GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default --gpu-memory-utilization
 
 
 def kv_heads_per_gpu(model: ModelSpec, tp: int) -> int:
-    """KV heads one GPU of a TP group of `tp` holds (replicated when tp > KV heads)."""
+    """KV heads one GPU of a TP group of `tp` holds (replicated when tp > KV heads; tp
+    divides the KV heads or is a multiple of them: sim.serving.step_cost checks it)."""
     return max(1, model.num_query_groups // tp)
 
 

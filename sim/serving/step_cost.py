@@ -265,6 +265,11 @@ def step_cost(model: ModelSpec, device: DeviceSpec, tp: int, dtype: str,
     if model.num_attention_heads % tp:
         raise ConfigError(f"--tensor-parallel-size {tp} must divide the model's "
                           f"{model.num_attention_heads} attention heads")
+    kv_heads = model.num_query_groups
+    if kv_heads % tp and tp % kv_heads:
+        raise ConfigError(f"--tensor-parallel-size {tp} must divide the model's {kv_heads} "
+                          f"KV heads or be a multiple of them (vLLM splits them evenly or "
+                          f"replicates each over tp / KV heads GPUs)")
     activation = {"bf16": 2, "fp16": 2}[dtype]
     gemm_dtype = "fp8" if quantization == "fp8" else dtype
     weight = 1 if quantization == "fp8" else activation

@@ -132,6 +132,29 @@ def test_static_batch_decodes_until_its_longest_output():
     assert sum(two.run.steps) == 2 * 32
 
 
+def test_static_batching_reserves_a_whole_batch_prefill_and_takes_no_step_limits():
+    """A static step prefills batch_size prompts at once, so the activation reserve is
+    sized for batch_size x the longest prompt and batch_size sampled sequences
+    (kv_cache.activation_reserve), not vLLM's step limits, which static batching does
+    not use: they are refused (API and CLI), as changing nothing."""
+    r = simulate_serving(L7, "dgx-h100", synthetic(8, 300, 4), batching="static",
+                         limits=Limits(batch_size=4))
+    h, f, v = L7.hidden_size, L7.ffn_hidden_size, L7.vocab_size
+    per_token = (2 * h + (h + 2 * L7.kv_hidden_size) + 2 * f) * 2  # tp 1, 2-byte activations
+    assert r.capacity.activations == pytest.approx(4 * 300 * per_token + 4 * v * 4, rel=1e-12)
+    assert "one forward of 1200 tokens" in r.notes[0]
+    for limits in (Limits(max_num_seqs=4, batch_size=4),
+                   Limits(max_num_batched_tokens=512, batch_size=4)):
+        with pytest.raises(ConfigError, match="static batching runs batch_size sequences"):
+            simulate_serving(L7, "dgx-h100", synthetic(8, 300, 4), batching="static",
+                             limits=limits)
+    cli = subprocess.run([sys.executable, "-m", "clustersim", "serve", "--num-prompts", "8",
+                          "--batching", "static", "--batch-size", "4", "--max-num-seqs", "4"],
+                         capture_output=True, text=True)
+    assert cli.returncode != 0 and "--max-num-seqs: static batching runs --batch-size" in \
+        cli.stderr and "Traceback" not in cli.stderr
+
+
 def test_chunked_prefill_feeds_a_long_prompt_over_several_steps():
     """A 3072-token prompt under a 1024-token budget: three chunks (the prompt's cached
     tokens growing 0, 1024, 2048), the first token after the third; a prompt that fits

@@ -121,11 +121,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "prefill (the others decode; the KV cache moves between them)")
     w.add_argument("--batch-size", type=positive_int,
                    help="requests per static batch (with --batching static)")
-    w.add_argument("--max-num-seqs", type=positive_int, default=256,
-                   help="sequences per step (vLLM's default 256)")
+    w.add_argument("--max-num-seqs", type=positive_int,
+                   help="sequences per step (vLLM's default 256; not with static batching, "
+                        "whose steps run --batch-size sequences)")
     w.add_argument("--max-num-batched-tokens", type=positive_int,
                    help="new tokens per step (default: max(model context, 2048), vLLM's "
-                        "without chunked prefill; 2048 with it)")
+                        "without chunked prefill; 2048 with it; not with static batching, "
+                        "which prefills a whole batch's prompts in one step)")
     w.add_argument("--preemption-mode", choices=["recompute", "swap"], default="recompute",
                    help="when KV blocks run out: recompute the preempted sequence's prompt "
                         "(default; vLLM V1's only mode) or swap its blocks to host memory "
@@ -180,11 +182,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
                           "--preemption-mode swap it would change nothing")
     model = model_from_args(args)
     requests = _requests(args)
-    limits = Limits(args.max_num_seqs,
-                    args.max_num_batched_tokens or (
-                        2048 if args.batching == "chunked-prefill"
-                        else max(model.seq_length, 2048)),
-                    args.batch_size)
+    if args.batching == "static":
+        given = [flag for flag, value in (("--max-num-seqs", args.max_num_seqs),
+                                          ("--max-num-batched-tokens",
+                                           args.max_num_batched_tokens)) if value]
+        if given:
+            raise ConfigError(f"{' and '.join(given)}: static batching runs --batch-size "
+                              f"sequences per step and prefills their prompts in one: it "
+                              f"would change nothing")
+        limits = Limits(batch_size=args.batch_size)
+    else:
+        limits = Limits(args.max_num_seqs or Limits.max_num_seqs,
+                        args.max_num_batched_tokens or (
+                            2048 if args.batching == "chunked-prefill"
+                            else max(model.seq_length, 2048)),
+                        args.batch_size)
     options = dict(dtype=args.serve_dtype, quantization=args.quantization,
                    kv_cache_dtype=args.kv_cache_dtype, batching=args.batching, limits=limits,
                    gpu_memory_utilization=args.gpu_memory_utilization,

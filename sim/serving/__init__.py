@@ -165,6 +165,11 @@ def simulate_serving(model: ModelSpec, topology: str | nx.DiGraph,
                           f"{gpu_memory_utilization!r}")
     if batching == "static" and limits.batch_size is None:
         raise ConfigError("static batching needs batch_size (--batch-size)")
+    if batching == "static" and (limits.max_num_seqs, limits.max_num_batched_tokens) != (
+            Limits.max_num_seqs, Limits.max_num_batched_tokens):
+        raise ConfigError("max_num_seqs and max_num_batched_tokens: static batching runs "
+                          "batch_size sequences per step and prefills their prompts in one: "
+                          "they would change nothing")
     if batching != "static" and limits.batch_size is not None:
         raise ConfigError("batch_size (--batch-size) sets static batches: give "
                           "--batching static, or --max-num-seqs for continuous batching")
@@ -219,8 +224,13 @@ def simulate_serving(model: ModelSpec, topology: str | nx.DiGraph,
                                compute_efficiency, memory_efficiency, layers, stage == 0,
                                stage == pp - 1, moe, sp, sp_collective, ep, ep_collective,
                                measured))
-    reserve = activation_reserve(model, tp, limits.max_num_batched_tokens,
-                                 limits.max_num_seqs, costs[0].activation_bytes)
+    if batching == "static":  # the largest forward: a whole batch's prompts at once
+        forward_seqs = limits.batch_size
+        forward_tokens = forward_seqs * max(r.input_tokens for r in requests)
+    else:
+        forward_seqs, forward_tokens = limits.max_num_seqs, limits.max_num_batched_tokens
+    reserve = activation_reserve(model, tp, forward_tokens, forward_seqs,
+                                 costs[0].activation_bytes)
     capacity = min((kv_capacity(device.memory_bytes, c.weight_bytes_per_gpu(), reserve,
                                 c.kv_bytes_per_token(), gpu_memory_utilization)
                     for c in costs), key=lambda cap: cap.blocks)
@@ -242,7 +252,7 @@ def simulate_serving(model: ModelSpec, topology: str | nx.DiGraph,
     run = serve(requests, costs, capacity.blocks, dp, batching, limits, stage_send,
                 prefill_replicas, kv_transfer, swap)
     notes = [f"assumed: activation reserve {reserve / 1e9:.2f} GB per GPU (one forward of "
-             f"{limits.max_num_batched_tokens} tokens; vLLM profiles it)",
+             f"{forward_tokens} tokens; vLLM profiles it)",
              "not modelled: host scheduling and sampling time, kernel launch gaps, "
              "embedding and elementwise kernels"]
     if profile is not None:

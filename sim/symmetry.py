@@ -11,13 +11,23 @@ job, refuse with the reason:
   type whose links are of the same kinds (an NVSwitch, a PCIe switch) share a role, and
   the set of (kind, bandwidth, latency) of their outgoing links must be the role's first
   node's. Counts are not compared (a partly filled node has fewer links), and switches
-  further away are not checked.
+  further away are not checked;
+- a placement that puts the ranks of one pipeline coordinate on hosts differently
+  (`placement_asymmetry`): a pipeline line whose consecutive stages change host at other
+  hops than the replayed line's (12 GPUs of pp 4 x dp 3 on two 8-GPU hosts: replica 0's
+  line crosses between stages 2 and 3, replica 2's between 1 and 2), or a group (tp, cp,
+  ep, dp and the gradient groups) whose GPUs split over hosts otherwise than the group of
+  the replayed rank of its pipeline coordinate (GPUs per host, sorted). Hosts only: two
+  groups on as many hosts but under different leaf switches pass.
 """
 from __future__ import annotations
+
+from collections import Counter
 
 import networkx as nx
 
 from clustersim.schedules.errors import ConfigError
+from clustersim.schedules.names import CP, DP, EP, PP, TP
 from clustersim.schedules.plan import Plan
 
 REASON = ("the simulator replays one pipeline replica and assumes every rank of a pipeline "
@@ -40,7 +50,8 @@ def check_symmetric(plan: Plan, topology: nx.DiGraph) -> None:
 def asymmetry(plan: Plan, topology: nx.DiGraph) -> str | None:
     """The first node that breaks the replay's symmetry, in words (module docstring), or
     None."""
-    return device_mismatch(plan, topology) or link_asymmetry(plan, topology)
+    return (device_mismatch(plan, topology) or link_asymmetry(plan, topology)
+            or placement_asymmetry(plan))
 
 
 def device_mismatch(plan: Plan, topology: nx.DiGraph) -> str | None:
@@ -69,4 +80,45 @@ def link_asymmetry(plan: Plan, topology: nx.DiGraph) -> str | None:
             extra = sorted(links - reference) or sorted(reference - links)
             return (f"{node}'s links differ from {name}'s ({role[0]} nodes), e.g. (kind, "
                     f"bandwidth B/s, latency s) {extra[0]}")
+    return None
+
+
+def placement_asymmetry(plan: Plan) -> str | None:
+    """The first pipeline line or group placed on hosts otherwise than the replayed
+    rank's of its pipeline coordinate (module docstring), in words, or None."""
+    hosts = plan.cluster.hosts
+    replayed, coords = plan.replayed_ranks, plan.parallel.coords
+
+    def crossings(line: list[int]) -> tuple[int, ...]:
+        return tuple(i for i in range(len(line) - 1) if hosts[line[i]] != hosts[line[i + 1]])
+
+    reference = crossings(plan.group(PP, replayed[0]))
+    seen: set[int] = set()
+    for rank in range(plan.world_size):
+        if rank in seen:
+            continue
+        line = plan.group(PP, rank)
+        seen.update(line)
+        found = crossings(line)
+        if found != reference:
+            return (f"the pipeline of rank {rank} changes host after stages {list(found)}, "
+                    f"the replayed one after {list(reference)}")
+    axes = dict.fromkeys(a for a in (TP, CP, EP, DP, plan.grad_group, plan.expert_grad_group)
+                         if a is not None and plan.group_size(a) > 1)
+    for axis in axes:
+        seen.clear()
+        profiles: dict[int, tuple[int, ...]] = {}
+        for rank in range(plan.world_size):
+            if rank in seen:
+                continue
+            group = plan.group(axis, rank)
+            seen.update(group)
+            stage = coords(rank)[PP]
+            if stage not in profiles:
+                twin = plan.group(axis, replayed[stage])
+                profiles[stage] = tuple(sorted(Counter(hosts[g] for g in twin).values()))
+            split = tuple(sorted(Counter(hosts[g] for g in group).values()))
+            if split != profiles[stage]:
+                return (f"rank {rank}'s {axis} group has {list(split)} GPUs per host, the "
+                        f"replayed rank {replayed[stage]}'s {list(profiles[stage])}")
     return None

@@ -25,7 +25,7 @@ from clustersim.schedules.names import PP, PP_COPIES
 from clustersim.schedules.ops import Op
 from clustersim.schedules.plan import Plan
 
-from .symmetry import device_mismatch, link_asymmetry
+from .symmetry import device_mismatch, link_asymmetry, placement_asymmetry
 
 
 @dataclass(frozen=True)
@@ -187,4 +187,4 @@ class Replaying:
         faults = topology.graph.get("faults")
         if faults:
             return "the topology has faults (" + "; ".join(faults) + ")"
-        return link_asymmetry(plan, topology)
+        return link_asymmetry(plan, topology) or placement_asymmetry(plan)

@@ -48,7 +48,7 @@ def add_memory(fig: go.Figure, timeline: Timeline, row: int) -> None:
             row=row, col=1)
     capacity, device = device_memory(timeline)
     if capacity:
-        label = f"device memory {capacity / 1e9:.0f} GB" + (f" ({device})" if device else "")
+        label = f"device memory {capacity / 1e9:.1f} GB" + (f" ({device})" if device else "")
         fig.add_trace(go.Scatter(
             x=[0.0, max(finish - origin, max((m.time for m in timeline.memory), default=0.0)
                         - origin)], y=[capacity / 1e9] * 2, mode="lines", name=label,

@@ -84,7 +84,7 @@ def format_oom(entry: dict) -> str:
         if entry.get(key))
     return (f"OOM: rank {entry['rank']} peaks at {entry['peak_bytes'] / 1e9:.1f} GB at "
             f"{format_seconds(entry['time_s'])}, over the device's "
-            f"{entry['capacity_bytes'] / 1e9:.0f} GB by {entry['over_bytes'] / 1e9:.1f} GB "
+            f"{entry['capacity_bytes'] / 1e9:.1f} GB by {entry['over_bytes'] / 1e9:.1f} GB "
             f"({parts} GB)")
 
 

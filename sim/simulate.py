@@ -200,7 +200,7 @@ class PreparedReplay:
         over = [r for r, peak in timeline.peak_memory().items() if peak > capacity]
         if over:
             warnings.append(f"ranks {over} exceed the device memory of "
-                            f"{capacity / 1e9:.0f} GB")
+                            f"{capacity / 1e9:.1f} GB")
         spanning = plan.groups_spanning_hosts(TP)
         if spanning:
             warnings.append(f"{len(spanning)} TP group(s) span several nodes, e.g. ranks "

@@ -13,12 +13,13 @@ job, refuse with the reason:
   node's. Counts are not compared (a partly filled node has fewer links), and switches
   further away are not checked;
 - a placement that puts the ranks of one pipeline coordinate on hosts differently
-  (`placement_asymmetry`): a pipeline line whose consecutive stages change host at other
-  hops than the replayed line's (12 GPUs of pp 4 x dp 3 on two 8-GPU hosts: replica 0's
-  line crosses between stages 2 and 3, replica 2's between 1 and 2), or a group (tp, cp,
-  ep, dp and the gradient groups) whose GPUs split over hosts otherwise than the group of
-  the replayed rank of its pipeline coordinate (GPUs per host, sorted). Hosts only: two
-  groups on as many hosts but under different leaf switches pass.
+  (`placement_asymmetry`; a layout's, not the topology's: sim.world then replays every
+  rank): a pipeline line whose consecutive stages change host at other hops than the
+  replayed line's (12 GPUs of pp 4 x dp 3 on two 8-GPU hosts: replica 0's line crosses
+  between stages 2 and 3, replica 2's between 1 and 2), or a group (tp, cp, ep, dp and the
+  gradient groups) whose GPUs split over hosts otherwise than the group of the replayed
+  rank of its pipeline coordinate (GPUs per host, sorted). Hosts only: two groups on as
+  many hosts but under different leaf switches pass.
 """
 from __future__ import annotations
 
@@ -50,8 +51,7 @@ def check_symmetric(plan: Plan, topology: nx.DiGraph) -> None:
 def asymmetry(plan: Plan, topology: nx.DiGraph) -> str | None:
     """The first node that breaks the replay's symmetry, in words (module docstring), or
     None."""
-    return (device_mismatch(plan, topology) or link_asymmetry(plan, topology)
-            or placement_asymmetry(plan))
+    return device_mismatch(plan, topology) or link_asymmetry(plan, topology)
 
 
 def device_mismatch(plan: Plan, topology: nx.DiGraph) -> str | None:

@@ -269,7 +269,7 @@ def test_memory_breakdown_of_a_model_and_oom(tmp_path):
             4 * r["params"] + 12 * r["params"] / 8)
         assert r["total_bytes"] == pytest.approx(
             r["model_states_bytes"] + r["activations"] + r["communication_buffers"])
-    assert out["config"]["device_memory_bytes"] == 80e9 and out["oom_ranks"] == []
+    assert out["config"]["device_memory_bytes"] == 79.11 * 2**30 and out["oom_ranks"] == []
     big = clustersim("memory", "--model", "llama3-70b", "--dp", "8", "--fsdp", "full",
                      "--microbatches", "1", "--device", "h100").stdout
     assert "OOM: rank 0 needs" in big and "ZeRO-3 fsdp=full" in big and " GiB" in big
@@ -330,7 +330,7 @@ def test_simulate_accepts_sharding_flags_and_reports_oom(tmp_path):
                      "--metrics-json", str(metrics), cwd=tmp_path).stdout
     data = json.loads(metrics.read_text())
     (oom,) = data["meta"]["oom"]
-    assert oom["rank"] == 0 and oom["peak_bytes"] > oom["capacity_bytes"] == 80e9
+    assert oom["rank"] == 0 and oom["peak_bytes"] > oom["capacity_bytes"] == 79.11 * 2**30
     assert oom["time_s"] == data["per_rank"]["peak_memory_time"]["0"]
     assert oom["activations_bytes"] > 0 and oom["optimizer_states_bytes"] > 0
     assert "OOM: rank 0 peaks at" in out

@@ -46,7 +46,7 @@ def _uplink_downlink(g, leaf):
 def test_a100_pcie_matches_datasheet_and_has_no_nvlink():
     spec = get_device("a100-pcie")
     assert (spec.name, spec.peak("bf16"), spec.peak("tf32")) == ("a100-80gb-pcie", 312e12, 156e12)
-    assert (spec.hbm_bandwidth, spec.memory_bytes, spec.nvlink_bandwidth) == (1935e9, 80e9, 0)
+    assert (spec.hbm_bandwidth, spec.memory_bytes, spec.nvlink_bandwidth) == (1935e9, 79.25 * 2**30, 0)
     with pytest.raises(TopologyError, match="'h100-sxm': nvlink_bandwidth must be > 0"):
         type(spec)(name="h100-sxm", peak_flops={}, hbm_bandwidth=1.0, memory_bytes=1.0,
                    nvlink_bandwidth=0, sm_count=132)

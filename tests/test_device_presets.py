@@ -66,13 +66,37 @@ def test_every_device_has_a_datasheet_row():
     assert sorted(DEVICES) == sorted(DATASHEET)
 
 
+# What CUDA (HIP) reports as the total, as published (GiB; topologies/devices.py's "Memory"
+# names the sources); None: no reading found, the datasheet's decimal GB stand.
+GIB = 2 ** 30
+CUDA_TOTAL = {"a100-80gb-sxm": 79.25 * GIB, "a100-80gb-pcie": 79.25 * GIB,
+              "a100-40gb-sxm": 42_298_834_944, "h100-sxm": 79.11 * GIB, "h100-pcie": 79.11 * GIB,
+              "h100-nvl": None, "h200-sxm": 139.81 * GIB, "b200": 178.36 * GIB, "gb200": None,
+              "mi300x": 191.98 * GIB}
+
+
 @pytest.mark.parametrize("name", sorted(DATASHEET))
 def test_device_matches_datasheet(name):
     peaks, hbm, mem, link, sms, watts = DATASHEET[name]
     spec = DEVICES[name]
     assert dict(spec.peak_flops) == pytest.approx(peaks, rel=1e-12)
-    assert (spec.hbm_bandwidth, spec.memory_bytes, spec.nvlink_bandwidth) == pytest.approx((hbm, mem, link), rel=1e-12)
+    assert (spec.hbm_bandwidth, spec.nvlink_bandwidth) == pytest.approx((hbm, link), rel=1e-12)
     assert (spec.sm_count, spec.tdp_watts) == (sms, watts)
+
+
+@pytest.mark.parametrize("name", sorted(DATASHEET))
+def test_device_memory_is_what_cuda_reports(name):
+    """memory_bytes is CUDA's total where a reading is published, else the datasheet's;
+    a part sold as X GB has X GiB of HBM, of which the driver keeps a little: CUDA's
+    total lies between X x 1e9 and X x 2^30."""
+    marketed, spec = DATASHEET[name][2], DEVICES[name]
+    reading = CUDA_TOTAL[name]
+    if reading is None:
+        assert spec.memory_bytes == marketed and spec.memory_source.startswith("datasheet")
+        return
+    assert spec.memory_bytes == pytest.approx(reading, rel=1e-12)
+    assert marketed < spec.memory_bytes <= marketed / 1e9 * GIB
+    assert "total" in spec.memory_source
 
 
 def test_headline_conversions():
@@ -239,6 +263,6 @@ def test_cli_topologies_lists_devices():
         assert preset in lines
     for name in DEVICES:
         assert name in lines
-    assert lines["b200"].split()[1:6] == ["2250", "4500", "180", "8.00", "900"]
+    assert lines["b200"].split()[1:6] == ["2250", "4500", "191.5", "8.00", "900"]
     assert "bf16 78%, fp8 76% [ml-engineering MAMF v2, B200 SXM]" in lines["b200"]
     assert "448 Infinity Fabric" in lines["mi300x"] and "none (PCIe)" in lines["a100-80gb-pcie"]

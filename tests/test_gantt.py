@@ -187,7 +187,7 @@ def test_memory_panel_draws_the_device_memory_as_a_line():
     t.meta["plan"].update(device_memory_bytes=80e9, device="h100-sxm")
     fig = gantt_figure(t)
     (line,) = [tr for tr in fig.data if tr.meta and tr.meta.get("device_memory")]
-    assert line.name == "device memory 80 GB (h100-sxm)"
+    assert line.name == "device memory 80.0 GB (h100-sxm)"
     assert list(line.y) == [80.0, 80.0] and line.x[0] == 0
     assert line.x[1] == pytest.approx(t.iteration_time) and line.xaxis == "x2"
 

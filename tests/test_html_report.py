@@ -72,7 +72,7 @@ def test_report_opens_with_the_plan_and_headline_numbers_then_the_chart(fits, tm
     plan = fits.meta["plan"]
     assert facts["banner"] is None
     assert header_line(plan) in facts["plan"]["text"]
-    assert f"{plan['world_size']} GPUs of h100-sxm, 80.0 GB each" in facts["plan"]["text"]
+    assert f"{plan['world_size']} GPUs of h100-sxm, 84.9 GB each" in facts["plan"]["text"]
     shown = facts["headline"]["text"]
     figures = fits.meta["throughput"]
     for number in (format_seconds(fits.iteration_time), f"{figures['tokens_per_s']:,.0f} tokens/s",
@@ -81,7 +81,7 @@ def test_report_opens_with_the_plan_and_headline_numbers_then_the_chart(fits, tm
     assert all(facts[k]["height"] > 0 for k in ("plan", "headline", "ranks", "gantt"))
     assert facts["plan"]["top"] < facts["headline"]["top"] < facts["gantt"]["top"]
     assert facts["bars"] == len(fits.spans)  # a small run: every span drawn
-    assert "device memory 80 GB (h100-sxm)" in facts["legend"]
+    assert "device memory 84.9 GB (h100-sxm)" in facts["legend"]
 
 
 @pytest.mark.browser
@@ -92,7 +92,7 @@ def test_oom_banner_opens_the_page_of_a_run_that_does_not_fit(does_not_fit, tmp_
     banner = facts["banner"]
     assert banner is not None and banner["height"] > 0
     assert banner["top"] < facts["plan"]["top"] and banner["top"] < 900  # first screen
-    assert "Out of memory" in banner["text"] and "80.0 GB" in banner["text"]
+    assert "Out of memory" in banner["text"] and "84.9 GB" in banner["text"]
     peaks = does_not_fit.peak_memory()
     for rank in over:
         gpu = does_not_fit.meta["plan"]["devices"][rank]

@@ -41,7 +41,9 @@ meant, as issue 14 item 1 now requires):
   roce-global-batch (data parallelism beside compute): issue 16 item 6, compute runs on
   the SMs a data-parallel collective leaves while one runs (tests/test_overlap_slowdown.py).
 And a number redefined on purpose leaves the comparison: the compare table's bubble
-fraction (issue 14 item 8).
+fraction (issue 14 item 8). An input redefined on purpose is set in the data file with the
+reason (`recorded`): the device memory, now what CUDA reports (topologies/devices.py,
+'Memory'), moved the one OOM case's capacity and excess, not its peak.
 The roofline cases were recorded at the roofline's old default efficiencies (0.6 of the
 dense peak, 0.8 of HBM bandwidth); issue 16 item 1 made the default each device's measured
 ceilings x an attainment factor, so those cases pass the old values explicitly

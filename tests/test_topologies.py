@@ -22,11 +22,12 @@ from clustersim.topologies import (
     validate_topology,
 )
 
-# NVIDIA datasheets (dense tensor-core FLOP/s; NVLink per direction = bidirectional / 2).
+# NVIDIA datasheets (dense tensor-core FLOP/s; NVLink per direction = bidirectional / 2);
+# memory: what CUDA reports as the total (GiB x 2^30; topologies/devices.py, "Memory").
 DATASHEET = {
-    "a100-80gb-sxm": dict(bf16=312e12, fp16=312e12, fp32=156e12, hbm=2039e9, mem=80e9, nvlink=600e9 / 2),
-    "h100-sxm": dict(bf16=989.4e12, fp16=989.4e12, fp32=494.7e12, fp8=1978.9e12, hbm=3.35e12, mem=80e9, nvlink=900e9 / 2),
-    "h200-sxm": dict(bf16=989.4e12, fp16=989.4e12, fp32=494.7e12, fp8=1978.9e12, hbm=4.8e12, mem=141e9, nvlink=900e9 / 2),
+    "a100-80gb-sxm": dict(bf16=312e12, fp16=312e12, fp32=156e12, hbm=2039e9, mem=79.25 * 2**30, nvlink=600e9 / 2),
+    "h100-sxm": dict(bf16=989.4e12, fp16=989.4e12, fp32=494.7e12, fp8=1978.9e12, hbm=3.35e12, mem=79.11 * 2**30, nvlink=900e9 / 2),
+    "h200-sxm": dict(bf16=989.4e12, fp16=989.4e12, fp32=494.7e12, fp8=1978.9e12, hbm=4.8e12, mem=139.81 * 2**30, nvlink=900e9 / 2),
 }
 PRESET_DEVICE = {"dgx-a100": "a100-80gb-sxm", "dgx-h100": "h100-sxm", "dgx-h200": "h200-sxm"}
 
@@ -99,7 +100,7 @@ def test_preset_schema_invariants(preset):
 
 def test_device_of_and_route_to_self():
     g = load_topology("dgx-h200")
-    assert device_of(g, "gpu3").memory_bytes == 141e9
+    assert device_of(g, "gpu3").memory_bytes == 139.81 * 2**30
     assert route(g, "gpu3", "gpu3") == ["gpu3"]
     assert path_bandwidth(g, ["gpu3"]) == math.inf and path_latency(g, ["gpu3"]) == 0.0
     with pytest.raises(TopologyError, match="'nvswitch0' is not a gpu node"):

@@ -1,7 +1,7 @@
 """GPU device datasheet specs: peak dense FLOP/s per dtype, HBM and scale-up link bandwidth,
 and the best measured (achievable) fractions of those peaks.
 
-Units: FLOP/s, bytes/s, bytes (1 GB = 1e9 bytes, as on the datasheets), watts. All FLOP/s
+Units: FLOP/s, bytes/s, bytes (1 GB = 1e9 bytes, as on the datasheets; memory: below), watts. All FLOP/s
 are *dense* tensor-core (matrix-core) peaks: the datasheets' headline numbers with 2:4
 sparsity are 2x these, and are halved here. The 'fp32' key is TF32 dense tensor-core
 throughput, which is what fp32 matmuls use under PyTorch's `allow_tf32`; plain FP32 CUDA-core
@@ -48,6 +48,29 @@ Datasheet sources (sparse quotes halved, bidirectional quotes halved):
   threads); 148 agrees with GB200's 2,500 TFLOPS dense BF16 = 148 SMs x 4 tensor cores x
   2,048 FLOP/clock x 2,062 MHz (the clock ml-engineering reports for it). The MI300X's
   `sm_count` holds its 304 compute units.
+
+Memory (`memory_bytes`): the bytes CUDA reports as the device's total
+(cudaMemGetInfo's total, torch.cuda's total_memory, which PyTorch's out-of-memory message
+prints as "total capacity" and vLLM sizes its KV cache from), not the datasheet's decimal
+GB: an "80 GB" H100 is 79.1-79.3 GiB to CUDA (85.0e9 B), 6% over 80e9. Published readings
+(GiB = 2^30 B; they vary by a few hundredths with the driver, and the least is taken):
+- H100 SXM 80GB: 79.11 GiB (vllm-project/vllm issue 27508: "GPU 0 has a total capacity
+  of 79.11 GiB"; others print 79.18-79.33). H100 PCIe 80GB: assumed as the SXM's (same 80
+  GB of HBM, no reading found).
+- A100 80GB: 79.25 GiB (sgl-project/sglang issue 1463, an A800 80GB, the A100's memory;
+  HiDream-ai/VAREdit issue 6, an A100 80GB), both SXM and PCIe. A100 40GB: 42,298,834,944
+  B (deviceQuery on an A100-PCIE-40GB, bottlerocket-os/bottlerocket PR 3873; the SXM4's
+  40 GB of HBM2 assumed the same).
+- H200: 139.81 GiB (sungwon-chae/arxiv_confi, etu_logging.md: "NVIDIA H200 (139.8 GB)",
+  "GPU 0 has a total capacity of 139.81 GiB").
+- B200: 178.36 GiB (PrimeIntellect-ai/prime-rl benchmarks/results/BENCHMARKS.md, a run
+  "on 8xB200": "total capacity of 178.36 GiB").
+- MI300X: 191.98 GiB (ROCm/rocm-blogs, blogs/artificial-intelligence/gptq: "GPU 0 has a
+  total capacity of 191.98 GiB").
+- H100 NVL and GB200: no reading found: the datasheet's 94 GB and 186 GB (decimal), which
+  `memory_source` says.
+What a run holds besides the model's tensors (the CUDA context, NCCL's buffers, the
+allocator's fragmentation) is not modelled: the simulated peak is what the tensors hold.
 
 Achievable ceilings (`matmul_ceiling`, `hbm_ceiling`: fractions of the peaks above):
 - Matmul: S. Bekman, "Machine Learning Engineering" (github.com/stas00/ml-engineering,
@@ -116,7 +139,7 @@ class DeviceSpec:
     name: str
     peak_flops: Mapping[str, float] = field(hash=False)  # dense FLOP/s per dtype key
     hbm_bandwidth: float  # bytes/s
-    memory_bytes: float  # bytes
+    memory_bytes: float  # bytes CUDA reports as the total (module docstring, "Memory")
     nvlink_bandwidth: float  # bytes/s per direction, per GPU, all scale-up links together
     sm_count: int  # SMs (CUs on AMD): what communication kernels take from GEMMs
     # Best measured dense GEMM FLOP/s as a fraction of peak_flops[key], per dtype key.
@@ -132,6 +155,7 @@ class DeviceSpec:
     hbm_ceiling_source: str = ""  # as matmul_ceiling_source
     tdp_watts: float | None = None  # maximum board power, W (None: not recorded)
     interconnect: str = "NVLink"  # what nvlink_bandwidth is: 'NVLink', 'Infinity Fabric'
+    memory_source: str = "datasheet (decimal GB)"  # where memory_bytes comes from
 
     def __post_init__(self) -> None:
         # Read-only copies so the registry's shared instances cannot be mutated.
@@ -218,6 +242,14 @@ class DeviceSpec:
         return None if self.hbm_ceiling is None else self.hbm_bandwidth * self.hbm_ceiling
 
 
+# --- memory CUDA reports (module docstring, "Memory") --------------------------------------------
+GIB = 2 ** 30
+_H100_MEMORY = {"memory_bytes": 79.11 * GIB,
+                "memory_source": "CUDA's total, 79.11 GiB (vllm issue 27508, H100 80GB)"}
+_A100_80_MEMORY = {"memory_bytes": 79.25 * GIB,
+                   "memory_source": "CUDA's total, 79.25 GiB (sglang issue 1463, A800 80GB)"}
+
+
 # --- achievable ceilings (module docstring: sources) -------------------------------------------
 MAMF_SOURCE = "ml-engineering MAMF v2"  # S. Bekman's table, commit 744d01e (module docstring)
 HBM_A100_CEILING = 0.88  # 1.80 of 2.04 TB/s read on an A100 80GB SXM (NVIDIA developer forum)
@@ -266,14 +298,14 @@ DEVICES: dict[str, DeviceSpec] = {
         DeviceSpec(
             name="a100-80gb-sxm", compute_capability=(8, 0),
             peak_flops=_A100,
-            hbm_bandwidth=2039e9, memory_bytes=80e9, nvlink_bandwidth=600e9 / 2, sm_count=108,
+            hbm_bandwidth=2039e9, **_A100_80_MEMORY, nvlink_bandwidth=600e9 / 2, sm_count=108,
             **_A100_GEMMS, matmul_ceiling_source=f"{MAMF_SOURCE}, A100 SXM",
             hbm_ceiling=HBM_A100_CEILING, hbm_ceiling_source=HBM_A100_SOURCE, tdp_watts=400,
         ),
         DeviceSpec(
             name="a100-80gb-pcie", compute_capability=(8, 0),
             peak_flops=_A100,
-            hbm_bandwidth=1935e9, memory_bytes=80e9, nvlink_bandwidth=0.0, sm_count=108,
+            hbm_bandwidth=1935e9, **_A100_80_MEMORY, nvlink_bandwidth=0.0, sm_count=108,
             matmul_ceiling=_mamf(_A100, bf16=252.9), matmul_ceiling_source=f"{MAMF_SOURCE}, A100 PCIe",
             matmul_best_shape={"bf16": (2048, 5120, 6144)}, hbm_ceiling=HBM_A100_CEILING,
             hbm_ceiling_source="assumed as a100-80gb-sxm's (same HBM2e generation)", tdp_watts=300,
@@ -281,7 +313,9 @@ DEVICES: dict[str, DeviceSpec] = {
         DeviceSpec(
             name="a100-40gb-sxm", compute_capability=(8, 0),
             peak_flops=_A100,
-            hbm_bandwidth=1555e9, memory_bytes=40e9, nvlink_bandwidth=600e9 / 2, sm_count=108,
+            hbm_bandwidth=1555e9, memory_bytes=42_298_834_944, nvlink_bandwidth=600e9 / 2,
+            sm_count=108, memory_source="CUDA's total (deviceQuery, A100-PCIE-40GB: "
+                                        "bottlerocket PR 3873)",
             **_A100_GEMMS,
             matmul_ceiling_source=f"assumed as a100-80gb-sxm: {MAMF_SOURCE}, A100 SXM",
             hbm_ceiling=HBM_A100_CEILING,
@@ -291,7 +325,7 @@ DEVICES: dict[str, DeviceSpec] = {
         DeviceSpec(
             name="h100-sxm", compute_capability=(9, 0),
             peak_flops=_H100_SXM,
-            hbm_bandwidth=3.35e12, memory_bytes=80e9, nvlink_bandwidth=900e9 / 2, sm_count=132,
+            hbm_bandwidth=3.35e12, **_H100_MEMORY, nvlink_bandwidth=900e9 / 2, sm_count=132,
             **_H100_GEMMS, matmul_ceiling_source=f"{MAMF_SOURCE}, H100 SXM",
             hbm_ceiling=HBM_H100_SXM_CEILING, hbm_ceiling_source=HBM_H100_SXM_SOURCE,
             tdp_watts=700,
@@ -299,7 +333,9 @@ DEVICES: dict[str, DeviceSpec] = {
         DeviceSpec(
             name="h100-pcie", compute_capability=(9, 0),
             peak_flops=_H100_PCIE,
-            hbm_bandwidth=2.0e12, memory_bytes=80e9, nvlink_bandwidth=600e9 / 2, sm_count=114,
+            hbm_bandwidth=2.0e12, memory_bytes=_H100_MEMORY["memory_bytes"],
+            memory_source="assumed as h100-sxm's: " + _H100_MEMORY["memory_source"],
+            nvlink_bandwidth=600e9 / 2, sm_count=114,
             **_AS_H100_SXM,
             hbm_ceiling=HBM_A100_CEILING, hbm_ceiling_source=_HBM_ASSUMED, tdp_watts=350,
         ),
@@ -313,7 +349,8 @@ DEVICES: dict[str, DeviceSpec] = {
         DeviceSpec(
             name="h200-sxm", compute_capability=(9, 0),
             peak_flops=_H100_SXM,
-            hbm_bandwidth=4.8e12, memory_bytes=141e9, nvlink_bandwidth=900e9 / 2, sm_count=132,
+            hbm_bandwidth=4.8e12, memory_bytes=139.81 * GIB, nvlink_bandwidth=900e9 / 2,
+            sm_count=132, memory_source="CUDA's total, 139.81 GiB (arxiv_confi etu_logging)",
             # bf16: the H100 SXM row's note "H200 is the same"; fp8: the H200 SXM row.
             matmul_ceiling={"bf16": _H100_MAMF["bf16"], **_mamf(_H100_SXM, fp8=1453.4)},
             matmul_ceiling_source=f"{MAMF_SOURCE}, H200 SXM fp8; bf16 from H100 SXM ('H200 is the same')",
@@ -324,7 +361,8 @@ DEVICES: dict[str, DeviceSpec] = {
         DeviceSpec(
             name="b200", compute_capability=(10, 0),
             peak_flops=_B200,
-            hbm_bandwidth=64e12 / 8, memory_bytes=1440e9 / 8, nvlink_bandwidth=1.8e12 / 2,
+            hbm_bandwidth=64e12 / 8, memory_bytes=178.36 * GIB, nvlink_bandwidth=1.8e12 / 2,
+            memory_source="CUDA's total, 178.36 GiB (prime-rl BENCHMARKS.md, 8xB200)",
             sm_count=148,
             matmul_ceiling=_mamf(_B200, bf16=1745.0, fp8=3432.5),
             matmul_ceiling_source=f"{MAMF_SOURCE}, B200 SXM",
@@ -341,7 +379,8 @@ DEVICES: dict[str, DeviceSpec] = {
         ),
         DeviceSpec(
             name="mi300x", peak_flops=_MI300X,
-            hbm_bandwidth=5.3e12, memory_bytes=192e9, nvlink_bandwidth=7 * 128e9 / 2, sm_count=304,
+            hbm_bandwidth=5.3e12, memory_bytes=191.98 * GIB, nvlink_bandwidth=7 * 128e9 / 2,
+            sm_count=304, memory_source="HIP's total, 191.98 GiB (ROCm blog, gptq)",
             matmul_ceiling={"bf16": _MI300X_BF16, "fp8": _MI300X_BF16},
             matmul_ceiling_source=f"{MAMF_SOURCE}, MI300X bf16; fp8 not measured, assumed as bf16",
             hbm_ceiling=HBM_A100_CEILING, hbm_ceiling_source=_HBM_ASSUMED, tdp_watts=750,

@@ -380,9 +380,9 @@ def cmd_topologies(args: argparse.Namespace) -> int:
     from clustersim.topologies import DEVICES, preset_description
     for name in list_presets():
         print(f"{name:12} {preset_description(name)}")
-    print("\ndevices (dense peaks; links per GPU per direction; matmul ceiling = best "
-          "measured GEMM / peak):")
-    print(f"{'device':15} {'bf16 TF':>8} {'fp8 TF':>8} {'HBM GB':>7} {'TB/s':>5} "
+    print("\ndevices (dense peaks; memory: what CUDA reports as the total, 1 GB = 1e9 "
+          "bytes; links per GPU per direction; matmul ceiling = best measured GEMM / peak):")
+    print(f"{'device':15} {'bf16 TF':>8} {'fp8 TF':>8} {'memory GB':>9} {'TB/s':>5} "
           f"{'link GB/s':>19}  matmul ceiling [source]")
     for spec in DEVICES.values():
         fp8 = (f"{spec.peak_flops['fp8'] / 1e12:8.0f}" if "fp8" in spec.peak_flops
@@ -392,7 +392,7 @@ def cmd_topologies(args: argparse.Namespace) -> int:
         ceiling = ", ".join(f"{k} {v:.0%}" for k, v in spec.matmul_ceiling.items()) or "-"
         source = f" [{spec.matmul_ceiling_source}]" if spec.matmul_ceiling_source else ""
         print(f"{spec.name:15} {spec.peak_flops['bf16'] / 1e12:8.0f} {fp8} "
-              f"{spec.memory_bytes / 1e9:7.0f} {spec.hbm_bandwidth / 1e12:5.2f} {link:>19}  "
+              f"{spec.memory_bytes / 1e9:9.1f} {spec.hbm_bandwidth / 1e12:5.2f} {link:>19}  "
               f"{ceiling}{source}")
     return 0
 

@@ -166,7 +166,7 @@ def format_memory(data: dict) -> str:
              f"{p['schedule']} microbatches={p['num_microbatches']} recompute={recompute}"
              + (f" offload ({p['offload_device'] or 'cpu'})" if p["offload"] else ""),
              "GB = 1e9 bytes per rank"
-             + (f"; {c['device']} has {c['device_memory_bytes'] / GB:.0f} GB"
+             + (f"; {c['device']} has {c['device_memory_bytes'] / GB:.1f} GB"
                 if c["device"] else "")]
     columns = [  # header, value of a rank's row, shown
         ("rank", lambda r: r["pp_rank"], True),

@@ -201,17 +201,50 @@ def test_several_gpu_counts_search_each_and_the_page_plots_them(tmp_path, capsys
 
 
 def test_memory_limit_rejects_with_its_reason(capsys):
-    assert plan_command.cmd_plan(_plan_args("--max-memory-gb", "0.5")) == 0
+    """Nothing fits: the reasons print and the exit status is 1 (a script can tell)."""
+    assert plan_command.cmd_plan(_plan_args("--max-memory-gb", "0.5")) == 1
     printed = capsys.readouterr().out
     assert "peak memory above 0.5 GB per GPU" in printed and "no layout fits" in printed
 
 
-@pytest.mark.parametrize("flag,value", [("--gpus", "0"), ("--max-memory-gb", "-1"),
-                                        ("--schedules", "pipedream")])
-def test_bad_flags_are_one_line_errors(flag, value, capsys):
+def test_an_empty_search_space_is_an_error_naming_the_rule():
+    """Micro-batches of 3 divide no share of a global batch of 32: nothing to enumerate,
+    refused before any search, naming the divisibility rule."""
+    with pytest.raises(ConfigError, match=r"no layout to search: .* micro-batch sizes \[3\]"
+                                          r".* global batch of 32 a whole number"):
+        run_plan(MODEL, 8, TOPOLOGY, 32, space=SearchSpace(micro_batch_size=(3,)))
+
+
+def test_one_stage_layouts_carry_the_schedule_asked_for():
+    """With pp 1 every schedule runs the same programs: the layouts are enumerated once,
+    as 1f1b when it is asked for, else as the first asked that runs one stage per rank."""
+    def one_stage(schedules):
+        return {lay.schedule for lay in enumerate_layouts(MODEL, 8, 32, SearchSpace(
+            schedules=schedules)) if lay.pp == 1}
+    assert one_stage(("gpipe", "1f1b")) == {"1f1b"}
+    assert one_stage(("gpipe",)) == {"gpipe"}
+    assert one_stage(("interleaved-1f1b",)) == set()
+
+
+def test_refusal_reasons_mask_numbers_but_not_names():
+    from clustersim.sim.planner.search import reason
+    assert reason(ConfigError("num_layers=24 is not divisible by num_stages=16 (pp*vpp)")) \
+        == "num_layers=N is not divisible by num_stages=N (pp*vpp)"
+    assert reason(ConfigError("lowering: 3B3: with ZeRO-3 / FSDP, 2.5 GB")) == \
+        "lowering: 3B3: with ZeRO-3 / FSDP, N GB"
+
+
+@pytest.mark.parametrize("flag,value,words", [
+    ("--gpus", "0", "gpus"), ("--max-memory-gb", "-1", "max-memory-gb"),
+    ("--schedules", "pipedream", "is not searched"),
+    ("--schedules", "bogus", "unknown schedule 'bogus': choose from gpipe, 1f1b"),
+    ("--schedules", "1f1b,1f1b", "1f1b listed twice"),
+    ("--micro-batch-sizes", "2,4,2", "2 listed twice")])
+def test_bad_flags_are_one_line_errors(flag, value, words, capsys):
     with pytest.raises(SystemExit):
         _plan_args(flag, value)
-    assert flag.lstrip("-").split("-")[0] in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err
 
 
 def test_more_gpus_than_the_topology_is_refused():

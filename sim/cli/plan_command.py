@@ -8,6 +8,7 @@ import argparse
 import json
 from pathlib import Path
 
+from clustersim.schedules.errors import ConfigError
 from clustersim.schedules.output_files import check_outputs, write_output, write_text_atomic
 from clustersim.schedules.registry import schedule_entry
 from clustersim.topologies import load_topology
@@ -22,20 +23,33 @@ from .backend_flags import add_backend_flags
 _memory_gb = checked_number(float, lambda v: 0 < v < 1e6, "a memory size in GB > 0 (e.g. 80)")
 
 
+def _once(values: list) -> tuple:
+    """`values`, refused if one is listed twice (it would be searched twice)."""
+    twice = sorted({str(v) for v in values if values.count(v) > 1})
+    if twice:
+        raise argparse.ArgumentTypeError(f"{', '.join(twice)} listed twice")
+    return tuple(values)
+
+
 def _int_list(text: str) -> tuple[int, ...]:
-    return tuple(positive_int(part) for part in text.split(","))
+    return _once([positive_int(part) for part in text.split(",")])
 
 
 def _schedules(text: str) -> tuple[str, ...]:
     names = []
     for part in text.split(","):
-        entry = schedule_entry(part)  # ConfigError naming the choices
+        try:
+            entry = schedule_entry(part)
+        except ConfigError:
+            raise argparse.ArgumentTypeError(
+                f"unknown schedule {part.strip()!r}: choose from "
+                f"{', '.join(PLANNABLE_SCHEDULES)}") from None
         if not plannable(entry):
             raise argparse.ArgumentTypeError(
                 f"schedule {entry.name!r} is not searched (built from a run's costs, "
                 f"asynchronous or bidirectional): choose from {', '.join(PLANNABLE_SCHEDULES)}")
         names.append(entry.name)
-    return tuple(names)
+    return _once(names)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -86,6 +100,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                                   args.seq_length, args.max_memory_gb, args.top, space,
                                   n_jobs=args.jobs, backend=args.backend)
         print(format_report(*searches[gpus], args.top))
+    found = all(result.candidates for result, _ in searches.values())
     if args.json:
         documents = {gpus: to_json(*found) for gpus, found in searches.items()}
         document = (next(iter(documents.values())) if len(documents) == 1 else
@@ -99,7 +114,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(write_output(args.html, lambda path: write_plan_html(
             path, result, commands, load_topology(args.topology), top=args.top,
             sweep=sweep if len(sweep) > 1 else None)))
-    return 0
+    return 0 if found else 1  # 1: a search found no layout that fits and runs
 
 
 COMMANDS = {"plan": cmd_plan}

@@ -103,12 +103,15 @@ def to_json(result: SearchResult, commands: list[str]) -> dict:
 
 def format_report(result: SearchResult, commands: list[str], top: int) -> str:
     """The terminal report: the funnel, the top candidates' table, their commands."""
-    rejected = sum(result.rejected.values())
-    lines = [f"funnel: {result.enumerated:,} layouts enumerated, {rejected:,} rejected "
-             f"(by reason below), {result.fit_in_memory:,} fit in "
-             f"{result.capacity_bytes / GB:.1f} GB per GPU, {result.bounded_out:,} bounded "
-             f"out (lower bound no better than the top {top}), {result.simulated:,} "
-             f"simulated event by event ({result.seconds.get('total', 0):.1f} s)"]
+    before_fit = sum(result.rejected.values()) - result.lowering_refused
+    lowered = (f", {result.lowering_refused:,} refused when lowered"
+               if result.lowering_refused else "")
+    lines = [f"funnel: {result.enumerated:,} layouts enumerated, {before_fit:,} rejected "
+             f"(by the checks or the memory model), {result.fit_in_memory:,} fit in "
+             f"{result.capacity_bytes / GB:.1f} GB per GPU: {result.bounded_out:,} bounded "
+             f"out (lower bound no better than the top {top}){lowered}, "
+             f"{result.simulated:,} simulated event by event "
+             f"({result.seconds.get('total', 0):.1f} s); refusals by reason:"]
     lines += [f"  rejected {n:,}: {why_}" for why_, n in result.rejected.most_common(8)]
     if not result.candidates:
         return "\n".join(lines + ["no layout fits and runs: see the reasons above"])

@@ -93,8 +93,9 @@ class SearchResult:
 
 def reason(error: Exception) -> str:
     """The rule an error states, its numbers masked so that layouts refused by one rule
-    count together: 'num_layers=N is not divisible by num_stages=N (pp*vpp); ...'."""
-    text = re.sub(r"\d+(\.\d+)?", "N", str(error).splitlines()[0])
+    count together: 'num_layers=N is not divisible by num_stages=N (pp*vpp); ...' (digits
+    inside a name, 'ZeRO-3', an op '3B3', stay)."""
+    text = re.sub(r"(?<![\w.-])\d+(\.\d+)?(?![\w.])", "N", str(error).splitlines()[0])
     return text[:160]
 
 
@@ -115,6 +116,13 @@ def search(model: ModelSpec, gpus: int, topology: nx.DiGraph, global_batch_size:
     started = time.perf_counter()
     fitting = _screen(model, gpus, topology, global_batch_size, capacity, space, costs,
                       facts, result)
+    if not result.enumerated:
+        raise ConfigError(
+            f"no layout to search: none of tp x pp x dp x cp = {gpus} GPUs with micro-batch "
+            f"sizes {list(space.micro_batch_size)} and schedules {list(space.schedules)} "
+            f"makes the global batch of {global_batch_size} a whole number of micro-batches "
+            f"per data-parallel rank (global batch / (dp x micro-batch size)) and splits the "
+            f"{model.num_layers} layers over the schedule's stages")
     result.seconds["screen"] = time.perf_counter() - started
     replay = simulator or functools.partial(_simulate, costs=costs)
     _branch_and_bound(fitting, top, replay, topology, costs, result, n_jobs, backend)

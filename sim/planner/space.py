@@ -12,7 +12,8 @@ Schedules: the registry's (schedules.registry) that replay one flushed iteration
 stage chain with a fixed order: not those built from a run's costs (zb-auto), the
 asynchronous ones (PipeDream, 2BW: their iteration is a steady-state window) or
 bidirectional DualPipe (two chains). With pp = 1 every schedule runs the same programs,
-so only 1f1b is enumerated there.
+so only one is enumerated there: 1f1b, or where the space leaves it out, the first of its
+schedules that runs one stage per rank.
 """
 from __future__ import annotations
 
@@ -143,7 +144,10 @@ def _at_degrees(model: ModelSpec, global_batch_size: int, space: SearchSpace, tp
                 pp: int, dp: int, cp: int) -> Iterator[Layout]:
     eps = ([e for e in (space.ep or _divisors(model.num_experts)) if (dp * cp) % e == 0]
            if model.is_moe else [1])
-    schedules = ["1f1b"] if pp == 1 else [s for s in space.schedules if s in SCHEDULES]
+    schedules = [s for s in space.schedules if s in SCHEDULES]
+    if pp == 1:  # one stage: every schedule runs the same programs (module docstring)
+        flat = [s for s in schedules if SCHEDULES[s].min_vpp == 1]
+        schedules = ["1f1b"] if "1f1b" in flat else flat[:1]
     for mbs in space.micro_batch_size:
         if global_batch_size % (mbs * dp):
             continue

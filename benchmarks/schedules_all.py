@@ -202,7 +202,7 @@ def table(layout: dict) -> list[str]:
     cap = layout["cap_GB"]
     device = next((r["device_memory_GB"] for r in ran(layout["rows"])), float("nan"))
     lines = [f"| schedule | iteration s | bubble | peak memory per rank GB | in-flight (s,mb) per rank "
-             f"| peak activations GB (max rank) | fits {device:.0f} GB | fits cap "
+             f"| peak activations GB (max rank) | fits {device:.1f} GB | fits cap "
              f"{cap} GB |", "|---|---:|---:|---|---|---:|:---:|:---:|"]
     for r in layout["rows"]:
         if "refused" in r or "failed" in r:

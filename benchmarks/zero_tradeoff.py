@@ -5,7 +5,8 @@ For a 7B-class model (Llama-3 8B, 16-way data parallel over 2 DGX H100 nodes of 
 over 8 nodes of the `dgx-h100-x128-ndr-ft` fat-tree, full recompute), every choice below
 is simulated with `clustersim simulate` (roofline compute, flow-level network) and its
 model-state bytes taken from `clustersim memory`. Reported per choice: simulated
-iteration time, the largest per-rank peak memory and whether it exceeds the GPU's 80 GB,
+iteration time, the largest per-rank peak memory and whether it exceeds the GPU's memory
+(what CUDA reports: 84.9 GB on an H100, topologies/devices.py),
 model states per rank, and the data-parallel communication time on rank 0.
 
 Writes benchmarks/results/zero_tradeoff.md, .json and .html (plot: time vs memory).
@@ -23,7 +24,10 @@ from pathlib import Path
 from environment import environment
 from run_cli import ROOT, Refused, clustersim, command, measured_or_saved
 
+from clustersim.topologies import get_device
+
 RESULTS = ROOT / "benchmarks" / "results"
+CAPACITY = get_device("h100-sxm").memory_bytes  # bytes, both clusters' GPUs
 CHOICES = {
     "DDP": ("--zero", "0"),
     "ZeRO-1": ("--zero", "1"),
@@ -88,7 +92,8 @@ def markdown(data: dict) -> str:
              "`python benchmarks/zero_tradeoff.py`: every choice simulated with `clustersim "
              "simulate` (roofline compute at 0.6 of peak FLOP/s, flow-level network) and "
              "measured by `clustersim memory` (ZeRO paper formulas, K = 12). GB = 1e9 bytes; "
-             "OOM = the simulated peak exceeds the H100's 80 GB. DP comm = busy time of "
+             f"OOM = the simulated peak exceeds the H100's {CAPACITY / 1e9:.1f} GB (what CUDA "
+             "reports as its total). DP comm = busy time of "
              "rank 0's data-parallel lanes (overlapped or not).", ""]
     for title, rows in data["rows"].items():
         lines += [f"## {title}", "",
@@ -120,7 +125,8 @@ def plot(data: dict, path: Path) -> None:
             x=[r["peak_memory_bytes"] / 1e9 for r in ok], y=[r["iteration_time_s"] for r in ok],
             mode="markers+text", text=[r["choice"] for r in ok], textposition="top center",
             name=title, showlegend=False), row=1, col=col)
-        fig.add_vline(x=80, line_dash="dash", annotation_text="80 GB", row=1, col=col)
+        fig.add_vline(x=CAPACITY / 1e9, line_dash="dash",
+                      annotation_text=f"{CAPACITY / 1e9:.1f} GB", row=1, col=col)
         fig.update_xaxes(title_text="peak memory per GPU (GB)", row=1, col=col)
         fig.update_yaxes(title_text="iteration time (s)", row=1, col=col)
     fig.update_layout(title="DP / ZeRO / FSDP: time against memory (simulated)",

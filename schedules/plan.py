@@ -304,13 +304,15 @@ def model_line(plan: dict[str, Any]) -> str:
     return (f"model {plan['model']}: {m['num_layers']} layers, hidden {m['hidden_size']}, "
             f"ffn {m['ffn_hidden_size']} ({mlp}), heads {m['num_attention_heads']} / KV "
             f"groups {m['num_query_groups']}, vocabulary {m['vocab_size']} ({tied}), "
-            f"sequence {m['seq_length']}, {m['normalization']}, {m['dtype']}: "
+            f"sequence {m['seq_length']}, {m['normalization']}, {m['dtype']}, "
+            f"{'flash' if m['use_flash_attn'] else 'unfused'} attention: "
             f"{plan['model_params'] / 1e9:.2f} B parameters")
 
 
 def header_line(plan: dict[str, Any]) -> str:
     """One line from a described plan (Plan.describe): schedule, the degrees that are not
-    1, microbatches, model, topology (or 'this host' for a run without one)."""
+    1, the ZeRO stage when sharded, microbatches and their size, recompute, model, topology
+    (or 'this host' for a run without one)."""
     axes = "".join(f" {axis}={plan[axis]}" for axis in ("dp", "tp", "cp", "ep")
                    if plan[axis] != 1)
     if plan["etp"] != plan["tp"]:
@@ -322,9 +324,10 @@ def header_line(plan: dict[str, Any]) -> str:
                     if p.get(key, default) != default)
     recompute = ("" if p["recompute"] == "none" else " recompute=" + describe_recompute(
         p["recompute"], p["recompute_method"], p["recompute_num_layers"]))
-    return (f"{plan['schedule']}: pp={plan['pp']} vpp={plan['vpp']}{axes} "
-            f"microbatches={plan['microbatches']}{recompute} model={plan['model']} "
-            f"topology={plan['topology'] or 'this host'}")
+    zero = f" zero={p['zero_stage']}" if p.get("zero_stage") else ""
+    return (f"{plan['schedule']}: pp={plan['pp']} vpp={plan['vpp']}{axes}{zero} "
+            f"microbatches={plan['microbatches']} mbs={plan['micro_batch_size']}{recompute} "
+            f"model={plan['model']} topology={plan['topology'] or 'this host'}")
 
 
 def _check_chain_split(model: ModelSpec, parallel: ParallelConfig, name: str,

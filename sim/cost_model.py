@@ -185,6 +185,9 @@ class UniformCostModel:
                 raise ConfigError(f"uniform cost {name} must be a number of seconds in [0, "
                                   f"{MAX_OP_SECONDS:g}] (finite: an op of a real iteration), "
                                   f"got {value}")
+        if self.forward == self.backward == 0:
+            raise ConfigError("uniform costs: forward and backward both 0 s leave an iteration "
+                              "of no time, whose throughput has no value: give one > 0")
 
     def seconds(self, op: Op) -> float:
         if op.kind is OpKind.F:

@@ -189,6 +189,27 @@ def test_intra_layer_and_etp_flags_set_parallel_config_fields():
     assert parallel_from_args(plain, plain.schedule) == ParallelConfig(pp=8, num_microbatches=16)
 
 
+def test_memory_without_a_device_does_not_claim_a_fit():
+    """No --topology or --device: nothing to compare the peak with, so the JSON says null
+    (not checked) rather than false (fits), and the text says so."""
+    out = json.loads(clustersim("memory", "--model", "llama2-7b", "--json").stdout)
+    assert out["config"]["device"] is None and out["oom_ranks"] is None
+    assert all(rank["oom"] is None for rank in out["ranks"])
+    text = clustersim("memory", "--model", "llama2-7b").stdout
+    assert "no device given (--topology or --device): whether a rank fits is not checked" \
+        in text
+
+
+def test_the_header_names_sharding_micro_batch_size_and_attention():
+    """Settings that move the numbers by tens of percent are in the summary's first lines:
+    the ZeRO stage, the micro-batch size, flash or unfused attention (a preset's)."""
+    out = clustersim("simulate", "--no-html", "--model", "llama2-7b", "--num-layers", "4",
+                     "--pp", "2", "--dp", "2", "--microbatches", "4", "--zero", "1",
+                     "--micro-batch-size", "2").stdout.splitlines()
+    assert " dp=2 zero=1 microbatches=4 mbs=2 " in out[0]
+    assert ", flash attention:" in out[1]
+
+
 def test_an_expert_group_across_nodes_runs(tmp_path):
     """tp 2 x ep 8 puts each expert all-to-all over two DGX nodes: it runs (its choice,
     NCCL's send/recv with Simple, is handed back on every repeat) and pays expert

@@ -50,8 +50,9 @@ def test_a_failed_uplink_removes_its_equal_cost_paths(rails):
 @pytest.mark.parametrize("selector,factor,match", [
     ("nic999", 0.5, "link 'nic999': no node 'nic999'"),
     ("gpu0:gpu9", 0.5, "link 'gpu0:gpu9': gpu0 and gpu9 are not linked"),
-    ("nic0", 0.0, "link 'nic0': factor 0.0 must be in \\(0, 1\\]"),
-    ("nic0", 2.0, "link 'nic0': factor 2.0 must be in \\(0, 1\\]")])
+    ("nic0", 0.0, "link 'nic0': factor 0.0 must be in \\(0, 1\\)"),
+    ("nic0", 1.0, "link 'nic0': factor 1.0 must be in \\(0, 1\\) .*1 would change nothing"),
+    ("nic0", 2.0, "link 'nic0': factor 2.0 must be in \\(0, 1\\)")])
 def test_bad_link_selectors_and_factors_are_refused(rails, selector, factor, match):
     with pytest.raises(TopologyError, match=match):
         degrade(rails, selector, factor)

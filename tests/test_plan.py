@@ -120,7 +120,7 @@ def test_described_plan_and_header():
         "1f1b", 2, 2, [12, 12], ["gpu0", "gpu2"])
     assert d["replayed_ranks"] == [0, 2] and d["world_size"] == 4
     assert header_line(d) == plan.header() == (
-        "1f1b: pp=2 vpp=1 dp=2 microbatches=4 model=gpt3-1.3b topology=test")
+        "1f1b: pp=2 vpp=1 dp=2 microbatches=4 mbs=1 model=gpt3-1.3b topology=test")
 
 
 def test_a_schedule_given_as_data_is_never_replaced_by_a_registered_one():

@@ -43,7 +43,8 @@ meant, as issue 14 item 1 now requires):
 And a number redefined on purpose leaves the comparison: the compare table's bubble
 fraction (issue 14 item 8). An input redefined on purpose is set in the data file with the
 reason (`recorded`): the device memory, now what CUDA reports (topologies/devices.py,
-'Memory'), moved the one OOM case's capacity and excess, not its peak.
+'Memory'), moved the one OOM case's capacity and excess, not its peak; and a memory run
+without a device no longer says its ranks fit (`oom` null, not false).
 The roofline cases were recorded at the roofline's old default efficiencies (0.6 of the
 dense peak, 0.8 of HBM bandwidth); issue 16 item 1 made the default each device's measured
 ceilings x an attainment factor, so those cases pass the old values explicitly

@@ -41,10 +41,11 @@ def _faulted(graph: nx.DiGraph, note: str) -> nx.DiGraph:
 
 
 def degrade(graph: nx.DiGraph, selector: str, factor: float) -> nx.DiGraph:
-    """A copy with the selected links' bandwidth times `factor` (0 < factor <= 1)."""
-    if not 0 < factor <= 1:
-        raise TopologyError(f"link {selector!r}: factor {factor} must be in (0, 1] (the "
-                            f"fraction of its bandwidth the link keeps)")
+    """A copy with the selected links' bandwidth times `factor` (0 < factor < 1)."""
+    if not 0 < factor < 1:
+        raise TopologyError(f"link {selector!r}: factor {factor} must be in (0, 1) (the "
+                            f"fraction of its bandwidth the link keeps; 1 would change "
+                            f"nothing)")
     edges = select_links(graph, selector)
     out = _faulted(graph, f"link {selector} at {factor:g} of its bandwidth "
                           f"({len(edges)} directed edges)")

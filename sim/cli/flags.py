@@ -11,6 +11,7 @@ choose the cost model (sim.cost_model). The parsed value's argparse dest is the 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -138,7 +139,8 @@ MODEL_FLAGS = (  # ModelSpec fields, Megatron-LM's names
             "float8 spelling): TE's linear weights kept in FP8 without a 16-bit copy and "
             "gathered over the data-parallel ranks in FP8; not with mxfp8 or MoE"),
     _both("--swiglu", "swiglu", "SwiGLU MLP (default off: GeLU)"),
-    _both("--use-flash-attn", "use_flash_attn", "flash attention (default off)"),
+    _both("--use-flash-attn", "use_flash_attn",
+          "flash attention (default: the preset's; off without a preset)"),
     _both("--fused-elementwise", "fused_elementwise",
           "Megatron/TE's fused norm, SwiGLU, RoPE and residual-add kernels (default on); "
           "--no-fused-elementwise: PyTorch eager without torch.compile (torchtitan's Llama "
@@ -376,6 +378,8 @@ def add_parallel_flags(parser: argparse.ArgumentParser, with_schedule: bool = Tr
     if with_schedule:
         SCHEDULE_FLAG.add_to(g)
     for flag in PARALLEL_FLAGS:
+        if flag.field == "pp":  # its default is the command's
+            flag = dataclasses.replace(flag, help=f"pipeline stages (default {pp_default})")
         flag.add_to(g)
     parser.set_defaults(pp_default=pp_default)
     parser.add_argument("--megatron-defaults", action="store_true", help=argparse.SUPPRESS)

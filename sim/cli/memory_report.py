@@ -126,12 +126,13 @@ def breakdown(args: argparse.Namespace) -> tuple[dict, list[RankMemory]]:
 def memory_json(config: dict, ranks: Sequence[RankMemory]) -> dict:
     capacity = config["device_memory_bytes"]
     oom = [r.pp_rank for r in ranks if capacity is not None and r.total_bytes > capacity]
-    return {"config": config,
-            "ranks": [{**r.to_dict(), "oom": r.pp_rank in oom} for r in ranks],
+    return {"config": config,  # "oom" None (and "oom_ranks" None): no device, not checked
+            "ranks": [{**r.to_dict(), "oom": None if capacity is None else r.pp_rank in oom}
+                      for r in ranks],
             "model_states_bytes": [r.model_states_bytes for r in ranks],
             "total_bytes": [r.total_bytes for r in ranks],
             "host_bytes": [r.host for r in ranks], "nvme_bytes": [r.nvme for r in ranks],
-            "oom_ranks": oom}
+            "oom_ranks": None if capacity is None else oom}
 
 
 def _gb(nbytes: float) -> str:
@@ -167,7 +168,8 @@ def format_memory(data: dict) -> str:
              + (f" offload ({p['offload_device'] or 'cpu'})" if p["offload"] else ""),
              "GB = 1e9 bytes per rank"
              + (f"; {c['device']} has {c['device_memory_bytes'] / GB:.1f} GB"
-                if c["device"] else "")]
+                if c["device"] else "; no device given (--topology or --device): whether "
+                                    "a rank fits is not checked")]
     columns = [  # header, value of a rank's row, shown
         ("rank", lambda r: r["pp_rank"], True),
         ("params", lambda r: f"{r['params']:.3g}", True),
@@ -192,10 +194,10 @@ def format_memory(data: dict) -> str:
     lines.append(tabulate([[value(r) for _, value in shown] for r in data["ranks"]],
                           headers=[header for header, _ in shown], tablefmt="plain",
                           disable_numparse=True, colalign=["right"] * len(shown)).rstrip())
-    for rank in data["oom_ranks"]:
+    for rank in data["oom_ranks"] or ():
         total = data["total_bytes"][rank]
         lines.append(f"OOM: rank {rank} needs {total / GB:.1f} GB, the {c['device']} has "
-                     f"{c['device_memory_bytes'] / GB:.0f} GB")
+                     f"{c['device_memory_bytes'] / GB:.1f} GB")
     return "\n".join(lines + [f"note: {note}" for note in c["notes"]])
 
 

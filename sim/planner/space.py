@@ -154,7 +154,7 @@ def _at_degrees(model: ModelSpec, global_batch_size: int, space: SearchSpace, tp
         for name in schedules:
             for vpp in _vpps(SCHEDULES[name], pp, model.num_layers, space.max_vpp):
                 for ep in eps:
-                    for zero in space.zero:
+                    for zero in space.zero if dp * cp > 1 else (0,):  # nothing to shard
                         for recompute in space.recompute:
                             for sp in space.sequence_parallel if tp > 1 else (False,):
                                 for order in space.rank_orders:

@@ -39,8 +39,12 @@ deadlock); "(s, g) covers (s, c)" when g == c or either is None:
   waits for every gradient collective of s since its previous OPT_STEP;
 - COPY_D2H (gradients to the host) of (s, g) waits for the latest preceding gradient
   collective of (s, g) covering it, else the latest weight-gradient op covering g;
-- OPT_STEP(s) waits for every gradient collective and COPY_D2H of stage s since its
-  previous OPT_STEP, and for the latest weight-gradient op of s;
+- OPT_STEP(s) waits for every gradient collective and COPY_D2H of EVERY stage of the
+  program since the previous OPT_STEP, and for the latest weight-gradient op of every
+  stage: a rank steps one optimizer over all its model chunks, once all their gradients
+  are reduced (Megatron-LM's finalize_model_grads syncs every chunk before the step, and
+  the global gradient norm of clipping needs them all; torchtitan clips over all model
+  parts before stepping), so a chunk's step does not overlap another chunk's reduction;
 - COPY_H2D (parameters to the device) of (s, g) waits for the latest OPT_STEP(s);
 - a parameter gather of (s, g) waits for the latest OPT_STEP(s) and COPY_H2D of (s, c)
   covering g (ZeRO-1/2: gather the updated shards); torch.nn.DataParallel's BROADCAST of
@@ -250,9 +254,12 @@ def local_waits(program: Sequence[Op]) -> list[tuple[int, ...]]:
         elif kind is OpKind.COPY_D2H:
             waits[index] = _newest(_covering(reduced, s, g) or _covering(grads, s, g))
             pending.setdefault(s, []).append(index)
-        elif kind is OpKind.OPT_STEP:
-            waits[index] = (waits[index] + tuple(pending.pop(s, []))
-                            + _newest(_covering(grads, s, None)))
+        elif kind is OpKind.OPT_STEP:  # one optimizer per rank: every stage's gradients
+            waits[index] = (waits[index] + tuple(sorted(i for ops in pending.values()
+                                                        for i in ops))
+                            + tuple(sorted(_newest(_covering(grads, t, None))[0]
+                                           for t in {t for t, _ in grads})))
+            pending.clear()
             steps[s] = index
         elif kind is OpKind.COPY_H2D:
             waits[index] = (steps[s],) if s in steps else ()

@@ -176,6 +176,24 @@ def test_ddp_bucket_all_reduce_overlaps_the_backward_on_the_timeline():
     assert step and step[0].start >= max(s.end for s in dp)
 
 
+@pytest.mark.parametrize("zero", [0, 1])
+def test_a_rank_steps_once_all_its_chunks_gradients_are_reduced(zero):
+    """Interleaved, two model chunks per rank: the rank's optimizer steps (one per chunk)
+    start only after every gradient collective of both chunks has ended, as Megatron-LM's
+    one optimizer over all chunks does (finalize_model_grads syncs every chunk before the
+    step); a chunk's step once overlapped the other chunk's all-reduce."""
+    parallel = ParallelConfig(pp=2, vpp=2, dp=4, num_microbatches=4, zero_stage=zero,
+                              schedule="interleaved-1f1b")
+    timeline = simulate(MODEL, parallel, load_topology("dgx-h100"))
+    gradient = OpKind.ALL_REDUCE if zero == 0 else OpKind.REDUCE_SCATTER
+    for rank in {s.rank for s in timeline.spans}:
+        spans = [s for s in timeline.spans if s.rank == rank]
+        reduced = [s for s in spans if s.op.kind is gradient and s.op.group == "dp"]
+        steps = [s for s in spans if s.op.kind is OpKind.OPT_STEP]
+        assert {s.op.stage for s in reduced} == {s.op.stage for s in steps} and len(steps) == 2
+        assert min(s.start for s in steps) >= max(s.end for s in reduced)
+
+
 @settings(max_examples=30, deadline=None)
 @given(name=st.sampled_from(["gpipe", "1f1b", "interleaved-1f1b"]), pp=st.sampled_from([1, 2, 4]),
        m_mult=st.integers(1, 3), zero=st.sampled_from([0, 1]),

@@ -248,6 +248,8 @@ def test_data_parallel_replicas_scale_throughput_not_latency():
     (dict(quantization="int4"), "quantization must be"),
     (dict(kv_cache_dtype="int8"), "kv_cache_dtype must be"),
     (dict(limits=Limits(max_num_batched_tokens=512)), "or use chunked-prefill batching"),
+    (dict(batching="chunked-prefill", limits=Limits(max_num_batched_tokens=100)),
+     "max_num_batched_tokens 100 must be at least max_num_seqs 256"),
 ])
 def test_refusals_name_the_setting(kwargs, words):
     with pytest.raises(ConfigError, match=words):
@@ -270,6 +272,33 @@ def test_tp_divides_the_kv_heads_or_is_a_multiple_of_them(tp, kv_heads_per_gpu):
         return
     result = simulate_serving(model, "dgx-h100-x16-ndr", reqs, tp=tp)
     assert result.capacity.block_bytes == 16 * 2 * 4 * kv_heads_per_gpu * 128 * 2
+
+
+def test_requests_arriving_together_prefill_together():
+    """Eight 1,024-token prompts at one instant fit one continuous step of 8,192 tokens:
+    every request gets its first token from that step, as a static batch of 8 does (the
+    first step once took request 0 alone, before the others were queued)."""
+    burst = simulate_serving(L7, "dgx-h100", synthetic(8, 1024, 16),
+                             limits=Limits(max_num_batched_tokens=8192))
+    static = simulate_serving(L7, "dgx-h100", synthetic(8, 1024, 16), batching="static",
+                              limits=Limits(batch_size=8))
+    assert burst.metrics["p99_ttft_ms"] == pytest.approx(burst.metrics["mean_ttft_ms"],
+                                                         rel=1e-12)
+    assert burst.metrics["mean_ttft_ms"] == pytest.approx(static.metrics["mean_ttft_ms"],
+                                                          rel=1e-12)
+
+
+def test_the_kv_line_says_whose_blocks_and_each_gpus_bytes():
+    """With sp 2 a block's 16 tokens spread over the two GPUs: the count is the group's,
+    the bytes each GPU's, blocks x 16 x (2 x 32 layers x 8 KV heads x 128 x 2 B) / 2."""
+    import re
+    out = subprocess.run([sys.executable, "-m", "clustersim", "serve", "--model", "llama3-8b",
+                          "--num-prompts", "4", "--input-len", "1", "--output-len", "4",
+                          "--sp", "2"], capture_output=True, text=True, check=True).stdout
+    found = re.search(r"Blocks of 16 tokens \(sp group's\): +([\d,]+) \(([\d.]+) GB on each "
+                      r"GPU", out)
+    blocks, gb = int(found[1].replace(",", "")), float(found[2])
+    assert gb == pytest.approx(blocks * 16 * 2 * 32 * 8 * 128 * 2 / 2 / 1e9, abs=0.05)
 
 
 def test_a_request_must_fit_the_model_context():

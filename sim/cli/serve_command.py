@@ -305,7 +305,8 @@ def layout_name(args: argparse.Namespace) -> str:
 
 
 def summary(result, name: str, args: argparse.Namespace) -> str:
-    """vLLM benchmark_serving's printed summary, and what one GPU's memory holds."""
+    """vLLM benchmark_serving's printed summary, and what a GPU's memory holds (with
+    sequence parallelism a block's tokens spread over the sp group's GPUs)."""
     m, cap = result.metrics, result.capacity
     lines = [f"{'=' * 14} Serving Benchmark Result (simulated) {'=' * 14}",
              f"{'Model:':<40}{name} on {args.topology}, {layout_name(args)}, "
@@ -327,10 +328,12 @@ def summary(result, name: str, args: argparse.Namespace) -> str:
             label = f"{stat.capitalize() if stat in ('mean', 'median') else stat.upper()} " \
                     f"{key.upper()} (ms):"
             lines.append(f"{label:<40}{m[f'{stat}_{key}_ms']:<10.2f}")
-    lines += [f"{'-' * 15}KV cache (one GPU){'-' * 15}",
-              f"{'Blocks of 16 tokens:':<40}{cap.blocks:,} "
-              f"({cap.blocks * cap.block_bytes / 1e9:.1f} GB; weights "
-              f"{cap.weights / 1e9:.1f} GB of {cap.usable / 1e9:.1f} GB usable)",
+    blocks = ("Blocks of 16 tokens (sp group's):" if args.sp > 1  # 1/sp of each per GPU
+              else "Blocks of 16 tokens:")
+    lines += [f"{'-' * 15}KV cache{'-' * 15}",
+              f"{blocks:<40}{cap.blocks:,} "
+              f"({cap.blocks * cap.block_bytes / 1e9:.1f} GB on each GPU; weights "
+              f"{cap.weights / 1e9:.1f} GB of its {cap.usable / 1e9:.1f} GB usable)",
               f"{'Usage mean / max:':<40}{m['kv_cache_usage_mean']:.1%} / "
               f"{m['kv_cache_usage_max']:.1%}; preemptions {m['preemptions']}"
               + (f" ({result.run.swapped_blocks:,} blocks swapped out and in)"

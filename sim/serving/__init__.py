@@ -165,6 +165,10 @@ def simulate_serving(model: ModelSpec, topology: str | nx.DiGraph,
                           f"{gpu_memory_utilization!r}")
     if batching == "static" and limits.batch_size is None:
         raise ConfigError("static batching needs batch_size (--batch-size)")
+    if batching != "static" and limits.max_num_batched_tokens < limits.max_num_seqs:
+        raise ConfigError(f"max_num_batched_tokens {limits.max_num_batched_tokens} must be at "
+                          f"least max_num_seqs {limits.max_num_seqs} (every running sequence "
+                          f"takes a token per step; vLLM's SchedulerConfig refuses it too)")
     if batching == "static" and (limits.max_num_seqs, limits.max_num_batched_tokens) != (
             Limits.max_num_seqs, Limits.max_num_batched_tokens):
         raise ConfigError("max_num_seqs and max_num_batched_tokens: static batching runs "

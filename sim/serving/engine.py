@@ -307,14 +307,22 @@ def serve(requests: Sequence[Request], costs: Sequence[StepCost], blocks: int, d
     replicas = [_Replica(env, i, home.count(i), costs, blocks, limits, run, note, p2p,
                          groups[i // ep_group], swap) for i in range(dp)]
 
-    def arrivals():
-        for record in served:
-            yield env.timeout(max(0.0, record.request.arrival - env.now))
-            replica = replicas[record.request.index % entry]
-            record.replica = replica.index
-            replica.queue.append(record)
-            note(+1)
-            replica.wake()
+    def arrivals():  # every request of one instant is queued before a replica wakes
+        upcoming = 0
+        while upcoming < len(served):
+            yield env.timeout(max(0.0, served[upcoming].request.arrival - env.now))
+            woken: dict[int, _Replica] = {}
+            while (upcoming < len(served)
+                   and served[upcoming].request.arrival <= env.now):
+                record = served[upcoming]
+                replica = replicas[record.request.index % entry]
+                record.replica = replica.index
+                replica.queue.append(record)
+                note(+1)
+                woken[replica.index] = replica
+                upcoming += 1
+            for replica in woken.values():
+                replica.wake()
 
     loops = {"continuous": _continuous, "chunked-prefill": _chunked, "static": _static}
     for replica in replicas:

@@ -458,6 +458,14 @@ class ParallelConfig:
         if self.sequence_parallel and (model.seq_length // self.cp) % self.tp:
             raise ConfigError(f"sequence_parallel: seq_length/cp={model.seq_length // self.cp} "
                               f"is not divisible by tp={self.tp}")
+        if not model.is_moe:
+            given = [name for name, value in (
+                ("moe_imbalance", self.moe_imbalance != 1),
+                ("expert_tensor_parallel", self.expert_tensor_parallel is not None))
+                if value]
+            if given:
+                raise ConfigError(f"{' and '.join(given)}: the model has no experts "
+                                  f"(num_experts unset), so it would change nothing")
         if model.is_moe and self.moe_imbalance > model.num_experts / model.moe_router_topk:
             raise ConfigError(
                 f"moe_imbalance={self.moe_imbalance} is above num_experts / topk = "

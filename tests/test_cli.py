@@ -333,7 +333,7 @@ def test_memory_table_parts_sum_to_the_total(flags):
      "incompatible with pipeline parallelism"),
     (["--params", "7B", "--dp", "4", "--offload"], "offload .*needs zero_stage >= 1"),
     (["--params", "7B", "--dp", "4", "--fsdp", "hybrid"], "needs shard_size, or a topology"),
-    (["--params", "7B", "--recompute", "full", "--recompute-granularity", "selective"],
+    (["--model", "gpt3-1.3b", "--recompute", "full", "--recompute-granularity", "selective"],
      "recompute given twice"),
     (["--params", "7B", "--device", "h100", "--topology", "dgx-h100"], "not both"),
 ])

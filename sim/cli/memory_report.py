@@ -35,10 +35,15 @@ from clustersim.topologies import DeviceSpec, device_of, get_device, gpu_nodes, 
 
 from ..cluster import cluster_facts
 from .config_files import add_config_flags
-from .flags import (MODEL_FLAGS, add_model_flags, add_parallel_flags, given,
-                    max_ops_from_args, model_from_args, parallel_from_args)
+from .flags import (MODEL_FLAGS, PARALLEL_FLAGS, SHARDING_FLAGS, add_model_flags,
+                    add_parallel_flags, given, max_ops_from_args, model_from_args,
+                    parallel_from_args)
 
 GB, GIB = 1e9, 2**30
+ACTIVATION_ONLY = ("vpp", "sequence_parallel", "num_microbatches", "global_batch_size",
+                   "recompute", "recompute_granularity", "recompute_activations",
+                   "recompute_method", "recompute_num_layers")
+"""Fields that move only activations, which --params does not count."""
 MAX_PARAMS = 1e18  # a bare count far above any model, below float overflow in the formulas
 _SUFFIXES = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
 NVME_NOTE = ("offload_device nvme: the optimizer states are on the node's NVMe (`nvme`); "
@@ -101,6 +106,13 @@ def breakdown(args: argparse.Namespace) -> tuple[dict, list[RankMemory]]:
         if args.model or dims:
             drop = (["--model"] if args.model else []) + dims
             raise ConfigError(f"--params is a bare parameter count: drop {', '.join(drop)}")
+        asked = given(args, PARALLEL_FLAGS + SHARDING_FLAGS)
+        moot = [flag.names[0] for flag in PARALLEL_FLAGS + SHARDING_FLAGS
+                if flag.field in asked and flag.field in ACTIVATION_ONLY]
+        moot += ["--schedule"] if getattr(args, "schedule", None) else []
+        if moot:
+            raise ConfigError(f"--params counts model states only, no activations: "
+                              f"{', '.join(moot)} would change nothing (give --model)")
         parallel = parallel_from_args(args, args.schedule)
         ranks = bare_rank_memory(args.params, parallel, shard_group_size(parallel, cluster))
         model, dtype = f"{args.params:g} parameters", "bf16"

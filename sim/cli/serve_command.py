@@ -139,9 +139,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="service-level objectives for request_goodput, vLLM's spelling: "
                         "ttft:MS tpot:MS e2el:MS (any of them)")
     p.add_argument("--search-layouts", type=positive_int, metavar="GPUS",
-                   help="simulate every tp x pp x sp x dp split of GPUS GPUs on the workload "
-                        "and rank them (by request goodput with --goodput, else output "
-                        "throughput)")
+                   help="simulate the tp x pp x sp x dp splits of GPUS GPUs on the workload "
+                        "(tp, pp, sp powers of two: tp up to a host's GPUs, pp up to 8, sp up "
+                        "to 4; sim.serving.search) and rank them (by request goodput with "
+                        "--goodput, else output throughput); --compare takes any other")
     p.add_argument("--compare", nargs="+", metavar="LAYOUT",
                    help="simulate these layouts side by side on the workload, each "
                         "KEY=N[,KEY=N..] with KEY tp, pp, sp, dp, ep or prefill (prefill "

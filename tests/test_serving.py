@@ -288,6 +288,17 @@ def test_requests_arriving_together_prefill_together():
                                                           rel=1e-12)
 
 
+def test_the_header_names_overridden_dimensions_precision_and_the_split():
+    out = subprocess.run([sys.executable, "-m", "clustersim", "serve", "--model", "llama3-8b",
+                          "--num-prompts", "4", "--num-layers", "2", "--quantization", "fp8",
+                          "--kv-cache-dtype", "fp8", "--dp", "2", "--batching",
+                          "disaggregated", "--num-prefill-replicas", "1"],
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    assert "llama3-8b with num-layers 2 on dgx-h100" in out[1]
+    assert out[1].endswith("disaggregated batching (1 prefill / 1 decode replicas)")
+    assert out[2].split(":", 1)[1].strip() == "weights fp8, activations bf16, KV cache fp8"
+
+
 def test_the_kv_line_says_whose_blocks_and_each_gpus_bytes():
     """With sp 2 a block's 16 tokens spread over the two GPUs: the count is the group's,
     the bytes each GPU's, blocks x 16 x (2 x 32 layers x 8 KV heads x 128 x 2 B) / 2."""

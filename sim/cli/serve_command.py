@@ -13,8 +13,8 @@ from clustersim.schedules.errors import ConfigError
 from clustersim.schedules.output_files import check_outputs, write_text_atomic
 from clustersim.schedules.profile import Profile
 
-from ..serving import (POLICIES, SWAP_SPACE_GIB, Limits, load_trace, simulate_serving,
-                       synthetic)
+from ..serving import (DTYPES, KV_DTYPES, POLICIES, SWAP_SPACE_GIB, Limits, load_trace,
+                       simulate_serving, synthetic)
 from ..serving.metrics import SLO_KEYS
 from .arg_types import checked_number, fraction, positive_int
 from .flags import DEFAULT_TOPOLOGY, MODEL_FLAGS, model_from_args
@@ -309,9 +309,17 @@ def summary(result, name: str, args: argparse.Namespace) -> str:
     """vLLM benchmark_serving's printed summary, and what a GPU's memory holds (with
     sequence parallelism a block's tokens spread over the sp group's GPUs)."""
     m, cap = result.metrics, result.capacity
+    activations = DTYPES.get(str(args.serve_dtype).strip().lower(), args.serve_dtype)
+    weights = "fp8" if args.quantization else activations
+    changed = [f"{field.replace('_', '-')} {getattr(args, field)}" for field in
+               SERVE_MODEL_FIELDS if getattr(args, field, None) is not None]
+    split = (f" ({args.num_prefill_replicas} prefill / {args.dp - args.num_prefill_replicas} "
+             f"decode replicas)" if args.num_prefill_replicas else "")
     lines = [f"{'=' * 14} Serving Benchmark Result (simulated) {'=' * 14}",
-             f"{'Model:':<40}{name} on {args.topology}, {layout_name(args)}, "
-             f"{args.batching} batching",
+             f"{'Model:':<40}{name}" + (f" with {', '.join(changed)}" if changed else "")
+             + f" on {args.topology}, {layout_name(args)}, {args.batching} batching{split}",
+             f"{'Precision:':<40}weights {weights}, activations {activations}, KV cache "
+             f"{'fp8' if KV_DTYPES.get(args.kv_cache_dtype) == 'fp8' else activations}",
              f"{'Successful requests:':<40}{m['completed']:<10}",
              f"{'Benchmark duration (s):':<40}{m['duration']:<10.2f}",
              f"{'Total input tokens:':<40}{m['total_input_tokens']:<10}",

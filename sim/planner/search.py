@@ -93,9 +93,10 @@ class SearchResult:
 
 def reason(error: Exception) -> str:
     """The rule an error states, its numbers masked so that layouts refused by one rule
-    count together: 'num_layers=N is not divisible by num_stages=N (pp*vpp); ...' (digits
-    inside a name, 'ZeRO-3', an op '3B3', stay)."""
-    text = re.sub(r"(?<![\w.-])\d+(\.\d+)?(?![\w.])", "N", str(error).splitlines()[0])
+    count together: 'num_layers=N is not divisible by num_stages=N (pp*vpp); ...'; an op
+    ('3B1.5') reads '(an op)', digits inside a name ('ZeRO-3') stay."""
+    text = re.sub(r"\b\d+[A-Z]+\d+(\.\d+)?\b", "(an op)", str(error).splitlines()[0])
+    text = re.sub(r"(?<![\w.-])\d+(\.\d+)?(?![\w.])", "N", text)
     return text[:160]
 
 

@@ -183,7 +183,7 @@ def test_tensor_parallel_refusals_name_the_field():
         run_schedule(one, plan_of(one, model, parallel(tp=2, num_microbatches=1)))
     with pytest.raises(KernelsError, match="replay"):
         run_schedule(one, plan_of(one, GPT, parallel(tp=2, num_microbatches=1)), replay=True)
-    with pytest.raises(KernelsError, match="expert_tensor_parallel=1 differs from tp=2"):
+    with pytest.raises(ConfigError, match="expert_tensor_parallel: the model has no experts"):
         run_schedule(one, plan_of(one, GPT, parallel(tp=2, expert_tensor_parallel=1,
                                                      num_microbatches=1)))
 

@@ -342,7 +342,9 @@ def test_etp_rules_against_the_model():
     ParallelConfig(tp=2, dp=2, ep=2, expert_tensor_parallel=1,
                    sequence_parallel=True).check_model(moe)
     ParallelConfig(tp=1, dp=4, ep=2, expert_tensor_parallel=2).check_model(moe)
-    ParallelConfig(tp=2, expert_tensor_parallel=1).check_model(MODEL)  # dense: no experts
+    with pytest.raises(ConfigError, match="expert_tensor_parallel: the model has no experts"
+                                          ".*would change nothing"):
+        ParallelConfig(tp=2, expert_tensor_parallel=1).check_model(MODEL)  # dense
     with pytest.raises(ConfigError, match="unknown grid axis 'xp': axes are .*etp, edp"):
         ParallelConfig().group("xp", 0)
 

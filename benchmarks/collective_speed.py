@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from environment import checked_out, environment, tree_version  # noqa: E402
+from environment import checked_out, environment, importable, tree_version  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -66,9 +66,7 @@ def run_cli(package: Path, args: list[str]) -> dict:
 
 def measure(old_1024: bool) -> dict:
     rows = []
-    with checked_out(ROOT, OLD_COMMIT) as (_, _, old), tempfile.TemporaryDirectory() as tmp:
-        new = Path(tmp)
-        (new / "clustersim").symlink_to(ROOT)
+    with checked_out(ROOT, OLD_COMMIT) as (_, _, old), importable(ROOT) as new:
         for label, args, with_old in CASES:
             row = {"case": label, "command": "clustersim collective " + " ".join(args)}
             if with_old or old_1024:

@@ -21,8 +21,9 @@ were top-level then; `python -m clustersim` for the others, each from a folder h
 a `clustersim` link to its tree, so nothing is installed from the old trees); wall time is
 taken around the process (interpreter start and imports included) and peak memory is its
 peak resident set (ru_maxrss of os.wait4; MB = 2^20 bytes). The old trees are
-temporary detached git worktrees (environment.checked_out), removed after. The 1-minute load average is read before each run: the machine is shared,
-and a run with another job on the CPUs is slower, so the versions alternate run by run.
+temporary detached git worktrees (environment.checked_out), removed after. The 1-minute
+load average is read before each run: the machine is shared, and a run with another job
+on the CPUs is slower, so the versions alternate run by run.
 
 Writes benchmarks/results/engine_speed.json (raw) and .md (tables).
 
@@ -43,7 +44,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from environment import checked_out, environment, uncommitted
+from environment import checked_out, environment, importable, uncommitted
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -90,8 +91,7 @@ def versions(stack: contextlib.ExitStack) -> dict[str, dict]:
     sha, tree, package = stack.enter_context(checked_out(ROOT, START))
     out = {START: {"module": "clustersim", "path": str(package), "tree": str(tree),
                    "commit": sha}}
-    link = Path(stack.enter_context(tempfile.TemporaryDirectory()))
-    (link / "clustersim").symlink_to(ROOT)
+    link = stack.enter_context(importable(ROOT))
     out["new"] = {"module": "clustersim", "path": str(link), "tree": str(ROOT),
                   "commit": git("rev-parse", "HEAD") + uncommitted(ROOT)}
     sha, old, _ = stack.enter_context(checked_out(ROOT, OLD))

@@ -36,10 +36,19 @@ def tree_version(tree: Path) -> str:
 
 
 @contextlib.contextmanager
+def importable(tree: Path) -> Iterator[Path]:
+    """A temporary folder for PYTHONPATH whose `clustersim` is `tree` (a repository root:
+    the root is the package), so a process imports that tree's code; removed on exit."""
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "clustersim").symlink_to(Path(tree).resolve(), target_is_directory=True)
+        yield Path(tmp)
+
+
+@contextlib.contextmanager
 def checked_out(tree: Path, commit: str) -> Iterator[tuple[str, Path, Path]]:
     """`commit` of the repository at `tree` as a detached git worktree in a temporary
     folder: (its full hash, the worktree, a folder for PYTHONPATH whose `clustersim` is
-    the worktree: the repository root is the package); removed on exit."""
+    the worktree: `importable`); removed on exit."""
     sha = subprocess.run(["git", "-C", str(tree), "rev-parse", commit], check=True,
                          capture_output=True, text=True).stdout.strip()
     with tempfile.TemporaryDirectory() as tmp:
@@ -47,10 +56,8 @@ def checked_out(tree: Path, commit: str) -> Iterator[tuple[str, Path, Path]]:
         subprocess.run(["git", "-C", str(tree), "worktree", "add", "--detach", str(work), sha],
                        check=True, capture_output=True)
         try:
-            package = Path(tmp) / "pkg"
-            package.mkdir()
-            (package / "clustersim").symlink_to(work)
-            yield sha, work, package
+            with importable(work) as package:
+                yield sha, work, package
         finally:
             subprocess.run(["git", "-C", str(tree), "worktree", "remove", "--force", str(work)],
                            check=True, capture_output=True)

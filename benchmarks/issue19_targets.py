@@ -33,11 +33,10 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from environment import checked_out, environment, tree_version
+from environment import checked_out, environment, importable, tree_version
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -164,15 +163,13 @@ def best(runs: dict | list[dict]) -> dict:
 
 def against(commit: str, skip: set[str], rounds: int = 1) -> int:
     """--against (module docstring)."""
-    with checked_out(ROOT, commit) as (sha, _, old_dir), \
-            tempfile.TemporaryDirectory() as new_dir:
+    with checked_out(ROOT, commit) as (sha, _, old_dir), importable(ROOT) as new_dir:
         data = {"environment": environment(), "commit": sha, "rounds": rounds, "runs": {}}
-        (Path(new_dir) / "clustersim").symlink_to(ROOT)
         for name, (command, *_) in WORKLOADS.items():
             if name not in skip:
                 pair = data["runs"][name] = {"new": [], "old": []}
                 for _ in range(rounds):
-                    pair["new"].append(run(command, Path(new_dir)))
+                    pair["new"].append(run(command, new_dir))
                     pair["old"].append(run(command, old_dir))
                     print(name, pair["new"][-1], pair["old"][-1], flush=True)
     named = RESULTS / f"issue19_speedups_{sha[:7]}"
@@ -208,9 +205,7 @@ def main() -> int:
     data = {"environment": environment(), "runs": {}}
     kept = json.loads(RAW.read_text()) if RAW.exists() else {"runs": {}}
     stamp = {"date": data["environment"]["date"], "tree": tree_version(ROOT)}
-    with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        (work / "clustersim").symlink_to(ROOT)
+    with importable(ROOT) as work:
         for name, (command, *_) in WORKLOADS.items():
             if name in skip:
                 if name in kept["runs"]:  # measured before: its own date and tree

@@ -20,10 +20,9 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-from environment import environment_markdown
+from environment import environment_markdown, importable
 
 HERE = Path(__file__).parent
 RESULTS = HERE / "results"
@@ -35,14 +34,11 @@ GPT3_175B = ["simulate", "--model", "gpt3-175b", "--topology", "dgx-h100-x128-nd
 
 def run_175b(tree: Path | None) -> dict:
     """The README job's iteration time, bubble and exposed communication, from `tree`
-    (a directory holding the clustersim package as `clustersim`), or this tree."""
-    env = dict(os.environ)
-    with tempfile.TemporaryDirectory() as tmp:
-        if tree is not None:
-            (Path(tmp) / "clustersim").symlink_to(tree.resolve())
-            env["PYTHONPATH"] = tmp
-        out = subprocess.run([sys.executable, "-m", "clustersim", *GPT3_175B], cwd=tmp,
-                             env=env, capture_output=True, text=True, check=True).stdout
+    (a checkout: its root is the clustersim package), or this tree."""
+    with importable(tree if tree is not None else HERE.parent) as folder:
+        out = subprocess.run([sys.executable, "-m", "clustersim", *GPT3_175B], cwd=folder,
+                             env={**os.environ, "PYTHONPATH": str(folder)},
+                             capture_output=True, text=True, check=True).stdout
     found = re.search(r"iteration time ([\d.]+) s, bubble fraction ([\d.]+).*exposed "
                       r"communication ([\d.]+)", out)
     return {"iteration_s": float(found[1]), "bubble": float(found[2]),

@@ -125,12 +125,14 @@ def cmd_collective(args: argparse.Namespace) -> int:
     from clustersim.topologies import gpu_nodes, load_topology
 
     from ..collectives import parse_collective, sweep_collective
+    from ..nccl_collectives import SEND_RECV
+    from ..nccl_tuning import P2P_LL_THRESHOLD
 
     op = parse_collective(args.op)
-    if args.protocol and op.value in ("all-to-all", "p2p"):
+    if args.protocol and op.value in SEND_RECV:
         raise ConfigError(f"--protocol: NCCL picks {op.value}'s protocol itself (send/recv: "
-                          f"LL up to 16 KiB per peer, Simple above; NCCL_PROTO does not "
-                          f"apply), so it would change nothing")
+                          f"LL up to {P2P_LL_THRESHOLD // 1024} KiB per peer, Simple above; "
+                          f"NCCL_PROTO does not apply), so it would change nothing")
     dtype = args.dtype.strip().lower()
     if dtype not in DTYPE_BYTES:
         raise ConfigError(f"--dtype must be one of {', '.join(DTYPE_BYTES)}, got {args.dtype!r}")

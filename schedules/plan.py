@@ -234,18 +234,21 @@ class Plan:
         host = self.cluster.hosts[self.replayed_ranks[self.stage_ranks[stage]]]
         return self.cluster.hosts[:self.world_size].count(host)
 
+    def groups(self, axis: str) -> list[list[int]]:
+        """Every `axis` group of the job once (global ranks), in order of its first rank."""
+        found, seen = [], set()
+        for rank in range(self.world_size):
+            if rank not in seen:
+                group = self.group(axis, rank)
+                seen.update(group)
+                found.append(group)
+        return found
+
     def groups_spanning_hosts(self, axis: str) -> list[list[int]]:
         """The `axis` groups (global ranks) whose GPUs sit on more than one host."""
         if self.cluster is None:
             return []
-        spanning, seen = [], set()
-        for rank in range(self.world_size):
-            group = tuple(self.group(axis, rank))
-            if group not in seen:
-                seen.add(group)
-                if self.cluster.spans_hosts(list(group)):
-                    spanning.append(list(group))
-        return spanning
+        return [g for g in self.groups(axis) if self.cluster.spans_hosts(g)]
 
     # --- outputs ---------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:

@@ -86,39 +86,26 @@ def link_asymmetry(plan: Plan, topology: nx.DiGraph) -> str | None:
 def placement_asymmetry(plan: Plan) -> str | None:
     """The first pipeline line or group placed on hosts otherwise than the replayed
     rank's of its pipeline coordinate (module docstring), in words, or None."""
-    hosts = plan.cluster.hosts
-    replayed, coords = plan.replayed_ranks, plan.parallel.coords
+    hosts, replayed = plan.cluster.hosts, plan.replayed_ranks
 
     def crossings(line: list[int]) -> tuple[int, ...]:
         return tuple(i for i in range(len(line) - 1) if hosts[line[i]] != hosts[line[i + 1]])
 
+    def split(group: list[int]) -> list[int]:  # GPUs per host, sorted
+        return sorted(Counter(hosts[g] for g in group).values())
+
     reference = crossings(plan.group(PP, replayed[0]))
-    seen: set[int] = set()
-    for rank in range(plan.world_size):
-        if rank in seen:
-            continue
-        line = plan.group(PP, rank)
-        seen.update(line)
-        found = crossings(line)
-        if found != reference:
-            return (f"the pipeline of rank {rank} changes host after stages {list(found)}, "
-                    f"the replayed one after {list(reference)}")
+    for line in plan.groups(PP):
+        if crossings(line) != reference:
+            return (f"the pipeline of rank {line[0]} changes host after stages "
+                    f"{list(crossings(line))}, the replayed one after {list(reference)}")
     axes = dict.fromkeys(a for a in (TP, CP, EP, DP, plan.grad_group, plan.expert_grad_group)
                          if a is not None and plan.group_size(a) > 1)
     for axis in axes:
-        seen.clear()
-        profiles: dict[int, tuple[int, ...]] = {}
-        for rank in range(plan.world_size):
-            if rank in seen:
-                continue
-            group = plan.group(axis, rank)
-            seen.update(group)
-            stage = coords(rank)[PP]
-            if stage not in profiles:
-                twin = plan.group(axis, replayed[stage])
-                profiles[stage] = tuple(sorted(Counter(hosts[g] for g in twin).values()))
-            split = tuple(sorted(Counter(hosts[g] for g in group).values()))
-            if split != profiles[stage]:
-                return (f"rank {rank}'s {axis} group has {list(split)} GPUs per host, the "
-                        f"replayed rank {replayed[stage]}'s {list(profiles[stage])}")
+        twins = {stage: split(plan.group(axis, rank)) for stage, rank in enumerate(replayed)}
+        for group in plan.groups(axis):  # its ranks share one pipeline coordinate
+            stage = plan.parallel.coords(group[0])[PP]
+            if split(group) != twins[stage]:
+                return (f"rank {group[0]}'s {axis} group has {split(group)} GPUs per host, "
+                        f"the replayed rank {replayed[stage]}'s {twins[stage]}")
     return None

@@ -33,6 +33,7 @@ import sys
 from collections import defaultdict
 from functools import lru_cache
 
+import networkx as nx
 import numpy as np
 import pytest
 import simpy
@@ -46,7 +47,8 @@ from clustersim.sim.flows import FlowNetwork
 from clustersim.sim.maxmin import max_min_rates
 from clustersim.sim.route_shares import RouteShares
 from clustersim.topologies import gpu_nodes, list_presets, load_topology, routes
-from clustersim.topologies.route_sets import RouteSets
+from clustersim.topologies.route_sets import RouteSets, _sorted_distinct
+from clustersim.topologies.routing import fewest_hop_paths
 
 M, G = 1 << 20, 1 << 30
 
@@ -258,6 +260,115 @@ def test_composed_route_sets_are_routes_exactly(preset):
     composed = sum(sets.compose(a, b) is not None for a, b in pairs)
     assert composed > (len(pairs) // 2 if len(hosts) > 1 else 0) or preset in (
         "dgx-b200", "gb200-nvl72", "hgx-h100", "mi300x-8")  # host CPUs: routes() answers
+
+
+def searched(graph, a, b, floor=None):
+    """The middles of (a, b) searched directly, as RouteSets kept them before it renamed
+    an alike pair's (fewest_hop_paths, then _sorted_distinct)."""
+    found = fewest_hop_paths(graph, a, b, floor=floor)
+    if found is None or found[1] is None or not found[1]:
+        return 0.0, None
+    return found[0], _sorted_distinct(found[1])
+
+
+def switch_pairs_reached(sets: RouteSets, graph) -> set:
+    """The (funnel node, funnel node) pairs RouteSets joins for a sample of GPU pairs."""
+    pairs = set()
+    for a, b in sample_pairs(graph, 200):
+        ends = sets.ends(a, b)
+        if ends is not None and ends[0].node != ends[1].node:
+            pairs.add((ends[0].node, ends[1].node))
+    return pairs
+
+
+@pytest.mark.parametrize("preset", ["llama3-24k-roce", "dgx-superpod-h100-4su",
+                                    "dgx-h100-x128-ndr-ft-2to1", "dgx-h100-x16-ndr"])
+def test_renamed_middles_are_searched_middles(preset):
+    """A switch pair's middles renamed from an alike pair's (RouteSets._search) are the
+    middles searched for it directly, widest and at a lower floor, on the leaf pairs GPU
+    routes join and on every pair of the first 12 switches; and renaming happens."""
+    graph = topology(preset)
+    sets = RouteSets(graph)
+    switches = [n for n, kind in graph.nodes(data="type") if kind == "switch"][:12]
+    pairs = sorted(switch_pairs_reached(sets, graph)) + [
+        (a, b) for a in switches for b in switches if a != b]
+    for a, b in pairs:
+        widest, middles = sets._search(a, b, None)
+        assert (widest, middles) == searched(graph, a, b), (a, b)
+        if middles:
+            assert sets._search(a, b, widest / 2) == searched(graph, a, b, widest / 2)
+    assert len(sets._alike) < len(pairs)
+
+
+def random_pods(seed: int) -> nx.DiGraph:
+    """A random two-tier-per-pod fabric with a core: leaves (with a dead-end NIC and GPU
+    each) on all their pod's spines, spines on random cores, bandwidths 1 or 2 drawn per
+    link, so that some leaves share their ways to the spines and some do not."""
+    rng = random.Random(seed)
+    graph = nx.DiGraph()
+
+    def link(a, b, kind="x"):
+        bandwidth = rng.choice([1.0, 2.0])
+        for u, v in ((a, b), (b, a)):
+            graph.add_edge(u, v, bandwidth=bandwidth, latency=1e-6, kind=kind)
+    cores = [f"core{c}" for c in range(rng.randint(1, 3))]
+    for node in cores:
+        graph.add_node(node, type="switch")
+    for pod in range(rng.randint(2, 3)):
+        spines = [f"spine{pod}.{s}" for s in range(rng.randint(1, 3))]
+        for spine in spines:
+            graph.add_node(spine, type="switch")
+            for core in rng.sample(cores, rng.randint(1, len(cores))):
+                link(spine, core)
+        for leaf in range(rng.randint(2, 4)):
+            name = f"leaf{pod}.{leaf}"
+            graph.add_node(name, type="switch")
+            graph.add_node(f"nic{pod}.{leaf}", type="nic")
+            graph.add_node(f"gpu{pod}.{leaf}", type="gpu", host=0)
+            link(name, f"nic{pod}.{leaf}")
+            link(f"nic{pod}.{leaf}", f"gpu{pod}.{leaf}")
+            for spine in spines:
+                link(name, spine)
+    return graph
+
+
+def random_twins(seed: int) -> nx.DiGraph:
+    """A random directed graph of five switches (links one way only, bandwidth 1 or 2)
+    in which two switches get a twin: the same links out and in, and at random a link
+    between the two: pairs with alike ways that are, or are not, linked themselves."""
+    rng = random.Random(seed)
+    graph = nx.DiGraph()
+    base = [f"s{i}" for i in range(5)]
+    graph.add_nodes_from(base, type="switch")
+    for a in base:
+        for b in base:
+            if a != b and rng.random() < 0.4:
+                graph.add_edge(a, b, bandwidth=rng.choice([1.0, 2.0]), latency=1e-6, kind="x")
+    for node in rng.sample(base, 2):
+        twin = node + "t"
+        graph.add_node(twin, type="switch")
+        for _, v, attrs in list(graph.out_edges(node, data=True)):
+            graph.add_edge(twin, v, **attrs)
+        for u, _, attrs in list(graph.in_edges(node, data=True)):
+            graph.add_edge(u, twin, **attrs)
+        if rng.random() < 0.5:
+            a, b = rng.sample([node, twin], 2)
+            graph.add_edge(a, b, bandwidth=1.0, latency=1e-6, kind="x")
+    return graph
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_renamed_middles_on_random_fabrics(seed):
+    """As above, on every pair of non-GPU nodes of random fabrics (pods of leaves and
+    spines; directed graphs with twins), widest and at floor 1."""
+    graph = random_pods(seed) if seed % 2 else random_twins(seed)
+    sets = RouteSets(graph)
+    nodes = [n for n, kind in graph.nodes(data="type") if kind != "gpu"]
+    for a in nodes:
+        for b in nodes:
+            if a != b:
+                assert sets._search(a, b, None) == searched(graph, a, b), (a, b)
+                assert sets._search(a, b, 1.0) == searched(graph, a, b, 1.0), (a, b)
 
 
 def pair_rule(graph, index: dict):

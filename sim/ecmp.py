@@ -87,6 +87,7 @@ class EcmpRoutes:
     def __init__(self, graph: nx.DiGraph, link_index: dict[tuple, int], ecmp: bool = True):
         self.link_index, self.ecmp = link_index, ecmp
         self.sets = route_sets(graph)
+        self._succ = graph._succ  # a plain dict: read once per new pair
         self.routed = [0] * len(link_index)  # unfinished flows routed over each link
         self.turns: dict[tuple[Hashable, Hashable], int] = {}
         self._pairs: dict[tuple[Hashable, Hashable], tuple] = {}  # pair -> `_pair`
@@ -205,6 +206,9 @@ class EcmpRoutes:
         destination's funnel node, widest width and hops; the suffix of the destination
         and the source's (topologies.route_sets: `joined`): both are cached per those,
         so a million pairs compose from a few thousand parts."""
+        if dst in self._succ[src]:  # linked: the one fewest-hop route (routing.routes)
+            hit = self._pairs[(src, dst)] = ((), _PairRoutes([(self.link_index[(src, dst)],)]), ())
+            return hit
         ends, composed = self.sets.ends(src, dst), None
         if ends is not None:
             head, tail = ends
@@ -236,7 +240,8 @@ class EcmpRoutes:
         hit = self._middles.get(id(middles))  # RouteSets keeps them: ids hold
         if hit is None:
             kept = middles if self.ecmp else middles[:1]
-            routes = _PairRoutes([self._ids(m) for m in kept])
+            index = self.link_index.__getitem__  # not kept per path: one pair's middles
+            routes = _PairRoutes([tuple(map(index, zip(m, m[1:]))) for m in kept])
             hit = self._middles[id(middles)] = (middles, routes)
             links = {link for path in routes.paths for link in path}
             self._middle_links |= links

@@ -54,11 +54,12 @@ class FlowNetwork:
 
     def __init__(self, env: simpy.Environment, graph: nx.DiGraph, ecmp: bool = True):
         self.env, self.graph, self.ecmp = env, graph, ecmp
-        self.link_index = {edge: i for i, edge in enumerate(graph.edges)}
+        edges = list(graph.edges(data="latency"))  # a link's id: its place here
+        self.link_index = {(u, v): i for i, (u, v, _) in enumerate(edges)}
         # achievable bytes/s of each link, same order (sim.link_capacity)
         self._capacity_array = achievable_capacities(graph)  # for max_min_entries
         self.capacity = self._capacity_array.tolist()
-        self.latency = [lat for _, _, lat in graph.edges(data="latency")]
+        self.latency = [lat for _, _, lat in edges]
         self._latency_array = np.asarray(self.latency, dtype=float)
         self.flows_on: dict[int, set[Part]] = defaultdict(set)  # parts with live flows
         self._ecmp = EcmpRoutes(graph, self.link_index, ecmp)

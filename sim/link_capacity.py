@@ -104,5 +104,5 @@ def achievable_capacities(graph: nx.DiGraph) -> np.ndarray:
 
 def out_capacity(graph: nx.DiGraph, node: str, kinds: tuple[str, ...]) -> float:
     """Achievable bytes/s of `node`'s outgoing edges of these kinds together."""
-    return float(sum(attrs["bandwidth"] * link_efficiency(graph, node, v)
-                     for v, attrs in graph.adj[node].items() if attrs["kind"] in kinds))
+    return float(sum(attrs["bandwidth"] * _efficiency(graph, node, v, attrs["kind"])
+                     for v, attrs in graph._succ[node].items() if attrs["kind"] in kinds))

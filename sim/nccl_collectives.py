@@ -99,8 +99,9 @@ def parse_protocol(protocol: str | None) -> str | None:
 
 def _switch(graph: nx.DiGraph, gpu: str) -> str | None:
     """The NVSwitch `gpu` hangs on (an NVLink neighbour of type switch), or None."""
-    return next((v for v in graph.successors(gpu) if graph.nodes[v].get("type") == "switch"
-                 and graph.edges[gpu, v]["kind"] == "nvlink"), None)
+    nodes = graph._node  # plain dicts: this runs once per GPU of a 16k-GPU group
+    return next((v for v, link in graph._succ[gpu].items()
+                 if nodes[v].get("type") == "switch" and link["kind"] == "nvlink"), None)
 
 
 def _leaf(graph: nx.DiGraph, gpu: str) -> str:
@@ -111,8 +112,9 @@ def _leaf(graph: nx.DiGraph, gpu: str) -> str:
 
 def _nic_bandwidth(graph: nx.DiGraph, gpu: str) -> float:
     """Achievable bytes/s of the NIC(s) on `gpu`'s PCIe links toward the network."""
-    return sum(out_capacity(graph, nic, ("ib", "roce")) for nic in graph.successors(gpu)
-               if graph.nodes[nic].get("type") == "nic")
+    nodes = graph._node
+    return sum(out_capacity(graph, nic, ("ib", "roce")) for nic in graph._succ[gpu]
+               if nodes[nic].get("type") == "nic")
 
 
 def comm_shape(graph: nx.DiGraph, gpus: Sequence[str]) -> tuning.CommShape | None:
@@ -127,13 +129,14 @@ def comm_shape(graph: nx.DiGraph, gpus: Sequence[str]) -> tuning.CommShape | Non
 
 
 def _comm_shape(graph: nx.DiGraph, gpus: Sequence[str]) -> tuning.CommShape | None:
-    devices = [get_device(graph.nodes[g]["device"]) for g in gpus]
+    nodes = graph._node
+    devices = [get_device(name) for name in {nodes[g]["device"] for g in gpus}]
     if any(d.compute_capability is None for d in devices):
         return None
     cc = min(d.compute_capability for d in devices)
     by_host: dict[int, list[str]] = {}
     for g in gpus:
-        by_host.setdefault(graph.nodes[g]["host"], []).append(g)
+        by_host.setdefault(nodes[g]["host"], []).append(g)
     nodes, ppn = len(by_host), min(len(h) for h in by_host.values())
     nvlink = min(out_capacity(graph, g, ("nvlink",)) for g in gpus) / 1e9
     intra = "nvlink" if nvlink > 0 else "pci"

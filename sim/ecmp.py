@@ -64,10 +64,12 @@ class _PairRoutes:
 
     def least_index(self, routed: list[int], start: int) -> int:
         """Index of the least-loaded route, ties to the first from `start` (n > 1)."""
-        n = len(self.paths)
         loads = self.loads(routed)
-        rotated = loads[start:] + loads[:start]
-        return (start + rotated.index(min(rotated))) % n
+        least = min(loads)
+        try:
+            return loads.index(least, start)
+        except ValueError:  # none from `start` on: the first from the beginning
+            return loads.index(least)
 
     def loads(self, routed: list[int]) -> list[int]:
         """Each route's count summed over its varying links (n > 1)."""

@@ -249,7 +249,7 @@ class Replay(RunAhead):
         replica = self.replica[rank]
         chains, done, waiting = self.chains, self.done[replica], self.waiting[replica]
         handlers, partner, local, pc = self.handlers, contract.partner, contract.local, self.pc
-        slowdown, program = self.slowdown, self.programs[rank]
+        slowdown, unfinished, program = self.slowdown, self.unfinished_slowing, self.programs[rank]
         index, n = 0, len(program)
         while index < n:
             ahead = self._ahead(rank, index)  # sim.run_ahead: ops timed without events
@@ -270,7 +270,8 @@ class Replay(RunAhead):
             waits = local[index]
             local_events = [ev for ev in (self._local_event(rank, j) for j in waits)
                             if ev is not None] if waits else ()
-            if op.kind in WORK_KINDS and not local_events and not slowdown[rank]:
+            if op.kind in WORK_KINDS and not local_events and not (
+                    slowdown[rank] and unfinished[rank]):  # nothing can slow it: one timer
                 start = env.now  # _compute without its generator: a deep pipeline's most
                 yield env.timeout(self._compute_starts(rank, index, op))  # common op
                 self._compute_ends(rank, index, op, start, None)
@@ -304,7 +305,10 @@ class Replay(RunAhead):
             yield ev
         start = env.now
         seconds = self._compute_starts(rank, index, op)
-        factor = self.slowdown[rank] if op.kind in WORK_KINDS else 0.0
+        # slowed only while a slowing collective the rank posted runs: none posted and
+        # unfinished, none can start before the op ends (the rank posts nothing meanwhile)
+        factor = (self.slowdown[rank] if op.kind in WORK_KINDS and self.unfinished_slowing[rank]
+                  else 0.0)
         if factor and seconds > 0:
             yield from self._slowed(rank, seconds, factor)
             extra = env.now - start - seconds

@@ -429,8 +429,6 @@ class Replay(RunAhead):
         previous = self.last_on_lane.get(key)
         turn = self.last_on_lane[key] = LaneTurn(self.env)
         pending = [ev for ev in waits if not ev.processed]
-        if previous is not None and not previous.over:
-            pending.append(previous.event())
         members = [(rank, index, op, lane, turn)]
         meeting = None
         if self.meet is not None and op.kind.is_collective and op.group != PP_COPIES:
@@ -482,7 +480,10 @@ class Replay(RunAhead):
 
             running.callbacks.append(finish)
 
-        when_processed(pending, start)
+        if previous is None or previous.over:
+            when_processed(pending, start)
+        else:  # its waits, then the lane's previous op (which ends by then, mostly)
+            when_processed(pending, lambda: previous.then(start))
 
     def _lane_and_runner(self, rank: int, op: Op) -> tuple[str, Callable[[], simpy.Event]]:
         if op.kind.is_collective:

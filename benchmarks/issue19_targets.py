@@ -23,7 +23,7 @@ without re-running the long rows). With --against, each workload runs
 on this tree and then on a git worktree of COMMIT (a temporary one), one after the other,
 N rounds in turn (default 1), and the speed-ups of the best (least) wall of each side and
 whether the answers are equal go to issue19_speedups_COMMIT.json and .md (COMMIT's first
-seven hex digits).
+seven hex digits), where a skipped workload likewise keeps its saved pair.
 """
 from __future__ import annotations
 
@@ -124,28 +124,33 @@ def render(data: dict) -> str:
 
 def render_speedups(data: dict) -> str:
     old, rounds = data["commit"][:7], data.get("rounds", 1)
+    counts = {pair.get("rounds", rounds) for pair in data["runs"].values()}
+    shown = str(rounds) if counts <= {rounds} else "N"  # rows of runs with other counts
     lines = ["# Issue 19's workloads: this tree against " + old, "",
              f"Each workload run on this tree and then on {old} (`python "
-             f"benchmarks/issue19_targets.py --against {old} --rounds {rounds}`), one fresh "
+             f"benchmarks/issue19_targets.py --against {old} --rounds {shown}`), one fresh "
              "process each, one "
              "after the other in one run (rounds in turn; the best wall of each side "
              "compared): the ratio of their wall times is the speed-up (these machines are "
-             "noisy: a ratio measured in one run is the figure to read).", "",
+             "noisy: a ratio measured in one run is the figure to read). A workload left "
+             "out of a later run (--skip) keeps its saved row, with when and on which tree "
+             "that pair was measured.", "",
              f"| workload | this tree wall (s) | {old} wall (s) | speed-up | this tree RSS (MB) "
-             f"| {old} RSS (MB) | answers |", "|---|---:|---:|---:|---:|---:|---|"]
+             f"| {old} RSS (MB) | answers | rounds | measured |",
+             "|---|---:|---:|---:|---:|---:|---|---:|---|"]
     for name, pair in data["runs"].items():
         new, was = best(pair["new"]), best(pair["old"])
         answers = sorted({run["answer"] for side in ("new", "old") for run in every(pair[side])})
         same = "identical" if len(answers) == 1 else f"differ: {' vs '.join(answers)}"
+        when = pair.get("measured") or data["environment"]["date"]
         lines.append(f"| {name} | {new['wall_s']:.2f} | {was['wall_s']:.2f} | "
                      f"{was['wall_s'] / new['wall_s']:.2f}x | {new['rss_mb']:,.0f} | "
-                     f"{was['rss_mb']:,.0f} | {same} |")
-    if rounds > 1:
-        lines += ["", f"Best of {rounds} rounds per side; every wall (s), this tree / {old}:",
-                  ""]
-        lines += [f"- {name}: " + ", ".join(f"{n['wall_s']:.2f}" for n in pair["new"])
-                  + " / " + ", ".join(f"{o['wall_s']:.2f}" for o in pair["old"])
-                  for name, pair in data["runs"].items()]
+                     f"{was['rss_mb']:,.0f} | {same} | {pair.get('rounds', rounds)} | "
+                     f"{when} |")
+    lines += ["", f"Every wall (s), this tree / {old}:", ""]
+    lines += [f"- {name}: " + ", ".join(f"{n['wall_s']:.2f}" for n in every(pair["new"]))
+              + " / " + ", ".join(f"{o['wall_s']:.2f}" for o in every(pair["old"]))
+              for name, pair in data["runs"].items()]
     lines += ["", "Environment:", ""]
     lines += [f"- {k}: {v}" for k, v in data["environment"].items()]
     return "\n".join(lines) + "\n"
@@ -164,15 +169,23 @@ def best(runs: dict | list[dict]) -> dict:
 def against(commit: str, skip: set[str], rounds: int = 1) -> int:
     """--against (module docstring)."""
     with checked_out(ROOT, commit) as (sha, _, old_dir), importable(ROOT) as new_dir:
+        named = RESULTS / f"issue19_speedups_{sha[:7]}"
+        saved = (json.loads(named.with_suffix(".json").read_text())
+                 if named.with_suffix(".json").exists() else {"runs": {}})
         data = {"environment": environment(), "commit": sha, "rounds": rounds, "runs": {}}
+        stamp = f"{data['environment']['date']} {tree_version(ROOT)}"
         for name, (command, *_) in WORKLOADS.items():
-            if name not in skip:
-                pair = data["runs"][name] = {"new": [], "old": []}
-                for _ in range(rounds):
-                    pair["new"].append(run(command, new_dir))
-                    pair["old"].append(run(command, old_dir))
-                    print(name, pair["new"][-1], pair["old"][-1], flush=True)
-    named = RESULTS / f"issue19_speedups_{sha[:7]}"
+            if name in skip:
+                if name in saved["runs"]:  # measured before: its own date, tree and rounds
+                    data["runs"][name] = {"measured": saved.get("environment", {}).get(
+                        "date"), "rounds": saved.get("rounds", 1), **saved["runs"][name]}
+                continue
+            pair = data["runs"][name] = {"new": [], "old": [], "measured": stamp,
+                                         "rounds": rounds}
+            for _ in range(rounds):
+                pair["new"].append(run(command, new_dir))
+                pair["old"].append(run(command, old_dir))
+                print(name, pair["new"][-1], pair["old"][-1], flush=True)
     named.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
     named.with_suffix(".md").write_text(render_speedups(data))
     print(render_speedups(data))

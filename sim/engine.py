@@ -37,6 +37,7 @@ sim.shared_fabric); each keeps its own ranks, keys and Timeline.
 """
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
@@ -92,6 +93,21 @@ def when_processed(pending: list[simpy.Event], then: Callable[[], None]) -> None
             event.callbacks.append(lambda _event: when_processed(pending, then))
             return
     then()
+
+
+def needed_by(op: Op, index: int, schedule: Schedule, contract) -> tuple[Key, ...]:
+    """Keys op `index` of a program waits for: its prerequisites, then its partner's
+    (schedules.contract.program_contract)."""
+    keys = prerequisites(op, schedule.stage_ranks, schedule.num_microbatches,
+                         schedule.stage_chains)
+    return keys + contract.partner.get(index, ()) if contract.partner else keys
+
+
+def made_by(op: Op, index: int, contract) -> tuple[Key, ...]:
+    """Keys op `index` of a program satisfies: produces(op), and the whole op's keys
+    where it is the last layer group of a chunked op (contract.completes)."""
+    extra = contract.completes
+    return produces(op) + extra[index] if extra and index in extra else produces(op)
 
 
 def _copy_after(network: Network, src: str, dst: str, nbytes: float, left: int,
@@ -186,15 +202,21 @@ class Replay(RunAhead):
         ends = [self._activation_ends(p) if memory else (b"", b"")
                 for p in schedule.programs]
         self.activation_ends = [ends[p] for p in which]
+        # each op's keys (awaited, made) listed once per program that several replay ranks
+        # run (the full replay: 64 ranks a program), not found again per rank and op; a
+        # program run once is not listed (a deep pipeline's millions of tuples)
+        uses = Counter(which)
+        listed = {p: ([needed_by(op, i, schedule, contracts[p]) for i, op in enumerate(program)],
+                      [made_by(op, i, contracts[p]) for i, op in enumerate(program)])
+                  for p, program in enumerate(schedule.programs) if uses[p] > 1}
+        self.listed = [listed.get(p) for p in which]
         self.handlers = self._dispatch_table()
         self._init_run_ahead(contracts, which)
 
     def _complete(self, rank: int, index: int, op: Op) -> None:
-        replica = self.replica[rank]
-        self._satisfy(produces(op), replica)
-        extra = self.contracts[rank].completes
-        if extra and index in extra:  # the last layer group of a chunked op
-            self._satisfy(extra[index], replica)
+        listed = self.listed[rank]
+        self._satisfy(listed[1][index] if listed is not None
+                      else made_by(op, index, self.contracts[rank]), self.replica[rank])
         if index in self.awaited[rank]:
             self.local_done[rank].add(index)
             ev = self.local_events.pop((rank, index), None)
@@ -250,6 +272,7 @@ class Replay(RunAhead):
         chains, done, waiting = self.chains, self.done[replica], self.waiting[replica]
         handlers, partner, local, pc = self.handlers, contract.partner, contract.local, self.pc
         slowdown, unfinished, program = self.slowdown, self.unfinished_slowing, self.programs[rank]
+        needs, local_done = self.listed[rank] and self.listed[rank][0], self.local_done[rank]
         index, n = 0, len(program)
         while index < n:
             ahead = self._ahead(rank, index)  # sim.run_ahead: ops timed without events
@@ -258,9 +281,12 @@ class Replay(RunAhead):
                 index += len(ahead[0])
                 continue
             op = program[index]
-            keys = prerequisites(op, ranks, count, chains)
-            if partner:
-                keys += partner.get(index, ())
+            if needs:
+                keys = needs[index]
+            else:
+                keys = prerequisites(op, ranks, count, chains)
+                if partner:
+                    keys += partner.get(index, ())
             for key in keys:
                 if key not in done:
                     ev = waiting.get(key)
@@ -268,8 +294,8 @@ class Replay(RunAhead):
                         ev = waiting[key] = env.event()
                     yield ev
             waits = local[index]
-            local_events = [ev for ev in (self._local_event(rank, j) for j in waits)
-                            if ev is not None] if waits else ()
+            local_events = [self._local_event(rank, j) for j in waits
+                            if j not in local_done] if waits else ()
             if op.kind in WORK_KINDS and not local_events and not (
                     slowdown[rank] and unfinished[rank]):  # nothing can slow it: one timer
                 start = env.now  # _compute without its generator: a deep pipeline's most
@@ -423,7 +449,8 @@ class Replay(RunAhead):
         symmetry post it at the same moment, or, in the full replay, replayed ranks it
         meets (module docstring)."""
         lane, run = self._lane_and_runner(rank, op)
-        if self.slowdown[rank] and slows_compute(op):  # no run-ahead until it ends
+        slows = slows_compute(op)  # and every member's: they share its lane, so its group
+        if slows and self.slowdown[rank]:  # no run-ahead until it ends
             self.unfinished_slowing[rank] += 1
         key = (rank, lane)
         previous = self.last_on_lane.get(key)
@@ -457,7 +484,7 @@ class Replay(RunAhead):
                 posts = {m[0]: m[5] for m in arrived}
             begin = self.env.now
             running = run()
-            slowing = [r for r, *_ in members if self.slowdown[r] and slows_compute(op)]
+            slowing = [r for r, *_ in members if self.slowdown[r]] if slows else ()
             for r in slowing:
                 self._slowing(r, +1)
 
@@ -468,7 +495,7 @@ class Replay(RunAhead):
                 last = (max(posts, key=posts.get) if posts and
                         max(posts.values()) > min(posts.values()) else None)
                 for r, i, member, on, member_turn in members:
-                    if self.slowdown[r] and slows_compute(member):
+                    if slows and self.slowdown[r]:
                         self.unfinished_slowing[r] -= 1
                     if posts:  # who the members waited for (sim.waits)
                         info = WaitedInfo(shared, begin - posts[r], last)

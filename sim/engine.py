@@ -40,6 +40,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from operator import attrgetter
 
 import simpy
@@ -108,6 +109,12 @@ def made_by(op: Op, index: int, contract) -> tuple[Key, ...]:
     where it is the last layer group of a chunked op (contract.completes)."""
     extra = contract.completes
     return produces(op) + extra[index] if extra and index in extra else produces(op)
+
+
+def _wake_once(wake: simpy.Event, _timer: simpy.Event) -> None:
+    """A slowed compute op's timer: wake it, unless a rate change already has."""
+    if not wake.triggered:
+        wake.succeed()
 
 
 def _copy_after(network: Network, src: str, dst: str, nbytes: float, left: int,
@@ -371,15 +378,15 @@ class Replay(RunAhead):
         """Run `seconds` of compute work on `rank`'s stream at speed 1 / (1 + factor)
         while a slowing collective of the rank runs, 1 otherwise (module docstring)."""
         env, remaining = self.env, seconds
-        while True:
+        while True:  # wake: at the timer, or at a rate change (_slowing) if that is first
             rate = 1.0 / (1.0 + factor) if self.slowing[rank] else 1.0
-            changed = self.slowing_changed[rank]
-            if changed is None:
-                changed = self.slowing_changed[rank] = env.event()
+            wake = self.slowing_changed[rank] = env.event()
             begin = env.now
             timer = env.timeout(remaining / rate)
-            yield timer | changed
+            timer.callbacks.append(partial(_wake_once, wake))
+            yield wake
             if timer.processed:
+                self.slowing_changed[rank] = None
                 return
             remaining -= (env.now - begin) * rate
             if remaining <= 0:

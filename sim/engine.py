@@ -185,6 +185,7 @@ class Replay(RunAhead):
         self.posted: list[dict[Key, tuple[int, Op, float]]] = [{} for _ in range(replicas)]
         self.ready_copies: dict[tuple, tuple] = {}  # DualPipe's copy all-reduce, one side
         self.meetings: dict[tuple, list] = {}  # a collective's members posted so far
+        self.meeting_ends: dict[tuple, simpy.Event] = {}  # its members' one end event
         self.lane_posts: dict[tuple[int, str], int] = {}  # collectives posted per lane
         self.spans: list[Span] = []
         self.samples: list[MemorySample] = []
@@ -227,7 +228,7 @@ class Replay(RunAhead):
         if index in self.awaited[rank]:
             self.local_done[rank].add(index)
             ev = self.local_events.pop((rank, index), None)
-            if ev is not None:
+            if ev is not None and not ev.triggered:  # a meeting's: its first member's
                 ev.succeed()
 
     def _satisfy(self, keys: Sequence[Key], replica: int) -> None:
@@ -471,6 +472,12 @@ class Replay(RunAhead):
                 seq = self.lane_posts.get(key, 0)
                 self.lane_posts[key] = seq + 1
                 meeting = (together, lane, seq)
+                if index in self.awaited[rank]:  # its waiters wait on the meeting's one
+                    ends = self.meeting_ends  # event, not one per member (_complete)
+                    end = ends.get(meeting)
+                    if end is None:
+                        end = ends[meeting] = self.env.event()
+                    self.local_events[(rank, index)] = end
 
         def start() -> None:
             posts = None  # the full replay: when each member posted the collective
@@ -487,6 +494,7 @@ class Replay(RunAhead):
                 if len(arrived) < len(meeting[0]):
                     return
                 del self.meetings[meeting]
+                self.meeting_ends.pop(meeting, None)
                 members[:] = [m[:5] for m in arrived]
                 posts = {m[0]: m[5] for m in arrived}
             begin = self.env.now
@@ -572,7 +580,7 @@ class Replay(RunAhead):
         self.done, self.waiting, self.posted, self.local_events = [], [], [], {}
         self.local_done = [set() for _ in self.local_done]
         self.last_on_lane, self.ready_copies, self.handlers = {}, {}, {}
-        self.meetings, self.lane_posts = {}, {}
+        self.meetings, self.lane_posts, self.meeting_ends = {}, {}, {}
 
     def _raise_if_stuck(self) -> None:
         programs = self.programs

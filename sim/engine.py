@@ -304,6 +304,10 @@ class Replay(RunAhead):
             waits = local[index]
             local_events = [self._local_event(rank, j) for j in waits
                             if j not in local_done] if waits else ()
+            if local_events and (op.kind in WORK_KINDS or op.kind in P2P_KINDS):
+                for ev in local_events:  # a compute op or a P2P post waits here, in the
+                    yield ev  # program (the handlers' generators did, one frame deeper)
+                local_events = ()
             if op.kind in WORK_KINDS and not local_events and not (
                     slowdown[rank] and unfinished[rank]):  # nothing can slow it: one timer
                 start = env.now  # _compute without its generator: a deep pipeline's most
@@ -408,17 +412,9 @@ class Replay(RunAhead):
             return self._compute(rank, index, op, local)
         return self._start_async(rank, index, op, local)
 
-    def _post_p2p(self, rank: int, index: int, op: Op, local: Sequence[simpy.Event]):
-        """Post now (None: the program goes on at once), or after the positional waits
-        `local` (a SEND waits for its compute op's intra-layer collectives)."""
-        if not local:
-            self._post(rank, index, op)
-            return None
-        return self._post_after(rank, index, op, local)
-
-    def _post_after(self, rank: int, index: int, op: Op, local: Sequence[simpy.Event]):
-        for ev in local:
-            yield ev
+    def _post_p2p(self, rank: int, index: int, op: Op, local: Sequence[simpy.Event]) -> None:
+        """Post now: the program has waited for the op's positional waits (`_run_rank`: a
+        SEND waits for its compute op's intra-layer collectives), so `local` is empty."""
         self._post(rank, index, op)
 
     def _gathered(self, rank: int, index: int) -> int:

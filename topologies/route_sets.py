@@ -69,20 +69,19 @@ class Funnel:
     """Where every route out of (into) a GPU narrows to one node: `node`, `hops` links
     from the GPU; `chains` the fewest-hop paths between them (GPU first when forward, GPU
     last when backward), sorted, with their bottleneck `widths` (bytes/s); `region` the
-    nodes searched, `near` the GPUs met within `hops`; `widest` its widest chain's width;
-    `shape` an int naming (node, widest, hops) within its RouteSets (equal triples, equal
-    ints): what a join with another funnel depends on, an int because millions of pairs
-    look it up."""
+    nodes searched, `near` the GPUs met within `hops` (each: its depth, the nodes it is
+    met from); `widest` its widest chain's width; `shape` an int naming (node, widest,
+    hops) within its RouteSets (equal triples, equal ints): what a join with another
+    funnel depends on, an int because millions of pairs look it up."""
 
     node: Hashable
     hops: int
     region: frozenset
-    near: frozenset
+    near: dict = field(compare=False, repr=False)
     chains: tuple[Path, ...]
     widths: tuple[float, ...]
     shape: int
     back: dict = field(default_factory=dict, compare=False, repr=False)
-    near_back: dict = field(default_factory=dict, compare=False, repr=False)
     widest: float = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -227,8 +226,10 @@ class RouteSets:
                 for v in adj[u]:
                     if v in gpus:
                         if v != end:  # near[v]: (its depth, the nodes it is met from)
-                            met = near.setdefault(v, (depth, []))
-                            if met[0] == depth:
+                            met = near.get(v)
+                            if met is None:
+                                near[v] = (depth, [u])
+                            elif met[0] == depth:
                                 met[1].append(u)
                         continue
                     seen = dist.get(v)
@@ -255,8 +256,7 @@ class RouteSets:
         succ = self.graph._succ
         widths = tuple(min(succ[a][b]["bandwidth"] for a, b in zip(p, p[1:])) for p in paths)
         shape = self._shapes.setdefault((node, max(widths), hops), len(self._shapes))
-        return Funnel(node, hops, frozenset(dist), frozenset(near), paths, widths, shape,
-                      back, {gpu: met[1] for gpu, met in near.items()})
+        return Funnel(node, hops, frozenset(dist), near, paths, widths, shape, back)
 
     def _near_routes(self, src, dst) -> list[list] | None:
         """routes(src, dst) for a GPU met in src's funnel search (two GPUs of one host),
@@ -265,9 +265,9 @@ class RouteSets:
         distance through non-GPU nodes (rules 1-2), and the back pointers give every such
         fewest-hop path; rule 3 keeps the widest, rule 4 sorts (`_sorted_distinct`)."""
         head = self.forward(src) if src in self.graph else None
-        if head is None or dst not in head.near_back:
+        if head is None or dst not in head.near:
             return None
-        chains = [[dst, u] for u in head.near_back[dst]]
+        chains = [[dst, u] for u in head.near[dst][1]]
         while chains[0][-1] != src:
             if len(chains) > _MAX_NEAR_PATHS:
                 return None

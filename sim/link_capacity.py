@@ -70,6 +70,10 @@ def link_efficiency(graph: nx.DiGraph, u: str, v: str) -> float:
     return _efficiency(graph, u, v, graph.adj[u][v]["kind"])
 
 
+_KIND_EFFICIENCY = {"pcie": PCIE_EFFICIENCY, "ib": NIC_EFFICIENCY, "roce": NIC_EFFICIENCY}
+"""`_efficiency` of the link kinds whose figure does not depend on the link's ends."""
+
+
 def _efficiency(graph: nx.DiGraph, u: str, v: str, kind: str) -> float:
     """`link_efficiency` of edge (u, v), whose kind is `kind`."""
     if kind == "nvlink":
@@ -79,11 +83,7 @@ def _efficiency(graph: nx.DiGraph, u: str, v: str, kind: str) -> float:
         if gpu is None:
             return 1.0
         return _device_nvlink_efficiency(nodes[gpu]["device"])
-    if kind == "pcie":
-        return PCIE_EFFICIENCY
-    if kind in ("ib", "roce"):
-        return NIC_EFFICIENCY
-    return 1.0
+    return _KIND_EFFICIENCY.get(kind, 1.0)
 
 
 def _first_gpu(graph: nx.DiGraph) -> str | None:
@@ -95,8 +95,11 @@ def achievable_capacities(graph: nx.DiGraph) -> np.ndarray:
     once per graph object (a graph changed afterwards keeps its old figures)."""
     hit = _BY_GRAPH.get(graph)
     if hit is None:
-        hit = np.fromiter((attrs["bandwidth"] * _efficiency(graph, u, v, attrs["kind"])
-                           for u, v, attrs in graph.edges(data=True)),
+        fixed = _KIND_EFFICIENCY.get  # a call of _efficiency only for NVLink's links
+        hit = np.fromiter((attrs["bandwidth"] * (_efficiency(graph, u, v, kind)
+                                                 if kind == "nvlink" else fixed(kind, 1.0))
+                           for u, nbrs in graph._succ.items() for v, attrs in nbrs.items()
+                           for kind in (attrs["kind"],)),
                           dtype=float, count=graph.number_of_edges())
         _BY_GRAPH[graph] = hit
     return hit

@@ -170,13 +170,14 @@ class Replay(RunAhead):
         self.meet = None if ranks is None else ranks.meet
         self.speed = None if ranks is None or ranks.speed is None else list(ranks.speed)
         # overlap slowdown (module docstring): f per rank, the rank's running slowing
-        # collectives, and the event that fires when that count leaves or reaches 0
+        # collectives, and the wake event of its slowed compute op (_slowed), succeeded
+        # by its timer or when that count leaves or reaches 0, whichever comes first
         self.slowdown = [f if any(op.kind in COLLECTIVE_KINDS and slows_compute(op)
                                   for op in program) else 0.0
                          for f, program in zip(slowdown, self.programs)] \
             if slowdown is not None else [0.0] * n
         self.slowing = [0] * n
-        self.slowing_changed: list[simpy.Event | None] = [None] * n
+        self.slowed_wake: list[simpy.Event | None] = [None] * n
         self.last_on_lane: dict[tuple[int, str], LaneTurn] = {}
         replicas = max(self.replica) + 1
         self.done: list[set[Key]] = [set() for _ in range(replicas)]  # keys per replica
@@ -385,13 +386,13 @@ class Replay(RunAhead):
         env, remaining = self.env, seconds
         while True:  # wake: at the timer, or at a rate change (_slowing) if that is first
             rate = 1.0 / (1.0 + factor) if self.slowing[rank] else 1.0
-            wake = self.slowing_changed[rank] = env.event()
+            wake = self.slowed_wake[rank] = env.event()
             begin = env.now
             timer = env.timeout(remaining / rate)
             timer.callbacks.append(partial(_wake_once, wake))
             yield wake
             if timer.processed:
-                self.slowing_changed[rank] = None
+                self.slowed_wake[rank] = None
                 return
             remaining -= (env.now - begin) * rate
             if remaining <= 0:
@@ -402,9 +403,9 @@ class Replay(RunAhead):
         before = self.slowing[rank]
         self.slowing[rank] = before + delta
         if (before == 0) != (self.slowing[rank] == 0):
-            changed, self.slowing_changed[rank] = self.slowing_changed[rank], None
-            if changed is not None:
-                changed.succeed()
+            wake, self.slowed_wake[rank] = self.slowed_wake[rank], None
+            if wake is not None and not wake.triggered:  # triggered: its timer fired now,
+                wake.succeed()  # the op ends now whatever the rate (_slowed)
 
     def _optimizer_step(self, rank: int, index: int, op: Op, local: Sequence[simpy.Event]):
         """On the compute stream, or (group 'host', ZeRO-Offload) on the host's lane."""

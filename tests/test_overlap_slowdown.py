@@ -95,6 +95,21 @@ def test_overlapping_collectives_slow_once_not_twice():
     assert _span(timeline, OpKind.F).end == pytest.approx(F_SECONDS + 4.0 * f / (1 + f))
 
 
+def test_the_last_collective_may_end_as_the_slowed_op_s_timer_fires():
+    """F runs slowed all along, beside a 10 s collective on one lane and two on another
+    (5 s, then 7.5 s from 5 s): at least one runs until 12.5 s, when F's 10 s of work at
+    rate 0.8 end too. F's timer dates from 0 s, the last collective's end from 5 s, so
+    SimPy fires the timer first; the collective's end then finds F's wake already
+    triggered, and F ends at 12.5 s (F_SECONDS * (1 + f)), slowed throughout."""
+    f = 0.25
+    program = [_scatter("dp", 0), Op(OpKind.ALL_REDUCE, 0, None, "dp_replicate", 1, chunk=1),
+               _scatter("dp", 2), Op(OpKind.F, 0, 0)]
+    timeline = _replay(program, [5.0, 10.0, 7.5], f)
+    last = max((s for s in timeline.spans if s.lane != "compute"), key=lambda s: s.end)
+    assert last.end == F_SECONDS * (1 + f) == 12.5
+    assert _span(timeline, OpKind.F).end == pytest.approx(F_SECONDS * (1 + f))
+
+
 def test_no_overlap_no_slowdown_and_no_factor_no_slowdown():
     program = [Op(OpKind.F, 0, 0), Op(OpKind.B, 0, 0), _scatter()]
     timeline = _replay(program, [5.0], 0.25)  # the scatter waits for B: nothing beside it

@@ -51,8 +51,8 @@ from typing import Any
 import torch
 
 from clustersim.schedules.contract import (is_gradient_collective, is_intra_layer,
-                                           is_parameter_gather, prerequisites, program_contract,
-                                           program_products)
+                                           is_parameter_gather, program_contract,
+                                           program_needs, program_products)
 from clustersim.schedules.names import COMPUTE_LANE
 from clustersim.schedules.ops import WORK_KINDS, Op, OpKind
 from clustersim.schedules.schedule import Schedule
@@ -126,9 +126,8 @@ class RankExecutor(PostedOps, P2POps, DataParallelOps, TensorParallelOps):
         self.chains = schedule.stage_chains
         self.contract = program_contract(self.program, schedule.stage_ranks,  # positional
                                          self.chains)
-        self.needs = [prerequisites(op, schedule.stage_ranks, schedule.num_microbatches,
-                                    self.chains)
-                      + self.contract.partner.get(i, ()) for i, op in enumerate(self.program)]
+        self.needs = program_needs(self.program, self.contract, schedule.stage_ranks,
+                                   schedule.num_microbatches, self.chains)
         self.products = program_products(self.program)
         run = schedule.asynchronous
         self.stash = (StashedWeights(run, modules, self.program, schedule.num_ranks,

@@ -195,10 +195,18 @@ def chunk_completions(program: Sequence[Op]) -> dict[int, tuple[Key, ...]]:
             for (kind, stage, microbatch), index in last.items()}
 
 
+def op_products(op: Op, index: int, completes: dict[int, tuple[Key, ...]]
+                ) -> tuple[Key, ...]:
+    """Keys op `index` of a program satisfies: produces(op), then, where it is the last
+    layer group of a chunked op, the whole op's (`completes`: chunk_completions)."""
+    extra = completes.get(index) if completes else None
+    return produces(op) + extra if extra else produces(op)
+
+
 def program_products(program: Sequence[Op]) -> list[tuple[Key, ...]]:
     """Keys each op of `program` satisfies: produces() plus chunk_completions()."""
     extra = chunk_completions(program)
-    return [produces(op) + extra.get(i, ()) for i, op in enumerate(program)]
+    return [op_products(op, i, extra) for i, op in enumerate(program)]
 
 
 def _covering(latest: dict, stage: int, chunk: int | None) -> list[int]:
@@ -317,6 +325,25 @@ class ProgramContract:
     local: list[tuple[int, ...]]
     completes: dict[int, tuple[Key, ...]]
     partner: dict[int, tuple[Key, ...]] = field(default_factory=dict)
+
+
+def op_needs(op: Op, index: int, contract: ProgramContract, stage_ranks: Sequence[int],
+             num_microbatches: int | None = None, chains: StageChains | None = None
+             ) -> tuple[Key, ...]:
+    """Keys op `index` of a program (whose contract is `contract`) waits for:
+    prerequisites(op, ...), then, for the F of an overlapped pair, its partner's
+    (pair_waits)."""
+    keys = prerequisites(op, stage_ranks, num_microbatches, chains)
+    extra = contract.partner.get(index) if contract.partner else None
+    return keys + extra if extra else keys
+
+
+def program_needs(program: Sequence[Op], contract: ProgramContract,
+                  stage_ranks: Sequence[int], num_microbatches: int | None = None,
+                  chains: StageChains | None = None) -> list[tuple[Key, ...]]:
+    """`op_needs` of each op of `program`."""
+    return [op_needs(op, i, contract, stage_ranks, num_microbatches, chains)
+            for i, op in enumerate(program)]
 
 
 def program_contract(program: Sequence[Op], stage_ranks: Sequence[int] = (),

@@ -46,9 +46,10 @@ from operator import attrgetter
 import simpy
 from simpy.core import EmptySchedule
 
-from clustersim.schedules.contract import (Key, copy_peer, gather_releases, p2p_peer,
-                                           prerequisites, produces, program_contract,
-                                           runs_on_compute_stream)
+from clustersim.schedules.contract import (Key, copy_peer, gather_releases, op_needs,
+                                           op_products, p2p_peer, prerequisites,
+                                           program_contract, program_needs,
+                                           program_products, runs_on_compute_stream)
 from clustersim.schedules.errors import ConfigError, DeadlockError
 from clustersim.schedules.names import (COMPUTE_LANE, HOST_LANE, PCIE_LANE, PP_COPIES,
                                         RECV_LANE, SEND_LANE, collective_lane)
@@ -94,21 +95,6 @@ def when_processed(pending: list[simpy.Event], then: Callable[[], None]) -> None
             event.callbacks.append(lambda _event: when_processed(pending, then))
             return
     then()
-
-
-def needed_by(op: Op, index: int, schedule: Schedule, contract) -> tuple[Key, ...]:
-    """Keys op `index` of a program waits for: its prerequisites, then its partner's
-    (schedules.contract.program_contract)."""
-    keys = prerequisites(op, schedule.stage_ranks, schedule.num_microbatches,
-                         schedule.stage_chains)
-    return keys + contract.partner.get(index, ()) if contract.partner else keys
-
-
-def made_by(op: Op, index: int, contract) -> tuple[Key, ...]:
-    """Keys op `index` of a program satisfies: produces(op), and the whole op's keys
-    where it is the last layer group of a chunked op (contract.completes)."""
-    extra = contract.completes
-    return produces(op) + extra[index] if extra and index in extra else produces(op)
 
 
 def _wake_once(wake: simpy.Event, _timer: simpy.Event) -> None:
@@ -215,8 +201,9 @@ class Replay(RunAhead):
         # run (the full replay: 64 ranks a program), not found again per rank and op; a
         # program run once is not listed (a deep pipeline's millions of tuples)
         uses = Counter(which)
-        listed = {p: ([needed_by(op, i, schedule, contracts[p]) for i, op in enumerate(program)],
-                      [made_by(op, i, contracts[p]) for i, op in enumerate(program)])
+        listed = {p: (program_needs(program, contracts[p], schedule.stage_ranks,
+                                    schedule.num_microbatches, self.chains),
+                      program_products(program))
                   for p, program in enumerate(schedule.programs) if uses[p] > 1}
         self.listed = [listed.get(p) for p in which]
         self.handlers = self._dispatch_table()
@@ -225,7 +212,8 @@ class Replay(RunAhead):
     def _complete(self, rank: int, index: int, op: Op) -> None:
         listed = self.listed[rank]
         self._satisfy(listed[1][index] if listed is not None
-                      else made_by(op, index, self.contracts[rank]), self.replica[rank])
+                      else op_products(op, index, self.contracts[rank].completes),
+                      self.replica[rank])
         if index in self.awaited[rank]:
             self.local_done[rank].add(index)
             ev = self.local_events.pop((rank, index), None)
@@ -279,7 +267,7 @@ class Replay(RunAhead):
         ranks, count = self.schedule.stage_ranks, self.schedule.num_microbatches
         replica = self.replica[rank]
         chains, done, waiting = self.chains, self.done[replica], self.waiting[replica]
-        handlers, partner, local, pc = self.handlers, contract.partner, contract.local, self.pc
+        handlers, local, pc = self.handlers, contract.local, self.pc
         slowdown, unfinished, program = self.slowdown, self.unfinished_slowing, self.programs[rank]
         needs, local_done = self.listed[rank] and self.listed[rank][0], self.local_done[rank]
         index, n = 0, len(program)
@@ -290,12 +278,7 @@ class Replay(RunAhead):
                 index += len(ahead[0])
                 continue
             op = program[index]
-            if needs:
-                keys = needs[index]
-            else:
-                keys = prerequisites(op, ranks, count, chains)
-                if partner:
-                    keys += partner.get(index, ())
+            keys = needs[index] if needs else op_needs(op, index, contract, ranks, count, chains)
             for key in keys:
                 if key not in done:
                     ev = waiting.get(key)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import simpy
 
-from clustersim.schedules.contract import Key, prerequisites, produces
+from clustersim.schedules.contract import Key, op_needs, op_products, prerequisites, produces
 from clustersim.schedules.names import COMPUTE_LANE, PP_COPIES, collective_lane
 from clustersim.schedules.ops import COLLECTIVE_KINDS, WORK_KINDS, Op
 from clustersim.schedules.timeline import Span
@@ -132,7 +132,7 @@ class RunAhead:
         done, local_done = self.done[self.replica[rank]], self.local_done[rank]
         stage_ranks, count, chains = (self.schedule.stage_ranks,
                                       self.schedule.num_microbatches, self.chains)
-        partner, local, completes = contract.partner, contract.local, contract.completes
+        local, completes = contract.local, contract.completes
         fixed, foreign = self.fixed, None  # self.foreign[rank], read once a run needs it
         t = self.env.now
         ends: dict[int, float] = {}  # index -> end, ops of this run
@@ -145,18 +145,14 @@ class RunAhead:
             op = program[j]
             hit = None if op.kind in WORK_KINDS else fixed(op, rank)
             ready = t
-            need = prerequisites(op, stage_ranks, count, chains)
-            if partner and j in partner:
-                need += partner[j]
+            need = op_needs(op, j, contract, stage_ranks, count, chains)
             for key in need:
                 if key not in done:
                     at = keys.get(key)
                     if at is None:
                         return self._ran(run, t)
                     ready = max(ready, at)
-            made = produces(op)
-            if completes and j in completes:
-                made += completes[j]
+            made = op_products(op, j, completes)
             if foreign is None:
                 foreign = self._foreign(rank)
             if foreign and any(k in foreign for k in made):

@@ -54,8 +54,9 @@ class FlowNetwork:
 
     def __init__(self, env: simpy.Environment, graph: nx.DiGraph, ecmp: bool = True):
         self.env, self.graph, self.ecmp = env, graph, ecmp
-        edges = [(u, v, link["latency"]) for u, nbrs in graph._succ.items()  # graph.edges'
-                 for v, link in nbrs.items()]  # order; a link's id: its place here
+        # a link's id: its place in graph.edges' order (the adjacency dicts' order)
+        edges = [(u, v, link["latency"]) for u, nbrs in graph._succ.items()
+                 for v, link in nbrs.items()]
         self.link_index = {(u, v): i for i, (u, v, _) in enumerate(edges)}
         # achievable bytes/s of each link, same order (sim.link_capacity)
         self._capacity_array = achievable_capacities(graph)  # for max_min_entries

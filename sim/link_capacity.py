@@ -95,11 +95,9 @@ def achievable_capacities(graph: nx.DiGraph) -> np.ndarray:
     once per graph object (a graph changed afterwards keeps its old figures)."""
     hit = _BY_GRAPH.get(graph)
     if hit is None:
-        fixed = _KIND_EFFICIENCY.get  # a call of _efficiency only for NVLink's links
-        hit = np.fromiter((attrs["bandwidth"] * (_efficiency(graph, u, v, kind)
-                                                 if kind == "nvlink" else fixed(kind, 1.0))
-                           for u, nbrs in graph._succ.items() for v, attrs in nbrs.items()
-                           for kind in (attrs["kind"],)),
+        hit = np.fromiter((attrs["bandwidth"] * _efficiency(graph, u, v, attrs["kind"])
+                           for u, nbrs in graph._succ.items()  # in graph.edges' order
+                           for v, attrs in nbrs.items()),
                           dtype=float, count=graph.number_of_edges())
         _BY_GRAPH[graph] = hit
     return hit

@@ -129,14 +129,14 @@ def comm_shape(graph: nx.DiGraph, gpus: Sequence[str]) -> tuning.CommShape | Non
 
 
 def _comm_shape(graph: nx.DiGraph, gpus: Sequence[str]) -> tuning.CommShape | None:
-    nodes = graph._node
-    devices = [get_device(name) for name in {nodes[g]["device"] for g in gpus}]
+    attrs = graph._node  # plain dicts: once per GPU of a 16k-GPU group
+    devices = [get_device(name) for name in {attrs[g]["device"] for g in gpus}]
     if any(d.compute_capability is None for d in devices):
         return None
     cc = min(d.compute_capability for d in devices)
     by_host: dict[int, list[str]] = {}
     for g in gpus:
-        by_host.setdefault(nodes[g]["host"], []).append(g)
+        by_host.setdefault(attrs[g]["host"], []).append(g)
     nodes, ppn = len(by_host), min(len(h) for h in by_host.values())
     nvlink = min(out_capacity(graph, g, ("nvlink",)) for g in gpus) / 1e9
     intra = "nvlink" if nvlink > 0 else "pci"

@@ -42,7 +42,7 @@ import networkx as nx
 import simpy
 
 from clustersim.schedules.names import DP_GROUPS, INTRA_LAYER_GROUPS, PP
-from clustersim.schedules.ops import Op
+from clustersim.schedules.ops import COLLECTIVE_KINDS, Op
 from clustersim.schedules.plan import Plan
 from clustersim.topologies import device_of
 
@@ -89,7 +89,7 @@ def slows_compute(op: Op) -> bool:
     Transformer Engine are charged statically by sim.cost (TP_OVERLAP_COMM_SMS); blocking
     intra-layer collectives overlap no compute; ring attention's KV passes and pipeline
     P2P are left at perfect overlap."""
-    return op.kind.is_collective and op.group in DP_GROUPS
+    return op.group in DP_GROUPS and op.kind in COLLECTIVE_KINDS  # per posted op: no property
 
 
 @dataclass(frozen=True)

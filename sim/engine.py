@@ -270,13 +270,14 @@ class Replay(RunAhead):
         handlers, local, pc = self.handlers, contract.local, self.pc
         slowdown, unfinished, program = self.slowdown, self.unfinished_slowing, self.programs[rank]
         needs, local_done = self.listed[rank] and self.listed[rank][0], self.local_done[rank]
-        index, n = 0, len(program)
+        index, n, timeable = 0, len(program), self._timeable_of(rank)
         while index < n:
-            ahead = self._ahead(rank, index)  # sim.run_ahead: ops timed without events
-            if ahead is not None:
-                yield from self._run_ahead(rank, *ahead)
-                index += len(ahead[0])
-                continue
+            if timeable[index] and timeable[index + 1]:  # sim.run_ahead: ops timed
+                ahead = self._ahead(rank, index)  # without events
+                if ahead is not None:
+                    yield from self._run_ahead(rank, *ahead)
+                    index += len(ahead[0])
+                    continue
             op = program[index]
             keys = needs[index] if needs else op_needs(op, index, contract, ranks, count, chains)
             for key in keys:
@@ -436,17 +437,15 @@ class Replay(RunAhead):
         collective's other members are this program rank in the other replicas, which by
         symmetry post it at the same moment, or, in the full replay, replayed ranks it
         meets (module docstring)."""
-        lane, run = self._lane_and_runner(rank, op)
+        lane = self._lane(rank, op)
         slows = slows_compute(op)  # and every member's: they share its lane, so its group
         if slows and self.slowdown[rank]:  # no run-ahead until it ends
             self.unfinished_slowing[rank] += 1
         key = (rank, lane)
         previous = self.last_on_lane.get(key)
         turn = self.last_on_lane[key] = LaneTurn(self.env)
-        pending = [ev for ev in waits if not ev.processed]
-        members = [(rank, index, op, lane, turn)]
         meeting = None
-        if self.meet is not None and op.kind.is_collective and op.group != PP_COPIES:
+        if self.meet is not None and op.kind in COLLECTIVE_KINDS and op.group != PP_COPIES:
             together = self.meet(rank, op)
             if len(together) > 1:  # the n-th collective each member posts on this lane
                 seq = self.lane_posts.get(key, 0)
@@ -458,69 +457,93 @@ class Replay(RunAhead):
                     if end is None:
                         end = ends[meeting] = self.env.event()
                     self.local_events[(rank, index)] = end
-
-        def start() -> None:
-            posts = None  # the full replay: when each member posted the collective
-            if op.group == PP_COPIES:  # both replayed copies meet: one collective for both
-                replica = self.replica[rank]
-                partner = self.ready_copies.pop((replica, copy_peer(op, self.chains)), None)
-                if partner is None:
-                    self.ready_copies[(replica, op.key)] = members[0]
-                    return
-                members.append(partner)
-            elif meeting is not None:  # the full replay: every member runs it once, together
-                arrived = self.meetings.setdefault(meeting, [])
-                arrived.append((*members[0], self.env.now))
-                if len(arrived) < len(meeting[0]):
-                    return
-                del self.meetings[meeting]
-                self.meeting_ends.pop(meeting, None)
-                members[:] = [m[:5] for m in arrived]
-                posts = {m[0]: m[5] for m in arrived}
-            begin = self.env.now
-            running = run()
-            slowing = [r for r, *_ in members if self.slowdown[r]] if slows else ()
-            for r in slowing:
-                self._slowing(r, +1)
-
-            def finish(event: simpy.Event) -> None:
-                for r in slowing:
-                    self._slowing(r, -1)
-                info = shared = event.value if isinstance(event.value, dict) else None
-                last = (max(posts, key=posts.get) if posts and
-                        max(posts.values()) > min(posts.values()) else None)
-                for r, i, member, on, member_turn in members:
-                    if slows and self.slowdown[r]:
-                        self.unfinished_slowing[r] -= 1
-                    if posts:  # who the members waited for (sim.waits)
-                        info = WaitedInfo(shared, begin - posts[r], last)
-                    self.spans.append(Span(r, on, member, begin, self.env.now, info))
-                    if self.releases is not None and i in self.held[r]:
-                        self._allocate(r, self._gathered(r, i))
-                    self._complete(r, i, member)
-                    member_turn.end()
-
-            running.callbacks.append(finish)
-
+        start = partial(self._start_posted, (rank, index, op, lane, turn), slows, meeting)
+        pending = [ev for ev in waits if not ev.processed]
         if previous is None or previous.over:
             when_processed(pending, start)
         else:  # its waits, then the lane's previous op (which ends by then, mostly)
-            when_processed(pending, lambda: previous.then(start))
+            when_processed(pending, partial(previous.then, start))
 
-    def _lane_and_runner(self, rank: int, op: Op) -> tuple[str, Callable[[], simpy.Event]]:
-        if op.kind.is_collective:
+    def _start_posted(self, member: tuple, slows: bool, meeting: tuple | None) -> None:
+        """A posted op's waits are met and its lane is free: it starts now, or, when it
+        meets others (DualPipe's copy all-reduce, a full replay's collective), once they
+        are ready too. `member`: (rank, index, op, lane, its LaneTurn)."""
+        rank, _, op, _, _ = member
+        posts = None  # the full replay: when each member posted the collective
+        if op.group == PP_COPIES:  # both replayed copies meet: one collective for both
+            replica = self.replica[rank]
+            partner = self.ready_copies.pop((replica, copy_peer(op, self.chains)), None)
+            if partner is None:
+                self.ready_copies[(replica, op.key)] = member
+                return
+            members = [member, partner]
+        elif meeting is not None:  # the full replay: every member runs it once, together
+            arrived = self.meetings.get(meeting)
+            if arrived is None:
+                arrived = self.meetings[meeting] = []
+            arrived.append((member, self.env.now))
+            if len(arrived) < len(meeting[0]):
+                return
+            del self.meetings[meeting]
+            self.meeting_ends.pop(meeting, None)
+            members = [m for m, _ in arrived]
+            posts = {m[0]: at for m, at in arrived}
+        else:
+            members = [member]
+        begin = self.env.now
+        running = self._run_on_lane(rank, op)
+        slowing = [r for r, *_ in members if self.slowdown[r]] if slows else ()
+        for r in slowing:
+            self._slowing(r, +1)
+        running.callbacks.append(partial(self._end_posted, members, slowing, slows, posts,
+                                         begin))
+
+    def _end_posted(self, members: list[tuple], slowing: Sequence[int], slows: bool,
+                    posts: dict[int, float] | None, begin: float, event: simpy.Event) -> None:
+        """The op `_start_posted` started has ended: each member's span and completion, and
+        its lane's next op may start."""
+        for r in slowing:
+            self._slowing(r, -1)
+        info = shared = event.value if isinstance(event.value, dict) else None
+        last = (max(posts, key=posts.get) if posts and
+                max(posts.values()) > min(posts.values()) else None)
+        now, spans, slowdown = self.env.now, self.spans, self.slowdown
+        for r, i, member, on, member_turn in members:
+            if slows and slowdown[r]:
+                self.unfinished_slowing[r] -= 1
+            if posts:  # who the members waited for (sim.waits)
+                info = WaitedInfo(shared, begin - posts[r], last)
+            spans.append(Span(r, on, member, begin, now, info))
+            if self.releases is not None and i in self.held[r]:
+                self._allocate(r, self._gathered(r, i))
+            self._complete(r, i, member)
+            member_turn.end()
+
+    def _lane(self, rank: int, op: Op) -> str:
+        """The lane a posted non-P2P op runs on (module docstring)."""
+        kind = op.kind
+        if kind in COLLECTIVE_KINDS:
             if self.collective is None:
                 raise ConfigError(f"rank {rank}: op {op} is a collective, but this replay has "
                                   "no collective model")
-            return collective_lane(op.group), lambda: self.collective(op, rank)
-        if op.kind.is_copy:
+            return collective_lane(op.group)
+        if kind in COPY_KINDS:
             if self.hosts is None:
                 raise ConfigError(f"rank {rank}: op {op} copies to or from the host, but this "
                                   "replay has no host CPU nodes (hosts=)")
+            return PCIE_LANE
+        return HOST_LANE  # a host OPT_STEP
+
+    def _run_on_lane(self, rank: int, op: Op) -> simpy.Event:
+        """Start `op` (posted by `rank`, `_lane`'s checks passed) now; the event of its end."""
+        kind = op.kind
+        if kind in COLLECTIVE_KINDS:
+            return self.collective(op, rank)
+        if kind in COPY_KINDS:
             gpu, host = self.devices[rank], self.hosts[rank]
-            src, dst = (gpu, host) if op.kind is OpKind.COPY_D2H else (host, gpu)
-            return PCIE_LANE, lambda: self._copies(src, dst, op)
-        return HOST_LANE, lambda: self.env.timeout(self.compute_time(op))  # a host OPT_STEP
+            src, dst = (gpu, host) if kind is OpKind.COPY_D2H else (host, gpu)
+            return self._copies(src, dst, op)
+        return self.env.timeout(self.compute_time(op))
 
     def _copies(self, src: str, dst: str, op: Op) -> simpy.Event:
         """`op.count` back-to-back transfers of nbytes / count each (k copies pay k

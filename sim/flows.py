@@ -126,8 +126,12 @@ class FlowNetwork:
 
     # --- rates -----------------------------------------------------------------------------
     def _add(self, coflow: Coflow) -> None:
-        now, flows_on, seeds = self.env.now, self.flows_on, set()
-        for part in coflow.parts:
+        now, flows_on, parts = self.env.now, self.flows_on, coflow.parts
+        if len(parts) == 1 and parts[0].size == 1:
+            self._add_one(parts[0], now)
+            return
+        seeds = set()
+        for part in parts:
             part.last, part.seq = now, next(self._started)
             for link in part.on_links:
                 flows_on[link].add(part)
@@ -135,6 +139,27 @@ class FlowNetwork:
             seeds.update(part.on_links)
         if seeds:
             self._rerate(seeds)
+
+    def _add_one(self, part: OneFlow, now: float) -> None:
+        """`_add` of a coflow of one flow (a pipeline P2P transfer). On links no other flow
+        is on, its component is itself: `_rerate` would give it its lone rate, so it gets
+        that here without the component search (the same operations, in the same order)."""
+        part.last, part.seq = now, next(self._started)
+        flows_on, alone = self.flows_on, True
+        for link in part.on_links:
+            on = flows_on[link]
+            if on:
+                alone = False
+            on.add(part)
+        self._release(part, part.end_empty(now))  # nothing to send, or no link: delivered
+        if not part.on_links:
+            return
+        if not alone:
+            self._rerate(set(part.on_links))
+            return
+        part.set_rates(part.lone_rate(self.capacity), now)
+        heapq.heappush(self._heap, (part.next_finish(), next(self._order), part.version, part))
+        self._arm_timer()
 
     def _release(self, part: Part, ended: Ended) -> None:
         """Flows of `part` have ended: their links are released (ECMP's counts, the part's

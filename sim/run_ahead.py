@@ -115,16 +115,21 @@ class RunAhead:
 
         return bytes(map(timeable, self.programs[rank])) + b"\0"
 
-    def _ahead(self, rank: int, index: int) -> tuple[list[Timed], float] | None:
-        """The run from op `index` and when the program goes on (module docstring), or None
-        when not even op `index` can be timed ahead."""
+    def _timeable_of(self, rank: int) -> bytes:
+        """`_timeable_mask(rank)`, made once, or all 0 when `run_ahead` is off. The replay
+        asks `_ahead` only where the mask has 1 at the op and the next: a run of one op
+        saves no event (the engine's inline path)."""
         timeable = self._timeable[rank]
         if timeable is None:
-            if not self.run_ahead:
-                return None
-            timeable = self._timeable[rank] = self._timeable_mask(rank)
-        if not (timeable[index] and timeable[index + 1]):
-            return None  # a run of one op saves no event: the engine's inline path
+            timeable = self._timeable[rank] = (self._timeable_mask(rank) if self.run_ahead
+                                               else bytes(len(self.programs[rank]) + 1))
+        return timeable
+
+    def _ahead(self, rank: int, index: int) -> tuple[list[Timed], float] | None:
+        """The run from op `index` (`_timeable_of` has 1 at it and the next) and when the
+        program goes on (module docstring), or None when not even op `index` can be timed
+        ahead."""
+        timeable = self._timeable[rank]
         program = self.programs[rank]
         if self.unfinished_slowing[rank] or (self.releases is not None and self.releases[rank]):
             return None

@@ -369,18 +369,17 @@ def pair_waits(program: Sequence[Op], stage_ranks: Sequence[int],
     return waits
 
 
+_P2P_PEERS = {OpKind.SEND_F: (OpKind.RECV_F, 1), OpKind.RECV_F: (OpKind.SEND_F, -1),
+              OpKind.SEND_B: (OpKind.RECV_B, -1), OpKind.RECV_B: (OpKind.SEND_B, 1)}
+"""A P2P kind -> its other end's kind and stage offset (p2p_peer: a replay asks per post)."""
+
+
 def p2p_peer(op: Op) -> Key:
     """The key of the other end of a P2P op: SEND_F(s,m) pairs with RECV_F(s+1,m), etc."""
-    s, m = op.stage, op.microbatch
-    if op.kind is OpKind.SEND_F:
-        return (OpKind.RECV_F, s + 1, m)
-    if op.kind is OpKind.RECV_F:
-        return (OpKind.SEND_F, s - 1, m)
-    if op.kind is OpKind.SEND_B:
-        return (OpKind.RECV_B, s - 1, m)
-    if op.kind is OpKind.RECV_B:
-        return (OpKind.SEND_B, s + 1, m)
-    raise ValueError(f"{op} is not a P2P op")
+    peer = _P2P_PEERS.get(op.kind)
+    if peer is None:
+        raise ValueError(f"{op} is not a P2P op")
+    return (peer[0], op.stage + peer[1], op.microbatch)
 
 
 def copy_peer(op: Op, chains: StageChains) -> Key:

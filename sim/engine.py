@@ -419,17 +419,17 @@ class Replay(RunAhead):
         else:
             (src, si, send), (dst, ri, recv) = (peer_rank, peer_index, peer_op), (rank, index, op)
         done = self.network.transfer(self.devices[src], self.devices[dst], send.nbytes)
-        recv_info = received_from(src)
+        done.callbacks.append(partial(self._delivered, src, si, send, dst, ri, recv, now))
 
-        def finish(_event: simpy.Event) -> None:
-            end = self.env.now
-            info = SendInfo(dst, send.nbytes / (end - now) if end > now else None)
-            self.spans.append(Span(src, SEND_LANE, send, now, end, info))
-            self.spans.append(Span(dst, RECV_LANE, recv, now, end, recv_info))
-            self._complete(src, si, send)
-            self._complete(dst, ri, recv)
-
-        done.callbacks.append(finish)
+    def _delivered(self, src: int, si: int, send: Op, dst: int, ri: int, recv: Op,
+                   now: float, _event: simpy.Event) -> None:
+        """A P2P transfer started at `now` has arrived: both ends' spans and completions."""
+        end = self.env.now
+        info = SendInfo(dst, send.nbytes / (end - now) if end > now else None)
+        self.spans.append(Span(src, SEND_LANE, send, now, end, info))
+        self.spans.append(Span(dst, RECV_LANE, recv, now, end, received_from(src)))
+        self._complete(src, si, send)
+        self._complete(dst, ri, recv)
 
     def _start_async(self, rank: int, index: int, op: Op, waits: Sequence[simpy.Event]) -> None:
         """Run a posted non-P2P op on its lane after the lane's previous op (issue order,

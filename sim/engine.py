@@ -279,6 +279,7 @@ class Replay(RunAhead):
                     index += len(ahead[0])
                     continue
             op = program[index]
+            kind = op.kind
             keys = needs[index] if needs else op_needs(op, index, contract, ranks, count, chains)
             for key in keys:
                 if key not in done:
@@ -289,11 +290,12 @@ class Replay(RunAhead):
             waits = local[index]
             local_events = [self._local_event(rank, j) for j in waits
                             if j not in local_done] if waits else ()
-            if local_events and (op.kind in WORK_KINDS or op.kind in P2P_KINDS):
+            work = kind in WORK_KINDS
+            if local_events and (work or kind in P2P_KINDS):
                 for ev in local_events:  # a compute op or a P2P post waits here, in the
                     yield ev  # program (the handlers' generators did, one frame deeper)
                 local_events = ()
-            if op.kind in WORK_KINDS and not local_events and not (
+            if work and not local_events and not (
                     slowdown[rank] and unfinished[rank]):  # nothing can slow it: one timer
                 start = env.now  # _compute without its generator: a deep pipeline's most
                 yield env.timeout(self._compute_starts(rank, index, op))  # common op
@@ -301,10 +303,10 @@ class Replay(RunAhead):
                 pc[rank] += 1
                 index += 1
                 continue
-            handler = handlers.get(op.kind)
+            handler = handlers.get(kind)
             if handler is None:
                 raise ConfigError(f"rank {rank}: op {op}: the replay cannot run "
-                                  f"{op.kind.value} ops")
+                                  f"{kind.value} ops")
             steps = handler(rank, index, op, local_events)
             if steps is not None:  # the op holds this rank's program until it is done
                 yield from steps

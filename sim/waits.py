@@ -9,6 +9,8 @@ from collections.abc import Iterable
 
 from clustersim.schedules.timeline import Span
 
+from .span_info import WaitedInfo
+
 TOP = 5  # ranks named in the summary line
 
 
@@ -20,11 +22,16 @@ def waited_for(spans: Iterable[Span]) -> list[dict]:
     collectives: dict[int, set[tuple]] = defaultdict(set)
     for span in spans:
         info = span.info
-        if not info or info.get("last") is None:
+        if type(info) is WaitedInfo:  # the engine's (a million in a full replay): its
+            last, waited = info.last, info.waited_s  # slots, not Mapping's get
+        elif info and info.get("last") is not None:  # a plain mapping with the same keys
+            last, waited = info["last"], info["waited_s"]
+        else:
             continue
-        last = info["last"]
-        if span.rank != last and info["waited_s"] > 0:
-            wait[last] += info["waited_s"]
+        if last is None:
+            continue
+        if span.rank != last and waited > 0:
+            wait[last] += waited
             waiters[last].add(span.rank)
             collectives[last].add((span.lane, span.start))
     return sorted(({"rank": r, "waiting_ranks": len(waiters[r]), "wait_s": wait[r],

@@ -45,6 +45,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,8 @@ from .timeline_metrics import (CATEGORIES, EXPOSED_ORDER, category, peak_in_flig
 __all__ = ["CATEGORIES", "EXPOSED_ORDER", "MemorySample", "Span", "Timeline",
            "peak_in_flight", "span_category", "time_breakdown"]
 
+_rank_of, _start_of, _end_of = attrgetter("rank"), attrgetter("start"), attrgetter("end")
+# C-level readers for passes over a replay's millions of spans (the values a loop reads)
 MAX_OP_CHARS = 64  # longest op string read ('12SEND_F345' is 11)
 MAX_ABS_SECONDS = 1e9  # largest |time| read (s; ~32 years), so differences of times stay finite
 
@@ -174,7 +177,7 @@ class Timeline:
     @property
     def ranks(self) -> list[int]:
         return list(self._cached("ranks", lambda: sorted(
-            {s.rank for s in self.spans} | {m.rank for m in self.memory})))
+            set(map(_rank_of, self.spans)).union(map(_rank_of, self.memory)))))
 
     @property
     def window(self) -> tuple[float, float] | None:
@@ -190,7 +193,7 @@ class Timeline:
             spans = self.spans
             if not spans:
                 return 0.0, 0.0
-            return min(s.start for s in spans), max(s.end for s in spans)
+            return min(map(_start_of, spans)), max(map(_end_of, spans))
         return self._cached("extent", compute)
 
     @property

@@ -211,9 +211,10 @@ class Replay(RunAhead):
 
     def _complete(self, rank: int, index: int, op: Op) -> None:
         listed = self.listed[rank]
-        self._satisfy(listed[1][index] if listed is not None
-                      else op_products(op, index, self.contracts[rank].completes),
-                      self.replica[rank])
+        keys = (listed[1][index] if listed is not None
+                else op_products(op, index, self.contracts[rank].completes))
+        if keys:  # most collectives make no key
+            self._satisfy(keys, self.replica[rank])
         if index in self.awaited[rank]:
             self.local_done[rank].add(index)
             ev = self.local_events.pop((rank, index), None)
@@ -460,11 +461,13 @@ class Replay(RunAhead):
                         end = ends[meeting] = self.env.event()
                     self.local_events[(rank, index)] = end
         start = partial(self._start_posted, (rank, index, op, lane, turn), slows, meeting)
-        pending = [ev for ev in waits if not ev.processed]
-        if previous is None or previous.over:
+        if previous is not None and not previous.over:  # its waits, then the lane's
+            start = partial(previous.then, start)  # previous op (which ends by then, mostly)
+        pending = [ev for ev in waits if not ev.processed] if waits else None
+        if pending:
             when_processed(pending, start)
-        else:  # its waits, then the lane's previous op (which ends by then, mostly)
-            when_processed(pending, partial(previous.then, start))
+        else:
+            start()
 
     def _start_posted(self, member: tuple, slows: bool, meeting: tuple | None) -> None:
         """A posted op's waits are met and its lane is free: it starts now, or, when it

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Iterable
+from itertools import pairwise
 
 from .names import (COMPUTE_LANE, CP, DP, DP_CP, DP_DEP, DP_REPLICATE, DP_SHARD, EDP, EP,
                     ETP, PP, PP_COPIES, TP, TP_GRID_GROUPS)
@@ -71,7 +72,7 @@ def _sweep(events: list[tuple[float, int, int]], total: float) -> dict[str, floa
     n = len(_PRIORITY)
     seconds, active = [0.0] * n, [0] * n
     levels = range(n)
-    for (time, delta, p), (following, _, _) in zip(events, events[1:]):
+    for (time, delta, p), (following, _, _) in pairwise(events):  # no copy of the list
         active[p] += delta
         if following > time:
             for top in levels:

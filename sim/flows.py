@@ -126,16 +126,13 @@ class FlowNetwork:
 
     # --- rates -----------------------------------------------------------------------------
     def _add(self, coflow: Coflow) -> None:
-        now, flows_on, parts = self.env.now, self.flows_on, coflow.parts
+        now, parts = self.env.now, coflow.parts
         if len(parts) == 1 and parts[0].size == 1:
             self._add_one(parts[0], now)
             return
         seeds = set()
         for part in parts:
-            part.last, part.seq = now, next(self._started)
-            for link in part.on_links:
-                flows_on[link].add(part)
-            self._release(part, part.end_empty(now))  # nothing to send, or no link: delivered
+            self._join(part, now)
             seeds.update(part.on_links)
         if seeds:
             self._rerate(seeds)
@@ -144,14 +141,7 @@ class FlowNetwork:
         """`_add` of a coflow of one flow (a pipeline P2P transfer). On links no other flow
         is on, its component is itself: `_rerate` would give it its lone rate, so it gets
         that here without the component search (the same operations, in the same order)."""
-        part.last, part.seq = now, next(self._started)
-        flows_on, alone = self.flows_on, True
-        for link in part.on_links:
-            on = flows_on[link]
-            if on:
-                alone = False
-            on.add(part)
-        self._release(part, part.end_empty(now))  # nothing to send, or no link: delivered
+        alone = self._join(part, now)
         if not part.on_links:
             return
         if not alone:
@@ -160,6 +150,19 @@ class FlowNetwork:
         part.set_rates(part.lone_rate(self.capacity), now)
         heapq.heappush(self._heap, (part.next_finish(), next(self._order), part.version, part))
         self._arm_timer()
+
+    def _join(self, part: Part, now: float) -> bool:
+        """`part`'s flows join their links now (those with nothing to send or no link are
+        delivered at once); whether no other flow was on any of its links."""
+        part.last, part.seq = now, next(self._started)
+        flows_on, alone = self.flows_on, True
+        for link in part.on_links:
+            on = flows_on[link]
+            if on:
+                alone = False
+            on.add(part)
+        self._release(part, part.end_empty(now))
+        return alone
 
     def _release(self, part: Part, ended: Ended) -> None:
         """Flows of `part` have ended: their links are released (ECMP's counts, the part's

@@ -107,6 +107,8 @@ def cli_command(run: fd.PublishedRun, costs: RooflineCostModel,
             "--micro-batch-size", str(p.micro_batch_size), "--recompute", p.recompute]
     if p.vpp > 1:
         args += ["--vpp", str(p.vpp)]
+    if run.dtype != "bf16":
+        args += ["--dtype", run.dtype]
     if p.sequence_parallel:
         args.append("--sequence-parallel")
     if not p.overlap_grad_reduce:

@@ -81,6 +81,8 @@ class PublishedRun:
     preset with that shape). `dp` is stated (K22) or GPUs / (tp * pp) (SC21 prints no DP
     column). `virtual_stages` is the interleaving degree (1: not interleaved).
     Measurements a paper does not give are None; `notes` says where each number comes from.
+    `dtype`: the run's training precision (SC21's scripts train in fp16; bf16 where none
+    is named).
     """
 
     source: str
@@ -109,6 +111,7 @@ class PublishedRun:
     hfu_percent: float | None = None
     cluster: Cluster = SELENE
     notes: str = ""
+    dtype: str = "bf16"
 
     @property
     def num_microbatches(self) -> int:
@@ -118,8 +121,8 @@ class PublishedRun:
 
 _SC21_NOTES = ("SC21 Table 1 (params, heads, hidden, layers, t, p, GPUs, batch, TFLOP/s, "
                "% of peak, PFLOP/s); dp = GPUs/(t*p); micro-batch, virtual stages and "
-               "full recompute from run_table_1.sh; no sequence parallelism (it postdates "
-               "the paper).")
+               "full recompute from run_table_1.sh; fp16 from CONFIG.sh (--fp16, "
+               "--loss-scale 8192); no sequence parallelism (it postdates the paper).")
 
 
 def _sc21(label: str, params: float, heads: int, hidden: int, layers: int, tp: int, pp: int,
@@ -136,7 +139,7 @@ def _sc21(label: str, params: float, heads: int, hidden: int, layers: int, tp: i
         global_batch_size=batch, micro_batch_size=mbs, virtual_stages=vpp,
         recompute="full", sequence_parallel=False, params_billion=params,
         tflops_per_gpu=tflops, percent_of_peak=percent, aggregate_pflops=pflops,
-        notes=_SC21_NOTES)
+        notes=_SC21_NOTES, dtype="fp16")
 
 
 SC21_TABLE_1: tuple[PublishedRun, ...] = (
@@ -213,8 +216,8 @@ PUBLISHED_RUNS: tuple[PublishedRun, ...] = SC21_TABLE_1 + K22_TABLE_5 + (K22_530
 
 
 def model_spec(run: PublishedRun) -> ModelSpec:
-    """The clustersim preset of `run`, at the run's micro-batch size."""
-    return get_model(run.model, micro_batch_size=run.micro_batch_size)
+    """The clustersim preset of `run`, at the run's micro-batch size and dtype."""
+    return get_model(run.model, micro_batch_size=run.micro_batch_size, dtype=run.dtype)
 
 
 def sc21_flops(run: PublishedRun) -> int:

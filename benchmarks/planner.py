@@ -36,7 +36,6 @@ from pathlib import Path
 import fidelity_data as fd
 from environment import checked_out, environment, tree_version
 from fidelity import run_in_child
-from clustersim.schedules.model_presets import get_model
 from clustersim.sim.planner import run_plan
 from clustersim.sim.planner.report import candidate_row
 from clustersim.sim.planner.space import Layout, SearchSpace
@@ -69,7 +68,7 @@ def authors_space(run: fd.PublishedRun) -> SearchSpace:
 def _searched(run: fd.PublishedRun, space: SearchSpace | None, topology) -> dict:
     """The planner's exact top 5 for the run in `space` (None: all of it), its funnel."""
     result, commands = run_plan(run.model, run.gpus, topology, run.global_batch_size, top=5,
-                                space=space)
+                                space=space, dtype=run.dtype)
     top = [{**candidate_row(c), "command": cmd, "layout": c.layout.describe()}
            for c, cmd in zip(result.candidates[:5], commands)]
     return {"funnel": {"enumerated": result.enumerated, "fit_in_memory": result.fit_in_memory,
@@ -89,7 +88,7 @@ def _ranked(searched: dict, published_s: float, layout: Layout) -> dict:
 def search_key(run: fd.PublishedRun) -> tuple:
     """What the planner's whole-space search of a run depends on: rows that differ only
     in their published layout (K22 Table 5's full and selective recompute) share it."""
-    return run.model, run.gpus, run.global_batch_size
+    return run.model, run.gpus, run.global_batch_size, run.dtype
 
 
 def plan_row(run: fd.PublishedRun, whole: dict | None = None) -> dict:
@@ -98,8 +97,7 @@ def plan_row(run: fd.PublishedRun, whole: dict | None = None) -> dict:
     and the published layout simulated and ranked in each."""
     topology = load_topology(TOPOLOGY)
     layout = published_layout(run)
-    model = get_model(run.model, micro_batch_size=run.micro_batch_size)
-    seconds = simulate(model, layout.parallel(run.global_batch_size), topology).iteration_time
+    seconds = simulate(fd.model_spec(run), layout.parallel(run.global_batch_size), topology).iteration_time
     whole = whole or _searched(run, None, topology)
     authors = _searched(run, authors_space(run), topology)
     return {**_ranked(whole, seconds, layout), "authors": _ranked(authors, seconds, layout),

@@ -10,7 +10,15 @@ the state is sharded over, K = optimizer bytes per parameter):
     stage 1  2 Psi + 2 Psi + K Psi / N  stage 3  (2 + 2 + K) Psi / N
 Mixed-precision Adam: 16-bit weights and gradients (2 + 2 bytes) and K = 12 (fp32 master
 weights, momentum, variance). An fp32 model keeps 4-byte weights and gradients and K = 8
-(no master copy). Psi of a rank = its pipeline stages' parameters on one TP shard
+(no master copy). Under fp16 the optimizer also holds an fp32 copy of each gradient for
+its step (`optimizer_memory_bytes`: K + 4 on the device; checkpoints and swaps hold K):
+Megatron-LM's fp16 optimizer copies its main grads to fp32 beside its fp32 main params,
+20 B/param, 4 + 16/d under the distributed optimizer (Megatron-LM docs,
+distrib_optimizer.md, "fp16 param, fp16 grads"), as DeepSpeed's fp16 optimizers keep
+fp32 gradients (partitions under ZeRO). bf16 keeps the ZeRO paper's 2 + 2 + 12:
+Megatron-LM's bf16 training accumulates and reduces its gradients in fp32 instead (18
+B/param, the same table), which the model does not follow (sim.cli.megatron_args
+refuses --accumulate-allreduce-grads-in-fp32). Psi of a rank = its pipeline stages' parameters on one TP shard
 (schedules.costs: layers / tp, routed experts E/ep per rank split over etp ranks, the
 embedding on the first stage, the output layer or the tied embedding copy on the last).
 N = dp * cp, or the hybrid shard group (schedules.sharding.state_shard_degree, from the
@@ -105,6 +113,7 @@ from .timeline import Span, peak_in_flight
 from .tp_grid import tp_grid
 
 MIXED_PRECISION_K = 12  # fp32 master weights + Adam momentum + variance, bytes/parameter
+FP16_GRADIENT_COPY = 4  # fp16: the optimizer's fp32 copy of each gradient, bytes/parameter
 FP32_K = 8  # Adam momentum + variance; the fp32 weights are the master copy
 PREFETCHED_UNITS = 2  # ZeRO-3: the unit computing now and the one being gathered
 BUCKETS_IN_FLIGHT = 2  # one bucket reducing while the next one fills
@@ -162,9 +171,16 @@ class RankMemory:
 
 
 def precision_bytes(dtype: str = "bf16") -> tuple[int, int]:
-    """(bytes per weight or gradient, optimizer bytes per parameter K) for a model dtype:
-    16-bit (and fp8, whose master weights are kept in 16 bit) -> (2, 12); fp32 -> (4, 8)."""
+    """(bytes per weight or gradient, optimizer state bytes per parameter K: what a
+    checkpoint holds and an offloaded optimizer swaps) for a model dtype: 16-bit (and fp8,
+    whose master weights are kept in 16 bit) -> (2, 12); fp32 -> (4, 8)."""
     return (4, FP32_K) if dtype == "fp32" else (2, MIXED_PRECISION_K)
+
+
+def optimizer_memory_bytes(dtype: str = "bf16") -> int:
+    """Bytes per parameter the optimizer holds in memory: K, plus the fp32 gradient copy
+    under fp16 (module docstring): 12, 16 for fp16, 8 for fp32."""
+    return precision_bytes(dtype)[1] + (FP16_GRADIENT_COPY if dtype == "fp16" else 0)
 
 
 def model_states(params: float, parallel: ParallelConfig, dtype: str = "bf16",
@@ -176,7 +192,7 @@ def model_states(params: float, parallel: ParallelConfig, dtype: str = "bf16",
     (Plan.dp_shard_size), from which N follows
     (schedules.sharding.state_shard_degree); `experts_apart`: the routed experts' part of
     `params` when it shards over edp ranks instead (Plan.expert_grad_group)."""
-    weight, k = precision_bytes(dtype)
+    weight, k = precision_bytes(dtype)[0], optimizer_memory_bytes(dtype)
     stage = parallel.zero_stage
     n = state_shard_degree(parallel, shard_group)
 

@@ -46,6 +46,20 @@ def test_zero_formulas(stage, n):
     assert m.total_bytes == m.model_states_bytes and m.host == 0  # bare count: states only
 
 
+@pytest.mark.parametrize("dtype, plain, sharded", [
+    ("fp16", 20, lambda d: 4 + 16 / d),  # 'fp16 param, fp16 grads'
+    ("fp32", 16, lambda d: 8 + 8 / d),  # 'fp32 param, fp32 grads'
+])
+@pytest.mark.parametrize("d", [2, 8, 64])
+def test_bytes_per_param_follow_megatrons_distributed_optimizer_table(dtype, plain, sharded,
+                                                                      d):
+    """Megatron-LM docs/distrib_optimizer.md: bytes per parameter without and with the
+    distributed optimizer (ZeRO-1 over the d data-parallel ranks)."""
+    for stage, expected in ((0, plain), (1, sharded(d))):
+        states = model_states(1e9, ParallelConfig(dp=d, zero_stage=stage), dtype)
+        assert sum(states.values()) == pytest.approx(expected * 1e9)
+
+
 def test_fp32_model_keeps_16_bytes_per_param_unsharded():
     assert model_states(10, ParallelConfig(), "fp32") == dict(
         parameters=40, gradients=40, optimizer_states=80, host=0, hpz_secondary=0)

@@ -173,6 +173,32 @@ def test_cli_handler_prints_and_writes_json_whose_commands_replay(tmp_path, caps
     assert timeline.iteration_time == pytest.approx(best["iteration_time"])
 
 
+def test_dtype_reaches_the_memory_model_and_the_command_lines(tmp_path):
+    """--dtype fp16: each candidate's peak memory includes the optimizer's fp32 gradient
+    copy (more than bf16's for the same layout, at any ZeRO stage; the bytes per parameter
+    are tests/test_memory_model.py's), and its command line, with `--dtype fp16`, replays
+    it."""
+    found = {}
+    for dtype in ("bf16", "fp16"):
+        out = tmp_path / f"{dtype}.json"
+        assert plan_command.cmd_plan(_plan_args("--top", "3", "--jobs", "1", "--dtype", dtype,
+                                                "--json", str(out))) == 0
+        found[dtype] = {(c["tp"], c["pp"], c["dp"], c["vpp"], c["zero"], c["schedule"],
+                         c["recompute"]): c for c in json.loads(out.read_text())["candidates"]}
+    both = [k for k in found["fp16"] if k in found["bf16"]]
+    assert both
+    for key in both:
+        assert found["fp16"][key]["peak_memory"] > found["bf16"][key]["peak_memory"]
+    best = next(iter(found["fp16"].values()))
+    args = build_parser().parse_args(best["command"].split()[1:])
+    assert args.dtype == "fp16"
+    parallel = parallel_from_args(args, args.schedule, micro_batch_size=2)
+    timeline = simulate(get_model("gpt3-1.3b", micro_batch_size=2, dtype="fp16"), parallel,
+                        TOPOLOGY)
+    assert timeline.iteration_time == pytest.approx(best["iteration_time"])
+    assert max(timeline.peak_memory().values()) == best["peak_memory"]
+
+
 def test_several_gpu_counts_search_each_and_the_page_plots_them(tmp_path, capsys):
     """--gpus 4,8: one search per count, each equal to that count alone (its JSON), and the
     report page adds throughput against GPUs."""
@@ -240,7 +266,8 @@ def test_refusal_reasons_mask_numbers_but_not_names():
     ("--schedules", "pipedream", "is not searched"),
     ("--schedules", "bogus", "unknown schedule 'bogus': choose from gpipe, 1f1b"),
     ("--schedules", "1f1b,1f1b", "1f1b listed twice"),
-    ("--micro-batch-sizes", "2,4,2", "2 listed twice")])
+    ("--micro-batch-sizes", "2,4,2", "2 listed twice"),
+    ("--dtype", "fp8", "invalid choice: 'fp8' (choose from 'bf16', 'fp16', 'fp32')")])
 def test_bad_flags_are_one_line_errors(flag, value, words, capsys):
     with pytest.raises(SystemExit):
         _plan_args(flag, value)

@@ -24,8 +24,9 @@ from tabulate import tabulate
 
 from clustersim.schedules.cluster_facts import ClusterFacts
 from clustersim.schedules.errors import ConfigError
-from clustersim.schedules.memory_model import (RankMemory, bare_rank_memory, precision_bytes,
-                                               rank_memory)
+from clustersim.schedules.memory_model import (FP16_GRADIENT_COPY, RankMemory,
+                                               bare_rank_memory, optimizer_memory_bytes,
+                                               precision_bytes, rank_memory)
 from clustersim.schedules.fp8 import check_fp8_device, fp8_notes
 from clustersim.schedules.lora import lora_notes
 from clustersim.schedules.plan import resolve
@@ -128,7 +129,7 @@ def breakdown(args: argparse.Namespace) -> tuple[dict, list[RankMemory]]:
     if parallel.nvme_offload:
         notes = notes + [NVME_NOTE]
     config = {"model": model, "dtype": dtype,
-              "optimizer_bytes_per_param": precision_bytes(dtype)[1],
+              "optimizer_bytes_per_param": optimizer_memory_bytes(dtype),
               "parallel": asdict(parallel),
               "device": name, "device_memory_bytes": capacity,
               "gpus_per_node": cluster.gpus_per_node if cluster else None, "notes": notes}
@@ -173,7 +174,10 @@ def format_memory(data: dict) -> str:
     unsharded = any(r["unsharded_gradients"] for r in data["ranks"])  # FSDP with pp
     recompute = describe_recompute(p["recompute"], p["recompute_method"],
                                    p["recompute_num_layers"])
-    lines = [f"{c['model']} ({c['dtype']}, Adam K={c['optimizer_bytes_per_param']} B/param): "
+    optimizer = (f"Adam K={c['optimizer_bytes_per_param']} B/param" if c["dtype"] != "fp16"
+                 else f"Adam K={precision_bytes('fp16')[1]} + fp32 gradient copy "
+                      f"{FP16_GRADIENT_COPY} = {c['optimizer_bytes_per_param']} B/param")
+    lines = [f"{c['model']} ({c['dtype']}, {optimizer}): "
              f"ZeRO-{p['zero_stage']} fsdp={p['fsdp']} dp={p['dp']} tp={p['tp']}{_grid(p)} "
              f"pp={p['pp']} "
              f"{p['schedule']} microbatches={p['num_microbatches']} recompute={recompute}"

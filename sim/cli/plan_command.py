@@ -19,6 +19,8 @@ from ..planner.space import PLANNABLE_SCHEDULES, plannable
 from .arg_types import checked_number, positive_int
 from .backend_flags import add_backend_flags
 
+PLANNED_DTYPES = ("bf16", "fp16", "fp32")  # fp8 needs its recipe and device checks: simulate
+
 
 _memory_gb = checked_number(float, lambda v: 0 < v < 1e6, "a memory size in GB > 0 (e.g. 80)")
 
@@ -71,6 +73,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="sequences per iteration")
     p.add_argument("--seq-length", type=positive_int, help="tokens per sequence "
                                                             "(default: the model's)")
+    p.add_argument("--dtype", choices=PLANNED_DTYPES,
+                   help="training precision (default: the model's, bf16 for the presets); "
+                        "sets the bytes of weights, gradients and optimizer state "
+                        "(`clustersim memory`) and the device's peak FLOP/s")
     p.add_argument("--max-memory-gb", type=_memory_gb,
                    help="memory limit per GPU in GB (1e9 bytes; default: the device's)")
     p.add_argument("--top", type=positive_int, default=5,
@@ -98,7 +104,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             print(f"== {gpus} GPUs ==")
         searches[gpus] = run_plan(args.model, gpus, args.topology, args.global_batch_size,
                                   args.seq_length, args.max_memory_gb, args.top, space,
-                                  n_jobs=args.jobs, backend=args.backend)
+                                  n_jobs=args.jobs, backend=args.backend, dtype=args.dtype)
         print(format_report(*searches[gpus], args.top))
     found = all(result.candidates for result, _ in searches.values())
     if args.json:

@@ -36,7 +36,8 @@ def run_plan(model: str | ModelSpec, gpus: int, topology: str | nx.DiGraph,
              global_batch_size: int, seq_length: int | None = None,
              max_memory_gb: float | None = None, top: int = 5,
              space: SearchSpace | None = None, costs: CostModel | None = None,
-             n_jobs: int = -1, backend: str = "local") -> tuple[SearchResult, list[str]]:
+             n_jobs: int = -1, backend: str = "local", dtype: str | None = None
+             ) -> tuple[SearchResult, list[str]]:
     """The search and each replayed candidate's `clustersim simulate` command; arguments
     as `plan`."""
     for name, value in (("gpus", gpus), ("global_batch_size", global_batch_size),
@@ -50,6 +51,8 @@ def run_plan(model: str | ModelSpec, gpus: int, topology: str | nx.DiGraph,
     spec = get_model(model) if isinstance(model, str) else model
     if seq_length is not None:
         spec = dataclasses.replace(spec, seq_length=seq_length)
+    if dtype is not None:  # ModelSpec checks it
+        spec = dataclasses.replace(spec, dtype=dtype)
     graph = load_topology(topology) if isinstance(topology, str) else topology
     available = len(cluster_facts(graph).gpus)
     if gpus > available:
@@ -60,8 +63,8 @@ def run_plan(model: str | ModelSpec, gpus: int, topology: str | nx.DiGraph,
                     backend=backend)
     model_name = model if isinstance(model, str) else spec.name
     topology_name = topology if isinstance(topology, str) else graph.graph.get("name", "?")
-    commands = [simulate_command(c, model_name, topology_name, global_batch_size, seq_length)
-                for c in result.candidates]
+    commands = [simulate_command(c, model_name, topology_name, global_batch_size, seq_length,
+                                 dtype) for c in result.candidates]
     return result, commands
 
 
@@ -69,8 +72,10 @@ def plan(model: str | ModelSpec, gpus: int, topology: str | nx.DiGraph,
          global_batch_size: int, seq_length: int | None = None,
          max_memory_gb: float | None = None, top: int = 5,
          space: SearchSpace | None = None, costs: CostModel | None = None,
-         n_jobs: int = -1, backend: str = "local") -> "pandas.DataFrame":
-    """Search the layouts of `model` (a preset name or ModelSpec) on `gpus` GPUs of
+         n_jobs: int = -1, backend: str = "local", dtype: str | None = None
+         ) -> "pandas.DataFrame":
+    """Search the layouts of `model` (a preset name or ModelSpec; `dtype`: its training
+    precision, default the model's) on `gpus` GPUs of
     `topology` (a preset, a topology JSON path or a graph) at `global_batch_size`
     sequences of `seq_length` tokens (default: the model's) under `max_memory_gb` GB per
     GPU (default: the device's memory); the replayed candidates, fastest first (the top
@@ -82,7 +87,7 @@ def plan(model: str | ModelSpec, gpus: int, topology: str | nx.DiGraph,
     import pandas  # the table library notebooks expect; only the API needs it
 
     result, commands = run_plan(model, gpus, topology, global_batch_size, seq_length,
-                                max_memory_gb, top, space, costs, n_jobs, backend)
+                                max_memory_gb, top, space, costs, n_jobs, backend, dtype)
     frame = pandas.DataFrame([{**candidate_row(c), "command": cmd}
                               for c, cmd in zip(result.candidates, commands)])
     frame.attrs["funnel"] = funnel(result)

@@ -22,7 +22,8 @@ GB = 1e9
 
 
 def simulate_command(candidate: Candidate, model: str, topology: str,
-                     global_batch_size: int, seq_length: int | None = None) -> str:
+                     global_batch_size: int, seq_length: int | None = None,
+                     dtype: str | None = None) -> str:
     """The `clustersim simulate` command line that replays `candidate`."""
     lay = candidate.layout
     args = ["clustersim", "simulate", "--model", model, "--topology", topology,
@@ -36,6 +37,7 @@ def simulate_command(candidate: Candidate, model: str, topology: str,
     args += ["--sequence-parallel"] if lay.sequence_parallel else []
     args += ["--rank-order", lay.rank_order] if lay.rank_order != MEGATRON_ORDER else []
     args += ["--seq-length", str(seq_length)] if seq_length else []
+    args += ["--dtype", dtype] if dtype else []
     return shlex.join(args)
 
 

@@ -3,11 +3,12 @@ search on 1,024 GPUs: writes benchmarks/results/planner.md and planner.json.
 
 1. For each run of benchmarks/fidelity_data.py (SC21 Table 1, K22 Table 5, K22's 530B at
    dp 8; on `selene-a100`, the topology benchmarks/fidelity.py uses): `clustersim plan`
-   with the run's model, GPUs and global batch (top 5), beside the published layout
-   simulated as the planner simulates its candidates (default DDP buckets, no
-   scatter/gather: benchmarks/fidelity.py's Megatron-2021 settings would change both
-   alike) and its rank among the planner's exact top 5, in the planner's whole space and
-   in the authors' space (`authors_space`: what Megatron-LM offered then).
+   with the run's model, precision (`--dtype`: SC21's fp16), GPUs and global batch (top
+   5), beside the published layout simulated as the planner simulates its candidates
+   (default DDP buckets, no scatter/gather: benchmarks/fidelity.py's Megatron-2021
+   settings would change both alike) and its rank among the planner's exact top 5, in the
+   planner's whole space and in the authors' space (`authors_space`: what Megatron-LM
+   offered then).
 2. GPT-3 175B on 1,024 GPUs of selene-a100 (global batch 1536): the funnel and the time.
 
 Each planner run has a wall-clock limit (a forked child, fidelity.run_in_child); a run

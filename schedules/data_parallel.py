@@ -86,7 +86,8 @@ from .single_process_dp import add_single_process
 from .zero3 import add_zero3
 
 __all__ = ["ADAM_BYTES_PER_PARAM", "add_data_parallel", "add_dp_allreduce",
-           "add_per_update_steps", "add_sharded_optimizer", "has_data_parallel"]
+           "add_per_update_steps", "add_sharded_optimizer", "gradient_dtype_notes",
+           "has_data_parallel"]
 
 
 def add_dp_allreduce(schedule: Schedule) -> Schedule:
@@ -297,6 +298,21 @@ def has_data_parallel(schedule: Schedule) -> bool:
     copy, or a collective on a DP group): the pass then leaves it as it is."""
     return any(op.kind is OpKind.OPT_STEP or op.kind.is_copy or
                (op.kind.is_collective and op.group in DP_GROUPS) for op in schedule.ops())
+
+
+def gradient_dtype_notes(plan: Plan) -> list[str]:
+    """What a bf16 (or fp8) run's gradient reductions assume, when it has any: 16-bit
+    gradients (2 bytes per parameter, the model dtype's), where Megatron-LM by default
+    accumulates and reduces bf16 gradients in fp32 (megatron/training/arguments.py sets
+    accumulate_allreduce_grads_in_fp32 for bf16; --grad-reduce-in-bf16 opts out)."""
+    parallel = plan.parallel
+    if plan.model.dtype not in ("bf16", "fp8") or (parallel.dp * parallel.cp == 1
+                                                   and parallel.edp == 1):
+        return []
+    return ["gradients reduced over data parallelism in bf16 (2 B per parameter) as "
+            "Megatron-LM's --grad-reduce-in-bf16 does; its bf16 default accumulates and "
+            "reduces them in fp32 (twice these collectives' bytes, and 2 B per parameter "
+            "more memory), which this model does not follow"]
 
 
 def add_data_parallel(schedule: Schedule, plan: Plan) -> Schedule:

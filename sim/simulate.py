@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import networkx as nx
 import simpy
 
+from clustersim.schedules.data_parallel import gradient_dtype_notes
 from clustersim.schedules.errors import DeadlockError
 from clustersim.schedules.fp8 import check_fp8_device, fp8_notes
 from clustersim.schedules.limits import MAX_OPS
@@ -235,6 +236,7 @@ def prepare_replay(plan: Plan, topology: nx.DiGraph, costs: CostModel,
     warnings = (costs.notes(plan, topology)
                 + fp8_notes(plan.model, plan.parallel.sequence_parallel)
                 + single_process_notes(plan) + tp_grid_notes(plan.parallel)
+                + gradient_dtype_notes(plan)
                 + ([why] if why else []))
     pairs = sum(len(overlapped_pairs(program)) for program in schedule.programs)
     if pairs:

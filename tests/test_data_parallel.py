@@ -39,7 +39,8 @@ from collections import Counter  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from clustersim.schedules.data_parallel import ADAM_BYTES_PER_PARAM, add_data_parallel  # noqa: E402
+from clustersim.schedules.data_parallel import (ADAM_BYTES_PER_PARAM, add_data_parallel,  # noqa: E402
+                                                gradient_dtype_notes)
 from clustersim.schedules.layer_groups import data_parallel_groups  # noqa: E402
 from clustersim.schedules.model_presets import get_model  # noqa: E402
 from clustersim.schedules.parallel import ParallelConfig  # noqa: E402
@@ -247,3 +248,22 @@ def test_zero3_volume_grows_with_microbatches_and_hsdp_follows_its_groups():
             moved += (2 if span.op.kind is OpKind.ALL_REDUCE else 1) * (n - 1) / n * span.op.nbytes
     expected = 3 * psi * 7 / 8 + 2 * (1 / 2) * psi / 8
     assert moved == pytest.approx(expected, rel=1e-6)
+
+
+@pytest.mark.parametrize("dtype, kw, noted", [
+    ("bf16", dict(dp=4), True), ("bf16", dict(dp=1, cp=2), True),
+    ("fp8", dict(dp=2), True), ("bf16", dict(dp=1), False),
+    ("fp16", dict(dp=4), False), ("fp32", dict(dp=4), False)])
+def test_bf16_gradient_reductions_say_they_are_16_bit(dtype, kw, noted):
+    """A bf16 (or fp8) run that reduces gradients says it reduces them in 2 bytes per
+    parameter, which is what the pass moves, unlike Megatron-LM's fp32 default; fp16 and
+    fp32 reduce in their own dtype (Megatron-LM too), and without data parallelism
+    nothing is reduced."""
+    model = get_model("llama3-8b", num_layers=8, dtype=dtype)
+    plan = resolve(model, ParallelConfig(num_microbatches=4, **kw))
+    notes = gradient_dtype_notes(plan)
+    assert bool(notes) == noted
+    if noted:
+        assert "bf16 (2 B per parameter)" in notes[0] and "fp32" in notes[0]
+        costs = plan.stage_costs[0]
+        assert costs.grad_bytes == 2 * costs.param_count

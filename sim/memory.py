@@ -4,7 +4,8 @@ Units: bytes. The replay's MemoryModel (sim.engine) holds `static` bytes per pip
 all iteration and adds each stage's activations from its forward to its backward. Static =
 model states per ZeRO stage and communication buffers, from schedules.memory_model (ZeRO,
 Rajbhandari et al. SC20, section 5.1: (2+2+K)Psi unsharded, down to (2+2+K)Psi/N for
-ZeRO-3; K = 12 for mixed-precision Adam), at no activations in flight. Activations per
+ZeRO-3; K = 12 for mixed-precision Adam, 16 under fp16 with its fp32 gradient copy:
+schedules.memory_model.optimizer_memory_bytes), at no activations in flight. Activations per
 microbatch come from the ModelSpec (Korthikanti et al. 2022) via the plan's stage costs,
 less ZeRO-R's partitioned checkpoints (schedules.activation_partition).
 ZeRO-3 / FSDP gathered parameters are tracked op by op (`gathered_bytes`) instead of the

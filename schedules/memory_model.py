@@ -18,7 +18,8 @@ distrib_optimizer.md, "fp16 param, fp16 grads"), as DeepSpeed's fp16 optimizers 
 fp32 gradients (partitions under ZeRO). bf16 keeps the ZeRO paper's 2 + 2 + 12:
 Megatron-LM's bf16 training accumulates and reduces its gradients in fp32 instead (18
 B/param, the same table), which the model does not follow (sim.cli.megatron_args
-refuses --accumulate-allreduce-grads-in-fp32). Psi of a rank = its pipeline stages' parameters on one TP shard
+refuses --accumulate-allreduce-grads-in-fp32; schedules.data_parallel says so in a
+run's warnings). Psi of a rank = its pipeline stages' parameters on one TP shard
 (schedules.costs: layers / tp, routed experts E/ep per rank split over etp ranks, the
 embedding on the first stage, the output layer or the tied embedding copy on the last).
 N = dp * cp, or the hybrid shard group (schedules.sharding.state_shard_degree, from the

@@ -39,8 +39,8 @@ from collections import Counter  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from clustersim.schedules.data_parallel import (ADAM_BYTES_PER_PARAM, add_data_parallel,  # noqa: E402
-                                                gradient_dtype_notes)
+from clustersim.schedules.data_parallel import ADAM_BYTES_PER_PARAM, add_data_parallel  # noqa: E402
+from clustersim.schedules.data_parallel import gradient_dtype_notes  # noqa: E402
 from clustersim.schedules.layer_groups import data_parallel_groups  # noqa: E402
 from clustersim.schedules.model_presets import get_model  # noqa: E402
 from clustersim.schedules.parallel import ParallelConfig  # noqa: E402

@@ -98,7 +98,8 @@ def plan_row(run: fd.PublishedRun, whole: dict | None = None) -> dict:
     and the published layout simulated and ranked in each."""
     topology = load_topology(TOPOLOGY)
     layout = published_layout(run)
-    seconds = simulate(fd.model_spec(run), layout.parallel(run.global_batch_size), topology).iteration_time
+    seconds = simulate(fd.model_spec(run), layout.parallel(run.global_batch_size),
+                       topology).iteration_time
     whole = whole or _searched(run, None, topology)
     authors = _searched(run, authors_space(run), topology)
     return {**_ranked(whole, seconds, layout), "authors": _ranked(authors, seconds, layout),

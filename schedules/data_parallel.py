@@ -306,7 +306,7 @@ def gradient_dtype_notes(plan: Plan) -> list[str]:
     accumulates and reduces bf16 gradients in fp32 (megatron/training/arguments.py sets
     accumulate_allreduce_grads_in_fp32 for bf16; --grad-reduce-in-bf16 opts out)."""
     parallel = plan.parallel
-    if plan.model.dtype not in ("bf16", "fp8") or (parallel.dp * parallel.cp == 1
+    if plan.model.dtype not in ("bf16", "fp8") or (parallel.grad_replicas == 1
                                                    and parallel.edp == 1):
         return []
     return ["gradients reduced over data parallelism in bf16 (2 B per parameter) as "

@@ -253,13 +253,15 @@ def test_zero3_volume_grows_with_microbatches_and_hsdp_follows_its_groups():
 @pytest.mark.parametrize("dtype, kw, noted", [
     ("bf16", dict(dp=4), True), ("bf16", dict(dp=1, cp=2), True),
     ("fp8", dict(dp=2), True), ("bf16", dict(dp=1), False),
+    ("bf16", dict(tp=8, tp_mode="2.5d", tp_depth=2, micro_batch_size=4), True),
     ("fp16", dict(dp=4), False), ("fp32", dict(dp=4), False)])
 def test_bf16_gradient_reductions_say_they_are_16_bit(dtype, kw, noted):
     """A bf16 (or fp8) run that reduces gradients says it reduces them in 2 bytes per
     parameter, which is what the pass moves, unlike Megatron-LM's fp32 default; fp16 and
     fp32 reduce in their own dtype (Megatron-LM too), and without data parallelism
-    nothing is reduced."""
-    model = get_model("llama3-8b", num_layers=8, dtype=dtype)
+    nothing is reduced (2.5D's depth slices reduce theirs: Plan.grad_group 'dp_dep')."""
+    model = get_model("llama3-8b", num_layers=8, dtype=dtype,
+                      micro_batch_size=kw.get("micro_batch_size", 1))
     plan = resolve(model, ParallelConfig(num_microbatches=4, **kw))
     notes = gradient_dtype_notes(plan)
     assert bool(notes) == noted
